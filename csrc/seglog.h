@@ -1,0 +1,192 @@
+/* durkv segment log: the C API. The on-disk format is docs/FORMAT.md.
+ *
+ * Conventions: every function returns 0 or a negative DKV_E* code; out-params
+ * come last; dkv_strerror() names a code, dkv_last_error() gives the handle's
+ * detailed message ("segment 0000000000000000.seg offset 4096: checksum_mismatch").
+ * Handles are opaque; every dkv_open has a dkv_close. The library never calls
+ * back into Python. All calls are safe to make without the GIL: a dkv_log is
+ * internally locked, and appends from several threads are group-committed.
+ */
+#ifndef DKV_SEGLOG_H
+#define DKV_SEGLOG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* error codes */
+#define DKV_OK 0
+#define DKV_EIO -1          /* write/fsync/read failed (errno kept in the message) */
+#define DKV_ECORRUPT -2     /* corruption found; see dkv_last_damage() */
+#define DKV_ELOCKED -3      /* another writer holds LOCK */
+#define DKV_EFAILED -4      /* handle failed closed after an earlier I/O error */
+#define DKV_EINVAL -5       /* bad argument (unknown lsn, bad option, frame too large) */
+#define DKV_ENOENT -6       /* no log at that path (read-only open) */
+#define DKV_EREADONLY -7    /* write on a read-only handle */
+#define DKV_ENOMEM -8
+#define DKV_ECLOSED -9      /* handle already closed */
+
+/* durability policies */
+#define DKV_SYNC 0
+#define DKV_ASYNC 1
+#define DKV_EXIT 2
+
+/* recovery modes */
+#define DKV_RECOVER_TOLERATE_TAIL 0
+#define DKV_RECOVER_STRICT 1
+#define DKV_RECOVER_POINT_IN_TIME 2
+#define DKV_RECOVER_SALVAGE 3
+
+/* frame types */
+#define DKV_FRAME_DATA 1
+#define DKV_FRAME_COMMIT 2
+
+/* channel entry kinds and flags (docs/FORMAT.md section 5) */
+#define DKV_ENTRY_FULL 1
+#define DKV_ENTRY_DELTA 2
+#define DKV_ENTRY_SNAP 3
+#define DKV_ENTRY_F_ZSTD 1
+#define DKV_ENTRY_F_VALUE 2
+
+/* damage kinds */
+#define DKV_DAMAGE_NONE 0
+#define DKV_DAMAGE_CHECKSUM 1       /* "checksum_mismatch" */
+#define DKV_DAMAGE_BAD_HEADER 2     /* "bad_header" */
+#define DKV_DAMAGE_TORN_TAIL 3      /* "torn_tail" */
+#define DKV_DAMAGE_LSN_GAP 4        /* "lsn_gap" */
+#define DKV_DAMAGE_MISSING 5        /* "missing_segment" */
+#define DKV_DAMAGE_FOREIGN 6        /* "foreign_segment" */
+#define DKV_DAMAGE_BAD_SEAL 7       /* "bad_seal" */
+#define DKV_DAMAGE_BROKEN_CHAIN 8   /* "broken_chain" */
+
+typedef struct dkv_log dkv_log;
+
+typedef struct {
+    int durability;             /* DKV_SYNC / DKV_ASYNC / DKV_EXIT */
+    int recovery;               /* DKV_RECOVER_* */
+    int read_only;              /* 1: no lock, no writes, no repair */
+    uint64_t segment_bytes;     /* roll threshold; 0 = default 64 MiB */
+    uint32_t flush_interval_ms; /* async flusher bound; 0 = default 10 */
+} dkv_options;
+
+/* One damage finding: which file, where, what. */
+typedef struct {
+    char segment[64];           /* file name, e.g. "0000000000000000.seg" */
+    uint64_t offset;            /* byte offset in that file */
+    int kind;                   /* DKV_DAMAGE_* */
+    uint64_t lost_first_lsn;    /* LSN range this damage makes unreadable, if known */
+    uint64_t lost_last_lsn;     /*   (lost_first > lost_last means none / unknown) */
+    char detail[160];
+} dkv_damage;
+
+/* Per-segment verify result. */
+typedef struct {
+    char segment[64];
+    int sealed;
+    uint64_t segment_no;
+    uint64_t base_lsn;
+    uint64_t frames_ok;         /* frames that passed every check */
+    uint64_t bytes;             /* file size */
+    int kind;                   /* first damage kind in this segment, DKV_DAMAGE_NONE if clean */
+    uint64_t bad_offset;        /* offset of the first damage */
+    char detail[160];
+} dkv_segment_report;
+
+typedef struct {
+    size_t n_segments;
+    dkv_segment_report *segments;   /* owned by the report */
+    size_t n_damage;
+    dkv_damage *damage;             /* every finding, in file order */
+    uint64_t frames_ok;
+    uint64_t next_lsn;              /* LSN after the last readable frame */
+} dkv_report;
+
+const char *dkv_strerror(int code);
+const char *dkv_damage_name(int kind);
+int dkv_crc32c_hw(void);                                  /* 1 if SSE4.2 is in use */
+uint32_t dkv_crc32c(uint32_t seed, const uint8_t *buf, size_t len);
+uint32_t dkv_crc32c_portable(uint32_t seed, const uint8_t *buf, size_t len);
+
+/* Open (creating the directory and segment 0 if a writer finds no log). */
+int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out);
+/* Flush (all policies), stop the flusher, release the lock, free. NULL-safe. */
+int dkv_close(dkv_log *log);
+/* The handle's last detailed error message ("" if none). Valid until the next call. */
+const char *dkv_last_error(dkv_log *log);
+/* The damage that made dkv_open fail, or a recovery report (point_in_time). */
+int dkv_last_damage(dkv_log *log, dkv_damage *out);
+
+/* Append one frame; returns after the policy's promise holds (sync: durable).
+ * durability: DKV_SYNC/ASYNC/EXIT for this call, or -1 for the handle's policy. A weaker
+ * per-call policy is how pending writes ride on the next commit's fsync: under ASYNC the
+ * frame is written to the OS before return, so a process kill cannot lose it. */
+int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int durability,
+               uint64_t *lsn_out);
+/* Append n frames as one group (one write, one fsync under sync); LSNs are first..first+n-1. */
+int dkv_append_many(dkv_log *log, uint8_t type, const uint8_t *const *bufs, const uint32_t *lens,
+                    uint32_t n, int durability, uint64_t *first_lsn_out);
+/* Make everything appended so far durable (write + fdatasync), under any policy. */
+int dkv_flush(dkv_log *log);
+/* Block until frames below lsn+1 are durable (async: waits for the flusher). */
+int dkv_wait_durable(dkv_log *log, uint64_t lsn);
+/* Number of frames known durable: frames with lsn < durable are durable. */
+uint64_t dkv_durable_lsn(dkv_log *log);
+/* LSN the next append will get (= number of frames in the log incl. removed prefix). */
+uint64_t dkv_next_lsn(dkv_log *log);
+/* Lowest live LSN (start_lsn of FORMAT.md section 7). */
+uint64_t dkv_start_lsn(dkv_log *log);
+/* Read-only handles: pick up frames a concurrent writer appended since open. */
+int dkv_refresh(dkv_log *log);
+
+/* Read a frame. Call with buf=NULL to learn len; then with a buffer of cap >= len. */
+int dkv_read(dkv_log *log, uint64_t lsn, uint8_t *buf, uint32_t cap, uint32_t *len_out,
+             uint8_t *type_out);
+
+/* Seal the active segment and start a new one (new_start_lsn: 0 keeps start_lsn;
+ * otherwise sets it, see FORMAT.md section 7, and unlinks sealed segments below it). */
+int dkv_seal(dkv_log *log, uint64_t new_start_lsn);
+/* Segment list: n entries of report rows (no verification, just header/trailer facts). */
+int dkv_segments(dkv_log *log, dkv_report **out);
+
+/* COMMIT payloads (FORMAT.md section 5). Pure functions on buffers: every backend uses them.
+ * Encoding: the caller describes entries; items are given as one flat array of buffers. */
+typedef struct {
+    uint8_t kind, flags;
+    uint32_t depth;
+    uint64_t prev_lsn;
+    uint32_t prev_idx;
+    uint32_t n_items;           /* items consumed, in order, from the flat item arrays */
+} dkv_entry_desc;
+/* Size of the encoded commit. */
+size_t dkv_commit_size(uint32_t head_len, const dkv_entry_desc *entries, uint32_t n_entries,
+                       const uint32_t *item_lens);
+/* Encode into out (cap >= dkv_commit_size). */
+int dkv_commit_encode(const uint8_t *head, uint32_t head_len, const dkv_entry_desc *entries,
+                      uint32_t n_entries, const uint8_t *const *items, const uint32_t *item_lens,
+                      uint8_t *out, size_t cap);
+/* Decode: head location and entry count; DKV_ECORRUPT if the payload is malformed. */
+int dkv_commit_head(const uint8_t *payload, size_t len, uint32_t *head_off, uint32_t *head_len,
+                    uint32_t *n_entries);
+/* Entry idx: its descriptor and the offset of its first item (items follow as len:u32 bytes). */
+int dkv_commit_entry(const uint8_t *payload, size_t len, uint32_t idx, dkv_entry_desc *out,
+                     uint32_t *items_off);
+
+/* A channel's materialized item list: walks DELTA/SNAP references from (lsn, idx) and
+ * returns every item in list order as one buffer of (len:u32, bytes) records. The caller
+ * frees it with dkv_free. flags_out gets the FULL entry's flags (VALUE, ZSTD). */
+int dkv_read_channel(dkv_log *log, uint64_t lsn, uint32_t idx, uint8_t **buf_out,
+                     size_t *len_out, uint32_t *n_items_out, uint32_t *flags_out);
+
+/* Verify a log directory without taking the write lock. deep: also decode COMMIT frames
+ * and resolve every channel reference. */
+int dkv_verify(const char *dir, int deep, dkv_report **out);
+/* Repair: quarantine + truncate a torn tail; with skip_corrupt, also cut mid-log damage
+ * (copying every removed byte to quarantine/ first). dry_run: report what would change. */
+int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out);
+void dkv_report_free(dkv_report *r);
+void dkv_free(void *p);
+
+/* Test hook: make the nth next call of op fail with errno err.
+ * op: 1 write, 2 fdatasync, 3 directory fsync. n=0 disables. Process-wide. */
+int dkv_fault_inject(int op, int nth, int err);
+
+#endif

@@ -1,0 +1,37 @@
+"""durkv: a durable-execution storage kernel for long-running AI agents.
+
+>>> import durkv
+>>> with durkv.open("memory://") as store:
+...     store.put("t1", "", "0001", checkpoint={}, metadata={}, values={"n": 1}, versions={"n": 1})
+...     store.get("t1").values
+{'n': 1}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import (
+    BackendError, ConfigError, CorruptionError, DurkvError, FencedError, FrameTooLargeError,
+    IdempotencyConflictError, LogFailedError, NonDeterminismError, NotFoundError,
+    ReadOnlyError, SerializationError, StoreLockedError,
+)
+
+__version__ = "0.1.0"
+
+
+def open(url: str, **options: Any):  # noqa: A001 - the public verb is durkv.open
+    """Open a store by URL: a path or ``file://`` (local C log), ``memory://``.
+
+    See :func:`durkv.store.open_store` for the options.
+    """
+    from .store import open_store
+
+    return open_store(url, **options)
+
+
+__all__ = [
+    "open", "__version__", "DurkvError", "CorruptionError", "StoreLockedError", "FencedError",
+    "LogFailedError", "ReadOnlyError", "IdempotencyConflictError", "NonDeterminismError",
+    "ConfigError", "NotFoundError", "SerializationError", "FrameTooLargeError", "BackendError",
+]

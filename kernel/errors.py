@@ -1,0 +1,118 @@
+"""The one error hierarchy of durkv.
+
+Every error a user can meet is a ``DurkvError`` with a stable ``code`` and a
+message that says what happened and what to do. Data errors carry where
+(segment, offset, run, step). Errors that are also bad arguments subclass the
+matching builtin too, so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DurkvError(Exception):
+    """Base of every durkv error."""
+
+    code = "durkv_error"
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = context
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.code, "message": self.message, **self.context}
+
+
+class CorruptionError(DurkvError):
+    """Stored bytes fail a check. Carries segment, offset and kind."""
+
+    code = "corruption"
+
+    def __init__(self, message: str, *, segment: str = "", offset: int = -1,
+                 kind: str = "", **context: Any) -> None:
+        super().__init__(message, segment=segment, offset=offset, kind=kind, **context)
+        self.segment = segment
+        self.offset = offset
+        self.kind = kind
+
+
+class StoreLockedError(DurkvError):
+    """Another process holds the store's writer lock."""
+
+    code = "store_locked"
+
+
+class FencedError(DurkvError):
+    """This writer lost ownership of the store (a newer writer fenced it off)."""
+
+    code = "fenced"
+
+
+class LogFailedError(DurkvError):
+    """A write or fsync failed; the handle refuses all further work.
+
+    The data acknowledged before the failure is safe; reopen the store to
+    recover from what is on disk (fsync is never retried: see GUARANTEES.md).
+    """
+
+    code = "log_failed"
+
+
+class ReadOnlyError(DurkvError):
+    """A write was attempted through a read-only handle."""
+
+    code = "read_only"
+
+
+class IdempotencyConflictError(DurkvError):
+    """The same idempotency key was used with a different input."""
+
+    code = "idempotency_conflict"
+
+
+class NonDeterminismError(DurkvError):
+    """A replayed node asked for a different step than its journal holds."""
+
+    code = "non_determinism"
+
+
+class ConfigError(DurkvError, ValueError):
+    """Bad configuration or arguments (missing thread_id, unknown URL scheme...)."""
+
+    code = "config"
+
+
+class NotFoundError(DurkvError, KeyError):
+    """The thing asked for is not in the store (no such LSN, thread, checkpoint)."""
+
+    code = "not_found"
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.message
+
+
+class SerializationError(DurkvError, TypeError):
+    """A value cannot be serialized by the store's serde."""
+
+    code = "serialization"
+
+
+class FrameTooLargeError(ConfigError):
+    """A commit is larger than the log accepts."""
+
+    code = "frame_too_large"
+
+
+class BackendError(DurkvError):
+    """The storage backend failed (I/O error, S3 error)."""
+
+    code = "backend"
+
+
+__all__ = [
+    "DurkvError", "CorruptionError", "StoreLockedError", "FencedError", "LogFailedError",
+    "ReadOnlyError", "IdempotencyConflictError", "NonDeterminismError", "ConfigError",
+    "NotFoundError", "SerializationError", "FrameTooLargeError", "BackendError",
+]
