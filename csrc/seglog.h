@@ -106,7 +106,9 @@ int dkv_crc32c_hw(void);                                  /* 1 if SSE4.2 is in u
 uint32_t dkv_crc32c(uint32_t seed, const uint8_t *buf, size_t len);
 uint32_t dkv_crc32c_portable(uint32_t seed, const uint8_t *buf, size_t len);
 
-/* Open (creating the directory and segment 0 if a writer finds no log). */
+/* Open (creating the directory and segment 0 if a writer finds no log). On failure *out
+ * may still hold a handle (so dkv_last_error/dkv_last_damage can explain the failure);
+ * the caller dkv_close()s it, and every other call on it returns DKV_ECLOSED. */
 int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out);
 /* Flush (all policies), stop the flusher, release the lock, free. NULL-safe. */
 int dkv_close(dkv_log *log);
@@ -137,9 +139,14 @@ uint64_t dkv_start_lsn(dkv_log *log);
 /* Read-only handles: pick up frames a concurrent writer appended since open. */
 int dkv_refresh(dkv_log *log);
 
-/* Read a frame. Call with buf=NULL to learn len; then with a buffer of cap >= len. */
+/* Read a frame. Call with buf=NULL to learn len; then with a buffer of cap >= len.
+ * Every read checks the frame's crc: DKV_ECORRUPT (see dkv_last_damage) if it fails. */
 int dkv_read(dkv_log *log, uint64_t lsn, uint8_t *buf, uint32_t cap, uint32_t *len_out,
              uint8_t *type_out);
+
+/* Read a frame into a malloc'd buffer (one call, one pread); free it with dkv_free. */
+int dkv_read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf_out, uint32_t *len_out,
+                   uint8_t *type_out);
 
 /* Seal the active segment and start a new one (new_start_lsn: 0 keeps start_lsn;
  * otherwise sets it, see FORMAT.md section 7, and unlinks sealed segments below it). */
@@ -170,6 +177,8 @@ int dkv_commit_head(const uint8_t *payload, size_t len, uint32_t *head_off, uint
 int dkv_commit_entry(const uint8_t *payload, size_t len, uint32_t idx, dkv_entry_desc *out,
                      uint32_t *items_off);
 
+/* lost_last_lsn == UINT64_MAX in a dkv_damage means "to the end of the log / unknown". */
+
 /* A channel's materialized item list: walks DELTA/SNAP references from (lsn, idx) and
  * returns every item in list order as one buffer of (len:u32, bytes) records. The caller
  * frees it with dkv_free. flags_out gets the FULL entry's flags (VALUE, ZSTD). */
@@ -177,10 +186,13 @@ int dkv_read_channel(dkv_log *log, uint64_t lsn, uint32_t idx, uint8_t **buf_out
                      size_t *len_out, uint32_t *n_items_out, uint32_t *flags_out);
 
 /* Verify a log directory without taking the write lock. deep: also decode COMMIT frames
- * and resolve every channel reference. */
+ * and resolve every channel reference. Findings go in the report (a torn tail included);
+ * the return code is only for failures to run (DKV_ENOENT, DKV_EIO, DKV_ENOMEM). */
 int dkv_verify(const char *dir, int deep, dkv_report **out);
 /* Repair: quarantine + truncate a torn tail; with skip_corrupt, also cut mid-log damage
- * (copying every removed byte to quarantine/ first). dry_run: report what would change. */
+ * (copying every removed byte to quarantine/ first). dry_run: report what would change.
+ * Takes the writer lock (DKV_ELOCKED if a writer is open) unless dry_run. Without
+ * skip_corrupt, mid-log damage returns DKV_ECORRUPT with *out still set to the findings. */
 int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out);
 void dkv_report_free(dkv_report *r);
 void dkv_free(void *p);

@@ -1,0 +1,52 @@
+"""cffi builder for durkv._seglog (out-of-line API mode).
+
+setup.py names it in ``cffi_modules``; ``python csrc/build_ffi.py`` builds in place for
+a quick try. ``DURKV_WERROR=1`` turns warnings into errors (CI).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ["crc32c.c", "format.c", "seglog.c", "read.c", "open.c", "commit.c", "verify.c"]
+
+
+def _cdef() -> str:
+    """The API declarations of seglog.h, minus what cffi's cdef cannot parse."""
+    text = (HERE / "seglog.h").read_text()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    keep = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("#define DKV_") and len(s.split()) >= 3:
+            keep.append(f"#define {s.split()[1]} ...")
+        elif s.startswith("#") or "#include" in s:
+            continue
+        else:
+            keep.append(line)
+    return "\n".join(keep)
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_cdef())
+
+_args = ["-O2", "-Wall", "-Wextra", "-std=gnu11"]
+if os.environ.get("DURKV_WERROR") == "1":
+    _args.append("-Werror")
+
+ffibuilder.set_source(
+    "durkv._seglog",
+    '#include "seglog.h"',
+    sources=[os.path.relpath(HERE / s) for s in SOURCES],
+    include_dirs=[os.path.relpath(HERE)],
+    extra_compile_args=_args,
+    libraries=["pthread"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,312 @@
+/* COMMIT payloads (FORMAT.md section 5): encode/decode, and dkv_read_channel, which walks a
+ * channel's DELTA/SNAP references back to its base and returns the materialized item list.
+ *
+ *   commit := head_len:u32 head n_entries:u32 entry*
+ *   entry  := kind:u8 flags:u8 reserved:u16 depth:u32 prev_lsn:u64 prev_idx:u32 n_items:u32 item*
+ *   item   := len:u32 bytes
+ */
+#include <stdlib.h>
+
+#include "dkv_internal.h"
+
+#define ENTRY_HDR 24
+#define MAX_WALK (1u << 26)     /* entries visited by one read_channel: a corrupt-loop guard */
+
+size_t dkv_commit_size(uint32_t head_len, const dkv_entry_desc *entries, uint32_t n_entries,
+                       const uint32_t *item_lens)
+{
+    size_t n = 8 + (size_t)head_len, k = 0;
+    for (uint32_t e = 0; e < n_entries; e++) {
+        n += ENTRY_HDR;
+        for (uint32_t i = 0; i < entries[e].n_items; i++)
+            n += 4 + (size_t)item_lens[k++];
+    }
+    return n;
+}
+
+int dkv_commit_encode(const uint8_t *head, uint32_t head_len, const dkv_entry_desc *entries,
+                      uint32_t n_entries, const uint8_t *const *items, const uint32_t *item_lens,
+                      uint8_t *out, size_t cap)
+{
+    if (cap < dkv_commit_size(head_len, entries, n_entries, item_lens))
+        return DKV_EINVAL;
+    uint8_t *p = out;
+    put32(p, head_len);
+    memcpy(p + 4, head, head_len);
+    p += 4 + head_len;
+    put32(p, n_entries);
+    p += 4;
+    size_t k = 0;
+    for (uint32_t e = 0; e < n_entries; e++) {
+        const dkv_entry_desc *d = &entries[e];
+        p[0] = d->kind;
+        p[1] = d->flags;
+        put16(p + 2, 0);
+        put32(p + 4, d->depth);
+        put64(p + 8, d->prev_lsn);
+        put32(p + 16, d->prev_idx);
+        put32(p + 20, d->n_items);
+        p += ENTRY_HDR;
+        for (uint32_t i = 0; i < d->n_items; i++, k++) {
+            put32(p, item_lens[k]);
+            memcpy(p + 4, items[k], item_lens[k]);
+            p += 4 + item_lens[k];
+        }
+    }
+    return 0;
+}
+
+/* Bounds-check one entry at off; returns the offset after it, or 0 if malformed. */
+static size_t entry_end(const uint8_t *b, size_t len, size_t off, dkv_entry_desc *d)
+{
+    if (len - off < ENTRY_HDR || off > len)
+        return 0;
+    const uint8_t *p = b + off;
+    d->kind = p[0];
+    d->flags = p[1];
+    d->depth = get32(p + 4);
+    d->prev_lsn = get64(p + 8);
+    d->prev_idx = get32(p + 16);
+    d->n_items = get32(p + 20);
+    if (d->kind < DKV_ENTRY_FULL || d->kind > DKV_ENTRY_SNAP || get16(p + 2) || (d->flags & ~3u))
+        return 0;
+    off += ENTRY_HDR;
+    for (uint32_t i = 0; i < d->n_items; i++) {
+        if (len - off < 4)
+            return 0;
+        uint32_t l = get32(b + off);
+        if (len - off - 4 < l)
+            return 0;
+        if (d->kind == DKV_ENTRY_SNAP && l != 12)
+            return 0;
+        off += 4 + (size_t)l;
+    }
+    return off;
+}
+
+int dkv_commit_head(const uint8_t *payload, size_t len, uint32_t *head_off, uint32_t *head_len,
+                    uint32_t *n_entries)
+{
+    if (len < 8)
+        return DKV_ECORRUPT;
+    uint32_t hl = get32(payload);
+    if ((size_t)hl > len - 8)
+        return DKV_ECORRUPT;
+    uint32_t n = get32(payload + 4 + hl);
+    size_t off = 8 + (size_t)hl;
+    dkv_entry_desc d;
+    for (uint32_t e = 0; e < n; e++)
+        if (!(off = entry_end(payload, len, off, &d)))
+            return DKV_ECORRUPT;
+    if (off != len)
+        return DKV_ECORRUPT;
+    *head_off = 4;
+    *head_len = hl;
+    *n_entries = n;
+    return 0;
+}
+
+int dkv_commit_entry(const uint8_t *payload, size_t len, uint32_t idx, dkv_entry_desc *out,
+                     uint32_t *items_off)
+{
+    if (len < 8)
+        return DKV_ECORRUPT;
+    uint32_t hl = get32(payload);
+    if ((size_t)hl > len - 8)
+        return DKV_ECORRUPT;
+    if (idx >= get32(payload + 4 + hl))
+        return DKV_EINVAL;
+    size_t off = 8 + (size_t)hl;
+    for (uint32_t e = 0; e < idx; e++)
+        if (!(off = entry_end(payload, len, off, out)))
+            return DKV_ECORRUPT;
+    if (!entry_end(payload, len, off, out))
+        return DKV_ECORRUPT;
+    *items_off = (uint32_t)(off + ENTRY_HDR);
+    return 0;
+}
+
+/* ---- dkv_read_channel ---- */
+
+typedef struct {
+    uint64_t lsn;
+    uint8_t *buf;
+    uint32_t len;
+} frame_ref;
+
+typedef struct {
+    frame_ref *v;       /* sorted by descending lsn: the walk never goes forward */
+    size_t n, cap;
+} frame_cache;
+
+static int cache_get(dkv_log *log, frame_cache *c, uint64_t lsn, frame_ref **out)
+{
+    size_t lo = 0, hi = c->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (c->v[mid].lsn == lsn) {
+            *out = &c->v[mid];
+            return 0;
+        }
+        if (c->v[mid].lsn > lsn)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    uint8_t *buf;
+    uint32_t len;
+    uint8_t type;
+    int rc = dkv__read_alloc(log, lsn, &buf, &len, &type);
+    if (rc)
+        return rc;
+    if (type != DKV_FRAME_COMMIT) {
+        free(buf);
+        dkv__set_error(log, "lsn %llu is not a COMMIT frame", (unsigned long long)lsn);
+        return DKV_ECORRUPT;
+    }
+    if (c->n == c->cap) {
+        size_t nc = c->cap ? c->cap * 2 : 16;
+        frame_ref *p = realloc(c->v, nc * sizeof *p);
+        if (!p) {
+            free(buf);
+            return DKV_ENOMEM;
+        }
+        c->v = p;
+        c->cap = nc;
+    }
+    memmove(&c->v[lo + 1], &c->v[lo], (c->n - lo) * sizeof *c->v);
+    c->v[lo] = (frame_ref){lsn, buf, len};
+    c->n++;
+    *out = &c->v[lo];
+    return 0;
+}
+
+typedef struct {
+    uint64_t lsn;
+    uint32_t idx;
+} entry_ref;
+
+int dkv_read_channel(dkv_log *log, uint64_t lsn, uint32_t idx, uint8_t **buf_out,
+                     size_t *len_out, uint32_t *n_items_out, uint32_t *flags_out)
+{
+    frame_cache cache = {0};
+    entry_ref *suffix = NULL;       /* entries whose own items follow the base, pushed newest first */
+    size_t ns = 0, cs = 0;
+    entry_ref cur = {lsn, idx};
+    int rc = 0;
+    frame_ref *f;
+    dkv_entry_desc d;
+    uint32_t io;
+    uint8_t *out = NULL;
+    for (uint32_t steps = 0;; steps++) {
+        if (steps > MAX_WALK) {
+            rc = DKV_ECORRUPT;
+            dkv__set_error(log, "channel chain from lsn %llu is too long", (unsigned long long)lsn);
+            goto done;
+        }
+        if ((rc = cache_get(log, &cache, cur.lsn, &f)))
+            goto done;
+        if ((rc = dkv_commit_entry(f->buf, f->len, cur.idx, &d, &io))) {
+            dkv__set_error(log, "lsn %llu has no channel entry %u", (unsigned long long)cur.lsn, cur.idx);
+            /* A bad (lsn, idx) from the caller is EINVAL; a reference to nothing is damage. */
+            rc = rc == DKV_EINVAL && steps == 0 ? DKV_EINVAL : DKV_ECORRUPT;
+            goto done;
+        }
+        if (d.kind == DKV_ENTRY_FULL)
+            break;
+        /* Collect the next hops; each must point strictly back: that bounds the walk. */
+        size_t need = d.kind == DKV_ENTRY_DELTA ? 1 : (d.n_items ? d.n_items - 1 : 0);
+        if (ns + need > cs) {
+            size_t nc = cs ? cs : 64;
+            while (nc < ns + need)
+                nc *= 2;
+            entry_ref *p = realloc(suffix, nc * sizeof *p);
+            if (!p) {
+                rc = DKV_ENOMEM;
+                goto done;
+            }
+            suffix = p;
+            cs = nc;
+        }
+        entry_ref next;
+        if (d.kind == DKV_ENTRY_DELTA) {
+            suffix[ns++] = cur;
+            next = (entry_ref){d.prev_lsn, d.prev_idx};
+        } else {
+            if (!d.n_items) {
+                rc = DKV_ECORRUPT;
+                dkv__set_error(log, "SNAP entry at lsn %llu idx %u has no references",
+                               (unsigned long long)cur.lsn, cur.idx);
+                goto done;
+            }
+            const uint8_t *p = f->buf + io;
+            for (uint32_t k = d.n_items - 1; k >= 1; k--) {
+                const uint8_t *r = p + (size_t)k * 16 + 4;
+                entry_ref e = {get64(r), get32(r + 8)};
+                if (e.lsn > cur.lsn || (e.lsn == cur.lsn && e.idx >= cur.idx)) {
+                    rc = DKV_ECORRUPT;
+                    goto bad_ref;
+                }
+                suffix[ns++] = e;
+            }
+            next = (entry_ref){get64(p + 4), get32(p + 12)};
+        }
+        if (next.lsn > cur.lsn || (next.lsn == cur.lsn && next.idx >= cur.idx)) {
+            rc = DKV_ECORRUPT;
+            goto bad_ref;
+        }
+        cur = next;
+        continue;
+    bad_ref:
+        dkv__set_error(log, "entry at lsn %llu idx %u refers forward", (unsigned long long)cur.lsn, cur.idx);
+        goto done;
+    }
+    /* cur is the FULL base. Output its items, then each suffix entry's own, oldest first. */
+    *flags_out = d.flags;
+    size_t total = 0;
+    uint32_t count = 0;
+    for (size_t pass = 0; pass < 2; pass++) {
+        size_t w = 0;
+        for (size_t s = ns + 1; s-- > 0;) {
+            entry_ref e = s == ns ? cur : suffix[s];
+            if ((rc = cache_get(log, &cache, e.lsn, &f)) ||
+                (rc = dkv_commit_entry(f->buf, f->len, e.idx, &d, &io))) {
+                rc = rc == DKV_ENOMEM ? rc : DKV_ECORRUPT;
+                goto done;
+            }
+            if (s != ns && d.kind != DKV_ENTRY_DELTA) {
+                rc = DKV_ECORRUPT;
+                dkv__set_error(log, "SNAP at or before lsn %llu refers to a non-DELTA entry",
+                               (unsigned long long)e.lsn);
+                goto done;
+            }
+            size_t o = io;
+            for (uint32_t i = 0; i < d.n_items; i++) {
+                uint32_t l = get32(f->buf + o);
+                if (pass == 0) {
+                    total += 4 + (size_t)l;
+                    count++;
+                } else {
+                    memcpy(out + w, f->buf + o, 4 + (size_t)l);
+                    w += 4 + (size_t)l;
+                }
+                o += 4 + (size_t)l;
+            }
+        }
+        if (pass == 0 && !(out = malloc(total ? total : 1))) {
+            rc = DKV_ENOMEM;
+            goto done;
+        }
+    }
+    *buf_out = out;
+    *len_out = total;
+    *n_items_out = count;
+    out = NULL;
+done:
+    free(out);
+    for (size_t i = 0; i < cache.n; i++)
+        free(cache.v[i].buf);
+    free(cache.v);
+    free(suffix);
+    return rc;
+}

@@ -1,0 +1,94 @@
+/* Internal helpers shared by the C files of the segment log. Not part of the API. */
+#ifndef DKV_INTERNAL_H
+#define DKV_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "seglog.h"
+
+#define HDR_LEN 64
+#define FRAME_HDR 20
+#define TRAILER_LEN 48
+#define MAX_FRAME_LEN ((1u << 30) - 1)
+#define SEG_MAGIC "DKVSEG\x00\x01"
+#define SEAL_MAGIC "DKVSEAL\x01"
+#define NO_LSN UINT64_MAX
+
+static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* ---- I/O through the fault table (format.c) ---- */
+int dkv__pwrite_all(int fd, const void *buf, size_t len, uint64_t off);   /* 0 or -errno */
+int dkv__fdatasync(int fd);                                               /* 0 or -errno */
+int dkv__dirfsync(const char *dir);                                       /* 0 or -errno */
+int dkv__pread_all(int fd, void *buf, size_t len, uint64_t off);          /* bytes read or -errno */
+/* Read a whole file into a malloc'd buffer (size bytes from offset 0). */
+int dkv__read_file(int fd, uint8_t **out, uint64_t *size);
+
+/* ---- segment header / trailer / frames (format.c) ---- */
+typedef struct {
+    uint8_t uuid[16];
+    uint64_t segment_no, base_lsn, start_lsn;
+    uint32_t prev_digest;
+} seg_header;
+
+typedef struct {
+    uint64_t count, first_lsn, last_lsn, data_end;
+    uint32_t digest, crc;
+} seg_trailer;
+
+void dkv__header_encode(const seg_header *h, uint8_t out[HDR_LEN]);
+/* 0 if valid, else DKV_DAMAGE_BAD_HEADER (detail names the field). */
+int dkv__header_decode(const uint8_t *b, size_t avail, seg_header *h, const char **why);
+uint32_t dkv__seed(const uint8_t uuid[16], uint64_t segment_no);
+/* Parse the last 48 bytes; 0 if the magic is there and fields are self-consistent with size. */
+int dkv__trailer_decode(const uint8_t *t, uint64_t file_size, uint64_t base_lsn, seg_trailer *out);
+/* crc of index || trailer[0..44] */
+uint32_t dkv__trailer_crc(uint32_t seed, const uint8_t *index, uint64_t count, const uint8_t *t);
+void dkv__frame_header(uint8_t h[FRAME_HDR], uint32_t seed, uint64_t lsn, uint8_t type,
+                       const uint8_t *payload, uint32_t len);
+/* Check one frame at b (avail bytes follow). expect: LSN it must carry, or NO_LSN for any
+ * LSN >= min_lsn. Returns 0 or a damage kind; fills len/lsn/type when the header parses. */
+int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t expect,
+                     uint64_t min_lsn, uint32_t *len, uint64_t *lsn, uint8_t *type);
+/* Offset of the first valid frame (any LSN >= min_lsn) at or after `from`, or NO_LSN. */
+uint64_t dkv__resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t seed,
+                     uint64_t min_lsn);
+
+/* Scan frames of one segment held in memory, from `off` up to `end`. Appends every good
+ * frame's offset to *offs (growing it). Stops at the first bad frame: result says where,
+ * what kind, and whether it is a torn tail (no valid frame follows). */
+typedef struct {
+    uint64_t end;           /* offset after the last good frame */
+    uint64_t next_lsn;      /* LSN after the last good frame */
+    int kind;               /* DKV_DAMAGE_NONE if the scan reached `end` cleanly */
+    uint64_t bad_off;
+    int torn;
+    uint64_t resync_off;    /* where a valid frame starts again (NO_LSN if torn) */
+} scan_result;
+int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
+              uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res);
+
+/* Sorted list of segment base LSNs in dir (files named %016llx.seg). ENOENT if no dir. */
+int dkv__list_segments(const char *dir, uint64_t **bases, size_t *n);
+void dkv__seg_name(char out[64], uint64_t base);
+int dkv__mkdir_fsync(const char *dir, const char *sub);   /* mkdir dir/sub + fsync dir */
+/* Copy buf to quarantine/<seg>.<off>.torn (fsync file + quarantine dir). 0 or -errno. */
+int dkv__quarantine(const char *dir, const char *seg, uint64_t off, const uint8_t *buf, size_t n);
+int dkv__random_bytes(uint8_t *out, size_t n);
+
+/* ---- handle internals used by commit.c ---- */
+/* Read frame lsn into a malloc'd buffer (caller frees). */
+int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, uint8_t *type);
+void dkv__set_error(dkv_log *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kind,
+                           uint64_t lost_first, uint64_t lost_last, const char *detail);
+
+#endif

@@ -1,0 +1,67 @@
+/* The log handle's private state, shared by seglog.c (writes, reads) and open.c (open,
+ * recovery at open, refresh). Everything below `mu` is guarded by it. */
+#ifndef DKV_LOG_INT_H
+#define DKV_LOG_INT_H
+
+#include <pthread.h>
+
+#include "dkv_internal.h"
+
+typedef struct {
+    uint64_t base_lsn, segment_no, start_lsn;
+    uint32_t prev_digest;
+    int sealed;
+    int removed;            /* below start_lsn and unlinked; fd kept until close */
+    uint64_t count;         /* frames, incl. pending ones in the active segment */
+    uint64_t data_end;      /* end of frames (active: incl. pending bytes) */
+    uint64_t file_size;
+    uint32_t digest;        /* sealed: segment_digest from the trailer */
+    uint64_t *index;        /* frame offsets by lsn - base_lsn (0 = lost, salvage) */
+    uint64_t n_index, cap_index;
+    int index_loaded;       /* sealed segments load their index on first read */
+    int fd;
+} seg_t;
+
+struct dkv_log {
+    char *dir;
+    dkv_options opt;
+    int lock_fd;
+    uint8_t uuid[16];
+    seg_t *segs;
+    size_t nsegs, cap_segs;
+    uint64_t start_lsn;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;          /* leader done, state changed */
+    pthread_cond_t flush_cv;    /* wakes the async flusher */
+    int wfd;                    /* active segment, writer only */
+    uint32_t seed;              /* active segment's frame seed */
+    uint32_t run_digest;        /* crc32c(seed, active bytes [0, written_off)) */
+    uint8_t *pend, *spare;      /* frames not yet written; spare = the leader's buffer */
+    size_t pend_len, pend_cap, spare_cap;
+    uint64_t pend_off;          /* file offset of pend[0] */
+    uint64_t next_lsn, written_lsn, durable_lsn;
+    int leader, syncing, rolling;
+    int failed;
+    char failmsg[256];
+    int closed;
+    int broken;                 /* open failed: only close/last_error/last_damage work */
+    pthread_t flusher;
+    int flusher_running, stop;
+    int has_damage;
+    int cut;                    /* point_in_time cut the log at damage: refresh stays put */
+    dkv_damage damage;
+    char err[512];
+};
+
+/* 0, or why the handle cannot take this call (closed, failed, read-only). mu held. */
+int dkv__usable(dkv_log *log, int write);
+int dkv__load_index(dkv_log *log, seg_t *s);
+/* next_lsn, durable_lsn and start_lsn are read without mu by dkv_next_lsn & co: their
+ * writers (all under mu) store atomically. */
+#define STORE_LSN(field, v) __atomic_store_n(&(field), (v), __ATOMIC_RELAXED)
+seg_t *dkv__find_seg(dkv_log *log, uint64_t lsn);
+void dkv__seg_free(seg_t *s);
+int dkv__index_push(seg_t *s, uint64_t off);
+
+#endif

@@ -1,0 +1,659 @@
+/* Opening a log: the writer lock, loading segments (trailers of sealed ones, a scan of the
+ * active one), the segment chain check, recovery modes at open (FORMAT.md section 6),
+ * the lazy index load, and refresh for read-only handles. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log_int.h"
+
+int dkv__create_next_segment(dkv_log *log);
+void *dkv__flusher_main(void *arg);
+
+static int damage(dkv_log *log, const char *seg, uint64_t off, int kind, uint64_t first,
+                  uint64_t last, const char *detail)
+{
+    dkv_damage *d = &log->damage;
+    memset(d, 0, sizeof *d);
+    snprintf(d->segment, sizeof d->segment, "%s", seg);
+    d->offset = off;
+    d->kind = kind;
+    d->lost_first_lsn = first;
+    d->lost_last_lsn = last;
+    snprintf(d->detail, sizeof d->detail, "%s", detail);
+    log->has_damage = 1;
+    dkv__set_error(log, "segment %s offset %llu: %s (%s)", seg, (unsigned long long)off,
+                   dkv_damage_name(kind), detail);
+    return DKV_ECORRUPT;
+}
+
+static int take_lock(dkv_log *log)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/LOCK", log->dir);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        dkv__set_error(log, "cannot open %s: %s", p, strerror(errno));
+        return DKV_EIO;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        int e = errno;
+        char pid[32] = "?";
+        int r = dkv__pread_all(fd, pid, sizeof pid - 1, 0);
+        if (r > 0) {
+            pid[r] = 0;
+            pid[strcspn(pid, "\n")] = 0;
+        }
+        close(fd);
+        if (e == EWOULDBLOCK) {
+            dkv__set_error(log, "store is locked by pid %s; close it or open read_only=True", pid);
+            return DKV_ELOCKED;
+        }
+        dkv__set_error(log, "cannot lock %s: %s", p, strerror(e));
+        return DKV_EIO;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) == 0 && dkv__pread_all(fd, pid, 0, 0) >= 0)
+        (void)!pwrite(fd, pid, (size_t)n, 0);   /* advisory text, for messages only */
+    log->lock_fd = fd;
+    return 0;
+}
+
+int dkv__load_index(dkv_log *log, seg_t *s)
+{
+    char name[64];
+    dkv__seg_name(name, s->base_lsn);
+    size_t ilen = (size_t)s->count * 8;
+    uint8_t *b = malloc(ilen + TRAILER_LEN);
+    if (!b)
+        return DKV_ENOMEM;
+    int r = dkv__pread_all(s->fd, b, ilen + TRAILER_LEN, s->data_end);
+    const char *why = NULL;
+    if (r < 0 || (size_t)r != ilen + TRAILER_LEN)
+        why = "cannot read the index";
+    else if (dkv__trailer_crc(dkv__seed(log->uuid, s->segment_no), b, s->count, b + ilen) !=
+             get32(b + ilen + 44))
+        why = "trailer checksum mismatch";
+    for (uint64_t i = 0; !why && i < s->count; i++) {
+        uint64_t o = get64(b + i * 8);
+        uint64_t prev = i ? get64(b + (i - 1) * 8) : 0;
+        if ((i == 0 && o != HDR_LEN) || (i && o < prev + FRAME_HDR) || o + FRAME_HDR > s->data_end)
+            why = "index entry out of place";
+    }
+    if (why) {
+        free(b);
+        return damage(log, name, s->data_end, DKV_DAMAGE_BAD_SEAL, s->base_lsn,
+                      s->base_lsn + s->count - 1, why);
+    }
+    free(s->index);
+    s->index = malloc(ilen);
+    if (!s->index) {
+        free(b);
+        return DKV_ENOMEM;
+    }
+    for (uint64_t i = 0; i < s->count; i++)
+        s->index[i] = get64(b + i * 8);
+    s->n_index = s->cap_index = s->count;
+    s->index_loaded = 1;
+    free(b);
+    return 0;
+}
+
+/* What happened while loading one segment. */
+typedef struct {
+    int kind;               /* DKV_DAMAGE_NONE: loaded cleanly */
+    uint64_t off;
+    char detail[160];
+    uint8_t *file;          /* the active segment's bytes */
+    uint64_t size;
+    scan_result scan;
+} load_result;
+
+/* strict, point_in_time and salvage check every byte of a sealed segment at open (they are
+ * the careful modes; tolerate_tail keeps open O(segments) and checks frames on read). On
+ * damage the segment is demoted to the prefix of good frames, and lr describes the damage. */
+static int check_sealed(dkv_log *log, seg_t *s, load_result *lr, int have_trailer)
+{
+    uint8_t *b;
+    uint64_t size;
+    int rc = dkv__read_file(s->fd, &b, &size);
+    if (rc) {
+        dkv__set_error(log, "cannot read segment: %s", strerror(-rc));
+        return DKV_EIO;
+    }
+    uint32_t seed = dkv__seed(log->uuid, s->segment_no);
+    uint64_t end = have_trailer ? s->data_end : size;
+    s->n_index = 0;
+    rc = dkv__scan(b, HDR_LEN, end, seed, s->base_lsn, &s->index, &s->n_index, &s->cap_index,
+                   &lr->scan);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    int kind = 0;
+    uint64_t off = 0;
+    const char *why = "bad frame in a sealed segment";
+    if (lr->scan.kind) {
+        kind = lr->scan.kind == DKV_DAMAGE_TORN_TAIL ? DKV_DAMAGE_CHECKSUM : lr->scan.kind;
+        off = lr->scan.bad_off;
+    } else if (!have_trailer) {
+        kind = DKV_DAMAGE_BAD_SEAL;
+        off = size >= TRAILER_LEN ? size - TRAILER_LEN : 0;
+        why = "sealed segment has no valid trailer";
+    } else if (dkv__trailer_crc(seed, b + end, s->count, b + size - TRAILER_LEN) !=
+               get32(b + size - 4)) {
+        kind = DKV_DAMAGE_BAD_SEAL;
+        off = end;
+        why = "trailer checksum mismatch";
+    } else if (s->n_index != s->count) {
+        kind = DKV_DAMAGE_BAD_SEAL;
+        off = size - TRAILER_LEN + 8;
+        why = "trailer frame_count differs from the frames found";
+    } else if (dkv_crc32c(seed, b, end) != s->digest) {
+        kind = DKV_DAMAGE_BAD_SEAL;
+        off = size - 8;
+        why = "segment_digest mismatch";
+    } else {
+        for (uint64_t i = 0; i < s->count && !kind; i++)
+            if (get64(b + end + i * 8) != s->index[i]) {
+                kind = DKV_DAMAGE_BAD_SEAL;
+                off = end + i * 8;
+                why = "index entry differs from the frame's offset";
+            }
+    }
+    s->index_loaded = 1;
+    if (!kind) {
+        free(b);
+        return 0;
+    }
+    s->sealed = 0;
+    s->count = s->n_index;
+    s->data_end = lr->scan.end;
+    lr->kind = kind;
+    lr->off = off;
+    lr->file = b;
+    lr->size = size;
+    snprintf(lr->detail, sizeof lr->detail, "%s", why);
+    return 0;
+}
+
+/* Read segment `base`'s header and trailer (or scan it if it is the last and unsealed) into
+ * a new segs[] entry. Chain checks against the previous entry. Does not act on damage. */
+static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
+{
+    memset(lr, 0, sizeof *lr);
+    if (log->nsegs == log->cap_segs) {
+        size_t nc = log->cap_segs ? log->cap_segs * 2 : 16;
+        seg_t *p = realloc(log->segs, nc * sizeof *p);
+        if (!p)
+            return DKV_ENOMEM;
+        log->segs = p;
+        log->cap_segs = nc;
+    }
+    char name[64], path[4200];
+    dkv__seg_name(name, base);
+    snprintf(path, sizeof path, "%s/%s", log->dir, name);
+    int writer = !log->opt.read_only;
+    int fd = open(path, (is_last && writer ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0) {
+        dkv__set_error(log, "cannot open segment %s: %s", path, strerror(errno));
+        return DKV_EIO;
+    }
+    struct stat st;
+    fstat(fd, &st);
+    uint64_t size = (uint64_t)st.st_size;
+    seg_t *s = &log->segs[log->nsegs];
+    memset(s, 0, sizeof *s);
+    s->fd = fd;
+    s->base_lsn = base;
+    s->file_size = size;
+    uint8_t hb[HDR_LEN];
+    seg_header h;
+    const char *why = "";
+    int r = dkv__pread_all(fd, hb, HDR_LEN, 0);
+    if (dkv__header_decode(hb, r < 0 ? 0 : (size_t)r, &h, &why)) {
+        lr->kind = (is_last && size <= HDR_LEN) ? DKV_DAMAGE_TORN_TAIL : DKV_DAMAGE_BAD_HEADER;
+        snprintf(lr->detail, sizeof lr->detail, "%s", why);
+        close(fd);
+        return 0;
+    }
+    seg_t *p = log->nsegs ? &log->segs[log->nsegs - 1] : NULL;
+    if (h.base_lsn != base) {
+        lr->kind = DKV_DAMAGE_BAD_HEADER;
+        snprintf(lr->detail, sizeof lr->detail, "header base_lsn %llu does not match the file name",
+                 (unsigned long long)h.base_lsn);
+    } else if (p && memcmp(h.uuid, log->uuid, 16)) {
+        lr->kind = DKV_DAMAGE_FOREIGN;
+        snprintf(lr->detail, sizeof lr->detail, "segment belongs to another log (uuid differs)");
+    } else if (p && log->opt.recovery != DKV_RECOVER_SALVAGE &&
+               (h.segment_no != p->segment_no + 1 || base != p->base_lsn + p->count)) {
+        lr->kind = DKV_DAMAGE_MISSING;
+        snprintf(lr->detail, sizeof lr->detail,
+                 "expected segment_no %llu at lsn %llu, found segment_no %llu at lsn %llu",
+                 (unsigned long long)p->segment_no + 1, (unsigned long long)(p->base_lsn + p->count),
+                 (unsigned long long)h.segment_no, (unsigned long long)base);
+    } else if (p && log->opt.recovery != DKV_RECOVER_SALVAGE && p->sealed &&
+               h.prev_digest != p->digest) {
+        lr->kind = DKV_DAMAGE_FOREIGN;
+        snprintf(lr->detail, sizeof lr->detail, "prev_digest does not match the previous segment");
+    }
+    if (lr->kind) {
+        close(fd);
+        return 0;
+    }
+    if (!p)
+        memcpy(log->uuid, h.uuid, 16);
+    s->segment_no = h.segment_no;
+    s->start_lsn = h.start_lsn;
+    s->prev_digest = h.prev_digest;
+    uint8_t tb[TRAILER_LEN];
+    seg_trailer t;
+    int have_trailer = size >= HDR_LEN + FRAME_HDR + 8 + TRAILER_LEN &&
+                       dkv__pread_all(fd, tb, TRAILER_LEN, size - TRAILER_LEN) == TRAILER_LEN &&
+                       dkv__trailer_decode(tb, size, base, &t) == 0;
+    if (have_trailer) {
+        s->sealed = 1;
+        s->count = t.count;
+        s->data_end = t.data_end;
+        s->digest = t.digest;
+        log->nsegs++;
+        if (!is_last)
+            return log->opt.recovery == DKV_RECOVER_TOLERATE_TAIL ? 0 : check_sealed(log, s, lr, 1);
+        /* The newest segment looks sealed (a crash after sealing, before the next segment
+         * existed): believe it only if the trailer checksum verifies. */
+        if (dkv__load_index(log, s) == 0)
+            return 0;
+        log->nsegs--;
+        s->sealed = 0;
+        log->has_damage = 0;        /* not damage: the active segment's tail, scanned below */
+        log->err[0] = 0;
+    } else if (!is_last && log->opt.recovery != DKV_RECOVER_TOLERATE_TAIL &&
+               log->opt.recovery != DKV_RECOVER_STRICT) {
+        log->nsegs++;
+        return check_sealed(log, s, lr, 0);
+    } else if (!is_last) {
+        lr->kind = DKV_DAMAGE_BAD_SEAL;
+        lr->off = size >= TRAILER_LEN ? size - TRAILER_LEN : 0;
+        snprintf(lr->detail, sizeof lr->detail, "sealed segment has no valid trailer");
+        close(fd);
+        return 0;
+    }
+    /* The active segment: scan its frames. */
+    uint8_t *buf;
+    int rc = dkv__read_file(fd, &buf, &size);
+    if (rc) {
+        close(fd);
+        dkv__set_error(log, "cannot read %s: %s", path, strerror(-rc));
+        return DKV_EIO;
+    }
+    s->file_size = size;
+    uint32_t seed = dkv__seed(h.uuid, h.segment_no);
+    rc = dkv__scan(buf, HDR_LEN, size, seed, base, &s->index, &s->n_index, &s->cap_index, &lr->scan);
+    if (rc) {
+        free(buf);
+        close(fd);
+        return rc;
+    }
+    s->count = s->n_index;
+    s->data_end = lr->scan.end;
+    s->index_loaded = 1;
+    lr->file = buf;
+    lr->size = size;
+    if (lr->scan.kind) {
+        lr->kind = lr->scan.torn ? DKV_DAMAGE_TORN_TAIL : lr->scan.kind;
+        lr->off = lr->scan.bad_off;
+        snprintf(lr->detail, sizeof lr->detail, lr->scan.torn ? "incomplete frame at the end of the active segment"
+                 : "bad frame followed by valid frames");
+    }
+    log->nsegs++;
+    return 0;
+}
+
+/* salvage: index the valid frames after damage in the active segment, leaving 0 for lost LSNs. */
+static int salvage_rest(dkv_log *log, seg_t *s, load_result *lr)
+{
+    scan_result sr = lr->scan;
+    uint32_t seed = dkv__seed(log->uuid, s->segment_no);
+    while (sr.kind && sr.resync_off != NO_LSN) {
+        uint64_t lsn = get64(lr->file + sr.resync_off + 8);
+        while (s->base_lsn + s->n_index < lsn)
+            if (dkv__index_push(s, 0))
+                return DKV_ENOMEM;
+        int rc = dkv__scan(lr->file, sr.resync_off, lr->size, seed, lsn, &s->index, &s->n_index,
+                           &s->cap_index, &sr);
+        if (rc)
+            return rc;
+        s->data_end = sr.end;
+    }
+    s->count = s->n_index;
+    return 0;
+}
+
+/* The highest LSN any segment file shows (for the lost range point_in_time reports). */
+static uint64_t last_lsn_on_disk(dkv_log *log, const uint64_t *bases, size_t n)
+{
+    char path[4200], name[64];
+    dkv__seg_name(name, bases[n - 1]);
+    snprintf(path, sizeof path, "%s/%s", log->dir, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    uint8_t *b = NULL;
+    uint64_t size = 0, last = bases[n - 1] ? bases[n - 1] - 1 : NO_LSN;
+    seg_header h;
+    if (fd >= 0 && dkv__read_file(fd, &b, &size) == 0 && dkv__header_decode(b, size, &h, NULL) == 0) {
+        scan_result sr;
+        dkv__scan(b, HDR_LEN, size, dkv__seed(h.uuid, h.segment_no), h.base_lsn, NULL, NULL,
+                  NULL, &sr);
+        if (sr.next_lsn > h.base_lsn)
+            last = sr.next_lsn - 1;
+    }
+    free(b);
+    if (fd >= 0)
+        close(fd);
+    return last;
+}
+
+/* Load every segment, applying the recovery mode to whatever damage is found. */
+static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
+{
+    int mode = log->opt.recovery, writer = !log->opt.read_only;
+    for (size_t i = 0; i < n; i++) {
+        load_result lr;
+        int last = i + 1 == n;
+        int rc = load_seg(log, bases[i], last, &lr);
+        if (rc)
+            return rc;
+        char name[64];
+        dkv__seg_name(name, bases[i]);
+        uint64_t expect = log->nsegs ? log->segs[log->nsegs - 1].base_lsn + log->segs[log->nsegs - 1].count : 0;
+        if (lr.kind == DKV_DAMAGE_TORN_TAIL) {
+            seg_t *s = lr.file ? &log->segs[log->nsegs - 1] : NULL;
+            int whole = !lr.file;           /* a torn segment header: the file never got going */
+            uint64_t off = whole ? 0 : lr.off;
+            if (mode == DKV_RECOVER_STRICT) {
+                free(lr.file);
+                return damage(log, name, off, lr.kind, expect, NO_LSN, lr.detail);
+            }
+            damage(log, name, off, lr.kind, expect, NO_LSN, lr.detail);
+            log->err[0] = 0;
+            if (writer) {
+                char path[4200];
+                snprintf(path, sizeof path, "%s/%s", log->dir, name);
+                if (whole) {
+                    uint8_t *b = NULL;
+                    uint64_t sz = 0;
+                    int fd = open(path, O_RDONLY | O_CLOEXEC);
+                    rc = fd < 0 ? -errno : dkv__read_file(fd, &b, &sz);
+                    if (fd >= 0)
+                        close(fd);
+                    if (!rc)
+                        rc = dkv__quarantine(log->dir, name, 0, b, sz);
+                    free(b);
+                    if (!rc)
+                        rc = unlink(path) ? -errno : dkv__dirfsync(log->dir);
+                } else {
+                    rc = dkv__quarantine(log->dir, name, off, lr.file + off, lr.size - off);
+                    if (!rc)
+                        rc = ftruncate(s->fd, (off_t)off) ? -errno : dkv__fdatasync(s->fd);
+                    s->file_size = off;
+                }
+                if (rc) {
+                    free(lr.file);
+                    dkv__set_error(log, "cannot repair the torn tail of %s: %s", path, strerror(-rc));
+                    return DKV_EIO;
+                }
+            }
+        } else if (lr.kind) {
+            uint64_t off = lr.off;
+            if (mode == DKV_RECOVER_SALVAGE && lr.file) {
+                seg_t *s = &log->segs[log->nsegs - 1];
+                damage(log, name, off, lr.kind, s->base_lsn + s->count, NO_LSN, lr.detail);
+                rc = salvage_rest(log, s, &lr);
+                free(lr.file);
+                if (rc)
+                    return rc;
+                continue;
+            }
+            if (mode == DKV_RECOVER_SALVAGE) {     /* an unreadable header: skip the file */
+                damage(log, name, off, lr.kind, bases[i], NO_LSN, lr.detail);
+                continue;
+            }
+            if (lr.file)
+                expect = log->segs[log->nsegs - 1].base_lsn + log->segs[log->nsegs - 1].count;
+            rc = damage(log, name, off, lr.kind, expect,
+                        mode == DKV_RECOVER_POINT_IN_TIME ? last_lsn_on_disk(log, bases, n) : NO_LSN,
+                        lr.detail);
+            free(lr.file);
+            if (mode != DKV_RECOVER_POINT_IN_TIME && mode != DKV_RECOVER_SALVAGE)
+                return rc;
+            /* point_in_time: the log ends at the last good frame before the damage, and
+             * the handle is read-only until `durkv recover --skip-corrupt` cuts it. */
+            log->cut = 1;
+            if (writer) {
+                log->opt.read_only = 1;
+                if (log->lock_fd >= 0)
+                    close(log->lock_fd);
+                log->lock_fd = -1;
+            }
+            return 0;
+        }
+        if (lr.file && writer && !log->opt.read_only) {
+            seg_t *s = &log->segs[log->nsegs - 1];
+            log->seed = dkv__seed(log->uuid, s->segment_no);
+            log->run_digest = dkv_crc32c(log->seed, lr.file, s->data_end);
+        }
+        free(lr.file);
+    }
+    return 0;
+}
+
+int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
+{
+    *out = NULL;
+    dkv_log *log = calloc(1, sizeof *log);
+    if (!log)
+        return DKV_ENOMEM;
+    pthread_mutex_init(&log->mu, NULL);
+    pthread_cond_init(&log->cv, NULL);
+    pthread_cond_init(&log->flush_cv, NULL);
+    log->lock_fd = log->wfd = -1;
+    log->dir = strdup(dir);
+    log->opt = *opt;
+    log->broken = 1;            /* until open succeeds */
+    *out = log;
+    if (!log->dir)
+        return DKV_ENOMEM;
+    if (!log->opt.segment_bytes)
+        log->opt.segment_bytes = 64u << 20;
+    if (!log->opt.flush_interval_ms)
+        log->opt.flush_interval_ms = 10;
+    if (opt->durability < 0 || opt->durability > 2 || opt->recovery < 0 || opt->recovery > 3) {
+        dkv__set_error(log, "bad durability (%d) or recovery mode (%d)", opt->durability, opt->recovery);
+        return DKV_EINVAL;
+    }
+    if (log->opt.segment_bytes < HDR_LEN + FRAME_HDR) {
+        dkv__set_error(log, "segment_bytes %llu is too small", (unsigned long long)opt->segment_bytes);
+        return DKV_EINVAL;
+    }
+    if (log->opt.recovery == DKV_RECOVER_SALVAGE)
+        log->opt.read_only = 1;
+    struct stat st;
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode)) {
+        if (log->opt.read_only) {
+            dkv__set_error(log, "no log at %s", dir);
+            return DKV_ENOENT;
+        }
+        if (mkdir(dir, 0755) && errno != EEXIST) {
+            int e = errno;
+            dkv__set_error(log, "cannot create %s: %s", dir, strerror(e));
+            return e == ENOENT ? DKV_ENOENT : DKV_EIO;
+        }
+        char parent[4200];
+        snprintf(parent, sizeof parent, "%s/..", dir);
+        if (dkv__dirfsync(parent)) {
+            dkv__set_error(log, "cannot fsync the parent directory of %s", dir);
+            return DKV_EIO;
+        }
+    }
+    int rc;
+    if (!log->opt.read_only && (rc = take_lock(log)))
+        return rc;
+    uint64_t *bases = NULL;
+    size_t n = 0;
+    if ((rc = dkv__list_segments(dir, &bases, &n))) {
+        dkv__set_error(log, "cannot list %s: %s", dir, strerror(-rc));
+        return DKV_EIO;
+    }
+    if (n == 0) {
+        free(bases);
+        if (log->opt.read_only) {
+            dkv__set_error(log, "no log at %s", dir);
+            return DKV_ENOENT;
+        }
+        if ((rc = dkv__random_bytes(log->uuid, 16))) {
+            dkv__set_error(log, "cannot draw a log uuid: %s", strerror(-rc));
+            return DKV_EIO;
+        }
+        rc = dkv__create_next_segment(log);
+    } else {
+        rc = load_all(log, bases, n);
+        free(bases);
+        if (!rc && log->nsegs == 0) {
+            if (log->opt.read_only) {
+                dkv__set_error(log, "no readable log at %s", dir);
+                return log->has_damage ? DKV_ECORRUPT : DKV_ENOENT;
+            }
+            if ((rc = dkv__random_bytes(log->uuid, 16)) == 0)
+                rc = dkv__create_next_segment(log);
+        }
+        if (!rc) {
+            seg_t *a = &log->segs[log->nsegs - 1];
+            log->next_lsn = a->base_lsn + a->count;
+            log->start_lsn = a->start_lsn;
+            if (log->segs[0].base_lsn > log->start_lsn && log->segs[0].base_lsn > 0) {
+                char name[64];
+                dkv__seg_name(name, log->segs[0].base_lsn);
+                return damage(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn,
+                              log->segs[0].base_lsn - 1, "segments below it are missing");
+            }
+            if (!log->opt.read_only) {
+                log->written_lsn = log->durable_lsn = log->next_lsn;
+                if (a->sealed)
+                    rc = dkv__create_next_segment(log);
+                else {
+                    log->wfd = a->fd;
+                    log->pend_off = a->data_end;
+                }
+                /* Dead segments left by a crash between a roll and the unlink (section 7). */
+                int removed = 0;
+                for (size_t i = 0; !rc && i + 1 < log->nsegs; i++) {
+                    seg_t *s = &log->segs[i];
+                    if (s->base_lsn + s->count <= log->start_lsn) {
+                        char name[64], path[4200];
+                        dkv__seg_name(name, s->base_lsn);
+                        snprintf(path, sizeof path, "%s/%s", dir, name);
+                        unlink(path);
+                        s->removed = removed = 1;
+                    }
+                }
+                if (removed)
+                    dkv__dirfsync(dir);
+            }
+        }
+    }
+    if (rc)
+        return rc;
+    log->written_lsn = log->durable_lsn = log->next_lsn;
+    if (!log->opt.read_only) {
+        if (pthread_create(&log->flusher, NULL, dkv__flusher_main, log)) {
+            dkv__set_error(log, "cannot start the flusher thread");
+            return DKV_ENOMEM;
+        }
+        log->flusher_running = 1;
+    }
+    log->broken = 0;
+    return 0;
+}
+
+/* Read-only handles: pick up what a writer appended (frames, new segments) since. */
+int dkv_refresh(dkv_log *log)
+{
+    pthread_mutex_lock(&log->mu);
+    int rc = 0;
+    if (log->closed || log->broken)
+        rc = DKV_ECLOSED;
+    if (rc || !log->opt.read_only || log->cut || log->opt.recovery == DKV_RECOVER_SALVAGE) {
+        pthread_mutex_unlock(&log->mu);
+        return rc;
+    }
+    seg_t *a = &log->segs[log->nsegs - 1];
+    if (!a->sealed) {
+        struct stat st;
+        if (fstat(a->fd, &st) == 0 && (uint64_t)st.st_size > a->data_end) {
+            uint64_t n = (uint64_t)st.st_size - a->data_end;
+            uint8_t *b = malloc(n);
+            int r = b ? dkv__pread_all(a->fd, b, n, a->data_end) : -ENOMEM;
+            if (r > 0) {
+                scan_result sr;
+                uint64_t *offs = NULL, cnt = 0, cap = 0;
+                dkv__scan(b, 0, (uint64_t)r, dkv__seed(log->uuid, a->segment_no),
+                          a->base_lsn + a->count, &offs, &cnt, &cap, &sr);
+                for (uint64_t i = 0; i < cnt; i++)
+                    dkv__index_push(a, offs[i] + a->data_end);
+                a->count = a->n_index;
+                a->data_end += sr.end;
+                free(offs);
+            }
+            free(b);
+        }
+    }
+    uint64_t *bases = NULL;
+    size_t n = 0;
+    if (dkv__list_segments(log->dir, &bases, &n) == 0) {
+        size_t first_new = n;
+        for (size_t i = 0; i < n; i++)
+            if (bases[i] > a->base_lsn) {
+                first_new = i;
+                break;
+            }
+        if (first_new < n && !a->sealed) {
+            uint8_t tb[TRAILER_LEN];
+            seg_trailer t;
+            struct stat st;
+            if (fstat(a->fd, &st) == 0 &&
+                dkv__pread_all(a->fd, tb, TRAILER_LEN, (uint64_t)st.st_size - TRAILER_LEN) == TRAILER_LEN &&
+                dkv__trailer_decode(tb, (uint64_t)st.st_size, a->base_lsn, &t) == 0) {
+                a->sealed = 1;
+                a->count = t.count;
+                a->data_end = t.data_end;
+                a->digest = t.digest;
+                a->file_size = (uint64_t)st.st_size;
+                a->index_loaded = 0;
+            } else {
+                first_new = n;      /* the seal is not complete yet: try again next time */
+            }
+        }
+        for (size_t i = first_new; i < n; i++) {
+            load_result lr;
+            size_t before = log->nsegs;
+            if (load_seg(log, bases[i], i + 1 == n, &lr) || log->nsegs == before) {
+                free(lr.file);
+                break;
+            }
+            free(lr.file);
+            STORE_LSN(log->start_lsn, log->segs[log->nsegs - 1].start_lsn);
+        }
+        free(bases);
+    }
+    a = &log->segs[log->nsegs - 1];
+    log->written_lsn = a->base_lsn + a->count;
+    STORE_LSN(log->durable_lsn, log->written_lsn);
+    STORE_LSN(log->next_lsn, log->written_lsn);
+    pthread_mutex_unlock(&log->mu);
+    return 0;
+}

@@ -1,0 +1,191 @@
+/* The read path of a log handle: frames by LSN (from the file, or from the writer's
+ * pending buffer for frames not yet written), and the segment listing. Reads copy what
+ * they need under the handle's mutex and pread outside it, so readers never wait for an
+ * fsync. Every frame read is checked against its seeded crc. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "log_int.h"
+
+seg_t *dkv__find_seg(dkv_log *log, uint64_t lsn)
+{
+    size_t lo = 0, hi = log->nsegs;
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (log->segs[mid].base_lsn <= lsn)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return log->nsegs ? &log->segs[lo] : NULL;
+}
+
+/* Locate frame lsn: either a copy from memory (*mem) or fd/offset/len to pread. mu held. */
+static int locate(dkv_log *log, uint64_t lsn, uint8_t **mem, uint32_t *mlen, uint8_t *mtype,
+                  int *fd, uint64_t *off, uint64_t *flen, char *segname, int *exact)
+{
+    for (;;) {
+        int rc = dkv__usable(log, 0);
+        if (rc)
+            return rc;
+        if (lsn < log->start_lsn || lsn >= log->next_lsn) {
+            dkv__set_error(log, "lsn %llu is not in the log (it holds %llu..%llu)",
+                           (unsigned long long)lsn, (unsigned long long)log->start_lsn,
+                           (unsigned long long)log->next_lsn);
+            return DKV_EINVAL;
+        }
+        seg_t *s = dkv__find_seg(log, lsn);
+        dkv__seg_name(segname, s->base_lsn);
+        if (lsn - s->base_lsn >= s->count) {
+            dkv__set_error(log, "lsn %llu was lost to damage", (unsigned long long)lsn);
+            return DKV_EINVAL;
+        }
+        if (!s->index_loaded && (rc = dkv__load_index(log, s)))
+            return rc;
+        uint64_t i = lsn - s->base_lsn;
+        uint64_t o = s->index[i];
+        if (!o) {
+            dkv__set_error(log, "lsn %llu was lost to damage (segment %s)",
+                           (unsigned long long)lsn, segname);
+            return DKV_EINVAL;
+        }
+        uint64_t next = s->data_end;
+        *exact = 1;
+        for (uint64_t j = i + 1; j < s->n_index; j++)
+            if (s->index[j]) {
+                next = s->index[j];
+                *exact = j == i + 1;    /* salvage leaves 0 for lost frames: then a bound only */
+                break;
+            }
+        if (!log->opt.read_only && s == &log->segs[log->nsegs - 1] && lsn >= log->written_lsn) {
+            if (o < log->pend_off) {    /* in the leader's buffer: wait for it to land */
+                pthread_cond_wait(&log->cv, &log->mu);
+                continue;
+            }
+            const uint8_t *f = log->pend + (o - log->pend_off);
+            *mlen = get32(f + 4);
+            *mtype = f[16];
+            *mem = malloc(*mlen ? *mlen : 1);
+            if (!*mem)
+                return DKV_ENOMEM;
+            memcpy(*mem, f + FRAME_HDR, *mlen);
+            return 0;
+        }
+        *fd = s->fd;
+        *off = o;
+        *flen = next - o;
+        return 0;
+    }
+}
+
+int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, uint8_t *type)
+{
+    int fd = -1;
+    uint64_t off = 0, flen = 0;
+    char seg[64];
+    uint8_t *mem = NULL;
+    int exact = 1;
+    pthread_mutex_lock(&log->mu);
+    int rc = locate(log, lsn, &mem, len, type, &fd, &off, &flen, seg, &exact);
+    uint32_t seed = dkv__seed(log->uuid, dkv__find_seg(log, lsn)->segment_no);
+    pthread_mutex_unlock(&log->mu);
+    if (rc || mem) {
+        *buf = mem;
+        return rc;
+    }
+    uint8_t *f = malloc(flen ? flen : 1);
+    if (!f)
+        return DKV_ENOMEM;
+    int r = flen > INT32_MAX ? -EINVAL : dkv__pread_all(fd, f, flen, off);
+    if (r < 0) {
+        free(f);
+        dkv__set_error(log, "cannot read segment %s offset %llu: %s", seg,
+                       (unsigned long long)off, strerror(-r));
+        return DKV_EIO;
+    }
+    uint32_t l;
+    uint64_t got;
+    int k = dkv__frame_check(f, (size_t)r, seed, lsn, 0, &l, &got, type);
+    if (k || (exact ? FRAME_HDR + (uint64_t)l != flen : FRAME_HDR + (uint64_t)l > flen)) {
+        free(f);
+        if (!k)
+            k = DKV_DAMAGE_BAD_HEADER;
+        pthread_mutex_lock(&log->mu);
+        memset(&log->damage, 0, sizeof log->damage);
+        snprintf(log->damage.segment, sizeof log->damage.segment, "%s", seg);
+        log->damage.offset = off;
+        log->damage.kind = k;
+        log->damage.lost_first_lsn = lsn;
+        log->damage.lost_last_lsn = lsn;
+        snprintf(log->damage.detail, sizeof log->damage.detail, "frame of lsn %llu",
+                 (unsigned long long)lsn);
+        log->has_damage = 1;
+        dkv__set_error(log, "segment %s offset %llu: %s (frame of lsn %llu)", seg,
+                       (unsigned long long)off, dkv_damage_name(k), (unsigned long long)lsn);
+        pthread_mutex_unlock(&log->mu);
+        return DKV_ECORRUPT;
+    }
+    memmove(f, f + FRAME_HDR, l);
+    *buf = f;
+    *len = l;
+    return 0;
+}
+
+int dkv_read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf_out, uint32_t *len_out,
+                   uint8_t *type_out)
+{
+    return dkv__read_alloc(log, lsn, buf_out, len_out, type_out);
+}
+
+int dkv_read(dkv_log *log, uint64_t lsn, uint8_t *buf, uint32_t cap, uint32_t *len_out,
+             uint8_t *type_out)
+{
+    uint8_t *p;
+    int rc = dkv__read_alloc(log, lsn, &p, len_out, type_out);
+    if (rc)
+        return rc;
+    if (buf) {
+        if (cap < *len_out)
+            rc = DKV_EINVAL;
+        else
+            memcpy(buf, p, *len_out);
+    }
+    free(p);
+    return rc;
+}
+
+int dkv_segments(dkv_log *log, dkv_report **out)
+{
+    pthread_mutex_lock(&log->mu);
+    dkv_report *r = calloc(1, sizeof *r);
+    size_t n = 0;
+    if (r)
+        r->segments = calloc(log->nsegs ? log->nsegs : 1, sizeof *r->segments);
+    if (!r || !r->segments) {
+        free(r);
+        pthread_mutex_unlock(&log->mu);
+        return DKV_ENOMEM;
+    }
+    for (size_t i = 0; i < log->nsegs; i++) {
+        seg_t *s = &log->segs[i];
+        if (s->removed)
+            continue;
+        dkv_segment_report *sr = &r->segments[n++];
+        dkv__seg_name(sr->segment, s->base_lsn);
+        sr->sealed = s->sealed;
+        sr->segment_no = s->segment_no;
+        sr->base_lsn = s->base_lsn;
+        sr->frames_ok = s->count;
+        sr->bytes = s->sealed ? s->file_size : s->data_end;
+    }
+    r->n_segments = n;
+    r->frames_ok = log->next_lsn - log->start_lsn;
+    r->next_lsn = log->next_lsn;
+    pthread_mutex_unlock(&log->mu);
+    *out = r;
+    return 0;
+}
+

@@ -1,0 +1,554 @@
+/* The write and read paths of a log handle: group commit, the async flusher, rolling and
+ * sealing segments. Reads are in read.c; opening and recovery at open in open.c.
+ *
+ * Group commit (LevelDB's writer queue, simplified): appenders encode their frame into
+ * the shared `pend` buffer under `mu` and take the next LSN. Whoever then finds no leader
+ * becomes it: it swaps `pend` out, writes it with one pwrite and (sync) one fdatasync with
+ * `mu` released, then wakes everyone; followers whose LSN is covered return. One buffer is
+ * in flight at a time, so file order is LSN order.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log_int.h"
+
+#define GROUP_CAP (1u << 20)        /* appenders wait while a leader runs and this much is queued */
+#define EXIT_SPILL (4u << 20)       /* exit policy writes (no fsync) past this much buffered */
+
+void dkv__set_error(dkv_log *log, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(log->err, sizeof log->err, fmt, ap);
+    va_end(ap);
+}
+
+const char *dkv_last_error(dkv_log *log) { return log ? log->err : "no handle"; }
+
+int dkv_last_damage(dkv_log *log, dkv_damage *out)
+{
+    if (!log || !log->has_damage)
+        return DKV_ENOENT;
+    *out = log->damage;
+    return 0;
+}
+
+static seg_t *active(dkv_log *log) { return &log->segs[log->nsegs - 1]; }
+
+/* A write/sync failure fails the handle for good: fsync is never retried (fsyncgate). */
+static int fail(dkv_log *log, const char *what, int neg_errno)
+{
+    char name[64];
+    dkv__seg_name(name, active(log)->base_lsn);
+    if (!log->failed) {
+        snprintf(log->failmsg, sizeof log->failmsg, "%s failed on %s/%s: %s", what, log->dir,
+                 name, strerror(-neg_errno));
+        log->failed = 1;
+    }
+    dkv__set_error(log, "log failed: %s; reopen the store to recover", log->failmsg);
+    pthread_cond_broadcast(&log->cv);
+    pthread_cond_broadcast(&log->flush_cv);
+    return DKV_EIO;
+}
+
+/* Common entry checks, under mu. */
+int dkv__usable(dkv_log *log, int write)
+{
+    if (log->closed || log->broken) {
+        dkv__set_error(log, "log handle is closed");
+        return DKV_ECLOSED;
+    }
+    if (log->failed) {
+        dkv__set_error(log, "log failed: %s; reopen the store to recover", log->failmsg);
+        return DKV_EFAILED;
+    }
+    if (write && log->opt.read_only) {
+        dkv__set_error(log, "log %s is open read-only", log->dir);
+        return DKV_EREADONLY;
+    }
+    return 0;
+}
+
+int dkv__index_push(seg_t *s, uint64_t off)
+{
+    if (s->n_index == s->cap_index) {
+        uint64_t nc = s->cap_index ? s->cap_index * 2 : 1024;
+        uint64_t *p = realloc(s->index, nc * sizeof *p);
+        if (!p)
+            return DKV_ENOMEM;
+        s->index = p;
+        s->cap_index = nc;
+    }
+    s->index[s->n_index++] = off;
+    return 0;
+}
+
+/* Become leader (mu held, no leader running): write everything pending, fdatasync if
+ * asked, return with mu held. */
+static int lead(dkv_log *log, int do_sync)
+{
+    log->leader = 1;
+    uint8_t *buf = log->pend;
+    size_t n = log->pend_len, cap = log->pend_cap;
+    uint64_t off = log->pend_off, upto = log->next_lsn;
+    log->pend = log->spare;
+    log->pend_cap = log->spare_cap;
+    log->spare = buf;
+    log->spare_cap = cap;
+    log->pend_len = 0;
+    log->pend_off = off + n;
+    int fd = log->wfd;
+    uint32_t digest = log->run_digest;
+    pthread_mutex_unlock(&log->mu);
+
+    int rc = n ? dkv__pwrite_all(fd, buf, n, off) : 0;
+    const char *what = "write";
+    if (!rc && do_sync) {
+        rc = dkv__fdatasync(fd);
+        what = "fdatasync";
+    }
+    digest = dkv_crc32c(digest, buf, n);   /* leaders are serialized: no one else updates it */
+
+    pthread_mutex_lock(&log->mu);
+    log->leader = 0;
+    if (rc) {
+        return fail(log, what, rc);
+    }
+    log->run_digest = digest;
+    log->written_lsn = upto;
+    if (do_sync && upto > log->durable_lsn)
+        STORE_LSN(log->durable_lsn, upto);
+    pthread_cond_broadcast(&log->cv);
+    if (log->durable_lsn < log->written_lsn)
+        pthread_cond_signal(&log->flush_cv);
+    return 0;
+}
+
+/* Wait until no leader, flusher sync or roll runs (mu held). */
+static void quiesce(dkv_log *log)
+{
+    while (log->leader || log->syncing || log->rolling)
+        pthread_cond_wait(&log->cv, &log->mu);
+}
+
+static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest);
+
+/* Seal the active segment (it has frames) and start the next one. mu held. */
+static int roll(dkv_log *log, uint64_t new_start)
+{
+    /* `rolling` is set before waiting for the leader, so no appender enqueues meanwhile:
+     * an append_many's frames keep consecutive LSNs even when a roll splits them. */
+    while (log->rolling)
+        pthread_cond_wait(&log->cv, &log->mu);
+    log->rolling = 1;
+    while (log->leader || log->syncing)
+        pthread_cond_wait(&log->cv, &log->mu);
+    int rc = dkv__usable(log, 1);
+    if (rc) {
+        log->rolling = 0;
+        pthread_cond_broadcast(&log->cv);
+        return rc;
+    }
+    seg_t *a = active(log);
+    char name[64];
+    dkv__seg_name(name, a->base_lsn);
+    /* Write the pending tail: with mu held, nothing else moves meanwhile. */
+    rc = log->pend_len ? dkv__pwrite_all(log->wfd, log->pend, log->pend_len, log->pend_off) : 0;
+    const char *what = "write";
+    if (!rc) {
+        log->run_digest = dkv_crc32c(log->run_digest, log->pend, log->pend_len);
+        log->pend_off += log->pend_len;
+        log->pend_len = 0;
+        log->written_lsn = log->next_lsn;
+        size_t flen = (size_t)a->count * 8 + TRAILER_LEN;
+        uint8_t *f = malloc(flen);
+        if (!f) {
+            log->rolling = 0;
+            pthread_cond_broadcast(&log->cv);
+            return DKV_ENOMEM;
+        }
+        for (uint64_t i = 0; i < a->count; i++)
+            put64(f + i * 8, a->index[i]);
+        uint8_t *t = f + a->count * 8;
+        memcpy(t, SEAL_MAGIC, 8);
+        put64(t + 8, a->count);
+        put64(t + 16, a->base_lsn);
+        put64(t + 24, a->base_lsn + a->count - 1);
+        put64(t + 32, a->data_end);
+        put32(t + 40, log->run_digest);
+        put32(t + 44, dkv__trailer_crc(log->seed, f, a->count, t));
+        /* Frames first, then the footer: a crash in between leaves a torn tail, never a
+         * trailer describing frames that are not on disk. */
+        rc = dkv__fdatasync(log->wfd);
+        what = "fdatasync";
+        if (!rc) {
+            rc = dkv__pwrite_all(log->wfd, f, flen, a->data_end);
+            what = "write";
+        }
+        if (!rc) {
+            rc = dkv__fdatasync(log->wfd);
+            what = "fdatasync";
+        }
+        free(f);
+        if (!rc) {
+            a->sealed = 1;
+            a->index_loaded = 1;
+            a->digest = log->run_digest;
+            a->file_size = a->data_end + flen;
+            a->fd = log->wfd;
+            STORE_LSN(log->durable_lsn, log->next_lsn);
+            rc = create_segment(log, new_start ? new_start : log->start_lsn, a->digest);
+            log->rolling = 0;
+            pthread_cond_broadcast(&log->cv);
+            return rc;
+        }
+    }
+    log->rolling = 0;
+    pthread_cond_broadcast(&log->cv);
+    return fail(log, what, rc);
+}
+
+/* Create segment `next_lsn` (header written, fdatasync'd, directory fsync'd). mu held. */
+static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest)
+{
+    seg_header h;
+    memcpy(h.uuid, log->uuid, 16);
+    h.segment_no = log->nsegs ? active(log)->segment_no + 1 : 0;
+    h.base_lsn = log->next_lsn;
+    h.start_lsn = start_lsn;
+    h.prev_digest = prev_digest;
+    if (log->nsegs == log->cap_segs) {
+        size_t nc = log->cap_segs ? log->cap_segs * 2 : 16;
+        seg_t *p = realloc(log->segs, nc * sizeof *p);
+        if (!p)
+            return DKV_ENOMEM;
+        log->segs = p;
+        log->cap_segs = nc;
+    }
+    char name[64], path[4200];
+    dkv__seg_name(name, h.base_lsn);
+    snprintf(path, sizeof path, "%s/%s", log->dir, name);
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        if (log->nsegs)
+            return fail(log, "create segment", -e);
+        dkv__set_error(log, "cannot create segment %s: %s", path, strerror(e));
+        return DKV_EIO;
+    }
+    uint8_t hb[HDR_LEN];
+    dkv__header_encode(&h, hb);
+    const char *what = "write";
+    int rc = dkv__pwrite_all(fd, hb, HDR_LEN, 0);
+    if (!rc) {
+        what = "fdatasync";
+        rc = dkv__fdatasync(fd);
+    }
+    if (!rc) {
+        what = "directory fsync";
+        rc = dkv__dirfsync(log->dir);
+    }
+    seg_t *s = &log->segs[log->nsegs++];
+    memset(s, 0, sizeof *s);
+    s->base_lsn = h.base_lsn;
+    s->segment_no = h.segment_no;
+    s->start_lsn = start_lsn;
+    s->prev_digest = prev_digest;
+    s->data_end = HDR_LEN;
+    s->file_size = HDR_LEN;
+    s->index_loaded = 1;
+    s->fd = fd;
+    log->wfd = fd;
+    log->seed = dkv__seed(log->uuid, h.segment_no);
+    log->run_digest = dkv_crc32c(log->seed, hb, HDR_LEN);
+    log->pend_off = HDR_LEN;
+    STORE_LSN(log->start_lsn, start_lsn);
+    if (rc)
+        return fail(log, what, rc);
+    return 0;
+}
+
+/* The next segment after the loaded ones (or segment 0 of a new log). */
+int dkv__create_next_segment(dkv_log *log)
+{
+    if (!log->nsegs)
+        return create_segment(log, 0, 0);
+    return create_segment(log, log->start_lsn, active(log)->digest);
+}
+
+/* Encode one frame into pend (mu held). Rolls first if the frame does not fit. */
+static int enqueue(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len)
+{
+    size_t fs = (size_t)FRAME_HDR + len;
+    seg_t *a = active(log);
+    if (a->count > 0 && a->data_end + fs > log->opt.segment_bytes) {
+        int rc = roll(log, 0);
+        if (rc)
+            return rc;
+        a = active(log);
+    }
+    if (log->pend_len + fs > log->pend_cap) {
+        size_t nc = log->pend_cap ? log->pend_cap : 65536;
+        while (nc < log->pend_len + fs)
+            nc *= 2;
+        uint8_t *p = realloc(log->pend, nc);
+        if (!p)
+            return DKV_ENOMEM;
+        log->pend = p;
+        log->pend_cap = nc;
+    }
+    if (dkv__index_push(a, a->data_end))
+        return DKV_ENOMEM;
+    uint8_t *f = log->pend + log->pend_len;
+    dkv__frame_header(f, log->seed, log->next_lsn, type, buf, len);
+    memcpy(f + FRAME_HDR, buf, len);
+    log->pend_len += fs;
+    a->data_end += fs;
+    a->count++;
+    STORE_LSN(log->next_lsn, log->next_lsn + 1);
+    return 0;
+}
+
+static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
+                         const uint32_t *lens, uint32_t n, int durability, uint64_t *first)
+{
+    int rc = dkv__usable(log, 1);
+    if (rc)
+        return rc;
+    if (type != DKV_FRAME_DATA && type != DKV_FRAME_COMMIT) {
+        dkv__set_error(log, "unknown frame type %u", type);
+        return DKV_EINVAL;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (lens[i] > MAX_FRAME_LEN) {
+            dkv__set_error(log, "frame of %u bytes is larger than the 1 GiB limit", lens[i]);
+            return DKV_EINVAL;
+        }
+    if (durability < 0)
+        durability = log->opt.durability;
+    /* Back-pressure: bound what piles up behind a running leader; and no enqueue while
+     * another thread rolls the segment. */
+    while (((log->leader && log->pend_len >= GROUP_CAP) || log->rolling) && !log->failed)
+        pthread_cond_wait(&log->cv, &log->mu);
+    if ((rc = dkv__usable(log, 1)))
+        return rc;
+    *first = log->next_lsn;
+    for (uint32_t i = 0; i < n; i++)
+        if ((rc = enqueue(log, type, bufs[i], lens[i])))
+            return rc;
+    uint64_t end = log->next_lsn;
+    for (;;) {
+        if (log->failed)
+            return dkv__usable(log, 1);
+        if (durability == DKV_SYNC ? log->durable_lsn >= end
+            : durability == DKV_ASYNC ? log->written_lsn >= end
+            : log->pend_len < EXIT_SPILL || log->leader)
+            return 0;
+        if (!log->leader && !log->rolling) {
+            rc = lead(log, durability == DKV_SYNC);
+            if (rc)
+                return rc;
+            continue;
+        }
+        pthread_cond_wait(&log->cv, &log->mu);
+    }
+}
+
+int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int durability,
+               uint64_t *lsn_out)
+{
+    pthread_mutex_lock(&log->mu);
+    int rc = append_locked(log, type, &buf, &len, 1, durability, lsn_out);
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+int dkv_append_many(dkv_log *log, uint8_t type, const uint8_t *const *bufs, const uint32_t *lens,
+                    uint32_t n, int durability, uint64_t *first_lsn_out)
+{
+    pthread_mutex_lock(&log->mu);
+    int rc = append_locked(log, type, bufs, lens, n, durability, first_lsn_out);
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+static int wait_durable_locked(dkv_log *log, uint64_t end)
+{
+    for (;;) {
+        int rc = dkv__usable(log, 0);
+        if (rc)
+            return rc;
+        if (log->opt.read_only || log->durable_lsn >= end)
+            return 0;
+        if (!log->leader && !log->rolling) {
+            if ((rc = lead(log, 1)))
+                return rc;
+            continue;
+        }
+        pthread_cond_wait(&log->cv, &log->mu);
+    }
+}
+
+int dkv_flush(dkv_log *log)
+{
+    pthread_mutex_lock(&log->mu);
+    int rc = wait_durable_locked(log, log->next_lsn);
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+int dkv_wait_durable(dkv_log *log, uint64_t lsn)
+{
+    pthread_mutex_lock(&log->mu);
+    int rc;
+    if (lsn >= log->next_lsn) {
+        dkv__set_error(log, "lsn %llu has not been appended (next lsn %llu)",
+                       (unsigned long long)lsn, (unsigned long long)log->next_lsn);
+        rc = DKV_EINVAL;
+    } else {
+        rc = wait_durable_locked(log, lsn + 1);
+    }
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+/* The async flusher: fdatasync within flush_interval_ms of the first unsynced write. It
+ * syncs concurrently with leaders' writes; `syncing` keeps a roll from closing the fd. */
+void *dkv__flusher_main(void *arg)
+{
+    dkv_log *log = arg;
+    pthread_mutex_lock(&log->mu);
+    while (!log->stop) {
+        if (log->failed || log->durable_lsn >= log->written_lsn) {
+            pthread_cond_wait(&log->flush_cv, &log->mu);
+            continue;
+        }
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)log->opt.flush_interval_ms * 1000000u;
+        dl.tv_sec += (time_t)(ns / 1000000000u);
+        dl.tv_nsec = (long)(ns % 1000000000u);
+        while (!log->stop && pthread_cond_timedwait(&log->flush_cv, &log->mu, &dl) != ETIMEDOUT)
+            ;
+        while (log->rolling && !log->stop)
+            pthread_cond_wait(&log->cv, &log->mu);
+        if (log->stop || log->failed || log->durable_lsn >= log->written_lsn)
+            continue;
+        log->syncing = 1;
+        uint64_t upto = log->written_lsn;
+        int fd = log->wfd;
+        pthread_mutex_unlock(&log->mu);
+        int rc = dkv__fdatasync(fd);
+        pthread_mutex_lock(&log->mu);
+        log->syncing = 0;
+        if (rc)
+            fail(log, "fdatasync", rc);
+        else if (upto > log->durable_lsn)
+            STORE_LSN(log->durable_lsn, upto);
+        pthread_cond_broadcast(&log->cv);
+    }
+    pthread_mutex_unlock(&log->mu);
+    return NULL;
+}
+
+uint64_t dkv_durable_lsn(dkv_log *log) { return __atomic_load_n(&log->durable_lsn, __ATOMIC_RELAXED); }
+uint64_t dkv_next_lsn(dkv_log *log) { return __atomic_load_n(&log->next_lsn, __ATOMIC_RELAXED); }
+uint64_t dkv_start_lsn(dkv_log *log) { return __atomic_load_n(&log->start_lsn, __ATOMIC_RELAXED); }
+
+int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
+{
+    pthread_mutex_lock(&log->mu);
+    int rc = dkv__usable(log, 1);
+    if (!rc && new_start_lsn && (new_start_lsn < log->start_lsn || new_start_lsn > log->next_lsn)) {
+        dkv__set_error(log, "new start lsn %llu outside %llu..%llu",
+                       (unsigned long long)new_start_lsn, (unsigned long long)log->start_lsn,
+                       (unsigned long long)log->next_lsn);
+        rc = DKV_EINVAL;
+    }
+    if (!rc && active(log)->count > 0)
+        rc = roll(log, new_start_lsn);
+    else if (!rc && new_start_lsn && new_start_lsn != log->start_lsn) {
+        /* Empty active segment: replace it by one whose header carries the new start. */
+        quiesce(log);
+        seg_t *a = active(log);
+        char name[64], path[4200];
+        dkv__seg_name(name, a->base_lsn);
+        snprintf(path, sizeof path, "%s/%s", log->dir, name);
+        uint32_t prev = a->prev_digest;
+        if (unlink(path) == 0) {
+            close(a->fd);
+            free(a->index);
+            log->nsegs--;
+            rc = create_segment(log, new_start_lsn, prev);
+        } else {
+            rc = fail(log, "unlink", -errno);
+        }
+    }
+    if (!rc && new_start_lsn) {
+        int removed = 0;
+        for (size_t i = 0; i + 1 < log->nsegs; i++) {
+            seg_t *s = &log->segs[i];
+            if (s->removed || !s->sealed || s->base_lsn + s->count > new_start_lsn)
+                continue;
+            char name[64], path[4200];
+            dkv__seg_name(name, s->base_lsn);
+            snprintf(path, sizeof path, "%s/%s", log->dir, name);
+            if (unlink(path) && errno != ENOENT) {
+                rc = fail(log, "unlink", -errno);
+                break;
+            }
+            s->removed = 1;
+            removed = 1;
+        }
+        if (!rc && removed && (rc = dkv__dirfsync(log->dir)))
+            rc = fail(log, "directory fsync", rc);
+    }
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+void dkv__seg_free(seg_t *s)
+{
+    free(s->index);
+    if (s->fd >= 0)
+        close(s->fd);
+}
+
+int dkv_close(dkv_log *log)
+{
+    if (!log)
+        return 0;
+    int rc = 0;
+    pthread_mutex_lock(&log->mu);
+    if (!log->closed && !log->broken && !log->opt.read_only && !log->failed)
+        rc = wait_durable_locked(log, log->next_lsn);
+    else if (log->failed)
+        rc = DKV_EFAILED;
+    quiesce(log);
+    log->stop = 1;
+    log->closed = 1;
+    pthread_cond_broadcast(&log->flush_cv);
+    pthread_mutex_unlock(&log->mu);
+    if (log->flusher_running)
+        pthread_join(log->flusher, NULL);
+    for (size_t i = 0; i < log->nsegs; i++)
+        dkv__seg_free(&log->segs[i]);
+    if (log->lock_fd >= 0)
+        close(log->lock_fd);    /* releases the flock */
+    pthread_mutex_destroy(&log->mu);
+    pthread_cond_destroy(&log->cv);
+    pthread_cond_destroy(&log->flush_cv);
+    free(log->segs);
+    free(log->pend);
+    free(log->spare);
+    free(log->dir);
+    free(log);
+    return rc;
+}

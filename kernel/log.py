@@ -1,0 +1,685 @@
+"""The segment log: a Pythonic API over the C library ``durkv._seglog``.
+
+This is the only module that imports the compiled library. Everything else in durkv
+sees :class:`SegmentLog` (the local log of one store directory), the module functions
+:func:`verify` / :func:`recover`, and the COMMIT payload codec (:func:`encode_commit`,
+:func:`decode_commit`, :func:`resolve_channel`) that every backend shares. The on-disk
+format is docs/FORMAT.md.
+
+>>> import tempfile, os
+>>> d = os.path.join(tempfile.mkdtemp(), "agent.durkv")
+>>> with SegmentLog.open(d) as log:
+...     lsn = log.append(b"hi")
+...     log.read(lsn)
+b'hi'
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno as _errno
+import os
+import struct
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+
+from ._seglog import ffi, lib
+from .errors import (
+    ConfigError, CorruptionError, DurkvError, FrameTooLargeError, LogFailedError,
+    NotFoundError, ReadOnlyError, StoreLockedError,
+)
+
+FRAME_DATA = 1
+FRAME_COMMIT = 2
+FULL = 1
+DELTA = 2
+SNAP = 3
+F_ZSTD = 1
+F_VALUE = 2
+
+_NO_LSN = (1 << 64) - 1
+_DURABILITY = {"sync": lib.DKV_SYNC, "async": lib.DKV_ASYNC, "exit": lib.DKV_EXIT}
+_RECOVERY = {
+    "tolerate_tail": lib.DKV_RECOVER_TOLERATE_TAIL, "strict": lib.DKV_RECOVER_STRICT,
+    "point_in_time": lib.DKV_RECOVER_POINT_IN_TIME, "salvage": lib.DKV_RECOVER_SALVAGE,
+}
+_FAULT_OPS = {"write": 1, "fdatasync": 2, "dirfsync": 3}
+
+# Cached for the hot paths.
+_from_buffer = ffi.from_buffer
+_new = ffi.new
+_buffer = ffi.buffer
+_append = lib.dkv_append
+_read_alloc = lib.dkv_read_alloc
+_free = lib.dkv_free
+
+
+# ---------------------------------------------------------------- reports
+
+@dataclass
+class Damage:
+    """One finding: which segment file, at which byte offset, what kind, what it costs."""
+
+    segment: str
+    offset: int
+    kind: str
+    lost_first_lsn: int | None = None
+    lost_last_lsn: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class SegmentReport:
+    segment: str
+    sealed: bool
+    segment_no: int
+    base_lsn: int
+    frames_ok: int
+    bytes: int
+    kind: str | None = None
+    bad_offset: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    """What :func:`verify` or :func:`recover` found. ``ok`` means no damage at all (a torn
+    tail counts: a writer's open, or ``recover``, repairs it)."""
+
+    ok: bool
+    segments: list[SegmentReport] = field(default_factory=list)
+    damage: list[Damage] = field(default_factory=list)
+    frames_ok: int = 0
+    next_lsn: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SegmentInfo:
+    name: str
+    segment_no: int
+    base_lsn: int
+    sealed: bool
+    frames: int
+    bytes: int
+
+
+def _s(chars) -> str:
+    return ffi.string(chars).decode("utf-8", "replace")
+
+
+def _damage(d) -> Damage:
+    first, last = int(d.lost_first_lsn), int(d.lost_last_lsn)
+    return Damage(
+        segment=_s(d.segment), offset=int(d.offset), kind=_s(lib.dkv_damage_name(d.kind)),
+        lost_first_lsn=None if first == _NO_LSN else first,
+        lost_last_lsn=None if last == _NO_LSN or first > last else last,
+        detail=_s(d.detail),
+    )
+
+
+def _report(r) -> Report:
+    segs = []
+    for i in range(r.n_segments):
+        s = r.segments[i]
+        segs.append(SegmentReport(
+            segment=_s(s.segment), sealed=bool(s.sealed), segment_no=int(s.segment_no),
+            base_lsn=int(s.base_lsn), frames_ok=int(s.frames_ok), bytes=int(s.bytes),
+            kind=_s(lib.dkv_damage_name(s.kind)) if s.kind else None,
+            bad_offset=int(s.bad_offset) if s.kind else None, detail=_s(s.detail),
+        ))
+    damage = [_damage(r.damage[i]) for i in range(r.n_damage)]
+    return Report(ok=not damage, segments=segs, damage=damage, frames_ok=int(r.frames_ok),
+                  next_lsn=int(r.next_lsn))
+
+
+# ---------------------------------------------------------------- errors
+
+def _error(rc: int, handle=None, path: str = "", what: str = "") -> DurkvError:
+    """Translate a DKV_E* code (and the handle's message) into the DurkvError tree."""
+    msg = _s(lib.dkv_last_error(handle)) if handle is not None and handle != ffi.NULL else ""
+    if not msg:
+        msg = f"{what or 'log operation'} on {path}: {_s(lib.dkv_strerror(rc))}"
+    if rc == lib.DKV_ECORRUPT:
+        d = ffi.new("dkv_damage *")
+        if handle is not None and handle != ffi.NULL and lib.dkv_last_damage(handle, d) == 0:
+            dm = _damage(d)
+            return CorruptionError(msg, segment=dm.segment, offset=dm.offset, kind=dm.kind,
+                                   path=path, lost_first_lsn=dm.lost_first_lsn,
+                                   lost_last_lsn=dm.lost_last_lsn)
+        return CorruptionError(msg, path=path)
+    if rc == lib.DKV_ELOCKED:
+        return StoreLockedError(msg, path=path)
+    if rc in (lib.DKV_EFAILED, lib.DKV_EIO):
+        return LogFailedError(msg, path=path)
+    if rc == lib.DKV_EINVAL:
+        if "larger than" in msg:
+            return FrameTooLargeError(msg, path=path)
+        if "lsn" in msg and any(w in msg for w in ("not in the log", "lost", "not been",
+                                                     "no channel entry")):
+            return NotFoundError(msg, path=path)
+        return ConfigError(msg, path=path)
+    if rc == lib.DKV_ENOENT:
+        return NotFoundError(msg, path=path)
+    if rc == lib.DKV_EREADONLY:
+        return ReadOnlyError(msg, path=path)
+    if rc == lib.DKV_ECLOSED:
+        return ConfigError(f"the log {path} is closed", path=path)
+    if rc == lib.DKV_ENOMEM:
+        raise MemoryError(msg)
+    return DurkvError(msg, path=path)
+
+
+# ---------------------------------------------------------------- the log
+
+_open_logs: weakref.WeakSet[SegmentLog] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """The `exit` policy's promise: a clean interpreter exit flushes and closes every log."""
+    for log in list(_open_logs):
+        try:
+            log.close()
+        except DurkvError:
+            pass
+
+
+class SegmentLog:
+    """One store directory's segment log (the local backend's storage).
+
+    Open with :meth:`open`; ``append`` returns the frame's LSN (0, 1, 2, ...) once the
+    durability policy's promise holds; ``read`` / ``scan`` get frames back.
+
+    >>> import tempfile, os
+    >>> log = SegmentLog.open(os.path.join(tempfile.mkdtemp(), "s"), durability="async")
+    >>> log.append_many([b"a", b"b"])
+    [0, 1]
+    >>> [p for _, p in log.scan()]
+    [b'a', b'b']
+    >>> log.close()
+    """
+
+    def __init__(self, handle, path: str, durability: str, read_only: bool,
+                 recovery_damage: Damage | None) -> None:
+        self._h = handle
+        self.path = path
+        self.durability = durability
+        self.read_only = read_only
+        self._salvage = False
+        self._recovery_damage = recovery_damage
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, durability: str = "sync", *,
+             segment_bytes: int = 64 << 20, flush_interval_ms: int = 10,
+             recovery: str = "tolerate_tail", read_only: bool = False) -> SegmentLog:
+        """Open (a writer creates it if missing) the log in directory ``path``.
+
+        Raises StoreLockedError if another writer holds it, CorruptionError on damage
+        the recovery mode does not accept, NotFoundError for a read-only open of nothing.
+        """
+        path = os.fspath(path)
+        if durability not in _DURABILITY:
+            raise ConfigError(f"durability must be one of sync, async, exit; got {durability!r}")
+        if recovery not in _RECOVERY:
+            raise ConfigError(f"recovery must be one of {', '.join(_RECOVERY)}; got {recovery!r}")
+        if segment_bytes <= 0 or flush_interval_ms <= 0:
+            raise ConfigError("segment_bytes and flush_interval_ms must be positive")
+        opt = ffi.new("dkv_options *")
+        opt.durability = _DURABILITY[durability]
+        opt.recovery = _RECOVERY[recovery]
+        opt.read_only = 1 if read_only else 0
+        opt.segment_bytes = segment_bytes
+        opt.flush_interval_ms = flush_interval_ms
+        out = ffi.new("dkv_log **")
+        rc = lib.dkv_open(os.fsencode(path), opt, out)
+        h = out[0]
+        if rc:
+            err = _error(rc, h if h != ffi.NULL else None, path, "open")
+            if h != ffi.NULL:
+                lib.dkv_close(h)
+            raise err
+        d = ffi.new("dkv_damage *")
+        damage = _damage(d) if lib.dkv_last_damage(h, d) == 0 else None
+        ro = read_only or recovery == "salvage" or (damage is not None and
+                                                    damage.kind != "torn_tail")
+        self = cls(ffi.gc(h, lib.dkv_close), path, durability, ro, damage)
+        self._salvage = recovery == "salvage"
+        _open_logs.add(self)
+        return self
+
+    # -- lifecycle
+
+    @property
+    def closed(self) -> bool:
+        return self._h is None
+
+    def _handle(self):
+        h = self._h
+        if h is None:
+            raise ConfigError(f"the log {self.path} is closed")
+        return h
+
+    def close(self) -> None:
+        """Flush (every policy), stop the flusher, release the lock. Idempotent."""
+        h, self._h = self._h, None
+        if h is None:
+            return
+        _open_logs.discard(self)
+        raw = ffi.cast("dkv_log *", h)
+        ffi.gc(h, None)     # detach the finalizer: we close it now, exactly once
+        rc = lib.dkv_close(raw)
+        if rc and rc != lib.DKV_EFAILED:
+            raise _error(rc, None, self.path, "close")
+
+    def __enter__(self) -> SegmentLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"next_lsn={self.next_lsn}"
+        return f"<SegmentLog {self.path!r} {self.durability} {state}>"
+
+    # -- writing
+
+    def append(self, payload: bytes, *, frame_type: int = FRAME_DATA,
+               durability: str | None = None) -> int:
+        """Append one frame; return its LSN once ``durability`` (default: the log's) holds."""
+        h = self._h
+        if h is None:
+            self._handle()
+        pol = -1 if durability is None else _DURABILITY[durability]
+        out = _new("uint64_t *")    # per call: several threads may append at once
+        rc = _append(h, frame_type, _from_buffer(payload), len(payload), pol, out)
+        if rc:
+            raise _error(rc, h, self.path, "append")
+        return out[0]
+
+    def append_many(self, payloads: list[bytes], *, frame_type: int = FRAME_DATA,
+                    durability: str | None = None) -> list[int]:
+        """Append frames as one group (one write, one fsync under sync)."""
+        h = self._handle()
+        n = len(payloads)
+        if not n:
+            return []
+        pol = -1 if durability is None else _DURABILITY[durability]
+        keep = [_from_buffer(p) for p in payloads]
+        bufs = ffi.new("uint8_t *[]", keep)
+        lens = ffi.new("uint32_t[]", [len(p) for p in payloads])
+        out = _new("uint64_t *")
+        rc = lib.dkv_append_many(h, frame_type, bufs, lens, n, pol, out)
+        if rc:
+            raise _error(rc, h, self.path, "append")
+        first = out[0]
+        return list(range(first, first + n))
+
+    def flush(self) -> None:
+        """Make every frame appended so far durable, under any policy."""
+        h = self._handle()
+        rc = lib.dkv_flush(h)
+        if rc:
+            raise _error(rc, h, self.path, "flush")
+
+    def wait_durable(self, lsn: int) -> None:
+        """Block until frame ``lsn`` (and all before it) is durable."""
+        h = self._handle()
+        rc = lib.dkv_wait_durable(h, lsn)
+        if rc:
+            raise _error(rc, h, self.path, "wait_durable")
+
+    @property
+    def durable_lsn(self) -> int:
+        """Frames with lsn < durable_lsn are durable."""
+        return lib.dkv_durable_lsn(self._handle())
+
+    @property
+    def next_lsn(self) -> int:
+        return lib.dkv_next_lsn(self._handle())
+
+    @property
+    def start_lsn(self) -> int:
+        return lib.dkv_start_lsn(self._handle())
+
+    def seal(self, new_start_lsn: int | None = None) -> None:
+        """Seal the active segment and start a new one; with ``new_start_lsn``, also drop
+        sealed segments wholly below it (FORMAT.md section 7)."""
+        h = self._handle()
+        rc = lib.dkv_seal(h, new_start_lsn or 0)
+        if rc:
+            raise _error(rc, h, self.path, "seal")
+
+    def refresh(self) -> None:
+        """Read-only handles: see frames a concurrent writer appended since open."""
+        h = self._handle()
+        rc = lib.dkv_refresh(h)
+        if rc:
+            raise _error(rc, h, self.path, "refresh")
+
+    # -- reading
+
+    def read_frame(self, lsn: int) -> tuple[int, bytes]:
+        """(frame type, payload) of frame ``lsn``; NotFoundError if the log lacks it."""
+        h = self._h
+        if h is None:
+            self._handle()
+        if lsn < 0:
+            raise NotFoundError(f"lsn {lsn} is not in the log")
+        buf = _new("uint8_t **")
+        ln = _new("uint32_t *")
+        ty = _new("uint8_t *")
+        rc = _read_alloc(h, lsn, buf, ln, ty)
+        if rc:
+            raise _error(rc, h, self.path, "read")
+        p = buf[0]
+        try:
+            return ty[0], _buffer(p, ln[0])[:]
+        finally:
+            _free(p)
+
+    def read(self, lsn: int) -> bytes:
+        return self.read_frame(lsn)[1]
+
+    def scan_frames(self, from_lsn: int = 0) -> Iterator[tuple[int, int, bytes]]:
+        """(lsn, type, payload) of every frame from ``from_lsn`` to the current end.
+        Under ``recovery="salvage"`` unreadable frames are skipped."""
+        lsn = max(from_lsn, self.start_lsn)
+        end = self.next_lsn
+        while lsn < end:
+            try:
+                t, p = self.read_frame(lsn)
+            except (NotFoundError, CorruptionError):
+                if not self._salvage:
+                    raise
+            else:
+                yield lsn, t, p
+            lsn += 1
+
+    def scan(self, from_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
+        for lsn, _, p in self.scan_frames(from_lsn):
+            yield lsn, p
+
+    def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
+        """The materialized item list of channel entry (lsn, idx), in one C call."""
+        h = self._handle()
+        buf = ffi.new("uint8_t **")
+        ln = ffi.new("size_t *")
+        n = ffi.new("uint32_t *")
+        fl = ffi.new("uint32_t *")
+        rc = lib.dkv_read_channel(h, lsn, idx, buf, ln, n, fl)
+        if rc:
+            raise _error(rc, h, self.path, "read_channel")
+        try:
+            data = _buffer(buf[0], ln[0])[:]
+        finally:
+            _free(buf[0])
+        return _split_items(data, n[0]), fl[0]
+
+    def segments(self) -> list[SegmentInfo]:
+        h = self._handle()
+        out = ffi.new("dkv_report **")
+        rc = lib.dkv_segments(h, out)
+        if rc:
+            raise _error(rc, h, self.path, "segments")
+        r = out[0]
+        try:
+            return [SegmentInfo(name=_s(s.segment), segment_no=int(s.segment_no),
+                                base_lsn=int(s.base_lsn), sealed=bool(s.sealed),
+                                frames=int(s.frames_ok), bytes=int(s.bytes))
+                    for s in (r.segments[i] for i in range(r.n_segments))]
+        finally:
+            lib.dkv_report_free(r)
+
+    def verify(self, deep: bool = False) -> Report:
+        """Verify the files of this log (like :func:`verify`; takes no lock)."""
+        self._handle()
+        return verify(self.path, deep=deep)
+
+    @property
+    def recovery_damage(self) -> Damage | None:
+        """What open dropped or cut: a quarantined torn tail, or under point_in_time the
+        damage the log was cut at (``lost_first_lsn`` on are unreadable; the handle is then
+        read-only until ``durkv recover --skip-corrupt``)."""
+        return self._recovery_damage
+
+
+def _split_items(data: bytes, n: int) -> list[bytes]:
+    items = []
+    off = 0
+    unpack = struct.unpack_from
+    for _ in range(n):
+        (ln,) = unpack("<I", data, off)
+        items.append(data[off + 4:off + 4 + ln])
+        off += 4 + ln
+    return items
+
+
+# ---------------------------------------------------------------- verify / recover
+
+def verify(path: str | os.PathLike, deep: bool = False) -> Report:
+    """Check every segment of the log at ``path`` (no lock taken; nothing changes).
+
+    ``deep`` also decodes COMMIT frames and checks that every DELTA/SNAP reference
+    resolves. Findings are returned, never raised.
+    """
+    path = os.fspath(path)
+    out = ffi.new("dkv_report **")
+    rc = lib.dkv_verify(os.fsencode(path), 1 if deep else 0, out)
+    if rc:
+        raise _error(rc, None, path, "verify")
+    try:
+        return _report(out[0])
+    finally:
+        lib.dkv_report_free(out[0])
+
+
+def _lock_holder(path: str) -> str:
+    try:
+        with open(os.path.join(path, "LOCK")) as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def recover(path: str | os.PathLike, *, skip_corrupt: bool = False,
+            dry_run: bool = False) -> Report:
+    """Repair the log at ``path``: quarantine + truncate a torn tail; with
+    ``skip_corrupt``, cut the log at the first damage (every removed byte is copied to
+    ``quarantine/`` first). Idempotent. ``dry_run`` changes nothing and reports the plan.
+
+    Raises CorruptionError (with ``.report``) for mid-log damage without ``skip_corrupt``.
+    """
+    path = os.fspath(path)
+    out = ffi.new("dkv_report **")
+    rc = lib.dkv_recover(os.fsencode(path), 1 if skip_corrupt else 0, 1 if dry_run else 0, out)
+    report = None
+    if out[0] != ffi.NULL:
+        try:
+            report = _report(out[0])
+        finally:
+            lib.dkv_report_free(out[0])
+    if rc == lib.DKV_ECORRUPT and report is not None:
+        first = next((d for d in report.damage if d.kind != "torn_tail"), report.damage[0])
+        err = CorruptionError(
+            f"segment {first.segment} offset {first.offset}: {first.kind} ({first.detail}); "
+            "the damage is not a torn tail: run recover with skip_corrupt=True "
+            "(durkv recover --skip-corrupt) to cut the log there",
+            segment=first.segment, offset=first.offset, kind=first.kind, path=path,
+            report=report.to_dict())
+        err.report = report
+        raise err
+    if rc == lib.DKV_ELOCKED:
+        raise StoreLockedError(f"store is locked by pid {_lock_holder(path)}; close it first",
+                               path=path)
+    if rc:
+        raise _error(rc, None, path, "recover")
+    assert report is not None
+    return report
+
+
+# ---------------------------------------------------------------- COMMIT payloads
+
+@dataclass
+class Entry:
+    """One channel entry of a COMMIT frame (FORMAT.md section 5).
+
+    FULL: ``items`` are the list (or, with F_VALUE, one item holding a non-list value).
+    DELTA: items appended to the value of entry (prev_lsn, prev_idx).
+    SNAP: items are 12-byte references (see :func:`snap_refs` / :func:`pack_ref`).
+    """
+
+    kind: int
+    items: list[bytes]
+    flags: int = 0
+    depth: int = 0
+    prev_lsn: int = 0
+    prev_idx: int = 0
+
+
+_ENTRY = struct.Struct("<BBHIQII")
+_REF = struct.Struct("<QI")
+
+
+def pack_ref(lsn: int, idx: int) -> bytes:
+    """A SNAP reference item."""
+    return _REF.pack(lsn, idx)
+
+
+def snap_refs(entry: Entry) -> list[tuple[int, int]]:
+    """The (lsn, idx) references of a SNAP entry."""
+    return [_REF.unpack(i) for i in entry.items]
+
+
+def encode_commit(head: bytes, entries: Sequence[Entry]) -> bytes:
+    """Encode a COMMIT payload (bytes-identical to the C encoder)."""
+    parts = [struct.pack("<I", len(head)), head, struct.pack("<I", len(entries))]
+    pack, pl = _ENTRY.pack, struct.Struct("<I").pack
+    for e in entries:
+        parts.append(pack(e.kind, e.flags, 0, e.depth, e.prev_lsn, e.prev_idx, len(e.items)))
+        for it in e.items:
+            parts.append(pl(len(it)))
+            parts.append(it)
+    return b"".join(parts)
+
+
+def decode_commit(payload: bytes) -> tuple[bytes, list[Entry]]:
+    """Decode a COMMIT payload into (head, entries). CorruptionError if malformed."""
+    mv = memoryview(payload)
+    try:
+        (hl,) = struct.unpack_from("<I", mv, 0)
+        head = bytes(mv[4:4 + hl])
+        off = 4 + hl
+        (n,) = struct.unpack_from("<I", mv, off)
+        off += 4
+        entries = []
+        for _ in range(n):
+            kind, flags, res, depth, pl, pi, ni = _ENTRY.unpack_from(mv, off)
+            off += _ENTRY.size
+            if kind not in (FULL, DELTA, SNAP) or res or flags & ~3:
+                raise ValueError("bad entry header")
+            items = []
+            for _ in range(ni):
+                (ln,) = struct.unpack_from("<I", mv, off)
+                if off + 4 + ln > len(mv):
+                    raise ValueError("item overruns the payload")
+                items.append(bytes(mv[off + 4:off + 4 + ln]))
+                off += 4 + ln
+            entries.append(Entry(kind, items, flags, depth, pl, pi))
+        if off != len(mv) or len(head) != hl:
+            raise ValueError("trailing bytes")
+    except (struct.error, ValueError) as e:
+        raise CorruptionError(f"malformed COMMIT payload: {e}", kind="bad_header") from e
+    return head, entries
+
+
+def resolve_channel(read_payload: Callable[[int], bytes], lsn: int,
+                    idx: int) -> tuple[list[bytes], int]:
+    """The item list of entry (lsn, idx): the same walk as the C ``dkv_read_channel``, for
+    backends without a C log (memory, S3). ``read_payload(lsn)`` returns a COMMIT payload.
+    Returns (items, flags of the base FULL entry)."""
+    frames: dict[int, list[Entry]] = {}
+
+    def entry(ref: tuple[int, int]) -> Entry:
+        es = frames.get(ref[0])
+        if es is None:
+            es = frames[ref[0]] = decode_commit(read_payload(ref[0]))[1]
+        if ref[1] >= len(es):
+            raise NotFoundError(f"lsn {ref[0]} has no channel entry {ref[1]}")
+        return es[ref[1]]
+
+    def back(ref, to) -> None:
+        if not (to[0] < ref[0] or (to[0] == ref[0] and to[1] < ref[1])):
+            raise CorruptionError(f"entry at lsn {ref[0]} idx {ref[1]} refers forward",
+                                  kind="broken_chain")
+
+    suffix: list[tuple[int, int]] = []   # entries whose own items follow the base, newest first
+    cur = (lsn, idx)
+    while True:
+        e = entry(cur)
+        if e.kind == FULL:
+            break
+        if e.kind == DELTA:
+            nxt = (e.prev_lsn, e.prev_idx)
+            suffix.append(cur)
+        else:
+            refs = snap_refs(e)
+            if not refs:
+                raise CorruptionError(f"SNAP at lsn {cur[0]} has no references",
+                                      kind="broken_chain")
+            for r in reversed(refs[1:]):
+                back(cur, r)
+                suffix.append(r)
+            nxt = refs[0]
+        back(cur, nxt)
+        cur = nxt
+    flags = e.flags
+    items = list(e.items)
+    for ref in reversed(suffix):
+        d = entry(ref)
+        if d.kind != DELTA:
+            raise CorruptionError(f"SNAP refers to a non-DELTA entry at lsn {ref[0]}",
+                                  kind="broken_chain")
+        items.extend(d.items)
+    return items, flags
+
+
+# ---------------------------------------------------------------- crc32c, test hooks
+
+def crc32c(data, seed: int = 0) -> int:
+    """CRC-32C of ``data`` continuing from ``seed`` (hardware where the CPU has it)."""
+    return lib.dkv_crc32c(seed, _from_buffer(data), len(data))
+
+
+def crc32c_portable(data, seed: int = 0) -> int:
+    """The table-driven CRC-32C (same results as :func:`crc32c`)."""
+    return lib.dkv_crc32c_portable(seed, _from_buffer(data), len(data))
+
+
+def crc32c_hw() -> bool:
+    """True if :func:`crc32c` uses the SSE4.2 instruction."""
+    return bool(lib.dkv_crc32c_hw())
+
+
+def fault_inject(op: str | None, nth: int = 1, err: int = _errno.EIO) -> None:
+    """Test hook: make the ``nth`` next ``op`` ("write", "fdatasync", "dirfsync") in this
+    process fail with errno ``err``. ``op=None`` clears every injected fault."""
+    if op is None:
+        for code in _FAULT_OPS.values():
+            lib.dkv_fault_inject(code, 0, 0)
+        return
+    if op not in _FAULT_OPS:
+        raise ConfigError(f"fault op must be one of {', '.join(_FAULT_OPS)}; got {op!r}")
+    if lib.dkv_fault_inject(_FAULT_OPS[op], nth, err):
+        raise ConfigError(f"bad fault injection nth={nth}")
+
+
+__all__ = [
+    "FRAME_DATA", "FRAME_COMMIT", "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE",
+    "SegmentLog", "SegmentInfo", "Report", "SegmentReport", "Damage", "Entry",
+    "verify", "recover", "encode_commit", "decode_commit", "resolve_channel",
+    "pack_ref", "snap_refs", "crc32c", "crc32c_portable", "crc32c_hw", "fault_inject",
+]
