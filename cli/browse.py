@@ -1,0 +1,233 @@
+"""``durkv ls``, ``history``, ``show``: read a store's threads and checkpoints.
+
+They open the store read-only (no lock: safe next to a running writer). The
+store does not record which serializer wrote it, so ``--serde auto`` (the
+default) decodes the newest checkpoint with durkv's msgpack serde and, if that
+fails, with LangGraph's (what ``DurkvSaver`` writes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import ConfigError, DurkvError, NotFoundError, SerializationError
+from . import output
+from .output import JSON_KEY
+
+SERDES = ("auto", "msgpack", "langgraph")
+
+
+def serde_option(f):
+    return click.option("--serde", type=click.Choice(SERDES), default="auto", show_default=True,
+                        help="How values were serialized: durkv's msgpack or LangGraph's "
+                             "(DurkvSaver); auto tries both.")(f)
+
+
+def ns_option(f):
+    return click.option("--ns", "ns", default="", show_default=False, metavar="NS",
+                        help="Checkpoint namespace (default: the root namespace '').")(f)
+
+
+def _langgraph_serde() -> Any:
+    try:
+        from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+        from ..langgraph_serde import LangGraphSerde
+    except ImportError as exc:
+        raise ConfigError(f"reading a store written by LangGraph needs langgraph ({exc}); "
+                          "pip install -e '.[langgraph]'") from exc
+    return LangGraphSerde(JsonPlusSerializer())
+
+
+def _decodes(store: Any) -> bool:
+    """True if the newest checkpoint of the first thread decodes (or there is none)."""
+    for thread in store.threads()[:1]:
+        for ns in store.namespaces(thread)[:1]:
+            try:
+                store.get(thread, ns)
+            except DurkvError as exc:
+                if not isinstance(exc, SerializationError):
+                    raise
+                return False
+            except (ValueError, TypeError):   # msgpack's decode errors are ValueErrors
+                return False
+    return True
+
+
+@contextmanager
+def open_reader(path: Path, serde: str) -> Iterator[Any]:
+    """The store at ``path``, read-only, with the serializer that can decode it."""
+    import durkv
+
+    from .main import log_dir
+
+    where = log_dir(path)
+    if serde == "langgraph":
+        store = durkv.open(where, read_only=True, serde=_langgraph_serde())
+    else:
+        store = durkv.open(where, read_only=True)
+        if serde == "auto" and not _decodes(store):
+            store.close()
+            store = durkv.open(where, read_only=True, serde=_langgraph_serde())
+    try:
+        yield store
+    except DurkvError:
+        raise
+    except (ValueError, TypeError) as exc:   # a value the chosen serde cannot decode
+        other = "msgpack" if serde == "langgraph" else "langgraph"
+        raise SerializationError(f"cannot decode a stored value with the {serde} serde "
+                                 f"({type(exc).__name__}: {exc}); try --serde {other}") from exc
+    finally:
+        store.close()
+
+
+def _is_empty(value: Any) -> bool:
+    return type(value).__name__ == "_Empty"   # LangGraph adapter: "version moved, no value"
+
+
+def _compact(value: Any, width: int = 60) -> str:
+    text = json.dumps(value, default=output.jsonable, ensure_ascii=False, separators=(", ", ": "))
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _checkpoint_dict(ck: Any, values: bool = True) -> dict[str, Any]:
+    out = {
+        "thread_id": ck.thread_id, "checkpoint_ns": ck.checkpoint_ns,
+        "checkpoint_id": ck.checkpoint_id, "parent_id": ck.parent_id,
+        "metadata": ck.metadata, "versions": ck.versions,
+    }
+    if values:
+        out["checkpoint"] = ck.checkpoint
+        out["values"] = {k: v for k, v in ck.values.items() if not _is_empty(v)}
+        out["pending_writes"] = [
+            {"task_id": w.task_id, "channel": w.channel, "idx": w.idx, "value": w.value,
+             "task_path": w.task_path} for w in ck.writes]
+    return out
+
+
+def _step(meta: Any) -> str:
+    return str(meta.get("step", "")) if isinstance(meta, dict) else ""
+
+
+@click.command("ls")
+@click.argument("path", type=click.Path(path_type=Path))
+@serde_option
+@output.json_option
+@click.pass_context
+def ls(ctx: click.Context, path: Path, serde: str, as_json: bool) -> None:
+    """List the threads of a store with their newest checkpoint.
+
+    One line per (thread, namespace): the newest checkpoint id, its parent, the
+    metadata's step, and the channels it holds. Opens the store read-only.
+
+    \b
+    Example:
+        durkv ls ./agent.durkv
+        durkv ls --json ./agent.durkv | jq -r '.threads[].thread_id'
+    """
+    ctx.meta[JSON_KEY] = as_json
+    rows, items = [], []
+    with open_reader(path, serde) as store:
+        for thread in store.threads():
+            for ns in store.namespaces(thread):
+                ck = store.get(thread, ns)
+                if ck is None:
+                    continue
+                channels = sorted(k for k, v in ck.values.items() if not _is_empty(v))
+                items.append({**_checkpoint_dict(ck, values=False), "channels": channels})
+                rows.append((thread, ns or "-", ck.checkpoint_id, ck.parent_id or "-",
+                             _step(ck.metadata), ", ".join(channels)))
+    if as_json:
+        output.emit_json({"path": str(path), "threads": items})
+    elif rows:
+        click.echo(output.table(rows, ("thread", "ns", "latest checkpoint", "parent", "step",
+                                       "channels")))
+    else:
+        click.echo("no threads", err=True)
+
+
+@click.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("thread")
+@ns_option
+@click.option("-n", "--limit", default=20, show_default=True, type=click.IntRange(min=0),
+              help="Show at most this many checkpoints; 0 for all.")
+@serde_option
+@output.json_option
+@click.pass_context
+def history(ctx: click.Context, path: Path, thread: str, ns: str, limit: int, serde: str,
+            as_json: bool) -> None:
+    """List a thread's checkpoints, newest first.
+
+    \b
+    Example:
+        durkv history ./agent.durkv t1
+        durkv history -n 0 --json ./agent.durkv t1 | jq '.checkpoints | length'
+    """
+    ctx.meta[JSON_KEY] = as_json
+    with open_reader(path, serde) as store:
+        if ns not in store.namespaces(thread):
+            raise NotFoundError(f"no thread {thread!r} (namespace {ns!r}) in {path}; "
+                                f"durkv ls {path} lists the threads")
+        cks = list(store.history(thread, ns, limit=limit or None))
+    if as_json:
+        output.emit_json({"path": str(path), "thread_id": thread, "checkpoint_ns": ns,
+               "checkpoints": [_checkpoint_dict(ck, values=False) for ck in cks]})
+        return
+    rows = [(ck.checkpoint_id, ck.parent_id or "-", _step(ck.metadata), _compact(ck.metadata))
+            for ck in cks]
+    click.echo(output.table(rows, ("checkpoint", "parent", "step", "metadata")))
+
+
+@click.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("thread")
+@click.argument("checkpoint_id", required=False)
+@ns_option
+@serde_option
+@output.json_option
+@click.pass_context
+def show(ctx: click.Context, path: Path, thread: str, checkpoint_id: str | None, ns: str,
+         serde: str, as_json: bool) -> None:
+    """Print one checkpoint: metadata, versions, values, pending writes.
+
+    Without CHECKPOINT_ID, the thread's newest checkpoint. Long values are
+    abbreviated; --json prints them whole.
+
+    \b
+    Example:
+        durkv show ./agent.durkv t1
+        durkv show --json ./agent.durkv t1 1ef4f797-8335-6428-8001-8a1503f9b875
+    """
+    ctx.meta[JSON_KEY] = as_json
+    with open_reader(path, serde) as store:
+        ck = store.get(thread, ns, checkpoint_id)
+    if ck is None:
+        what = f"checkpoint {checkpoint_id!r} of thread {thread!r}" if checkpoint_id \
+            else f"thread {thread!r}"
+        raise NotFoundError(f"no {what} (namespace {ns!r}) in {path}; "
+                            f"durkv ls {path} lists the threads")
+    data = _checkpoint_dict(ck)
+    if as_json:
+        output.emit_json(data)
+        return
+    for key in ("thread_id", "checkpoint_ns", "checkpoint_id", "parent_id"):
+        click.echo(f"{key + ':':15}{data[key] or '-'}")
+    click.echo(f"{'metadata:':15}{_compact(data['metadata'], 200)}")
+    click.echo(f"{'versions:':15}{_compact(data['versions'], 200)}")
+    click.echo("values:")
+    for name, value in data["values"].items():
+        if isinstance(value, list):
+            last = f", last: {_compact(value[-1], 80)}" if value else ""
+            click.echo(f"  {name}: [{len(value)} items{last}]")
+        else:
+            click.echo(f"  {name}: {_compact(value, 120)}")
+    click.echo(f"pending writes: {len(data['pending_writes'])}")
+    for w in data["pending_writes"]:
+        click.echo(f"  {w['task_id']} -> {w['channel']}: {_compact(w['value'], 80)}")

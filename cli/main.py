@@ -1,0 +1,225 @@
+"""The ``durkv`` command line: a thin click layer over the library.
+
+Commands do their work through ``durkv.log`` / ``durkv.open`` and leave exit
+codes, error lines and JSON to :mod:`durkv.cli.output`. A new command is a
+function here (or in its own module, registered with ``cli.add_command``) whose
+docstring has a one-line summary and an ``Example:`` block; tests/test_cli.py
+fails for a command without them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import CorruptionError, DurkvError, NotFoundError
+from . import output, reports
+from .browse import history, ls, show
+from .demo import demo
+from .output import EXIT_CORRUPT, EXIT_OK, JSON_KEY
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class DurkvGroup(click.Group):
+    """A click group that turns every durkv error into one line and its exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # stdout was closed early (`durkv history ... | head`): stop quietly, and keep
+            # Python's exit-time flush of stdout from failing again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(output.EXIT_ERROR)
+        except (DurkvError, OSError) as exc:
+            if ctx.params.get("debug"):
+                raise
+            ctx.exit(output.report_error(ctx, exc))
+
+
+@click.group(cls=DurkvGroup, context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "--version", prog_name="durkv")
+@click.option("--debug", is_flag=True, envvar="DURKV_DEBUG",
+              help="Show the full traceback of an error (also: DURKV_DEBUG=1).")
+def cli(debug: bool) -> None:
+    """durkv: a durable-execution storage kernel for long-running AI agents.
+
+    Exit codes: 0 ok, 1 operational error (lock held, fenced, I/O, no log at
+    PATH), 2 usage error, 3 corruption found.
+
+    \b
+    Example:
+        durkv demo
+        durkv verify ./agent.durkv
+        durkv recover --dry-run ./agent.durkv
+    """
+
+
+def log_module() -> Any:
+    """``durkv.log``, or one clear error when the compiled log is missing."""
+    try:
+        from .. import log
+    except ImportError as exc:
+        raise DurkvError(f"the compiled segment log cannot be loaded ({exc}); "
+                         f"reinstall durkv: pip install -e .") from exc
+    return log
+
+
+def log_dir(path: Path) -> str:
+    """The log directory at ``path``, or NotFoundError (exit 1) saying what is there instead."""
+    if not path.exists():
+        raise NotFoundError(f"no durkv log at {path}: no such directory")
+    if not path.is_dir():
+        raise NotFoundError(f"no durkv log at {path}: it is a file, not a log directory")
+    if not any(path.glob("*.seg")):
+        raise NotFoundError(f"no durkv log at {path}: the directory holds no segment files (*.seg)")
+    return str(path)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--deep", is_flag=True,
+              help="Also decode every COMMIT frame and resolve every channel reference.")
+@output.json_option
+@output.quiet_option
+@click.pass_context
+def verify(ctx: click.Context, path: Path, deep: bool, as_json: bool, quiet: bool) -> None:
+    """Check a log's checksums and segment chain, without the lock.
+
+    Reads every segment of the log at PATH: sealed segments through their seal
+    footer and whole-segment digest, the active one frame by frame. Prints one
+    line per segment file and a summary. Safe while a writer is running; it
+    changes nothing.
+
+    Exit status: 0 the log is clean, 3 damage found (a torn tail counts),
+    1 there is no log at PATH or it cannot be read.
+
+    \b
+    Example:
+        durkv verify ./agent.durkv
+        durkv verify --deep --json ./agent.durkv | jq '.damage'
+    """
+    ctx.meta[JSON_KEY] = as_json
+    where = log_dir(path)
+    log = log_module()
+    report = log.verify(where, deep=deep)
+    clean = reports.is_clean(report)
+    if as_json:
+        output.emit_json(report.to_dict())
+    elif not quiet:
+        click.echo(reports.segment_table(report))
+        for d in report.damage:
+            click.echo(f"damage: {reports.damage_line(d)}")
+        verdict = "ok" if clean else "DAMAGED"
+        click.echo(f"{verdict}: {reports.summary(report)}")
+    if not clean:
+        if not quiet:
+            click.echo(reports.repair_hint(where, report), err=True)
+        ctx.exit(EXIT_CORRUPT)
+
+
+def _quarantine(path: str) -> dict[str, int]:
+    q = Path(path) / "quarantine"
+    if not q.is_dir():
+        return {}
+    return {str(p): p.stat().st_size for p in sorted(q.rglob("*")) if p.is_file()}
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Say what would be cut and kept; change nothing.")
+@click.option("--skip-corrupt", is_flag=True,
+              help="Also cut mid-log corruption (the log is cut at the last good frame "
+                   "before it; every removed byte is copied to PATH/quarantine/ first).")
+@output.json_option
+@output.quiet_option
+@click.pass_context
+def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
+            as_json: bool, quiet: bool) -> None:
+    """Repair a log: quarantine a torn tail; cut corruption on request.
+
+    Without options, only a torn tail (bytes of an unfinished write at the end
+    of the active segment) is removed. Mid-log corruption is refused unless
+    --skip-corrupt is given: then the log is cut at the last good frame before
+    the damage and the lost LSN range is reported. Every removed byte is first
+    copied to PATH/quarantine/ and fsync'd; nothing is deleted. Running it twice
+    is a no-op. Takes the writer lock: stop the writer first.
+
+    Exit status: 0 the log is clean now (or would be, with --dry-run),
+    3 corruption remains, 1 the store is locked or cannot be read.
+
+    \b
+    Example:
+        durkv recover --dry-run ./agent.durkv
+        durkv recover ./agent.durkv
+        durkv recover --skip-corrupt ./agent.durkv
+    """
+    ctx.meta[JSON_KEY] = as_json
+    where = log_dir(path)
+    log = log_module()
+    skip_hint = reports.skip_corrupt_hint(where)
+    before = _quarantine(where)
+    try:
+        report = log.recover(where, skip_corrupt=skip_corrupt, dry_run=dry_run)
+    except CorruptionError as exc:
+        ctx.exit(output.report_error(ctx, exc, hint=None if skip_corrupt else skip_hint))
+    # The log refuses by raising (above); report.ok is False whenever it found damage, even
+    # damage it removed. A plan is refused when the real run would be: only a torn tail
+    # passes without --skip-corrupt.
+    refused = dry_run and not skip_corrupt and not (
+        reports.only_torn_tail(report) or not report.damage)
+    kept = {p: n for p, n in _quarantine(where).items() if before.get(p) != n}
+    after = None if dry_run or refused else log.verify(where)
+    clean = not refused and (after is None or reports.is_clean(after))
+
+    if as_json:
+        output.emit_json({
+            "path": where, "dry_run": dry_run, "skip_corrupt": skip_corrupt,
+            "ok": clean, "refused": refused, "report": report.to_dict(),
+            "quarantined": [{"file": p, "bytes": n} for p, n in kept.items()],
+            "after": None if after is None else after.to_dict(),
+        })
+    if refused:
+        first = next(d for d in report.damage if reports.kind_name(d.kind) != "torn_tail")
+        click.echo(f"error: recover would refuse: the damage is not a torn tail: "
+                   f"{reports.damage_line(first)}", err=True)
+        if not quiet:
+            click.echo(skip_hint, err=True)
+        ctx.exit(EXIT_CORRUPT)
+    if not as_json and not quiet:
+        verb = "would remove" if dry_run else "removed"
+        for d in report.damage:
+            click.echo(f"{verb}: {reports.damage_line(d)}")
+        for p, n in kept.items():
+            click.echo(f"kept: {p} ({output.human_bytes(n)})")
+        if not report.damage:
+            click.echo("nothing to recover: the log is clean")
+        elif dry_run:
+            click.echo(f"dry run: nothing changed; removed bytes would be copied to "
+                       f"{where}/quarantine/")
+        if after is not None:
+            click.echo(f"{'ok' if clean else 'DAMAGED'}: {reports.summary(after)}")
+    if not clean:
+        for d in after.damage:
+            click.echo(f"error: still damaged after recover: {reports.damage_line(d)}", err=True)
+        ctx.exit(EXIT_CORRUPT)
+    ctx.exit(EXIT_OK)
+
+
+for command in (ls, history, show, demo):
+    cli.add_command(command)
+
+
+def main() -> None:
+    """Console-script entry point: ``durkv = durkv.cli.main:main``."""
+    cli(prog_name="durkv")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,160 @@
+"""Exit codes, error lines and output for the ``durkv`` command line: all in one place.
+
+Every command follows the same habits (docs: README "Command line"):
+
+- ``--json`` puts exactly one JSON document on stdout and nothing else: the
+  result, or on an error ``{"error": code, "message": ..., "exit_code": n}``.
+  Messages, hints and the error line go to stderr.
+- An error is one line on stderr, ``error: <message>``, optionally followed by a
+  ``Try: ...`` hint, and the exit code of :data:`EXIT_CODES`; no traceback unless
+  ``durkv --debug``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import click
+
+from ..errors import (
+    BackendError,
+    ConfigError,
+    CorruptionError,
+    DurkvError,
+    FencedError,
+    LogFailedError,
+    NotFoundError,
+    StoreLockedError,
+)
+
+EXIT_OK = 0
+EXIT_ERROR = 1       # operational: lock held, fenced, I/O, missing store
+EXIT_USAGE = 2       # bad arguments or configuration
+EXIT_CORRUPT = 3     # corruption found (or left in place)
+
+# Most specific first: the first matching class decides. Anything else that is a
+# DurkvError or an OSError is an operational error (1).
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (CorruptionError, EXIT_CORRUPT),
+    (ConfigError, EXIT_USAGE),           # includes FrameTooLargeError
+    (StoreLockedError, EXIT_ERROR),
+    (FencedError, EXIT_ERROR),
+    (LogFailedError, EXIT_ERROR),
+    (BackendError, EXIT_ERROR),
+    (NotFoundError, EXIT_ERROR),
+    (DurkvError, EXIT_ERROR),
+    (OSError, EXIT_ERROR),
+)
+
+JSON_KEY = "durkv.json"   # ctx.meta flag: the running command was asked for --json
+
+
+def json_option(f):
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print only JSON on stdout (errors too); messages go to stderr.")(f)
+
+
+def quiet_option(f):
+    return click.option("-q", "--quiet", is_flag=True,
+                        help="Print nothing on success; the exit code tells.")(f)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The process exit code for an error that reached the command line."""
+    for cls, code in EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return EXIT_ERROR
+
+
+def hint_for(exc: BaseException) -> str | None:
+    """A ``Try:`` line for errors where the next step is not obvious."""
+    if isinstance(exc, CorruptionError):
+        return ("Try: durkv verify PATH to see every finding, then "
+                "durkv recover --skip-corrupt PATH (copies removed bytes to PATH/quarantine/)")
+    return None
+
+
+def message_for(exc: BaseException) -> str:
+    """One line: the error's own message, never a repr or a traceback."""
+    if isinstance(exc, DurkvError):
+        text = exc.message
+    elif isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())  # one line, whatever the message held
+
+
+def error_dict(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, DurkvError):
+        data = exc.to_dict()
+        data["message"] = message_for(exc)
+    else:
+        data = {"error": "os_error" if isinstance(exc, OSError) else "error",
+                "message": message_for(exc)}
+    data["exit_code"] = exit_code_for(exc)
+    return data
+
+
+def report_error(ctx: click.Context, exc: BaseException, hint: str | None = None) -> int:
+    """Print one error line (and the JSON error object under --json); return the exit code.
+
+    ``hint`` replaces the default ``Try:`` line of :func:`hint_for`.
+    """
+    if ctx.meta.get(JSON_KEY):
+        emit_json(error_dict(exc))
+    click.echo(f"error: {message_for(exc)}", err=True)
+    hint = hint or hint_for(exc)
+    if hint:
+        click.echo(hint, err=True)
+    return exit_code_for(exc)
+
+
+def emit_json(data: Any) -> None:
+    """Write one JSON document to stdout; values JSON lacks are converted, never dropped."""
+    click.echo(json.dumps(data, indent=2, default=jsonable, ensure_ascii=False))
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-able stand-in for a stored value (pydantic models, dataclasses, bytes, sets)."""
+    for attr in ("to_dict", "model_dump", "_asdict"):
+        fn = getattr(value, attr, None)
+        if callable(fn):
+            try:
+                return fn()
+            except TypeError:
+                continue
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return repr(value)
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def table(rows: list[tuple[str, ...]], headers: tuple[str, ...],
+          right: frozenset[int] = frozenset()) -> str:
+    """A plain aligned text table; column indexes in ``right`` are right-aligned."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = []
+    for row in (headers, *rows):
+        cells = [c.rjust(w) if i in right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
