@@ -1,0 +1,49 @@
+"""Storage backends of durkv, chosen by URL.
+
+>>> from durkv.backends import open_backend
+>>> b = open_backend("memory://")
+>>> b.append(b"\\x00" * 8)
+0
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from durkv.errors import ConfigError
+
+from .base import DURABILITIES, Backend
+
+__all__ = ["Backend", "open_backend", "SCHEMES", "DURABILITIES"]
+
+SCHEMES = ("file://", "memory://")
+
+
+def open_backend(url: str, **options: Any) -> Backend:
+    """Open the backend a URL names: a path or ``file://path`` (local), ``memory://[name]``.
+
+    Options are those of :func:`durkv.store.open_store` that concern storage
+    (durability, read_only, segment_bytes, flush_interval_ms, recovery).
+    """
+    if not isinstance(url, (str, os.PathLike)):
+        raise ConfigError(f"store URL must be a string or path, got {type(url).__name__}")
+    url = os.fspath(url)
+    if not url:
+        raise ConfigError("store URL is empty; pass a path such as './agent.durkv' or 'memory://'")
+    if url.startswith("memory://"):
+        from .memory import MemoryBackend
+
+        return MemoryBackend(url, read_only=options.get("read_only", False))
+    if url.startswith("file://"):
+        path = url[len("file://"):]
+    elif "://" in url:
+        scheme = url.split("://", 1)[0]
+        raise ConfigError(f"unknown store URL scheme {scheme!r} in {url!r}; supported: "
+                          "a path or file://PATH (local), memory:// or memory://NAME")
+    else:
+        path = url
+    from .local import LocalBackend
+
+    return LocalBackend(url, path, **{k: v for k, v in options.items() if k in (
+        "durability", "read_only", "segment_bytes", "flush_interval_ms", "recovery")})

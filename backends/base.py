@@ -1,0 +1,75 @@
+"""The Backend protocol: what the store needs from storage.
+
+A backend is an append-only sequence of COMMIT payloads addressed by LSN
+(0, 1, 2, ... with no gaps; a prefix may be removed by compaction). The store
+owns every byte inside a payload; a backend only keeps payloads, makes them
+durable under a policy, and hands them back. Nothing in the store knows which
+backend it talks to, so an object-store backend (s3) fits the same protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol
+
+__all__ = ["Backend", "DURABILITIES"]
+
+DURABILITIES = ("sync", "async", "exit")
+
+
+class Backend(Protocol):
+    """Append/read/scan of COMMIT payloads, with durability policies.
+
+    Attributes:
+        url: the URL the backend was opened with.
+        read_only: True for a reader (no lock, no writes).
+    """
+
+    url: str
+    read_only: bool
+
+    @property
+    def next_lsn(self) -> int:
+        """LSN the next append gets (single writer: the store predicts it)."""
+
+    @property
+    def start_lsn(self) -> int:
+        """Lowest live LSN (everything below was removed by compaction)."""
+
+    def append(self, payload: bytes, durability: str | None = None) -> int:
+        """Append one COMMIT payload; returns its LSN once ``durability`` holds
+        (``None``: the backend's policy)."""
+
+    def flush(self) -> None:
+        """Make everything appended so far durable."""
+
+    def wait_durable(self, lsn: int) -> None:
+        """Block until frame ``lsn`` and every frame before it are durable (concurrent
+        waiters share one fsync)."""
+
+    def read(self, lsn: int) -> bytes:
+        """The payload at ``lsn`` (``NotFoundError`` if there is none)."""
+
+    def scan(self, from_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
+        """``(lsn, payload)`` of every COMMIT frame at or after ``from_lsn``, in order."""
+
+    def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
+        """A channel's items at entry ``(lsn, idx)`` (FORMAT.md section 5) and the
+        flags of its chain's FULL entry."""
+
+    def refresh(self) -> None:
+        """Read-only handles: make frames appended by a writer since open visible."""
+
+    def remove_prefix(self, new_start_lsn: int) -> None:
+        """Drop every frame below ``new_start_lsn`` (compaction), crash-safely."""
+
+    def roll(self) -> None:
+        """Start a new segment/object so that a later ``remove_prefix`` frees whole files."""
+
+    def size_bytes(self) -> int:
+        """Bytes the backend holds (what compaction reports)."""
+
+    def verify(self, deep: bool = False) -> Any:
+        """Check the stored bytes; returns the backend's report."""
+
+    def close(self) -> None:
+        """Flush and release (locks, files). Idempotent."""

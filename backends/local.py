@@ -1,0 +1,97 @@
+"""The local backend: the C segment log (``durkv.log.SegmentLog``) in a directory.
+
+Store frames are COMMIT frames; frames of other types (DATA) are skipped by
+``scan`` and are not the store's to keep (compaction drops them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from durkv.errors import BackendError, DurkvError
+
+__all__ = ["LocalBackend"]
+
+
+class LocalBackend:
+    def __init__(self, url: str, path: str, *, durability: str = "sync", read_only: bool = False,
+                 segment_bytes: int | None = None, flush_interval_ms: int = 10,
+                 recovery: str = "tolerate_tail") -> None:
+        from durkv import log as _log  # the compiled log; only needed for local stores
+
+        self._mod = _log
+        self._commit = _log.FRAME_COMMIT
+        self.url = url
+        self.path = path
+        self.read_only = read_only
+        kw: dict[str, Any] = dict(durability=durability, flush_interval_ms=flush_interval_ms,
+                                  recovery=recovery, read_only=read_only)
+        if segment_bytes:
+            kw["segment_bytes"] = segment_bytes
+        try:
+            self._log = _log.SegmentLog.open(path, **kw)
+        except DurkvError:
+            raise
+        except OSError as e:
+            raise BackendError(f"cannot open store at {path}: {e}", path=path) from e
+        # salvage / point_in_time recovery can open a writer's log read-only
+        self.read_only = bool(self._log.read_only)
+        self._closed = False
+
+    @property
+    def next_lsn(self) -> int:
+        return self._log.next_lsn
+
+    @property
+    def start_lsn(self) -> int:
+        return self._log.start_lsn
+
+    def append(self, payload: bytes, durability: str | None = None) -> int:
+        return self._log.append(payload, frame_type=self._commit, durability=durability)
+
+    def flush(self) -> None:
+        self._log.flush()
+
+    def wait_durable(self, lsn: int) -> None:
+        self._log.wait_durable(lsn)
+
+    def read(self, lsn: int) -> bytes:
+        return self._log.read(lsn)
+
+    def scan(self, from_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
+        commit = self._commit
+        for lsn, ftype, payload in self._log.scan_frames(from_lsn):
+            if ftype == commit:
+                yield lsn, payload
+
+    def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
+        return self._log.read_channel(lsn, idx)
+
+    def refresh(self) -> None:
+        self._log.refresh()
+
+    def roll(self) -> None:
+        self._log.seal()
+
+    def remove_prefix(self, new_start_lsn: int) -> None:
+        self._log.seal(new_start_lsn=new_start_lsn)
+
+    def size_bytes(self) -> int:
+        import os
+
+        total = 0
+        for name in os.listdir(self.path):
+            if name.endswith(".seg"):
+                try:
+                    total += os.path.getsize(os.path.join(self.path, name))
+                except OSError:
+                    pass
+        return total
+
+    def verify(self, deep: bool = False) -> Any:
+        return self._log.verify(deep)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._log.close()

@@ -1,0 +1,176 @@
+"""Compaction: copy the live data to the tail, then drop the prefix (crash-safe).
+
+Protocol (a replay at open follows the same records, see ``Store._apply``):
+
+1. roll the backend to a new segment, append ``COMPACT_BEGIN`` at LSN ``B``;
+2. for each live checkpoint (per thread and namespace, oldest first) append a
+   ``COPY_CKPT`` frame, then one ``COPY_WRITES`` frame with its pending writes
+   merged (idempotency already resolved);
+3. flush, append ``COMPACT_END(B)`` durably;
+4. ``remove_prefix(B)``: the log records ``start_lsn = B`` and unlinks the old
+   segments.
+
+A crash before END leaves the old records authoritative: replay ignores
+copies without an END, and any later ordinary record abandons them. A crash
+after END but before the unlink: replay switches to the copies at END, and the
+next writer finishes the unlink.
+
+Channel entries are copied **re-chained**, not flattened: every entry a live
+checkpoint needs (its head entry and, transitively, the DELTA ``prev``/SNAP
+references behind it) is copied once, in LSN order, with its references
+rewritten. Bytes stay linear in the live data (flattening every checkpoint's
+list into a FULL entry would be quadratic), entries that only dead checkpoints
+used are dropped, and a pruned thread keeps exactly the items its kept
+checkpoints read.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .channels import DELTA, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref
+from .errors import BackendError
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["compact"]
+
+
+class _Frames:
+    """A small cache of old payloads (one frame is read for several entries)."""
+
+    def __init__(self, read, cap: int = 512) -> None:
+        self._read = read
+        self._cap = cap
+        self._d: dict[int, bytes] = {}
+
+    def __call__(self, lsn: int) -> bytes:
+        p = self._d.get(lsn)
+        if p is None:
+            if len(self._d) >= self._cap:
+                self._d.pop(next(iter(self._d)))
+            p = self._d[lsn] = self._read(lsn)
+        return p
+
+
+def compact(store: "Store") -> dict[str, Any]:
+    from .store import (
+        K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_WRITES, _head_of, _packb,
+    )
+
+    b = store._b
+    b.flush()                       # exit policy: count (and keep) what is still buffered
+    bytes_before = b.size_bytes()
+    frames = _Frames(b.read)
+    b.roll()
+    # BEGIN and the copies are buffered ("exit"): the flush before END makes them durable
+    begin = b.append(encode_commit(_packb([K_COMPACT_BEGIN]), ()), "exit")
+    mapped: dict[tuple[int, int], tuple[int, int]] = {}
+    kept = 0
+
+    def needed(refs) -> list[tuple[tuple[int, int], Entry]]:
+        """Old entries reachable from ``refs`` and not copied yet, in LSN order."""
+        todo = [tuple(r) for r in refs]
+        seen: dict[tuple[int, int], Entry] = {}
+        while todo:
+            r = todo.pop()
+            if r in mapped or r in seen:
+                continue
+            e = seen[r] = entry_at(frames(r[0]), r[1])
+            if e.kind == DELTA:
+                todo.append((e.prev_lsn, e.prev_idx))
+            elif e.kind == SNAP:
+                todo.extend(unpack_ref(x) for x in e.items)
+        return sorted(seen.items())
+
+    def copy_entries(refs, lsn: int, entries: list[Entry]) -> None:
+        for r, e in needed(refs):
+            new = (lsn, len(entries))
+            if e.kind == FULL:
+                entries.append(Entry(FULL, e.items, e.flags))
+            elif e.kind == DELTA:
+                p = mapped[(e.prev_lsn, e.prev_idx)]
+                entries.append(Entry(DELTA, e.items, e.flags, e.depth, p[0], p[1]))
+            else:
+                items = [pack_ref(*mapped[unpack_ref(x)]) for x in e.items]
+                entries.append(Entry(SNAP, items, e.flags))
+            mapped[r] = new
+
+    old_heads = {}
+    for t, n, lane in list(store._ix.lanes()):
+        if lane.head is not None:
+            old_heads[(t, n)] = lane.head
+        for cid, lsn in zip(lane.ids, lane.lsns):
+            h = _head_of(frames(lsn))
+            new_lsn = b.next_lsn
+            entries: list[Entry] = []
+            chanmap = h[8]
+            copy_entries(chanmap.values(), new_lsn, entries)
+            h[0], h[1], h[2] = K_COPY_CKPT, t, n
+            h[8] = {ch: list(mapped[tuple(ref)]) for ch, ref in chanmap.items()}
+            got = b.append(encode_commit(_packb(h), entries), "exit")
+            if got != new_lsn:     # before END: the old data stays authoritative
+                raise BackendError(f"compaction of {store.url}: frame landed at LSN {got}, "
+                                   f"expected {new_lsn}; nothing was lost, the copies are "
+                                   "ignored")
+            kept += 1
+            writes = store._read_writes(lane, lsn, raw=True)
+            if writes:
+                _copy_writes(store, b, t, n, cid, writes, K_COPY_WRITES, _packb)
+        for cid in lane.orphan_writes():
+            writes = store._read_writes(lane, -1, cid, raw=True)
+            if writes:
+                _copy_writes(store, b, t, n, cid, writes, K_COPY_WRITES, _packb)
+    b.flush()
+    b.append(encode_commit(_packb([K_COMPACT_END, begin]), ()), "sync")
+    b.flush()
+    # switch the index to the copies (the same replay a reopen does), then drop the prefix
+    old_ix, old_pos = store._ix, store._scan_pos
+    store._shadow = None
+    store._scan_pos = begin
+    try:
+        store._replay()       # BEGIN .. END: ends with store._ix = the copies' index
+    except BaseException:
+        # the old frames are still there (nothing was removed): keep serving them
+        store._ix, store._shadow, store._scan_pos = old_ix, None, old_pos
+        raise
+    _keep_heads(store, old_heads, mapped)
+    b.remove_prefix(begin)
+    store._scan_pos = max(store._scan_pos, b.start_lsn)
+    return {"bytes_before": bytes_before, "bytes_after": b.size_bytes(),
+            "checkpoints_kept": kept}
+
+
+def _copy_writes(store, b, t, n, cid, writes, kind, packb) -> None:
+    """One frame per (task, path) with the merged writes (values copied as stored)."""
+    by_task: dict[tuple[str, str], list] = {}
+    for w in writes:
+        by_task.setdefault((w.task_id, w.task_path), []).append([w.idx, w.channel, w.value])
+    for (task, path), recs in by_task.items():
+        b.append(encode_commit(packb([kind, t, n, cid, task, path, False, recs]), ()), "exit")
+
+
+def _keep_heads(store, old_heads, mapped) -> None:
+    """Carry each lane's materialized newest state over to the copies.
+
+    Keeping the very objects that were put (not a reload from the log) keeps
+    delta detection working for the next put of a running agent.
+    """
+    def remap(packed: bytes) -> bytes:
+        return pack_ref(*mapped[unpack_ref(packed)])
+
+    for (t, n), head in old_heads.items():
+        lane = store._ix.lane(t, n)
+        if lane is None or not lane.ids or lane.ids[-1] != head.cid:
+            continue
+        try:
+            for c in head.chans.values():
+                c.ref = mapped[tuple(c.ref)]
+                if c.loaded:
+                    c.base = remap(c.base)
+                    c.deltas = [remap(d) for d in c.deltas]
+        except KeyError:
+            continue   # defensive: reload from the log instead
+        head.lsn = lane.lsns[-1]
+        lane.head = head

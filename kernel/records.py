@@ -1,0 +1,113 @@
+"""Store records: the msgpack heads of the store's COMMIT frames, and the result types.
+
+Every store frame is a COMMIT frame (docs/FORMAT.md section 5) whose head is a
+msgpack list; its first element is the record kind below. Checkpoint frames
+carry the channel entries; every other record has none. A reader skips kinds
+it does not know. Item bytes (values, pending-write values) are serde output,
+zstd-compressed when large (see :mod:`durkv.channels`).
+
+Checkpoint record fields: ``ckpt_b``/``meta_b`` are the serde bytes of the
+checkpoint record and metadata; ``versions`` is msgpack (str/int/float
+values); the channel map gives, for every channel that has a value in this
+checkpoint, the ``[lsn, idx]`` of the entry holding it -- an entry of this frame
+for a changed channel, of an earlier frame for an unchanged one (so unchanged
+channels cost a reference, and any checkpoint reads each channel with one
+``read_channel``). Pending-write records resolve in log order: ``replace``
+false = a key (task_id, idx) already present keeps its first value (LangGraph's
+INSERT OR IGNORE), true = it is overwritten (special channels only).
+
+Compaction writes ``COMPACT_BEGIN``, copies (``COPY_*``), then ``COMPACT_END``;
+replay applies copies to a fresh index and switches to it at END, and ignores
+copies that no END follows (see :mod:`durkv.compact`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from .errors import ConfigError
+
+__all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
+           "SPECIAL_WRITE_CHANNELS"]
+
+# record kinds: the first element of every frame head (part of the format: never renumber)
+K_CKPT = 1          # [1, thread, ns, cid, parent, ckpt_b, meta_b, versions, {ch: [lsn, idx]}]
+K_WRITES = 2        # [2, thread, ns, cid, task_id, task_path, replace, [[idx, ch, value_b]...]]
+K_DEL_THREAD = 3    # [3, thread]
+K_COPY_THREAD = 4   # [4, src, dst]
+K_REMOVE = 5        # [5, [[thread, ns, [cid, ...]], ...]]   (delete_runs, prune)
+K_COMPACT_BEGIN = 6  # [6]
+K_COMPACT_END = 7   # [7, begin_lsn]
+K_COPY_CKPT = 8     # as K_CKPT, written by compact() between BEGIN and END
+K_COPY_WRITES = 9   # as K_WRITES, written by compact()
+
+DURABILITIES = ("sync", "async", "exit")
+# LangGraph's WRITES_IDX_MAP channels: a put_writes made only of these overwrites
+SPECIAL_WRITE_CHANNELS = frozenset(("__error__", "__scheduled__", "__interrupt__", "__resume__"))
+
+
+@dataclass
+class PendingWrite:
+    """A pending write of a task against a checkpoint (see :meth:`Store.put_writes`)."""
+
+    task_id: str
+    channel: str
+    value: Any
+    idx: int
+    task_path: str = ""
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint as read back: ids, the opaque record, metadata, ALL channel
+    versions, the values of every channel that has one, and its pending writes."""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    checkpoint: dict
+    metadata: dict
+    versions: dict
+    values: dict
+    writes: list[PendingWrite] = field(default_factory=list)
+
+
+@dataclass
+class ChannelEntry:
+    """What one checkpoint wrote to a channel (see :meth:`Store.channel_entries`).
+
+    ``kind`` is ``"append"`` (``value`` = the list of items appended to the
+    previous value), ``"full"`` (``value`` = the whole list) or ``"value"``
+    (``value`` = a whole non-list value).
+    """
+
+    checkpoint_id: str
+    kind: str
+    value: Any
+
+
+def _packb(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpackb(b: bytes) -> Any:
+    return msgpack.unpackb(b, raw=False, strict_map_key=False, use_list=True)
+
+
+def _head_of(payload: bytes) -> list:
+    hl = int.from_bytes(payload[0:4], "little")
+    return _unpackb(payload[4:4 + hl])
+
+
+def _check_id(name: str, value: Any, *, allow_empty: bool = False) -> None:
+    if not isinstance(value, str) or (not value and not allow_empty):
+        got = "an empty string" if value == "" else f"{type(value).__name__} {value!r}"
+        raise ConfigError(f"{name} is required and must be a non-empty string, got {got}; "
+                          f"pass e.g. {name}='thread-1'"
+                          if name == "thread_id" else
+                          f"{name} must be a {'string' if allow_empty else 'non-empty string'}, "
+                          f"got {got}")

@@ -1,0 +1,533 @@
+"""The checkpoint store: threads, checkpoints, delta-encoded channels, pending writes.
+
+Every change is ONE log frame (a COMMIT payload, docs/FORMAT.md section 5)
+whose head is a msgpack list starting with a record kind; deletes, copies and
+prunes are small records too, so a reopen replays them. The index
+(:mod:`durkv.index`) is rebuilt at open from the frame heads only.
+
+>>> import durkv
+>>> with durkv.open("memory://") as store:
+...     store.put("t", "", "1", checkpoint={}, metadata={}, values={"msgs": ["hi"]},
+...               versions={"msgs": 1})
+...     store.put("t", "", "2", checkpoint={}, metadata={}, values={"msgs": ["hi", "yo"]},
+...               versions={"msgs": 2}, parent_id="1")
+...     [c.values["msgs"] for c in store.history("t")]
+[['hi', 'yo'], ['hi']]
+
+See :mod:`durkv.delta` for how channels are delta-encoded and what ``get``
+returns, :mod:`durkv.records` for the frame heads, :mod:`durkv.compact`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import msgpack
+import xxhash
+
+from .channels import Codec, encode_commit
+from .delta import ChannelState, _Chan, _Head
+from .errors import (
+    ConfigError, CorruptionError, FrameTooLargeError, ReadOnlyError, SerializationError,
+)
+from .index import Index
+from .reads import Reads
+from .records import (  # noqa: F401 - re-exported: the store's public types and record kinds
+    DURABILITIES, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_THREAD,
+    K_COPY_WRITES, K_DEL_THREAD, K_REMOVE, K_WRITES, SPECIAL_WRITE_CHANNELS, ChannelEntry,
+    Checkpoint, PendingWrite, _check_id, _head_of, _packb,
+)
+from .serde import Serde, default_serde
+
+__all__ = ["Store", "Checkpoint", "PendingWrite", "ChannelEntry", "open_store"]
+
+_RANK = {"exit": 0, "async": 1, "sync": 2}
+
+
+class Store(ChannelState, Reads):
+    """A checkpoint store over one backend. Create with :func:`durkv.open`."""
+
+    def __init__(self, backend: Any, *, url: str, durability: str = "sync",
+                 read_only: bool = False, serde: Serde | None = None, snapshot_every: int = 64,
+                 compress_min_bytes: int = 1024, max_commit_bytes: int = 256 << 20,
+                 delta_check: str = "prefix") -> None:
+        self._b = backend
+        self.url = url
+        self.durability = durability
+        self.read_only = read_only = bool(read_only or backend.read_only)
+        self.serde = serde if serde is not None else default_serde
+        self._dumps = self.serde.dumps
+        self._loads = self.serde.loads
+        self.snapshot_every = snapshot_every
+        self.delta_check = delta_check
+        self._prefix_check = delta_check == "prefix"
+        self.max_commit_bytes = max_commit_bytes
+        self._codec = Codec(compress_min_bytes)
+        self._minb = compress_min_bytes
+        self._compress = self._codec._c.compress
+        self._hpack = msgpack.Packer(use_bin_type=True)    # frame heads, under self._lock
+        self._lock = threading.RLock()
+        self._ix = Index()
+        self._shadow: Index | None = None    # compaction being replayed (BEGIN seen, no END yet)
+        self._shadow_begin = -1
+        self._compacted_at = -1
+        self._scan_pos = backend.start_lsn
+        self._next_lsn = -1       # LSN of the next append when known (saves a call per put)
+        self._wfp: dict[int, tuple[int, int]] = {}   # xxh3 of recent write frames -> lsn, rank
+        self._closed = False
+        self._replay()
+        if not read_only:
+            self._shadow = None     # a compaction cut short by a crash: its copies are dead
+            if self._compacted_at > backend.start_lsn:
+                # a compaction finished (END is durable) but its old frames were not removed
+                backend.remove_prefix(self._compacted_at)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "read-only" if self.read_only else self.durability
+        return f"<durkv.Store {self.url} {mode}{' closed' if self._closed else ''}>"
+
+    def flush(self) -> None:
+        """Make every commit so far durable, under any policy."""
+        with self._lock:
+            self._check_open()
+            self._b.flush()
+
+    def close(self) -> None:
+        """Flush and release the backend. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._b.close()
+
+    def verify(self, deep: bool = False) -> Any:
+        """Check the stored bytes (local: the log's verify report)."""
+        return self._b.verify(deep)
+
+    def refresh(self) -> None:
+        """See frames a concurrent writer committed since open (read-only handles; a
+        writer's index is always current, so this is a no-op for it)."""
+        with self._lock:
+            self._check_open()
+            if self.read_only:
+                self._b.refresh()
+                self._replay()
+
+    def size_bytes(self) -> int:
+        return self._b.size_bytes()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError(f"store {self.url} is closed; open it again with durkv.open()")
+
+    def _check_write(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise ReadOnlyError(f"store {self.url} is open read-only; "
+                                "open it without read_only=True to write")
+
+    def _durability(self, durability: str | None) -> str | None:
+        if durability is not None and durability not in DURABILITIES:
+            raise ConfigError(f"unknown durability {durability!r}; use one of "
+                              + ", ".join(DURABILITIES))
+        return durability
+
+    # -- replay ------------------------------------------------------------------------------
+
+    def _replay(self) -> None:
+        """Apply the heads of frames from the scan position on (open, refresh)."""
+        pos = self._scan_pos
+        for lsn, payload in self._b.scan(pos):
+            try:
+                h = _head_of(payload)
+                kind = h[0]
+            except Exception as e:
+                raise CorruptionError(
+                    f"store {self.url}: frame {lsn} is a COMMIT frame whose head is not a store "
+                    f"record ({e}); run `durkv verify` on the store", kind="bad_record",
+                    lsn=lsn) from e
+            if type(kind) is int:
+                self._apply(lsn, h)
+            pos = lsn + 1
+        self._scan_pos = pos
+
+    def _apply(self, lsn: int, h: list) -> None:
+        kind = h[0]
+        if kind in (K_COPY_CKPT, K_COPY_WRITES):
+            ix = self._shadow
+            if ix is None:
+                return     # copies of an abandoned compaction: dead
+        else:
+            if kind == K_COMPACT_END:
+                if self._shadow is not None and h[1] == self._shadow_begin:
+                    self._ix = self._shadow
+                    self._compacted_at = self._shadow_begin
+                self._shadow = None
+                return
+            self._shadow = None   # anything else after BEGIN: that compaction was abandoned
+            if kind == K_COMPACT_BEGIN:
+                self._shadow = Index()
+                self._shadow_begin = lsn
+                return
+            ix = self._ix
+        if kind == K_CKPT or kind == K_COPY_CKPT:
+            ix.add_checkpoint(h[1], h[2], h[3], lsn)
+        elif kind == K_WRITES or kind == K_COPY_WRITES:
+            ix.add_write(h[1], h[2], h[3], lsn)
+        elif kind == K_DEL_THREAD:
+            ix.delete_thread(h[1])
+        elif kind == K_COPY_THREAD:
+            ix.copy_thread(h[1], h[2])
+        elif kind == K_REMOVE:
+            for t, n, cids in h[1]:
+                ix.remove(t, n, cids)
+        # unknown kinds are skipped: a newer writer's record this reader does not know
+
+    # -- put ---------------------------------------------------------------------------------
+
+    def put(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, *, checkpoint: dict,
+            metadata: dict, values: dict[str, Any], versions: dict[str, Any],
+            parent_id: str | None = None, durability: str | None = None) -> None:
+        """Commit one checkpoint as one frame.
+
+        Args:
+            checkpoint: opaque record (LangGraph: its checkpoint dict minus channel_values).
+            metadata: metadata dict (``history(filter=...)`` matches on it).
+            values: new values of the channels whose version changed.
+            versions: ALL channel versions of this checkpoint. A channel in ``versions``
+                but not in ``values`` keeps its entry of the parent (or newest)
+                checkpoint; a channel absent from both has no value.
+            parent_id: the checkpoint this one follows (None: the newest of the thread+ns).
+            durability: override the store's policy for this commit.
+
+        Raises:
+            ConfigError: missing/empty ids. SerializationError: a value the serde
+                cannot encode (nothing is committed). FrameTooLargeError: the commit
+                exceeds ``max_commit_bytes``.
+        """
+        if type(thread_id) is not str or not thread_id:
+            _check_id("thread_id", thread_id)
+        if type(checkpoint_ns) is not str:
+            _check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        if type(checkpoint_id) is not str or not checkpoint_id:
+            _check_id("checkpoint_id", checkpoint_id)
+        if parent_id is not None and type(parent_id) is not str:
+            raise ConfigError(f"parent_id must be a string or None, got {parent_id!r}")
+        if durability is not None:
+            self._durability(durability)
+        if type(values) is not dict or type(versions) is not dict:
+            if not isinstance(values, dict) or not isinstance(versions, dict):
+                raise ConfigError("values and versions must be dicts keyed by channel name, got "
+                                  f"{type(values).__name__} and {type(versions).__name__}")
+        dumps = self._dumps
+        try:
+            ckpt_b = dumps(checkpoint)
+            meta_b = dumps(metadata)
+        except Exception as e:
+            raise SerializationError(f"cannot serialize the checkpoint record or metadata of "
+                                     f"{checkpoint_id!r}: {e}", thread_id=thread_id) from e
+        with self._lock:
+            if self._closed or self.read_only:
+                self._check_write()
+            lane = self._ix.lane(thread_id, checkpoint_ns)
+            head = None if lane is None else lane.head
+            if head is None and lane is not None and lane.ids:
+                head = self._load_head(lane)
+            lsn = self._next_lsn
+            if lsn < 0:
+                lsn = self._b.next_lsn
+            fast = head is not None and checkpoint_id > head.cid and (
+                parent_id is None or parent_id == head.cid)
+            if fast:
+                base = head.chans
+            elif head is None:
+                base = {}
+            else:
+                base = self._parent_chans(lane, head, parent_id)
+            entries: list = []
+            chans: dict[str, _Chan] = {}
+            refs: dict[str, tuple[int, int]] = {}
+            encode = self._encode
+            for ch, v in values.items():
+                c = encode(ch, v, base.get(ch) if fast else None, lsn, entries)
+                chans[ch] = c
+                refs[ch] = c.ref
+            for ch in versions:
+                if ch not in chans:
+                    c = base.get(ch)
+                    if c is not None:
+                        chans[ch] = c
+                        refs[ch] = c.ref
+            try:
+                hb = self._hpack.pack([K_CKPT, thread_id, checkpoint_ns, checkpoint_id, parent_id,
+                                       ckpt_b, meta_b, versions, refs])
+            except Exception as e:
+                raise SerializationError(f"cannot serialize the versions of {checkpoint_id!r} "
+                                         f"(versions must be str, int or float): {e}",
+                                         thread_id=thread_id) from e
+            payload = encode_commit(hb, entries)
+            if len(payload) > self.max_commit_bytes:
+                raise FrameTooLargeError(
+                    f"checkpoint {checkpoint_id!r} of thread {thread_id!r} is {len(payload)} "
+                    f"bytes, over max_commit_bytes={self.max_commit_bytes}; store big values "
+                    "elsewhere or raise max_commit_bytes", thread_id=thread_id,
+                    size=len(payload))
+            self._next_lsn = -1
+            wait = (durability or self.durability) == "sync"
+            got = self._b.append(payload, "async" if wait else durability)
+            if got != lsn:
+                raise ConfigError(f"store {self.url}: frame landed at LSN {got}, expected {lsn}; "
+                                  "is another writer appending to this log?")
+            self._next_lsn = got + 1
+            if lane is None:
+                lane = self._ix.lane(thread_id, checkpoint_ns, True)
+            ids = lane.ids
+            if ids and checkpoint_id > ids[-1]:
+                ids.append(checkpoint_id)
+                lane.lsns.append(lsn)
+                if lane.orphans:
+                    lane.add_orphans(checkpoint_id, lsn)
+            else:
+                lane.add(checkpoint_id, lsn)
+            if fast or head is None or checkpoint_id > head.cid:
+                lane.head = _Head(checkpoint_id, lsn, parent_id, ckpt_b, meta_b, dict(versions),
+                                  chans)
+            elif checkpoint_id == head.cid:
+                lane.head = None   # the newest was replaced: reload on demand
+        if wait:
+            # outside the lock, so that concurrent committers share one fsync (group commit)
+            self._b.wait_durable(got)
+
+    # -- pending writes ----------------------------------------------------------------------
+
+    def put_writes(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, task_id: str,
+                   writes: Sequence[tuple[int, str, Any]], *, task_path: str = "",
+                   durability: str | None = None) -> None:
+        """Store pending writes ``(idx, channel, value)`` of a task against a checkpoint.
+
+        Idempotent on (thread, ns, checkpoint, task, idx), as LangGraph's savers: a
+        later write to an existing key is ignored, unless every write of the call
+        is to a special channel (``__error__``, ``__interrupt__``, ...), which
+        overwrite. Default durability: written to the OS (``async``) -- they ride
+        on the next commit's fsync and survive a process kill -- or buffered under
+        the ``exit`` policy.
+        """
+        _check_id("thread_id", thread_id)
+        _check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        _check_id("checkpoint_id", checkpoint_id)
+        _check_id("task_id", task_id)
+        dur = self._durability(durability)
+        if dur is None:
+            dur = "exit" if self.durability == "exit" else "async"
+        if not writes:
+            return
+        recs = []
+        replace = True
+        codec = self._codec
+        dumps = self._dumps
+        for w in writes:
+            idx, ch, v = w
+            if not isinstance(idx, int) or not isinstance(ch, str):
+                raise ConfigError(f"each write must be (idx: int, channel: str, value), got {w!r}")
+            try:
+                b = dumps(v)
+            except Exception as e:
+                raise SerializationError(f"cannot serialize pending write to channel {ch!r} "
+                                         f"of task {task_id!r}: {e}", channel=ch) from e
+            recs.append([idx, ch, codec.pack(b)[0]])
+            if ch not in SPECIAL_WRITE_CHANNELS:
+                replace = False
+        hb = _packb([K_WRITES, thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
+                     replace, recs])
+        payload = encode_commit(hb, ())
+        if len(payload) > self.max_commit_bytes:
+            raise FrameTooLargeError(f"pending writes of task {task_id!r} are {len(payload)} "
+                                     f"bytes, over max_commit_bytes={self.max_commit_bytes}",
+                                     thread_id=thread_id, size=len(payload))
+        # a retried identical call (LangGraph re-puts writes on resume) is a no-op in
+        # ignore mode: skip the frame when an identical one was appended at least as durably
+        fp = None if replace else xxhash.xxh3_64_intdigest(hb)
+        rank = _RANK[dur]
+        with self._lock:
+            self._check_write()
+            seen = self._wfp.get(fp) if fp is not None else None
+            if seen is not None and seen[1] >= rank:
+                lsn = seen[0]
+            else:
+                lsn = self._append(payload, dur)
+                self._ix.add_write(thread_id, checkpoint_ns, checkpoint_id, lsn)
+                if fp is not None:
+                    if len(self._wfp) >= 4096:
+                        self._wfp.clear()
+                    self._wfp[fp] = (lsn, rank)
+        if dur == "sync":
+            self._b.wait_durable(lsn)
+
+    # -- deletes, copies, prunes -------------------------------------------------------------
+
+    def _append(self, payload: bytes, durability: str | None) -> int:
+        """Append under ``self._lock``; a ``sync`` append is only written here -- the
+        caller waits for durability after releasing the lock (group commit)."""
+        self._next_lsn = -1
+        lsn = self._b.append(payload, "async" if durability == "sync" else durability)
+        self._next_lsn = lsn + 1
+        return lsn
+
+    def _commit_record(self, head: list) -> int:
+        """Append a small record (delete, copy, remove) under the store's policy and wait
+        for it to be durable (called under the lock: these are rare)."""
+        self._check_write()
+        lsn = self._append(encode_commit(_packb(head), ()), self.durability)
+        if self.durability == "sync":
+            self._b.wait_durable(lsn)
+        return lsn
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Remove a thread: every namespace, checkpoint and pending write."""
+        _check_id("thread_id", thread_id)
+        with self._lock:
+            self._check_write()
+            if thread_id not in self._ix.threads:
+                return
+            self._commit_record([K_DEL_THREAD, thread_id])
+            self._ix.delete_thread(thread_id)
+            self._wfp.clear()
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every namespace, checkpoint and pending write of a thread to another
+        (merged into the target if it exists). The copy shares the source's frames."""
+        _check_id("thread_id", source_thread_id)
+        _check_id("thread_id", target_thread_id)
+        with self._lock:
+            self._check_write()
+            if source_thread_id not in self._ix.threads or source_thread_id == target_thread_id:
+                return
+            self._commit_record([K_COPY_THREAD, source_thread_id, target_thread_id])
+            self._ix.copy_thread(source_thread_id, target_thread_id)
+
+    def _remove(self, doomed: list) -> None:
+        if not doomed:
+            return
+        self._commit_record([K_REMOVE, doomed])
+        self._wfp.clear()
+        for t, n, cids in doomed:
+            self._ix.remove(t, n, cids)
+
+    def delete_runs(self, run_ids: Sequence[str]) -> None:
+        """Remove the checkpoints (and their writes) whose ``metadata["run_id"]`` is in
+        ``run_ids``. Reads every checkpoint's metadata: O(checkpoints)."""
+        runs = set(run_ids)
+        if not runs:
+            return
+        with self._lock:
+            self._check_write()
+            doomed = []
+            for t, n, lane in list(self._ix.lanes()):
+                cids = []
+                for cid, lsn in zip(lane.ids, lane.lsns):
+                    meta = self._loads(_head_of(self._b.read(lsn))[6])
+                    if isinstance(meta, dict) and meta.get("run_id") in runs:
+                        cids.append(cid)
+                if cids:
+                    doomed.append([t, n, cids])
+            self._remove(doomed)
+
+    def prune(self, thread_ids: Sequence[str], *, keep_last: int = 1) -> None:
+        """Per (thread, ns) of the given threads keep only the newest ``keep_last``
+        checkpoints (0: remove all). Kept checkpoints still read correctly: their
+        delta chains stay in the log until :meth:`compact` copies what they need."""
+        if isinstance(thread_ids, str):
+            thread_ids = [thread_ids]
+        if not isinstance(keep_last, int) or keep_last < 0:
+            raise ConfigError(f"keep_last must be an int >= 0, got {keep_last!r}")
+        with self._lock:
+            self._check_write()
+            doomed = []
+            for t in thread_ids:
+                for _t, n, lane in list(self._ix.lanes(t)):
+                    cut = len(lane.ids) - keep_last
+                    if cut > 0:
+                        doomed.append([t, n, lane.ids[:cut]])
+            self._remove(doomed)
+
+    def compact(self) -> dict:
+        """Copy live data to the tail and drop everything older (crash-safe).
+
+        Returns ``{"bytes_before", "bytes_after", "checkpoints_kept"}``.
+        """
+        from .compact import compact
+
+        with self._lock:
+            self._check_write()
+            self._next_lsn = -1
+            self._wfp.clear()
+            return compact(self)
+
+
+def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
+               serde: Serde | None = None, snapshot_every: int = 64,
+               compress_min_bytes: int = 1024, segment_bytes: int | None = None,
+               flush_interval_ms: int = 10, recovery: str = "tolerate_tail",
+               max_commit_bytes: int = 256 << 20, delta_check: str = "prefix") -> Store:
+    """Open (creating if needed) a store.
+
+    Args:
+        url: a path or ``file://path`` (local C log), ``memory://`` (private) or
+            ``memory://name`` (shared within the process).
+        durability: ``sync`` | ``async`` | ``exit`` (see DESIGN.md).
+        read_only: a reader: no lock, no writes; call ``refresh()`` to see new commits.
+        serde: an object with ``dumps``/``loads``; default msgpack with extension types.
+        snapshot_every: deltas between SNAP entries of a list channel (K).
+        compress_min_bytes: zstd-compress serialized items at least this large.
+        segment_bytes, flush_interval_ms, recovery: passed to the local log.
+        max_commit_bytes: refuse (FrameTooLargeError) a commit larger than this.
+        delta_check: how a new list is recognised as the old one plus appended items:
+            ``"prefix"`` (the default; exact: the whole committed prefix is compared at
+            C speed, ~2.5 ns per item, and any difference writes a FULL entry) or
+            ``"identity"`` (O(1): first/middle/last items must be the same objects; only
+            for callers whose lists change by appending alone -- a replacement at another
+            position plus an append in one step is NOT seen). See :mod:`durkv.delta`.
+
+    >>> import durkv
+    >>> store = durkv.open("memory://")
+    >>> store.put("t", "", "1", checkpoint={}, metadata={}, values={"x": 1}, versions={"x": 1})
+    >>> store.get("t").values
+    {'x': 1}
+    """
+    from durkv.backends import open_backend
+
+    if durability not in DURABILITIES:
+        raise ConfigError(f"unknown durability {durability!r}; use one of "
+                          + ", ".join(DURABILITIES))
+    if not isinstance(snapshot_every, int) or snapshot_every < 1:
+        raise ConfigError(f"snapshot_every must be an int >= 1, got {snapshot_every!r}")
+    if not isinstance(compress_min_bytes, int) or compress_min_bytes < 0:
+        raise ConfigError(f"compress_min_bytes must be an int >= 0, got {compress_min_bytes!r}")
+    if delta_check not in ("identity", "prefix"):
+        raise ConfigError(f"delta_check must be 'identity' or 'prefix', got {delta_check!r}")
+    if not isinstance(max_commit_bytes, int) or not 0 < max_commit_bytes < (1 << 30):
+        raise ConfigError("max_commit_bytes must be between 1 and 1 GiB - 1, "
+                          f"got {max_commit_bytes!r}")
+    if serde is not None and not (callable(getattr(serde, "dumps", None))
+                                  and callable(getattr(serde, "loads", None))):
+        raise ConfigError("serde must have dumps(obj) -> bytes and loads(bytes) -> obj")
+    backend = open_backend(url, durability=durability, read_only=read_only,
+                           segment_bytes=segment_bytes, flush_interval_ms=flush_interval_ms,
+                           recovery=recovery)
+    try:
+        return Store(backend, url=str(url), durability=durability, read_only=read_only,
+                     serde=serde, snapshot_every=snapshot_every,
+                     compress_min_bytes=compress_min_bytes, max_commit_bytes=max_commit_bytes,
+                     delta_check=delta_check)
+    except BaseException:
+        backend.close()
+        raise

@@ -1,0 +1,157 @@
+"""Property test: any sequence of store operations matches a plain in-memory model.
+
+Runs on the local backend in a temporary directory (reopen replays the log).
+DURKV_SLOW_TESTS=1 runs many more examples.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import durkv
+
+SLOW = os.environ.get("DURKV_SLOW_TESTS") == "1"
+THREADS = ["a", "b", "c"]
+NSS = ["", "sub"]
+
+op = st.one_of(
+    st.tuples(st.just("put"), st.sampled_from(THREADS), st.sampled_from(NSS),
+              st.integers(0, 3), st.booleans(), st.integers(0, 5)),
+    st.tuples(st.just("writes"), st.sampled_from(THREADS), st.sampled_from(NSS),
+              st.sampled_from(["x", "y"]),
+              st.lists(st.tuples(st.sampled_from([0, 1, 2, -1]), st.integers(0, 9)),
+                       min_size=1, max_size=3)),
+    st.tuples(st.just("delete"), st.sampled_from(THREADS)),
+    st.tuples(st.just("copy"), st.sampled_from(THREADS), st.sampled_from(THREADS)),
+    st.tuples(st.just("prune"), st.sampled_from(THREADS), st.integers(0, 2)),
+    st.tuples(st.just("delete_runs"), st.sampled_from(["r0", "r1", "r2"])),
+    st.tuples(st.just("compact")),
+    st.tuples(st.just("reopen")),
+)
+
+
+class Model:
+    def __init__(self) -> None:
+        # thread -> ns -> cid -> {"values": dict, "writes": {(task, idx): (channel, value)}}
+        self.t: dict[str, dict[str, dict[str, dict]]] = {}
+
+    def lane(self, t, ns):
+        return self.t.get(t, {}).get(ns, {})
+
+
+def check(store, model: Model) -> None:
+    assert store.threads() == sorted(t for t, nss in model.t.items() if any(nss.values()))
+    for t, nss in model.t.items():
+        for ns, cps in nss.items():
+            got = list(store.history(t, ns))
+            assert [c.checkpoint_id for c in got] == sorted(cps, reverse=True)
+            for c in got:
+                want = cps[c.checkpoint_id]
+                assert c.values == want["values"], (t, ns, c.checkpoint_id)
+                ws = sorted((w.task_id, w.idx, w.channel, w.value) for w in c.writes)
+                assert ws == sorted((k[0], k[1], ch, v) for k, (ch, v) in want["writes"].items())
+            if cps:
+                latest = store.get(t, ns)
+                assert latest.checkpoint_id == max(cps)
+                assert latest.values == cps[max(cps)]["values"]
+
+
+def run_ops(ops, snapshot_every):
+    d = tempfile.mkdtemp(prefix="durkv-model-")
+    path = os.path.join(d, "s")
+    opts = dict(snapshot_every=snapshot_every, durability="exit", compress_min_bytes=40)
+    store = durkv.open(path, **opts)
+    model = Model()
+    counter = 0
+    try:
+        for o in ops:
+            kind = o[0]
+            if kind == "put":
+                _, t, ns, n_new, fork, s_val = o
+                lane = model.lane(t, ns)
+                counter += 1
+                cid = f"{counter:06d}"
+                if lane:
+                    ids = sorted(lane)
+                    parent = ids[(s_val * 7) % len(ids)] if fork else ids[-1]
+                    pv = lane[parent]["values"]
+                    got = store.get(t, ns, parent).values
+                    old = got.get("m", [])
+                else:
+                    parent, pv, old = None, {}, []
+                new = old + [f"{cid}-{k}" * (k + 1) for k in range(n_new)]
+                values = {"m": new}
+                versions = {"m": cid, "s": 1}
+                if s_val % 2 or "s" not in pv:
+                    values["s"] = {"v": s_val, "cid": cid}
+                model_vals = {"m": new, "s": values.get("s", pv.get("s"))}
+                run = f"r{(counter * 7) % 3}"
+                store.put(t, ns, cid, checkpoint={"c": cid}, metadata={"run_id": run},
+                          values=values, versions=versions, parent_id=parent)
+                model.t.setdefault(t, {}).setdefault(ns, {})[cid] = {
+                    "values": model_vals, "writes": {}, "run": run}
+            elif kind == "writes":
+                _, t, ns, task, ws = o
+                lane = model.lane(t, ns)
+                if not lane:
+                    continue
+                cid = sorted(lane)[len(ws) % len(lane)]
+                writes = [(idx, "__error__" if idx < 0 else f"ch{idx}", v) for idx, v in ws]
+                store.put_writes(t, ns, cid, task, writes)
+                mw = lane[cid]["writes"]
+                replace = all(idx < 0 for idx, _ in ws)
+                for idx, ch, v in writes:
+                    if replace or (task, idx) not in mw:
+                        mw[(task, idx)] = (ch, v)
+            elif kind == "delete":
+                store.delete_thread(o[1])
+                model.t.pop(o[1], None)
+            elif kind == "copy":
+                _, src, dst = o
+                if src == dst or not any(model.t.get(src, {}).values()) or dst in model.t:
+                    continue
+                store.copy_thread(src, dst)
+                model.t[dst] = {ns: {cid: {"values": cp["values"], "writes": dict(cp["writes"]),
+                                           "run": cp["run"]}
+                                     for cid, cp in cps.items()}
+                                for ns, cps in model.t[src].items()}
+            elif kind == "prune":
+                _, t, keep = o
+                store.prune([t], keep_last=keep)
+                for ns, cps in model.t.get(t, {}).items():
+                    for cid in sorted(cps)[:max(0, len(cps) - keep)]:
+                        del cps[cid]
+            elif kind == "delete_runs":
+                store.delete_runs([o[1]])
+                for nss in model.t.values():
+                    for cps in nss.values():
+                        for cid in [c for c, cp in cps.items() if cp["run"] == o[1]]:
+                            del cps[cid]
+            elif kind == "compact":
+                store.compact()
+            elif kind == "reopen":
+                store.close()
+                store = durkv.open(path, **opts)
+            for t in list(model.t):
+                model.t[t] = {ns: cps for ns, cps in model.t[t].items() if cps}
+                if not model.t[t]:
+                    del model.t[t]
+            check(store, model)
+        store.close()
+        store = durkv.open(path, **opts)
+        check(store, model)
+    finally:
+        store.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@settings(max_examples=300 if SLOW else 40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op, min_size=1, max_size=40), st.sampled_from([1, 2, 3, 64]))
+def test_store_matches_model(ops, snapshot_every):
+    run_ops(ops, snapshot_every)
