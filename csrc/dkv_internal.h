@@ -9,7 +9,9 @@
 #include "seglog.h"
 
 #define HDR_LEN 64
-#define FRAME_HDR 20
+#define FRAME_HDR 24
+#define FORMAT_VERSION 1
+#define SYNC_GAP_UNKNOWN 0xFFFFFFFFu   /* saturated sync_gap: durable watermark unknown */
 #define TRAILER_LEN 48
 #define MAX_FRAME_LEN ((1u << 30) - 1)
 #define SEG_MAGIC "DKVSEG\x00\x01"
@@ -51,8 +53,15 @@ uint32_t dkv__seed(const uint8_t uuid[16], uint64_t segment_no);
 int dkv__trailer_decode(const uint8_t *t, uint64_t file_size, uint64_t base_lsn, seg_trailer *out);
 /* crc of index || trailer[0..44] */
 uint32_t dkv__trailer_crc(uint32_t seed, const uint8_t *index, uint64_t count, const uint8_t *t);
+/* durable: the log's durable watermark D when the frame is encoded (every frame below it
+ * was fdatasync'd); stored as sync_gap = min(lsn - D, 0xFFFFFFFF). */
 void dkv__frame_header(uint8_t h[FRAME_HDR], uint32_t seed, uint64_t lsn, uint8_t type,
-                       const uint8_t *payload, uint32_t len);
+                       const uint8_t *payload, uint32_t len, uint64_t durable);
+/* The durable watermark a valid frame header records (0 when unknown: saturated/invalid). */
+uint64_t dkv__frame_durable(const uint8_t *h);
+/* Record `durable` in every frame of the encoded run buf[0..n) whose watermark is older,
+ * re-sealing its crc: called just before the run is handed to write(2). */
+void dkv__frames_restamp(uint8_t *buf, size_t n, uint32_t seed, uint64_t durable);
 /* Check one frame at b (avail bytes follow). expect: LSN it must carry, or NO_LSN for any
  * LSN >= min_lsn. Returns 0 or a damage kind; fills len/lsn/type when the header parses. */
 int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t expect,
@@ -63,14 +72,16 @@ uint64_t dkv__resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t s
 
 /* Scan frames of one segment held in memory, from `off` up to `end`. Appends every good
  * frame's offset to *offs (growing it). Stops at the first bad frame: result says where,
- * what kind, and whether it is a torn tail (no valid frame follows). */
+ * what kind, and whether it is a torn tail (FORMAT.md section 6: no later valid frame
+ * records a durable watermark above the bad frame's LSN). `resync_off` is the first valid
+ * frame after it, torn or not (salvage resyncs there). */
 typedef struct {
     uint64_t end;           /* offset after the last good frame */
     uint64_t next_lsn;      /* LSN after the last good frame */
     int kind;               /* DKV_DAMAGE_NONE if the scan reached `end` cleanly */
     uint64_t bad_off;
-    int torn;
-    uint64_t resync_off;    /* where a valid frame starts again (NO_LSN if torn) */
+    int torn;               /* active segment: the bad bytes are an unsynced (torn) tail */
+    uint64_t resync_off;    /* where a valid frame starts again (NO_LSN if none) */
 } scan_result;
 int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
               uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res);

@@ -128,7 +128,7 @@ void dkv__header_encode(const seg_header *h, uint8_t out[HDR_LEN])
 {
     memset(out, 0, HDR_LEN);
     memcpy(out, SEG_MAGIC, 8);
-    put16(out + 8, 1);
+    put16(out + 8, FORMAT_VERSION);
     put16(out + 10, HDR_LEN);
     memcpy(out + 16, h->uuid, 16);
     put64(out + 32, h->segment_no);
@@ -147,7 +147,7 @@ int dkv__header_decode(const uint8_t *b, size_t avail, seg_header *h, const char
         w = "bad segment magic";
     else if (get32(b + 60) != dkv_crc32c(0, b, 60))
         w = "header checksum mismatch";
-    else if (get16(b + 8) != 1)
+    else if (get16(b + 8) != FORMAT_VERSION)
         w = "unsupported format version";
     else if (get16(b + 10) != HDR_LEN)
         w = "bad header_len";
@@ -199,16 +199,47 @@ uint32_t dkv__trailer_crc(uint32_t seed, const uint8_t *index, uint64_t count, c
 }
 
 /* ---- frames ---- */
+static uint32_t sync_gap(uint64_t lsn, uint64_t durable)
+{
+    uint64_t gap = durable <= lsn ? lsn - durable : 0;
+    return gap >= SYNC_GAP_UNKNOWN ? SYNC_GAP_UNKNOWN : (uint32_t)gap;
+}
+
 void dkv__frame_header(uint8_t h[FRAME_HDR], uint32_t seed, uint64_t lsn, uint8_t type,
-                       const uint8_t *payload, uint32_t len)
+                       const uint8_t *payload, uint32_t len, uint64_t durable)
 {
     put32(h + 4, len);
     put64(h + 8, lsn);
     h[16] = type;
     h[17] = 0;
     h[18] = h[19] = 0;
-    uint32_t c = dkv_crc32c(seed, h + 4, 16);
+    put32(h + 20, sync_gap(lsn, durable));
+    uint32_t c = dkv_crc32c(seed, h + 4, FRAME_HDR - 4);
     put32(h, dkv_crc32c(c, payload, len));
+}
+
+void dkv__frames_restamp(uint8_t *buf, size_t n, uint32_t seed, uint64_t durable)
+{
+    for (size_t o = 0; o + FRAME_HDR <= n;) {
+        uint8_t *h = buf + o;
+        uint32_t len = get32(h + 4);
+        uint32_t gap = sync_gap(get64(h + 8), durable);
+        if (gap < get32(h + 20)) {
+            put32(h + 20, gap);
+            uint32_t c = dkv_crc32c(seed, h + 4, FRAME_HDR - 4);
+            put32(h, dkv_crc32c(c, h + FRAME_HDR, len));
+        }
+        o += (size_t)FRAME_HDR + len;
+    }
+}
+
+uint64_t dkv__frame_durable(const uint8_t *h)
+{
+    uint64_t lsn = get64(h + 8);
+    uint32_t gap = get32(h + 20);
+    if (gap == SYNC_GAP_UNKNOWN || gap > lsn)
+        return 0;                   /* unknown: the conservative (smallest) watermark */
+    return lsn - gap;
 }
 
 int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t expect,
@@ -228,7 +259,7 @@ int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t exp
     int shape_ok = l <= MAX_FRAME_LEN && (uint64_t)l <= avail - FRAME_HDR;
     if (!shape_ok)
         return l > MAX_FRAME_LEN ? DKV_DAMAGE_BAD_HEADER : DKV_DAMAGE_TORN_TAIL;
-    uint32_t c = dkv_crc32c(seed, b + 4, 16);
+    uint32_t c = dkv_crc32c(seed, b + 4, FRAME_HDR - 4);
     c = dkv_crc32c(c, b + FRAME_HDR, l);
     if (c != get32(b))
         return DKV_DAMAGE_CHECKSUM;
@@ -259,6 +290,20 @@ uint64_t dkv__resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t s
     return NO_LSN;
 }
 
+/* FORMAT.md section 6: is the bad frame expected at LSN k (valid frames resume at `from`)
+ * proven synced by a later valid frame, i.e. one whose durable watermark exceeds k? */
+static int synced_before_later_frame(const uint8_t *buf, uint64_t end, uint64_t from,
+                                     uint32_t seed, uint64_t k)
+{
+    while (from != NO_LSN) {
+        const uint8_t *b = buf + from;
+        if (dkv__frame_durable(b) > k)
+            return 1;
+        from = dkv__resync(buf, end, from + FRAME_HDR + get32(b + 4), seed, k);
+    }
+    return 0;
+}
+
 int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
               uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res)
 {
@@ -273,9 +318,11 @@ int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uin
             res->kind = k;
             res->bad_off = off;
             res->resync_off = dkv__resync(buf, end, off + 1, seed, lsn);
-            res->torn = res->resync_off == NO_LSN;
-            /* A frame running past the end is only "torn" when nothing valid follows. */
-            if (!res->torn && k == DKV_DAMAGE_TORN_TAIL)
+            /* Torn unless a later valid frame was written after this one was synced: valid
+             * frames after a hole in the unsynced end are themselves unsynced (power loss). */
+            res->torn = !synced_before_later_frame(buf, end, res->resync_off, seed, lsn);
+            /* A frame running past the end is only "incomplete" when nothing valid follows. */
+            if (res->resync_off != NO_LSN && k == DKV_DAMAGE_TORN_TAIL)
                 res->kind = DKV_DAMAGE_CHECKSUM;
             break;
         }

@@ -306,10 +306,16 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     lr->file = buf;
     lr->size = size;
     if (lr->scan.kind) {
-        lr->kind = lr->scan.torn ? DKV_DAMAGE_TORN_TAIL : lr->scan.kind;
+        /* salvage resyncs on any valid frame after the damage, torn or not (section 6). */
+        int torn = lr->scan.torn && (log->opt.recovery != DKV_RECOVER_SALVAGE ||
+                                     lr->scan.resync_off == NO_LSN);
+        lr->kind = torn ? DKV_DAMAGE_TORN_TAIL : lr->scan.kind;
         lr->off = lr->scan.bad_off;
-        snprintf(lr->detail, sizeof lr->detail, lr->scan.torn ? "incomplete frame at the end of the active segment"
-                 : "bad frame followed by valid frames");
+        snprintf(lr->detail, sizeof lr->detail, "%s",
+                 !torn ? (lr->scan.torn ? "bad frame followed by valid (unsynced) frames"
+                                        : "bad frame that a later valid frame shows was synced")
+                 : lr->scan.resync_off == NO_LSN ? "incomplete frame at the end of the active segment"
+                 : "unsynced tail of the active segment with holes (no later frame vouches for it)");
     }
     log->nsegs++;
     return 0;
@@ -548,6 +554,13 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
                 else {
                     log->wfd = a->fd;
                     log->pend_off = a->data_end;
+                    /* Whatever the last writer left in the page cache becomes durable before
+                     * the first append records D = next_lsn in its sync_gap (FORMAT.md 3). */
+                    if ((rc = dkv__fdatasync(a->fd))) {
+                        dkv__set_error(log, "cannot fdatasync the active segment: %s",
+                                       strerror(-rc));
+                        rc = DKV_EIO;
+                    }
                 }
                 /* Dead segments left by a crash between a roll and the unlink (section 7). */
                 int removed = 0;

@@ -105,9 +105,13 @@ static int lead(dkv_log *log, int do_sync)
     log->pend_len = 0;
     log->pend_off = off + n;
     int fd = log->wfd;
-    uint32_t digest = log->run_digest;
+    uint32_t digest = log->run_digest, seed = log->seed;
+    /* The durable watermark now, just before the write: frames queued while an earlier
+     * group was being synced record that group as durable (FORMAT.md section 3). */
+    uint64_t durable = log->durable_lsn;
     pthread_mutex_unlock(&log->mu);
 
+    dkv__frames_restamp(buf, n, seed, durable);
     int rc = n ? dkv__pwrite_all(fd, buf, n, off) : 0;
     const char *what = "write";
     if (!rc && do_sync) {
@@ -160,6 +164,7 @@ static int roll(dkv_log *log, uint64_t new_start)
     char name[64];
     dkv__seg_name(name, a->base_lsn);
     /* Write the pending tail: with mu held, nothing else moves meanwhile. */
+    dkv__frames_restamp(log->pend, log->pend_len, log->seed, log->durable_lsn);
     rc = log->pend_len ? dkv__pwrite_all(log->wfd, log->pend, log->pend_len, log->pend_off) : 0;
     const char *what = "write";
     if (!rc) {
@@ -307,7 +312,10 @@ static int enqueue(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len)
     if (dkv__index_push(a, a->data_end))
         return DKV_ENOMEM;
     uint8_t *f = log->pend + log->pend_len;
-    dkv__frame_header(f, log->seed, log->next_lsn, type, buf, len);
+    /* durable_lsn only grows and the bytes are written after this: the recorded watermark
+     * never overstates what was synced before the frame reached write(2). The leader
+     * raises it to the watermark at write time (dkv__frames_restamp). */
+    dkv__frame_header(f, log->seed, log->next_lsn, type, buf, len, log->durable_lsn);
     memcpy(f + FRAME_HDR, buf, len);
     log->pend_len += fs;
     a->data_end += fs;

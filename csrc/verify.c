@@ -205,8 +205,10 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
                 : res.kind == DKV_DAMAGE_TORN_TAIL ? DKV_DAMAGE_CHECKSUM : res.kind;
         char d[96];
         snprintf(d, sizeof d, "frame of lsn %llu: %s", (unsigned long long)res.next_lsn,
-                 res.torn && !vs->sealed ? "incomplete write at the end of the active segment"
-                                         : "bad frame followed by valid frames");
+                 vs->sealed ? "bad frame in a sealed segment"
+                 : !res.torn ? "bad frame that a later valid frame shows was synced"
+                 : res.resync_off == NO_LSN ? "incomplete write at the end of the active segment"
+                 : "unsynced tail of the active segment with holes");
         add(r, sr, name, res.bad_off, k, res.next_lsn, d);
     } else if (vs->sealed && tr == 0 && tcrc_ok) {
         if (n != t.count)

@@ -21,7 +21,9 @@ from pathlib import Path
 SEG_MAGIC = b"DKVSEG\x00\x01"
 SEAL_MAGIC = b"DKVSEAL\x01"
 HEADER_LEN = 64
-FRAME_HDR = 20
+FRAME_HDR = 24          # crc len lsn type flags reserved sync_gap (FORMAT.md section 3)
+FORMAT_VERSION = 1
+SYNC_GAP_UNKNOWN = 0xFFFFFFFF
 TRAILER_LEN = 48
 
 # -- CRC-32C (Castagnoli), reflected 0x82F63B78, with pre/post inversion ----------
@@ -64,17 +66,25 @@ class SegHeader:
 
 @dataclass
 class Frame:
-    offset: int          # file offset of the 20-byte header
+    offset: int          # file offset of the 24-byte header
     crc: int
     length: int
     lsn: int
     type: int
     flags: int
     payload: bytes
+    sync_gap: int = 0
 
     @property
     def end(self) -> int:
         return self.offset + FRAME_HDR + self.length
+
+    @property
+    def durable(self) -> int:
+        """The durable watermark D the writer recorded (0 when unknown, FORMAT.md section 3)."""
+        if self.sync_gap == SYNC_GAP_UNKNOWN or self.sync_gap > self.lsn:
+            return 0
+        return self.lsn - self.sync_gap
 
 
 @dataclass
@@ -123,14 +133,14 @@ def parse_frames(data: bytes, hdr: SegHeader | None = None, end: int | None = No
     frames: list[Frame] = []
     off, lsn = HEADER_LEN, hdr.base_lsn
     while off + FRAME_HDR <= end:
-        crc, length, flsn, ftype, fflags, _res = struct.unpack_from("<IIQBBH", data, off)
+        crc, length, flsn, ftype, fflags, _res, gap = struct.unpack_from("<IIQBBHI", data, off)
         if off + FRAME_HDR + length > end or flsn != lsn:
             break
         body = data[off + 4:off + FRAME_HDR + length]
         if crc32c(seed, body) != crc:
             break
         frames.append(Frame(off, crc, length, flsn, ftype, fflags,
-                            data[off + FRAME_HDR:off + FRAME_HDR + length]))
+                            data[off + FRAME_HDR:off + FRAME_HDR + length], gap))
         off += FRAME_HDR + length
         lsn += 1
     return frames
@@ -290,13 +300,17 @@ def copy_log(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
 
 def make_log(d: str | os.PathLike, n: int, size: int = 32, segment_bytes: int | None = None,
              seal: bool = True, *, per_segment: int | None = None, tail: int = 0,
-             tag: str = "p") -> list[bytes]:
+             tag: str = "p", synced: bool = True) -> list[bytes]:
     """Write a log of ``n`` frames of ``size`` bytes and close it; returns the payloads.
 
     ``per_segment``: call ``seal()`` after every that many frames (small sealed
     segments without depending on the roll threshold). ``seal``: seal the last
     segment of the ``n`` too. ``tail``: then append that many more frames to the
     new active segment (so the log ends with an unsealed segment holding frames).
+    ``synced``: flush after every append, so each frame records (``sync_gap``) that
+    every earlier frame was durable before it was written: damage to any frame but
+    the last of the active segment is then corruption, not a torn tail (FORMAT.md
+    section 6). ``synced=False`` leaves the frames of each segment one unsynced group.
     """
     from durkv.log import SegmentLog
 
@@ -305,12 +319,16 @@ def make_log(d: str | os.PathLike, n: int, size: int = 32, segment_bytes: int | 
     with SegmentLog.open(str(d), durability="exit", **kw) as log:
         for i in range(n):
             assert log.append(payloads[i]) == i
+            if synced:
+                log.flush()
             if per_segment and (i + 1) % per_segment == 0 and i + 1 < n:
                 log.seal()
         if seal and n:
             log.seal()
         for i in range(n, n + tail):
             assert log.append(payloads[i]) == i
+            if synced:
+                log.flush()
         log.flush()
     return payloads
 

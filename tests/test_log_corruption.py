@@ -104,6 +104,9 @@ def test_flip_every_byte_is_reported(tmp_path):
 
 
 def test_zeroed_page_mid_active_segment_is_corruption(tmp_path):
+    """make_log syncs frame by frame: the frames after the zeroed page record (sync_gap)
+    that it had been synced before they were written, so it is not a torn write
+    (FORMAT.md section 6; the power-loss counterpart is in test_log_powerloss.py)."""
     d = tmp_path / "log"
     payloads = lt.make_log(d, 4, size=100, seal=True, tail=150, tag="z")
     act = lt.segments(d)[-1]

@@ -213,7 +213,7 @@ def test_truncation_at_every_byte_of_last_frame(tmp_path):
         assert verify(str(d)).ok
 
 
-@pytest.mark.parametrize("cut_into", [1, 4, 8, 19, 20, 25])
+@pytest.mark.parametrize("cut_into", [1, 4, 8, 19, 20, 23, 24, 29])
 def test_torn_tail_modes(tmp_path, cut_into):
     src, payloads, seg = _tail_setup(tmp_path)
     last = seg.frames[-1]
@@ -334,7 +334,7 @@ def test_garbage_tail(tmp_path):
 
 
 def test_partial_header_after_valid_frames(tmp_path):
-    """A frame header cut short (< 20 bytes) at the end is a torn tail."""
+    """A frame header cut short (< 24 bytes) at the end is a torn tail."""
     src, payloads, seg = _tail_setup(tmp_path)
     lt.truncate(seg.path, seg.frames[-1].offset + 10)
     with open_log(src) as log:
