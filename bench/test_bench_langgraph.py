@@ -1,0 +1,357 @@
+"""DurkvSaver against LangGraph's savers, side by side in one run.
+
+Workload: an agent loop -- one node run N times, each superstep appending a
+~1 KiB message (a dict) to ``messages: Annotated[list, operator.add]``.
+Savers: SqliteSaver on a file, DurkvSaver on a local store, InMemorySaver,
+and NullSaver (stores nothing: LangGraph's own checkpointing cost).
+
+| group                   | measured                               | target (durkv vs ...)          |
+|-------------------------|----------------------------------------|--------------------------------|
+| supersteps-{mode}-{N}   | supersteps/s of one graph.invoke       | sqlite >= 2x (sync, async),    |
+|                         |                                        | >= 0.95x (exit); memory >= 1x  |
+|                         |                                        | (async); null >= 0.8x (async), |
+|                         |                                        | >= 0.5x (sync)                 |
+| bytes-{N}               | bytes on disk per thread (largest N)   | <= 1/300 sqlite; <= 1/5 sqlite |
+|                         |                                        | with DeltaChannel              |
+| get-state-{N}           | graph.get_state latency                | <= 0.2x sqlite; flat in N      |
+| history-{N}             | full get_state_history listing         | >= 5x sqlite                   |
+| threads-8               | 8 threads, 8 graphs, "sync", one store | >= 3x sqlite aggregate         |
+
+Env: DURKV_BENCH_N (default "500,2000"; quick "100"), DURKV_BENCH_QUICK=1
+(bounded smoke: small N, one round), DURKV_BENCH_DIR (disk to measure).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import os
+import random
+import sqlite3
+import threading
+import time
+from typing import Annotated
+
+import benchlib
+import pytest
+from benchlib import QUICK, record
+
+pytest.importorskip("langgraph.checkpoint.sqlite")
+
+from langgraph.channels import DeltaChannel  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
+from langgraph.graph import END, START, StateGraph  # noqa: E402
+from nullsaver import NullSaver  # noqa: E402
+from typing_extensions import TypedDict  # noqa: E402
+
+from durkv.langgraph import DurkvSaver  # noqa: E402
+
+N_LIST = [int(x) for x in os.environ.get("DURKV_BENCH_N", "100" if QUICK else "500,2000").split(",")]
+N_MAX = max(N_LIST)
+ROUNDS = 1 if QUICK else 3
+MODES = ("sync", "async", "exit")
+KINDS = ("sqlite", "memory", "null", "durkv")
+THREADS = 8
+N_THREADED = 50 if QUICK else 200
+_WORDS = ("agent tool call result plan step observe think answer retry search read write "
+          "file shell patch test pass fail error fix deploy review").split()
+
+
+def _text(seed: int) -> str:
+    rnd = random.Random(seed)
+    return " ".join(rnd.choice(_WORDS) for _ in range(200))[:1000]
+
+
+_TEXTS = [_text(i) for i in range(64)]
+
+
+def message(i: int) -> dict:
+    """A new ~1 KiB message dict (text-like, compresses about as well as chat text)."""
+    return {"role": "assistant", "id": f"msg-{i}", "content": _TEXTS[i % 64]}
+
+
+class State(TypedDict):
+    n: int
+    messages: Annotated[list, operator.add]
+
+
+def _extend(state: list, writes: list) -> list:
+    out = list(state)
+    for w in writes:
+        out.extend(w)
+    return out
+
+
+class DeltaState(TypedDict):
+    n: int
+    messages: Annotated[list, DeltaChannel(_extend)]
+
+
+def agent_graph(n: int, state=State):
+    def agent(s) -> dict:
+        return {"n": s["n"] + 1, "messages": [message(s["n"])]}
+
+    g = StateGraph(state)
+    g.add_node("agent", agent)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < n else END)
+    return g
+
+
+def cfg(thread: str, n: int) -> dict:
+    return {"configurable": {"thread_id": thread}, "recursion_limit": n + 10}
+
+
+class Savers:
+    """Opens savers in the bench directory and closes them at the end."""
+
+    def __init__(self, root) -> None:
+        self.root = root
+        self.closers = []
+        self.names = itertools.count()
+
+    def open(self, kind: str):
+        name = f"{kind}-{next(self.names)}"
+        if kind == "sqlite":
+            path = self.root / f"{name}.sqlite"
+            conn = sqlite3.connect(str(path), check_same_thread=False)
+            self.closers.append(conn.close)
+            return SqliteSaver(conn), [path, path.with_name(path.name + "-wal")]
+        if kind == "durkv":
+            path = self.root / f"{name}.durkv"
+            saver = DurkvSaver.open(str(path))
+            self.closers.append(saver.close)
+            return saver, [path]
+        return (InMemorySaver() if kind == "memory" else NullSaver()), []
+
+    def close(self) -> None:
+        for c in self.closers:
+            c()
+
+
+@pytest.fixture(scope="module")
+def savers(bench_root):
+    s = Savers(bench_root)
+    yield s
+    s.close()
+
+
+def disk_bytes(paths) -> int:
+    total = 0
+    for p in paths:
+        if p.is_dir():
+            total += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        elif p.exists():
+            total += p.stat().st_size
+    return total
+
+
+MEDIANS: dict[tuple, float] = {}  # median seconds by measurement, shared across tests
+SIZES: dict[tuple, float] = {}
+STORES: dict[tuple, tuple] = {}   # (kind, n) -> (saver, graph, thread) of a finished run
+
+
+def run_supersteps(savers, kind: str, mode: str, n: int, benchmark=None) -> float:
+    """Median seconds of one N-superstep invoke (fresh thread per round)."""
+    key = ("steps", kind, mode, n)
+    if key in MEDIANS:
+        return MEDIANS[key]
+    saver, paths = savers.open(kind)
+    graph = agent_graph(n).compile(checkpointer=saver)
+    threads = (f"{kind}-{mode}-{n}-{i}" for i in itertools.count())
+    last = []
+
+    def once():
+        t = next(threads)
+        graph.invoke({"n": 0, "messages": []}, cfg(t, n), durability=mode)
+        last.append(t)
+
+    rounds = 1 if (kind == "sqlite" and n > 1000 and mode != "exit") else ROUNDS
+    if benchmark is not None:
+        benchmark.pedantic(once, rounds=rounds, iterations=1)
+        MEDIANS[key] = benchlib.bench_median(benchmark)
+    else:
+        MEDIANS[key] = benchlib.median_time(once, rounds)
+    if hasattr(saver, "flush"):
+        saver.flush()
+    if mode == "async" and paths:
+        SIZES[(kind, n)] = disk_bytes(paths) / len(last)
+    if mode == "async":
+        STORES[(kind, n)] = (saver, graph, last[-1])
+    return MEDIANS[key]
+
+
+# ---- supersteps/s ------------------------------------------------------------------------
+
+TARGETS = {  # (mode, baseline kind) -> minimum durkv speed ratio
+    ("sync", "sqlite"): 2.0, ("async", "sqlite"): 2.0, ("exit", "sqlite"): 0.95,
+    ("async", "memory"): 1.0, ("async", "null"): 0.8, ("sync", "null"): 0.5,
+}
+
+
+def interleaved(savers, mode: str, n: int, kinds: list[str], rounds: int) -> dict[str, float]:
+    """Median seconds per kind, measured in alternating rounds so that load drifting
+    on a shared machine hits every saver alike (ratios come from these)."""
+    graphs = {}
+    for kind in kinds:
+        saver, _ = savers.open(kind)
+        graphs[kind] = agent_graph(n).compile(checkpointer=saver)
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for r in range(rounds):
+        for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+            t0 = time.perf_counter()
+            graphs[kind].invoke({"n": 0, "messages": []}, cfg(f"il-{mode}-{r}", n),
+                                durability=mode)
+            times[kind].append(time.perf_counter() - t0)
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+@pytest.mark.parametrize("n", N_LIST)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_supersteps(benchmark, savers, kind, mode, n):
+    benchmark.group = f"supersteps-{mode}-{n}"
+    secs = run_supersteps(savers, kind, mode, n, benchmark)
+    benchmark.extra_info["supersteps_per_s"] = round(n / secs, 1)
+    if kind != "durkv":
+        return
+    bases = [base for (m, base) in TARGETS if m == mode]
+    # sqlite at large N in sync/async takes tens of seconds a run: its own median is used
+    slow = {"sqlite"} if (n > 1000 and mode != "exit") else set()
+    medians = interleaved(savers, mode, n, ["durkv"] + [b for b in bases if b not in slow],
+                          1 if QUICK else 5)
+    for b in slow:
+        medians[b] = run_supersteps(savers, b, mode, n)
+    checks = []
+    for base in bases:
+        minimum = TARGETS[(mode, base)]
+        ratio = medians[base] / medians["durkv"]
+        checks.append((base, ratio, minimum))
+        record(benchmark, f"supersteps {mode} N={n} vs {base}", ratio=ratio,
+               target=f">= {minimum}x {base}", ok=ratio >= minimum)
+    benchmark.extra_info["checks"] = [
+        {"vs": b, "ratio": round(r, 3), "target": f">= {m}x", "ok": r >= m} for b, r, m in checks]
+    benchmark.extra_info["interleaved_supersteps_per_s"] = {
+        k: round(n / v, 1) for k, v in medians.items()}
+
+
+# ---- bytes on disk -----------------------------------------------------------------------
+
+
+def delta_bytes(savers, kind: str, n: int) -> float:
+    key = ("delta", kind, n)
+    if key not in SIZES:
+        saver, paths = savers.open(kind)
+        graph = agent_graph(n, DeltaState).compile(checkpointer=saver)
+        graph.invoke({"n": 0, "messages": []}, cfg("delta", n))
+        if hasattr(saver, "flush"):
+            saver.flush()
+        SIZES[key] = disk_bytes(paths)
+    return SIZES[key]
+
+
+def test_bytes_on_disk(benchmark, savers):
+    n = N_MAX
+    benchmark.group = f"bytes-{n}"
+    for kind in ("sqlite", "durkv"):
+        if (kind, n) not in SIZES:
+            run_supersteps(savers, kind, "async", n)
+    durkv, sqlite = SIZES[("durkv", n)], SIZES[("sqlite", n)]
+    sqlite_delta = benchmark.pedantic(delta_bytes, args=(savers, "sqlite", n), rounds=1,
+                                      iterations=1)
+    durkv_delta = delta_bytes(savers, "durkv", n)
+    benchmark.extra_info.update(durkv_bytes=durkv, sqlite_bytes=sqlite,
+                                sqlite_delta_bytes=sqlite_delta, durkv_delta_bytes=durkv_delta)
+    record(benchmark, f"bytes N={n} sqlite/durkv", ratio=sqlite / durkv, target=">= 300x smaller",
+           ok=sqlite / durkv >= 300)
+    record(benchmark, f"bytes N={n} sqlite+DeltaChannel/durkv", ratio=sqlite_delta / durkv,
+           target=">= 5x smaller", ok=sqlite_delta / durkv >= 5)
+
+
+# ---- reads -------------------------------------------------------------------------------
+
+
+def _finished(savers, kind, n):
+    if (kind, n) not in STORES:
+        run_supersteps(savers, kind, "async", n)
+    return STORES[(kind, n)]
+
+
+@pytest.mark.parametrize("n", N_LIST)
+@pytest.mark.parametrize("kind", ("sqlite", "durkv"))
+def test_get_state(benchmark, savers, kind, n):
+    benchmark.group = f"get-state-{n}"
+    _saver, graph, thread = _finished(savers, kind, n)
+    config = cfg(thread, n)
+    state = benchmark.pedantic(graph.get_state, args=(config,), rounds=20 if not QUICK else 5,
+                               iterations=1, warmup_rounds=1)
+    assert len(state.values["messages"]) == n
+    MEDIANS[("get_state", kind, n)] = benchlib.bench_median(benchmark)
+    if kind == "durkv" and ("get_state", "sqlite", n) in MEDIANS:
+        ratio = MEDIANS[("get_state", kind, n)] / MEDIANS[("get_state", "sqlite", n)]
+        record(benchmark, f"get_state N={n} durkv/sqlite latency", ratio=ratio,
+               target="<= 0.2x sqlite", ok=ratio <= 0.2)
+        small = min(N_LIST)
+        if n != small and ("get_state", kind, small) in MEDIANS:
+            flat = MEDIANS[("get_state", kind, n)] / MEDIANS[("get_state", kind, small)]
+            benchmark.extra_info["flat_vs_smallest_n"] = round(flat, 3)
+            print(f"\nget_state durkv N={n} vs N={small}: {flat:.2f}x (flat = ~1x; "
+                  f"N ratio {n / small:.1f}x)")
+
+
+@pytest.mark.parametrize("kind", ("sqlite", "durkv"))
+def test_history(benchmark, savers, kind):
+    n = N_MAX
+    benchmark.group = f"history-{n}"
+    _saver, graph, thread = _finished(savers, kind, n)
+    config = cfg(thread, n)
+
+    def listing():
+        return sum(1 for _ in graph.get_state_history(config))
+
+    count = benchmark.pedantic(listing, rounds=1, iterations=1)
+    assert count == n + 2
+    MEDIANS[("history", kind)] = benchlib.bench_median(benchmark)
+    if kind == "durkv" and ("history", "sqlite") in MEDIANS:
+        ratio = MEDIANS[("history", "sqlite")] / MEDIANS[("history", kind)]
+        record(benchmark, f"history N={n} speed vs sqlite", ratio=ratio, target=">= 5x sqlite",
+               ok=ratio >= 5)
+
+
+# ---- 8 threads, 8 graphs, one store ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ("sqlite", "durkv"))
+def test_threads(benchmark, savers, kind):
+    benchmark.group = "threads-8"
+    saver, _paths = savers.open(kind)
+    graph = agent_graph(N_THREADED).compile(checkpointer=saver)
+    rounds = itertools.count()
+
+    def run_all():
+        r = next(rounds)
+        errors = []
+
+        def one(i):
+            try:
+                graph.invoke({"n": 0, "messages": []}, cfg(f"{kind}-{r}-{i}", N_THREADED),
+                             durability="sync")
+            except BaseException as e:  # surfaced below
+                errors.append(e)
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(THREADS)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not errors, errors[0]
+        return time.perf_counter() - t0
+
+    benchmark.pedantic(run_all, rounds=ROUNDS, iterations=1)
+    secs = MEDIANS[("threads", kind)] = benchlib.bench_median(benchmark)
+    benchmark.extra_info["aggregate_supersteps_per_s"] = round(THREADS * N_THREADED / secs, 1)
+    if kind == "durkv" and ("threads", "sqlite") in MEDIANS:
+        ratio = MEDIANS[("threads", "sqlite")] / secs
+        record(benchmark, "8 threads sync aggregate vs sqlite", ratio=ratio,
+               target=">= 3x sqlite", ok=ratio >= 3)

@@ -1,0 +1,533 @@
+"""LangGraph checkpointer on a durkv store: :class:`DurkvSaver`.
+
+A drop-in for ``SqliteSaver``/``PostgresSaver``: every ``BaseCheckpointSaver``
+method, sync and async, plus the extended ones (``delete_for_runs``,
+``copy_thread``, ``prune``) and a native ``get_delta_channel_history``.
+
+What it adds over them:
+
+- **Bytes that grow with the change, not the state.** A checkpoint stores
+  only the channels whose version moved (LangGraph's ``new_versions``); the
+  store writes an ``operator.add`` list as the items appended since the
+  parent, so N supersteps of an agent loop cost O(N) bytes, not O(N^2).
+- **Durability that follows LangGraph's ``durability=``.** LangGraph decides
+  when ``put`` is called; durkv decides when the bytes are safe:
+
+  ============  ==================  ==========================================
+  LangGraph     durkv commit         why
+  ============  ==================  ==========================================
+  ``"sync"``    ``sync``             fdatasync before the next step starts
+  ``"async"``   ``async``            written to the OS at once (survives kill
+                                     -9), fsync'd by the flusher within 10 ms
+  ``"exit"``    ``async``            LangGraph already batched the run into one
+                                     commit at graph exit; it must survive a
+                                     kill after ``invoke`` returns
+  ============  ==================  ==========================================
+
+  Pending writes (``put_writes``) are committed ``async``: a process kill
+  never loses them, and the next ``sync`` checkpoint's fdatasync covers them.
+  Writes that end a run without a following checkpoint (``__interrupt__``,
+  ``__error__``) get the run's own policy.
+
+  ``DurkvSaver.open(url, durability="sync")`` (or ``DurkvSaver(store,
+  durability=...)``) pins one policy for every checkpoint, whatever LangGraph
+  asks (pending writes still ride on the next checkpoint, as above, except
+  under a pinned ``"exit"``, which buffers them too); ``durability=None``
+  (the default) follows LangGraph per call.
+
+- **DeltaChannel without walking blobs.** A channel whose version moved with
+  no value stored (LangGraph's ``DeltaChannel`` between snapshots) is stored
+  as :data:`~durkv.langgraph_serde.EMPTY` and read back as absent;
+  ``get_delta_channel_history`` walks the parent chain in one streamed pass,
+  and ``prune`` keeps the ancestors a delta channel still needs.
+
+>>> from langgraph.graph import StateGraph, START, END
+>>> from typing_extensions import TypedDict
+>>> class S(TypedDict):
+...     n: int
+>>> g = StateGraph(S)
+>>> _ = g.add_node("inc", lambda s: {"n": s["n"] + 1})
+>>> _ = g.add_edge(START, "inc"); _ = g.add_edge("inc", END)
+>>> with DurkvSaver.open("memory://") as saver:
+...     graph = g.compile(checkpointer=saver)
+...     graph.invoke({"n": 1}, {"configurable": {"thread_id": "t1"}})["n"]
+2
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+    PendingWrite,
+    SerializerProtocol,
+    _with_msgpack_allowlist,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
+
+from .errors import ConfigError
+from .langgraph_serde import EMPTY, LangGraphSerde
+
+try:  # the configurable key LangGraph's pregel loop carries its durability mode in
+    from langgraph._internal._constants import CONFIG_KEY_DURABILITY
+except ImportError:  # pragma: no cover - older/newer layouts
+    CONFIG_KEY_DURABILITY = "__pregel_durability"
+
+__all__ = ["DurkvSaver", "LangGraphSerde", "POLICY_FOR_MODE"]
+
+POLICY_FOR_MODE = {"sync": "sync", "async": "async", "exit": "async"}
+"""durkv commit policy for each LangGraph ``durability=`` mode (see module doc)."""
+
+_POLICIES = frozenset(("sync", "async", "exit"))
+_DEFAULT_MODE = "async"  # what LangGraph uses when invoke/stream get no durability=
+_RUN_ENDING = frozenset((INTERRUPT, ERROR))
+_MISSING_THREAD = (
+    "checkpointer needs configurable.thread_id; "
+    "pass config={'configurable': {'thread_id': ...}}"
+)
+
+
+def _conf(config: RunnableConfig | None) -> dict[str, Any]:
+    try:
+        conf = config["configurable"]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise ConfigError(_MISSING_THREAD) from None
+    if conf is None:
+        raise ConfigError(_MISSING_THREAD)
+    return conf
+
+
+def _thread_id(conf: Mapping[str, Any]) -> str:
+    tid = conf.get("thread_id")
+    if tid is None or tid == "":
+        raise ConfigError(_MISSING_THREAD)
+    return tid if type(tid) is str else str(tid)
+
+
+def _check_durability(durability: str | None) -> None:
+    if durability is not None and durability not in _POLICIES:
+        raise ConfigError(f"durability must be 'sync', 'async', 'exit' or None "
+                          f"(follow LangGraph's durability=), not {durability!r}")
+
+
+class DurkvSaver(BaseCheckpointSaver[int]):
+    """A LangGraph checkpointer that commits to a durkv store.
+
+    Args:
+        store: an open store whose serde is a :class:`LangGraphSerde`
+            (``DurkvSaver.open`` arranges that; durkv's default msgpack serde
+            cannot hold LangGraph objects such as messages, ``Send`` or
+            ``Interrupt``, so any other store is refused with ConfigError).
+        serde: LangGraph serializer; defaults to the one the store's
+            LangGraphSerde wraps (given, it replaces it in the store).
+        durability: ``None`` to follow LangGraph's ``durability=`` per call,
+            or ``"sync"``/``"async"``/``"exit"`` to pin one durkv policy.
+
+    Use :meth:`open` to get a saver that owns (and closes) its store.
+    """
+
+    def __init__(self, store: Any, *, serde: SerializerProtocol | None = None,
+                 durability: str | None = None) -> None:
+        store_serde = getattr(store, "serde", None)
+        if not isinstance(store_serde, LangGraphSerde):
+            raise ConfigError(
+                "DurkvSaver needs a store that serializes with LangGraph's serializer "
+                "(messages, Send, Interrupt); use DurkvSaver.open(url), or open the store "
+                "with durkv.open(url, serde=LangGraphSerde(JsonPlusSerializer())) "
+                "(from durkv.langgraph import LangGraphSerde)")
+        if serde is None:
+            serde = store_serde.serde
+        _check_durability(durability)
+        super().__init__(serde=serde)
+        self.store = store
+        self.durability = durability
+        self._store_serde = store_serde
+        store_serde.serde = self.serde
+        self._owns_store = False
+        # guards the read-modify-write of prune, which spans several store calls
+        self._prune_lock = threading.Lock()
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, url: str, *, durability: str | None = None,
+             serde: SerializerProtocol | None = None, **store_options: Any) -> DurkvSaver:
+        """Open a store at ``url`` and return a saver that owns it.
+
+        Use it as a context manager (sync or async) or call :meth:`close`.
+
+        Args:
+            url: a path or ``file://`` URL (local log) or ``memory://``.
+            durability: ``None`` follows LangGraph's ``durability=`` per call;
+                a policy name pins it for every commit.
+            serde: LangGraph serializer (default ``JsonPlusSerializer``).
+            **store_options: passed to ``durkv.open`` (``snapshot_every``,
+                ``compress_min_bytes``, ...).
+
+        >>> with DurkvSaver.open("memory://") as saver:
+        ...     saver.get_tuple({"configurable": {"thread_id": "nobody"}}) is None
+        True
+        """
+        from . import open as open_store
+        from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+        _check_durability(durability)
+        adapter = LangGraphSerde(serde if serde is not None else JsonPlusSerializer())
+        store_options.setdefault("durability", durability or "async")
+        store = open_store(url, serde=adapter, **store_options)
+        try:
+            saver = cls(store, serde=adapter.serde, durability=durability)
+        except BaseException:
+            store.close()
+            raise
+        saver._owns_store = True
+        return saver
+
+    def close(self) -> None:
+        """Close the store if this saver opened it (flushing everything)."""
+        if self._owns_store:
+            self._owns_store = False
+            self.store.close()
+
+    def flush(self) -> None:
+        """Make every commit so far durable, whatever policy it had."""
+        self.store.flush()
+
+    def __enter__(self) -> DurkvSaver:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    async def __aenter__(self) -> DurkvSaver:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> DurkvSaver:
+        """Widen the msgpack allowlist (LangGraph calls this at compile time).
+
+        Graphs compiled on one saver share one store, whose serde decodes for
+        all of them, so the allowlist is widened in place: the store reads
+        with the union of the allowlists of every graph compiled on it.
+        """
+        serde = _with_msgpack_allowlist(self.serde, extra_allowlist)
+        if serde is not self.serde:
+            self.serde = serde
+            self._store_serde.serde = serde
+        return self
+
+    # ---- policy ----------------------------------------------------------------------
+
+    def _policy(self, conf: Mapping[str, Any]) -> str:
+        if self.durability is not None:
+            return self.durability
+        return POLICY_FOR_MODE.get(conf.get(CONFIG_KEY_DURABILITY) or _DEFAULT_MODE, "async")
+
+    def _writes_policy(self, conf: Mapping[str, Any], writes: Sequence[tuple[str, Any]]) -> str:
+        # pending writes ride on the next checkpoint's fsync, except those that
+        # end a run without one (an interrupt, an error) under "sync"
+        policy = self._policy(conf)
+        if policy == "sync" and any(ch in _RUN_ENDING for ch, _ in writes):
+            return "sync"
+        return "exit" if policy == "exit" else "async"
+
+    # ---- writes ----------------------------------------------------------------------
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint,
+            metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
+        """Commit one checkpoint: its changed channels, versions and metadata, as one frame."""
+        conf = _conf(config)
+        thread_id = _thread_id(conf)
+        ns = conf.get("checkpoint_ns") or ""
+        cid = checkpoint["id"]
+        all_values = checkpoint["channel_values"]
+        record = dict(checkpoint)  # the record: all but values and versions (stored apart)
+        del record["channel_values"]
+        record.pop("channel_versions", None)
+        metadata = get_checkpoint_metadata(config, metadata)
+        values = {k: all_values.get(k, EMPTY) for k in new_versions}
+        self.store.put(thread_id, ns, cid, checkpoint=record, metadata=metadata, values=values,
+                       versions=checkpoint["channel_versions"],
+                       parent_id=conf.get("checkpoint_id"), durability=self._policy(conf))
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                 "checkpoint_id": cid}}
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        """Commit a task's writes; idempotent on (task_id, idx) like SqliteSaver."""
+        conf = _conf(config)
+        idx_map = WRITES_IDX_MAP
+        items = [(idx_map.get(ch, i), ch, v) for i, (ch, v) in enumerate(writes)]
+        self.store.put_writes(_thread_id(conf), conf.get("checkpoint_ns") or "",
+                              conf["checkpoint_id"], task_id, items, task_path=task_path,
+                              durability=self._writes_policy(conf, writes))
+
+    # ---- reads -----------------------------------------------------------------------
+
+    def _tuple(self, ck: Any, config: RunnableConfig | None = None) -> CheckpointTuple:
+        thread_id, ns = ck.thread_id, ck.checkpoint_ns
+        checkpoint: dict[str, Any] = dict(ck.checkpoint)
+        checkpoint["channel_versions"] = dict(ck.versions)
+        seen = checkpoint.get("versions_seen")
+        if seen:
+            checkpoint["versions_seen"] = {k: dict(v) for k, v in seen.items()}
+        checkpoint["channel_values"] = {k: v for k, v in ck.values.items() if v is not EMPTY}
+        writes = ck.writes
+        if len(writes) > 1:
+            writes = sorted(writes, key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
+        return CheckpointTuple(
+            config=config or {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                               "checkpoint_id": ck.checkpoint_id}},
+            checkpoint=checkpoint,  # type: ignore[arg-type]
+            metadata=ck.metadata,
+            parent_config=(
+                {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                  "checkpoint_id": ck.parent_id}}
+                if ck.parent_id else None
+            ),
+            pending_writes=[(w.task_id, w.channel, w.value) for w in writes],
+        )
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint named by ``config`` (its latest if no checkpoint_id), or None."""
+        conf = _conf(config)
+        cid = conf.get("checkpoint_id")
+        ck = self.store.get(_thread_id(conf), conf.get("checkpoint_ns") or "", cid)
+        if ck is None:
+            return None
+        return self._tuple(ck, config if cid else None)
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None,
+             limit: int | None = None) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first, by thread/namespace, metadata ``filter``, ``before``."""
+        thread_id = ns = cid = None
+        if config is not None:
+            conf = _conf(config)
+            if conf.get("thread_id") is not None:
+                thread_id = _thread_id(conf)
+            ns = conf.get("checkpoint_ns")
+            cid = conf.get("checkpoint_id")
+        before_id = _conf(before).get("checkpoint_id") if before is not None else None
+        if limit is not None and limit <= 0:
+            return
+        if cid is not None:  # one checkpoint, if it passes the other filters
+            if thread_id is None or (before_id is not None and cid >= before_id):
+                return
+            for ns_ in ([ns] if ns is not None else self.store.namespaces(thread_id)):
+                ck = self.store.get(thread_id, ns_, cid)
+                if ck is not None and (not filter or all(
+                        ck.metadata.get(k) == v for k, v in filter.items())):
+                    yield self._tuple(ck)
+                    return
+            return
+        for ck in self.store.history(thread_id, ns, before=before_id, limit=limit,
+                                     filter=filter or None):
+            yield self._tuple(ck)
+
+    def get_delta_channel_history(self, *, config: RunnableConfig,
+                                  channels: Sequence[str]) -> Mapping[str, DeltaChannelHistory]:
+        """Per-channel writes and seed along the target's parent chain, in one pass.
+
+        Walks the ancestors of the checkpoint named by ``config`` newest first,
+        collecting each requested channel's pending writes (``writes_sort_key``
+        order within a checkpoint) until the nearest ancestor that has a value
+        stored for the channel, which becomes its ``seed``. Same contract as
+        ``BaseCheckpointSaver.get_delta_channel_history``.
+        """
+        if not channels:
+            return {}
+        conf = _conf(config)
+        thread_id = _thread_id(conf)
+        ns = conf.get("checkpoint_ns") or ""
+        remaining = set(channels)
+        collected: dict[str, list[PendingWrite]] = {c: [] for c in channels}
+        seeds: dict[str, Any] = {}
+        for ck in self._ancestors(thread_id, ns, conf.get("checkpoint_id")):
+            writes = [w for w in ck.writes if w.channel in remaining]
+            if writes:
+                writes.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx),
+                            reverse=True)
+                for w in writes:
+                    collected[w.channel].append((w.task_id, w.channel, w.value))
+            values = ck.values
+            for ch in [c for c in remaining if values.get(c, EMPTY) is not EMPTY]:
+                seeds[ch] = values[ch]
+                remaining.discard(ch)
+            if not remaining:
+                break
+        result: dict[str, DeltaChannelHistory] = {}
+        for ch in channels:
+            entry: DeltaChannelHistory = {"writes": collected[ch][::-1]}
+            if ch in seeds:
+                entry["seed"] = seeds[ch]
+            result[ch] = entry
+        return result
+
+    def _ancestors(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Iterator[Any]:
+        """The strict ancestors of a checkpoint, nearest first, following parent ids."""
+        target = self.store.get(thread_id, ns, checkpoint_id)
+        if target is None:
+            return
+        want = target.parent_id
+        seen = {target.checkpoint_id}
+        if want is None:
+            return
+        # one streamed pass, newest first: parents sort before their children's ids
+        for ck in self.store.history(thread_id, ns, before=target.checkpoint_id):
+            if ck.checkpoint_id != want:
+                continue
+            yield ck
+            seen.add(want)
+            want = ck.parent_id
+            if want is None or want in seen:
+                return
+        while want is not None and want not in seen:  # a parent with a larger id (clock skew)
+            ck = self.store.get(thread_id, ns, want)
+            if ck is None:
+                return
+            yield ck
+            seen.add(want)
+            want = ck.parent_id
+
+    # ---- deletes, copies, pruning ----------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint and write of a thread, in every namespace."""
+        self.store.delete_thread(str(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) whose metadata run_id is in ``run_ids``."""
+        run_ids = [str(r) for r in run_ids]
+        if run_ids:
+            self.store.delete_runs(run_ids)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy a thread's whole history (every namespace, parent chain and writes)."""
+        self.store.copy_thread(str(source_thread_id), str(target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Drop old checkpoints: ``"keep_latest"`` per namespace, or ``"delete"`` all.
+
+        DeltaChannel-safe: when the latest checkpoint of a namespace holds a
+        delta channel without a stored value, the ancestors back to that
+        channel's nearest stored value (and their writes) are kept too, so
+        the channel still rebuilds; with no stored value anywhere, the
+        namespace keeps its whole chain.
+        """
+        if strategy not in ("keep_latest", "delete"):
+            raise ConfigError(f"prune strategy must be 'keep_latest' or 'delete', not {strategy!r}")
+        with self._prune_lock:
+            for tid in thread_ids:
+                tid = str(tid)
+                if strategy == "delete":
+                    self.store.delete_thread(tid)
+                    continue
+                keep = max((self._needed_depth(tid, ns) for ns in self.store.namespaces(tid)),
+                           default=1)
+                self.store.prune([tid], keep_last=keep)
+
+    def _needed_depth(self, thread_id: str, ns: str) -> int:
+        """How many checkpoints of (thread, ns), latest first, rebuild its delta channels."""
+        latest = self.store.get(thread_id, ns)
+        if latest is None:
+            return 1
+        # the delta channels LangGraph rebuilds by replay: no value stored here,
+        # and counted in the metadata since their last snapshot (other channels
+        # without a value, e.g. consumed triggers, are simply empty)
+        counters = latest.metadata.get("counters_since_delta_snapshot") or {}
+        pending = {k for k in counters if latest.values.get(k, EMPTY) is EMPTY}
+        if not pending:
+            return 1
+        depth = 1
+        for ck in self._ancestors(thread_id, ns, latest.checkpoint_id):
+            depth += 1
+            pending = {c for c in pending if ck.values.get(c, EMPTY) is EMPTY}
+            if not pending:
+                return depth
+        return 1 << 62  # no stored value anywhere: keep the whole chain
+
+    # ---- versions --------------------------------------------------------------------
+
+    def get_next_version(self, current: int | str | None, channel: None = None) -> int:
+        """Next channel version: ``current + 1`` as an int.
+
+        durkv keys values by checkpoint, not by (channel, version), so it needs
+        none of the random suffix SqliteSaver adds against cross-fork blob
+        collisions; small ints keep every stored ``versions`` map small. A
+        string version (a thread migrated from another saver) continues in
+        SqliteSaver's format so versions stay comparable.
+        """
+        if current is None:
+            return 1
+        if isinstance(current, str):
+            import random
+
+            nxt = int(current.split(".")[0]) + 1
+            return f"{nxt:032}.{random.random():016}"  # type: ignore[return-value]
+        return int(current) + 1
+
+    # ---- async -----------------------------------------------------------------------
+    #
+    # Reads and "async"/"exit" commits take microseconds (an in-memory index
+    # and a write(2)), less than a hop to a worker thread, so they run inline.
+    # A "sync" commit waits for fdatasync: it runs in a worker thread so the
+    # event loop keeps serving other graphs, whose commits then share the
+    # store's group commit.
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self.get_tuple(config)
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None,
+                    limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        for tup in self.list(config, filter=filter, before=before, limit=limit):
+            yield tup
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
+                   metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
+        if self._policy(_conf(config)) == "sync":
+            return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return self.put(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                          task_id: str, task_path: str = "") -> None:
+        if self._writes_policy(_conf(config), writes) == "sync":
+            await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        else:
+            self.put_writes(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+    async def aget_delta_channel_history(
+            self, *, config: RunnableConfig,
+            channels: Sequence[str]) -> Mapping[str, DeltaChannelHistory]:
+        return self.get_delta_channel_history(config=config, channels=channels)

@@ -1,0 +1,96 @@
+"""LangGraph's serializer as a durkv serde, and the "no value" marker.
+
+The store speaks a two-method serde (``dumps(obj) -> bytes``,
+``loads(bytes) -> obj``); LangGraph speaks ``dumps_typed``/``loads_typed``
+with a ``(type, bytes)`` pair. :class:`LangGraphSerde` packs the pair into
+one value so that LangGraph's own serializer -- its msgpack allowlist, an
+``EncryptedSerializer``, a pickle fallback -- decides what is stored and what
+may be loaded back.
+
+Layout of one stored value: a tag byte, then the payload.
+
+- ``0x00``: :data:`EMPTY` (no payload; see below)
+- ``0x01``-``0x06``: the common type names (msgpack, null, bytes, bytearray,
+  json, pickle) followed by the serializer's bytes
+- ``0x7f``: any other type name -- one length byte, the UTF-8 name, then the
+  serializer's bytes (e.g. ``msgpack+aes`` from an ``EncryptedSerializer``)
+
+:data:`EMPTY` marks a channel whose version moved without a stored value.
+LangGraph's ``DeltaChannel`` does that on every step between snapshots; a
+reader must see the channel as absent there (the ancestor walk of
+``get_delta_channel_history`` rebuilds it), not inherit an older value.
+
+>>> from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+>>> s = LangGraphSerde(JsonPlusSerializer())
+>>> s.loads(s.dumps({"n": 1}))
+{'n': 1}
+>>> s.loads(s.dumps(EMPTY)) is EMPTY
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
+
+__all__ = ["EMPTY", "LangGraphSerde"]
+
+
+class _Empty:
+    """The single "version moved, nothing stored" marker."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "EMPTY"
+
+    def __reduce__(self) -> str:
+        return "EMPTY"
+
+
+EMPTY = _Empty()
+
+_EMPTY_BYTES = b"\x00"
+_OTHER = 0x7F
+_TAGS = {"msgpack": 1, "null": 2, "bytes": 3, "bytearray": 4, "json": 5, "pickle": 6}
+_TAG_BYTES = {name: bytes((tag,)) for name, tag in _TAGS.items()}
+_NAMES = {tag: name for name, tag in _TAGS.items()}
+
+
+class LangGraphSerde:
+    """A durkv serde over a LangGraph ``SerializerProtocol``.
+
+    ``serde`` is public and may be swapped (``DurkvSaver.with_allowlist``
+    widens it in place so that every graph sharing a store reads with the
+    union of their allowlists).
+    """
+
+    __slots__ = ("serde",)
+
+    def __init__(self, serde: SerializerProtocol) -> None:
+        self.serde = maybe_add_typed_methods(serde)
+
+    def dumps(self, obj: Any) -> bytes:
+        if obj is EMPTY:
+            return _EMPTY_BYTES
+        type_, data = self.serde.dumps_typed(obj)
+        tag = _TAG_BYTES.get(type_)
+        if tag is not None:
+            return tag + data
+        name = type_.encode()
+        if len(name) > 255:
+            raise TypeError(f"serializer type name too long to store: {type_[:40]!r}...")
+        return bytes((_OTHER, len(name))) + name + data
+
+    def loads(self, data: bytes) -> Any:
+        tag = data[0]
+        if tag == 0:
+            return EMPTY
+        name = _NAMES.get(tag)
+        if name is not None:
+            return self.serde.loads_typed((name, bytes(data[1:])))
+        if tag != _OTHER:
+            raise ValueError(f"not a LangGraphSerde value (tag byte {tag:#04x})")
+        n = data[1]
+        return self.serde.loads_typed((bytes(data[2:2 + n]).decode(), bytes(data[2 + n:])))

@@ -1,0 +1,456 @@
+"""DurkvSaver under real LangGraph graphs (plain Python nodes, no LLMs).
+
+Each scenario runs on ``memory://`` and on a local store in tmp_path; the
+local runs reopen the store (a new saver) between steps to prove the state
+comes back from disk. Where LangGraph's own ``InMemorySaver`` is a reference,
+the same scenario runs on both and the states must agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import os
+from typing import Annotated
+
+import pytest
+from typing_extensions import TypedDict
+
+pytest.importorskip("langgraph")
+
+from langgraph.channels import DeltaChannel  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langgraph.graph import END, START, StateGraph  # noqa: E402
+from langgraph.types import Command, Send, interrupt  # noqa: E402
+
+from durkv import ConfigError  # noqa: E402
+from durkv.langgraph import DurkvSaver  # noqa: E402
+
+
+@pytest.fixture(params=["memory", "local"])
+def url(request, tmp_path):
+    """A store URL; "memory" stores die with the saver, so tests keep one open."""
+    return "memory://" if request.param == "memory" else str(tmp_path / "lg.durkv")
+
+
+class Reopener:
+    """Hands out savers on one URL: the same one for memory://, a fresh one per call on disk."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.saver: DurkvSaver | None = None
+
+    def __call__(self, **kw) -> DurkvSaver:
+        if self.saver is not None and self.url != "memory://":
+            self.saver.close()
+            self.saver = None
+        if self.saver is None:
+            self.saver = DurkvSaver.open(self.url, **kw)
+        return self.saver
+
+    def close(self) -> None:
+        if self.saver is not None:
+            self.saver.close()
+            self.saver = None
+
+
+@pytest.fixture
+def reopen(url):
+    r = Reopener(url)
+    yield r
+    r.close()
+
+
+def cfg(thread: str = "t1", **extra) -> dict:
+    return {"configurable": {"thread_id": thread, **extra}}
+
+
+# ---- graphs ------------------------------------------------------------------------------
+
+
+class LoopState(TypedDict):
+    n: int
+    messages: Annotated[list, operator.add]
+
+
+def loop_graph(limit: int):
+    def step(s: LoopState) -> dict:
+        return {"n": s["n"] + 1, "messages": [{"role": "ai", "n": s["n"], "text": "x" * 64}]}
+
+    g = StateGraph(LoopState)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    g.add_conditional_edges("step", lambda s: "step" if s["n"] < limit else END)
+    return g
+
+
+class FanState(TypedDict):
+    items: list[int]
+    results: Annotated[list, operator.add]
+
+
+def fan_graph():
+    def plan(s: FanState) -> dict:
+        return {}
+
+    def work(arg: dict) -> dict:
+        return {"results": [arg["x"] * 10]}
+
+    def total(s: FanState) -> dict:
+        return {"results": [sum(s["results"])]}
+
+    g = StateGraph(FanState)
+    g.add_node("plan", plan)
+    g.add_node("work", work)
+    g.add_node("total", total)
+    g.add_edge(START, "plan")
+    g.add_conditional_edges("plan", lambda s: [Send("work", {"x": x}) for x in s["items"]], ["work"])
+    g.add_edge("work", "total")
+    g.add_edge("total", END)
+    return g
+
+
+class ApprovalState(TypedDict):
+    request: str
+    decision: str
+    log: Annotated[list, operator.add]
+
+
+def approval_graph():
+    def ask(s: ApprovalState) -> dict:
+        answer = interrupt({"question": f"approve {s['request']}?"})
+        return {"decision": answer, "log": ["asked"]}
+
+    def act(s: ApprovalState) -> dict:
+        return {"log": [f"acted:{s['decision']}"]}
+
+    g = StateGraph(ApprovalState)
+    g.add_node("ask", ask)
+    g.add_node("act", act)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", "act")
+    g.add_edge("act", END)
+    return g
+
+
+def subgraph_parent():
+    class Inner(TypedDict):
+        log: Annotated[list, operator.add]
+
+    def inner_a(s: Inner) -> dict:
+        return {"log": ["inner_a"]}
+
+    def inner_b(s: Inner) -> dict:
+        ok = interrupt("inner ok?")
+        return {"log": [f"inner_b:{ok}"]}
+
+    sub = StateGraph(Inner)
+    sub.add_node("inner_a", inner_a)
+    sub.add_node("inner_b", inner_b)
+    sub.add_edge(START, "inner_a")
+    sub.add_edge("inner_a", "inner_b")
+    sub.add_edge("inner_b", END)
+
+    def outer(s: Inner) -> dict:
+        return {"log": ["outer"]}
+
+    g = StateGraph(Inner)
+    g.add_node("outer", outer)
+    g.add_node("sub", sub.compile())
+    g.add_edge(START, "outer")
+    g.add_edge("outer", "sub")
+    g.add_edge("sub", END)
+    return g
+
+
+def _extend(state: list, writes: list) -> list:
+    out = list(state)
+    for w in writes:
+        out.extend(w)
+    return out
+
+
+class DeltaState(TypedDict):
+    n: int
+    items: Annotated[list, DeltaChannel(_extend, snapshot_frequency=4)]
+
+
+def delta_graph(limit: int):
+    def step(s: DeltaState) -> dict:
+        return {"n": s["n"] + 1, "items": [f"item-{s['n']}"]}
+
+    g = StateGraph(DeltaState)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    g.add_conditional_edges("step", lambda s: "step" if s["n"] < limit else END)
+    return g
+
+
+# ---- scenarios ---------------------------------------------------------------------------
+
+
+def test_loop_resumes_after_reopen(reopen):
+    graph = loop_graph(20).compile(checkpointer=reopen())
+    out = graph.invoke({"n": 0, "messages": []}, cfg(), durability="sync")
+    assert out["n"] == 20 and len(out["messages"]) == 20
+
+    graph = loop_graph(30).compile(checkpointer=reopen())
+    state = graph.get_state(cfg())
+    assert state.values["n"] == 20
+    assert [m["n"] for m in state.values["messages"]] == list(range(20))
+    assert len(list(graph.get_state_history(cfg()))) == 22  # input + 21 loop checkpoints
+    out = graph.invoke({"n": 20}, cfg())  # continue the same thread
+    assert out["n"] == 30 and [m["n"] for m in out["messages"]] == list(range(30))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "exit"])
+def test_each_durability_mode_persists(reopen, mode):
+    graph = loop_graph(5).compile(checkpointer=reopen())
+    graph.invoke({"n": 0, "messages": []}, cfg(), durability=mode)
+    graph = loop_graph(5).compile(checkpointer=reopen())
+    assert graph.get_state(cfg()).values["n"] == 5
+
+
+def test_parallel_send_matches_inmemory(reopen):
+    inputs = {"items": [1, 2, 3, 4], "results": []}
+    ref = fan_graph().compile(checkpointer=InMemorySaver()).invoke(inputs, cfg())
+    graph = fan_graph().compile(checkpointer=reopen())
+    out = graph.invoke(inputs, cfg(), durability="sync")
+    assert out == ref
+    assert sorted(out["results"][:4]) == [10, 20, 30, 40] and out["results"][4] == 100
+    graph = fan_graph().compile(checkpointer=reopen())
+    assert graph.get_state(cfg()).values == ref
+
+
+def test_interrupt_and_resume_across_reopen(reopen):
+    graph = approval_graph().compile(checkpointer=reopen())
+    out = graph.invoke({"request": "deploy", "log": []}, cfg())
+    assert out["__interrupt__"][0].value == {"question": "approve deploy?"}
+
+    graph = approval_graph().compile(checkpointer=reopen())  # a new process would do this
+    state = graph.get_state(cfg())
+    assert state.next == ("ask",)
+    assert state.tasks[0].interrupts[0].value == {"question": "approve deploy?"}
+    out = graph.invoke(Command(resume="yes"), cfg())
+    assert out["decision"] == "yes" and out["log"] == ["asked", "acted:yes"]
+
+
+def test_subgraph_namespaces(reopen):
+    graph = subgraph_parent().compile(checkpointer=reopen())
+    out = graph.invoke({"log": []}, cfg())
+    assert "__interrupt__" in out
+
+    saver = reopen()
+    graph = subgraph_parent().compile(checkpointer=saver)
+    state = graph.get_state(cfg(), subgraphs=True)
+    sub_state = state.tasks[0].state
+    assert sub_state.values["log"] == ["outer", "inner_a"]
+    ns = sub_state.config["configurable"]["checkpoint_ns"]
+    assert ns.startswith("sub:")
+    assert ns in saver.store.namespaces("t1")
+    out = graph.invoke(Command(resume="fine"), cfg())
+    # the subgraph returns its whole log, which the parent's reducer appends
+    assert out["log"] == ["outer", "outer", "inner_a", "inner_b:fine"]
+
+
+def test_time_travel_fork_and_replay(reopen):
+    graph = loop_graph(6).compile(checkpointer=reopen())
+    graph.invoke({"n": 0, "messages": []}, cfg())
+
+    graph = loop_graph(6).compile(checkpointer=reopen())
+    history = list(graph.get_state_history(cfg()))
+    assert [h.values.get("n") for h in history] == [6, 5, 4, 3, 2, 1, 0, None]
+    at3 = next(h for h in history if h.values.get("n") == 3)
+
+    # replay from an old checkpoint: re-runs steps 3..6 on a new branch
+    out = graph.invoke(None, at3.config)
+    assert out["n"] == 6 and [m["n"] for m in out["messages"]] == list(range(6))
+
+    # fork: edit the state at step 3 and continue from there
+    forked = graph.update_state(at3.config, {"n": 4})
+    out = graph.invoke(None, forked)
+    assert out["n"] == 6 and [m["n"] for m in out["messages"]] == [0, 1, 2, 4, 5]
+
+    graph = loop_graph(6).compile(checkpointer=reopen())
+    assert graph.get_state(cfg()).values == out
+    parent = graph.get_state(forked).parent_config
+    assert parent["configurable"]["checkpoint_id"] == at3.config["configurable"]["checkpoint_id"]
+
+
+def test_delta_channel_matches_inmemory(reopen):
+    ref_saver = InMemorySaver()
+    ref = delta_graph(11).compile(checkpointer=ref_saver)
+    ref.invoke({"n": 0, "items": []}, cfg())
+    ref_hist = [h.values for h in ref.get_state_history(cfg())]
+
+    graph = delta_graph(11).compile(checkpointer=reopen())
+    graph.invoke({"n": 0, "items": []}, cfg(), durability="sync")
+    graph = delta_graph(11).compile(checkpointer=reopen())
+    assert graph.get_state(cfg()).values == {"n": 11, "items": [f"item-{i}" for i in range(11)]}
+    assert [h.values for h in graph.get_state_history(cfg())] == ref_hist
+
+    # continue after reopen: the channel must rebuild from snapshot + writes
+    graph = delta_graph(15).compile(checkpointer=reopen())
+    out = graph.invoke({"n": 11}, cfg())
+    assert out["items"] == [f"item-{i}" for i in range(15)]
+
+
+def test_delta_channel_history_native_equals_base(reopen):
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
+    saver = reopen()
+    graph = delta_graph(9).compile(checkpointer=saver)
+    graph.invoke({"n": 0, "items": []}, cfg())
+    for h in graph.get_state_history(cfg()):
+        native = saver.get_delta_channel_history(config=h.config, channels=["items", "n"])
+        base = BaseCheckpointSaver.get_delta_channel_history(saver, config=h.config,
+                                                             channels=["items", "n"])
+        assert native == base
+
+
+def test_delta_channel_survives_prune(reopen):
+    saver = reopen()
+    graph = delta_graph(10).compile(checkpointer=saver)
+    graph.invoke({"n": 0, "items": []}, cfg())
+    before = graph.get_state(cfg()).values
+    saver.prune(["t1"])
+    graph = delta_graph(10).compile(checkpointer=reopen())
+    assert graph.get_state(cfg()).values == before
+    assert len(list(graph.get_state_history(cfg()))) < 12
+
+
+def test_async_graph(reopen):
+    saver = reopen()
+
+    async def run():
+        graph = loop_graph(8).compile(checkpointer=saver)
+        out = await graph.ainvoke({"n": 0, "messages": []}, cfg("a"), durability="sync")
+        state = await graph.aget_state(cfg("a"))
+        hist = [h async for h in graph.aget_state_history(cfg("a"))]
+        return out, state, hist
+
+    out, state, hist = asyncio.run(run())
+    assert out["n"] == 8 and state.values == out and len(hist) == 10
+
+
+def test_operator_add_bytes_grow_linearly(tmp_path):
+    """N supersteps appending ~1 KiB each cost O(N) bytes on disk, not O(N^2)."""
+    pytest.importorskip("durkv.store")
+    payload = os.urandom(512).hex()  # ~1 KiB of text that compresses ~2:1 at best
+
+    def step(s: LoopState) -> dict:
+        return {"n": s["n"] + 1, "messages": [{"n": s["n"], "text": payload}]}
+
+    sizes = {}
+    for n in (100, 400):
+        g = StateGraph(LoopState)
+        g.add_node("step", step)
+        g.add_edge(START, "step")
+        g.add_conditional_edges("step", lambda s, n=n: "step" if s["n"] < n else END)
+        path = tmp_path / f"lin{n}.durkv"
+        with DurkvSaver.open(str(path)) as saver:
+            g.compile(checkpointer=saver).invoke(
+                {"n": 0, "messages": []}, {**cfg(), "recursion_limit": n + 10})
+        sizes[n] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    per_step_small, per_step_big = sizes[100] / 100, sizes[400] / 400
+    assert per_step_big < per_step_small * 1.5, sizes  # quadratic growth would be ~4x
+    assert per_step_big < 4096, sizes
+
+
+def test_missing_thread_id_says_the_fix():
+    with DurkvSaver.open("memory://") as saver:
+        with pytest.raises(ConfigError, match="configurable.thread_id") as exc:
+            saver.get_tuple({"configurable": {}})
+        assert isinstance(exc.value, ValueError)
+        graph = loop_graph(2).compile(checkpointer=saver)
+        with pytest.raises(ValueError):
+            graph.invoke({"n": 0, "messages": []}, {"configurable": {"checkpoint_ns": ""}})
+
+
+def test_pinned_durability_overrides_langgraph():
+    with DurkvSaver.open("memory://", durability="sync") as saver:
+        assert saver._policy({"__pregel_durability": "exit"}) == "sync"
+    with DurkvSaver.open("memory://") as saver:
+        assert saver._policy({}) == "async"
+        assert saver._policy({"__pregel_durability": "sync"}) == "sync"
+        assert saver._policy({"__pregel_durability": "exit"}) == "async"
+    with pytest.raises(ConfigError):
+        DurkvSaver.open("memory://", durability="fast")
+
+
+def test_next_version_monotonic():
+    with DurkvSaver.open("memory://") as saver:
+        v = None
+        seen = []
+        for _ in range(5):
+            v = saver.get_next_version(v, None)
+            seen.append(v)
+        assert seen == [1, 2, 3, 4, 5]
+        s = saver.get_next_version("00000000000000000000000000000007.5", None)
+        assert s > "00000000000000000000000000000007.9" and s.startswith("0" * 31 + "8")
+
+
+def test_saver_on_an_open_store(tmp_path):
+    import durkv
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from durkv.langgraph import LangGraphSerde
+
+    with durkv.open("memory://") as plain:
+        with pytest.raises(ConfigError, match="DurkvSaver.open"):
+            DurkvSaver(plain)
+    path = str(tmp_path / "own.durkv")
+    with durkv.open(path, serde=LangGraphSerde(JsonPlusSerializer())) as store:
+        graph = approval_graph().compile(checkpointer=DurkvSaver(store))
+        graph.invoke({"request": "x", "log": []}, cfg())
+    with durkv.open(path, serde=LangGraphSerde(JsonPlusSerializer())) as store:
+        graph = approval_graph().compile(checkpointer=DurkvSaver(store, durability="sync"))
+        assert graph.invoke(Command(resume="ok"), cfg())["log"] == ["asked", "acted:ok"]
+
+
+def test_delta_channel_fork_matches_inmemory(reopen):
+    """A fork's delta channel rebuilds from its own branch, not its siblings'."""
+
+    def run(saver):
+        graph = delta_graph(8).compile(checkpointer=saver)
+        graph.invoke({"n": 0, "items": []}, cfg())
+        at5 = next(h for h in graph.get_state_history(cfg()) if h.values.get("n") == 5)
+        forked = graph.update_state(at5.config, {"items": ["forked"]})
+        graph.invoke(None, forked)
+        return [(h.values, h.next) for h in graph.get_state_history(cfg())]
+
+    assert run(reopen()) == run(InMemorySaver())
+
+
+def test_concurrent_graphs_on_one_saver(reopen):
+    import threading
+
+    saver = reopen()
+    graph = loop_graph(15).compile(checkpointer=saver)
+    errors = []
+
+    def one(i):
+        try:
+            graph.invoke({"n": 0, "messages": []}, cfg(f"c{i}"), durability="sync" if i % 2 else "async")
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    graph = loop_graph(15).compile(checkpointer=reopen())
+    for i in range(6):
+        assert [m["n"] for m in graph.get_state(cfg(f"c{i}")).values["messages"]] == list(range(15))
+
+
+def test_writes_ride_on_the_next_checkpoint():
+    with DurkvSaver.open("memory://") as saver:
+        sync = {"__pregel_durability": "sync"}
+        assert saver._writes_policy(sync, [("messages", 1)]) == "async"
+        assert saver._writes_policy(sync, [("__interrupt__", 1)]) == "sync"
+        assert saver._writes_policy({}, [("__interrupt__", 1)]) == "async"
+    with DurkvSaver.open("memory://", durability="exit") as saver:
+        assert saver._writes_policy({}, [("__interrupt__", 1)]) == "exit"
