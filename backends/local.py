@@ -6,11 +6,32 @@ Store frames are COMMIT frames; frames of other types (DATA) are skipped by
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator
 
 from durkv.errors import BackendError, DurkvError
 
 __all__ = ["LocalBackend"]
+
+
+def _make_parents(path: str) -> None:
+    """Create the missing parent directories of a new store (``./data/agent.durkv``).
+
+    Each new directory's entry is fsync'd in its parent, so that after a power
+    loss the store directory (which the log creates and fsyncs) has a path to it.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    missing = []
+    while not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    for d in reversed(missing):
+        os.mkdir(d)
+        fd = os.open(os.path.dirname(d), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class LocalBackend:
@@ -29,6 +50,8 @@ class LocalBackend:
         if segment_bytes:
             kw["segment_bytes"] = segment_bytes
         try:
+            if not read_only:
+                _make_parents(path)
             self._log = _log.SegmentLog.open(path, **kw)
         except DurkvError:
             raise

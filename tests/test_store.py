@@ -434,6 +434,17 @@ def test_bad_urls_and_options(tmp_path):
                   durability="never")
 
 
+def test_writer_creates_missing_parent_directories(tmp_path):
+    path = tmp_path / "data" / "agents" / "a.durkv"
+    with pytest.raises(durkv.NotFoundError):
+        durkv.open(str(path), read_only=True)        # a reader never creates anything
+    assert not (tmp_path / "data").exists()
+    with durkv.open(str(path)) as s:
+        s.put("t", "", "1", checkpoint={}, metadata={}, values={"n": 1}, versions={"n": 1})
+    with durkv.open(str(path), read_only=True) as s:
+        assert s.get("t").values == {"n": 1}
+
+
 def test_second_writer_is_refused(url):
     with durkv.open(url) as s:
         s.put("t", "", "1", checkpoint={}, metadata={}, values={"a": 1}, versions={"a": 1})
