@@ -175,7 +175,8 @@ def history(ctx: click.Context, path: Path, thread: str, ns: str, limit: int, se
         if ns not in store.namespaces(thread):
             raise NotFoundError(f"no thread {thread!r} (namespace {ns!r}) in {path}; "
                                 f"durkv ls {path} lists the threads")
-        cks = list(store.history(thread, ns, limit=limit or None))
+        # headers only: no channel value is shown, so none is read or deserialized
+        cks = list(store.history(thread, ns, limit=limit or None, values=False))
     if as_json:
         output.emit_json({"path": str(path), "thread_id": thread, "checkpoint_ns": ns,
                "checkpoints": [_checkpoint_dict(ck, values=False) for ck in cks]})

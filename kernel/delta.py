@@ -38,8 +38,10 @@ latest is O(1) in the number of checkpoints. It returns a **new list** for a
 list channel (``list[:n]``: O(list length), safe to mutate; the items are the
 same objects that were put, which is what makes the next put's delta detection
 work) and a fresh deserialized object for any other value, checkpoint record
-and metadata (safe to mutate, as with LangGraph's InMemorySaver). Older
-checkpoints are read from the log (one ``read_channel`` per channel).
+and metadata (safe to mutate, as with LangGraph's InMemorySaver). ``get`` of an
+older checkpoint reads it from the log (one ``read_channel`` per channel);
+``history`` derives an older list from the newer one it just read when the
+newer entry extends it (a prefix slice: see :mod:`durkv.reads`).
 """
 
 from __future__ import annotations

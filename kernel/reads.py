@@ -2,20 +2,118 @@
 
 A mixin of :class:`durkv.store.Store` (it uses the store's lock, index, backend,
 serde and codec).
+
+History derives older list values from newer ones
+-------------------------------------------------
+``get`` of an older checkpoint reads each list channel with one ``read_channel``
+(every delta back to the base) and deserializes every item: O(list length).
+Doing that for every checkpoint of an N-step agent loop costs O(N^2) frame reads
+and deserializations. :meth:`Reads.history` streams newest first instead and
+keeps, for the entries it met, ``value(entry ref) == master[:n]`` (a
+:class:`_Memo`): when a newer checkpoint's entry for a channel is a DELTA whose
+``prev`` is the older checkpoint's entry (or a SNAP whose last DELTA has that
+``prev``; or the very same entry: the value did not change), the older value is
+a prefix of the newer one -- ``master[:n - own items of the DELTA]``: no read,
+no deserialization. Entry refs are never reused (an LSN is written once), so the
+memo is keyed by ref alone and shared by every lane of one walk (copied threads
+share frames). Anything else -- a fork's FULL entries, a chain the walk has not
+met, an unexpected shape -- falls back to ``read_channel``.
 """
 
 from __future__ import annotations
 
 import heapq
+import struct
 from bisect import bisect_left
-from typing import Iterator
+from typing import Any, Iterator
 
-from .channels import DELTA, F_VALUE, SNAP, entry_at
-from .errors import NotFoundError
+from .channels import DELTA, F_VALUE, FULL, SNAP, entry_at
+from .errors import DurkvError, NotFoundError
 from .index import Lane
 from .records import ChannelEntry, Checkpoint, PendingWrite, _check_id, _head_of
 
 __all__ = ["Reads"]
+
+_ENTRY = struct.Struct("<BBHIQII")   # kind flags reserved depth prev_lsn prev_idx n_items
+_U32 = struct.Struct("<I")
+_REF = struct.Struct("<QI")
+# values that are safe to hand out to several checkpoints (cannot be mutated)
+_IMMUTABLE = frozenset((str, int, float, bool, bytes, complex, type(None)))
+_MISS = object()
+
+
+def _entry_head(payload: bytes, idx: int) -> tuple[int, int, int, int, int]:
+    """``(kind, prev_lsn, prev_idx, n_items, items_offset)`` of entry ``idx`` of a COMMIT
+    payload, without copying any item. ``struct.error``/``IndexError`` if malformed."""
+    unpack_u32 = _U32.unpack_from
+    off = 4 + unpack_u32(payload, 0)[0]
+    if idx >= unpack_u32(payload, off)[0]:
+        raise IndexError(idx)
+    off += 4
+    unpack_entry = _ENTRY.unpack_from
+    for _ in range(idx):
+        n = unpack_entry(payload, off)[6]
+        off += 24
+        for _ in range(n):
+            off += 4 + unpack_u32(payload, off)[0]
+    kind, _f, _r, _d, pl, pi, n = unpack_entry(payload, off)
+    return kind, pl, pi, n, off + 24
+
+
+def _snap_ref(payload: bytes, items_off: int, k: int) -> tuple[int, int]:
+    """Reference ``k`` of a SNAP entry whose items start at ``items_off``."""
+    off = items_off + 16 * k
+    if _U32.unpack_from(payload, off)[0] != 12:
+        raise IndexError(k)
+    return _REF.unpack_from(payload, off + 4)
+
+
+class _Memo:
+    """Channel values met during one history walk, by entry ref (see the module docstring).
+
+    ``lists[ref] = (master, n)``: the value of entry ``ref`` is ``master[:n]``.
+    ``master`` is never handed out (callers get slices: new lists), so a caller
+    mutating its list cannot change another checkpoint's value. Bounded (LRU):
+    a linear walk needs a couple of live refs, one per branch when forks
+    interleave.
+    ``vals[ref] = (shared, x)``: a non-list value, ``x`` itself when immutable
+    (``shared``), else its serialized bytes (deserialized afresh per checkpoint).
+    ``seen``: refs whose entry was already decoded to derive its ``prev``.
+    """
+
+    __slots__ = ("lists", "vals", "seen")
+    MAX_LISTS = 32
+    MAX_VALS = 256
+
+    def __init__(self) -> None:
+        self.lists: dict[tuple[int, int], tuple[list, int]] = {}
+        self.vals: dict[tuple[int, int], tuple[bool, Any]] = {}
+        self.seen: set[tuple[int, int]] = set()
+
+    def put_list(self, ref: tuple[int, int], master: list, n: int) -> None:
+        lists = self.lists
+        lists.pop(ref, None)
+        if len(lists) >= self.MAX_LISTS:
+            del lists[next(iter(lists))]
+        lists[ref] = (master, n)
+
+    def get_list(self, ref: tuple[int, int]) -> tuple[list, int] | None:
+        hit = self.lists.pop(ref, None)
+        if hit is not None:
+            self.lists[ref] = hit      # most recently used last
+        return hit
+
+    def put_val(self, ref: tuple[int, int], shared: bool, x: Any) -> None:
+        vals = self.vals
+        if len(vals) >= self.MAX_VALS:
+            del vals[next(iter(vals))]
+        vals[ref] = (shared, x)
+
+    def mark(self, ref: tuple[int, int]) -> None:
+        seen = self.seen
+        if len(seen) >= 8192:
+            seen.clear()
+        seen.add(ref)
 
 
 class Reads:
@@ -90,26 +188,48 @@ class Reads:
                           metadata if metadata is not None else loads(h[6]), h[7], values,
                           self._read_writes(lane, lsn))
 
-    def _walk(self, lane: Lane, before: str | None, chunk: int = 64):
-        """``(cid, lsn)`` of a lane newest first, below ``before``; O(what is consumed):
-        takes ``chunk`` entries at a time under the lock and finds its place again by
-        id, so concurrent puts and removals never break the walk."""
+    def _walk(self, t: str, n: str, lane: Lane, before: str | None, chunk: int = 64):
+        """``(cid, lsn, lane)`` of lane (t, n) newest first, below ``before``; O(what is
+        consumed): takes ``chunk`` entries at a time under the lock and finds its place
+        again by id, so concurrent puts and removals never break the walk. The lane is
+        looked up again for every chunk: a compaction replaces the index (and every
+        LSN), a deleted thread ends the walk."""
         upper = before
         while True:
             with self._lock:
+                cur = self._ix.lane(t, n)
+                if cur is None:
+                    return
+                lane = cur
                 ids = lane.ids
                 hi = len(ids) if upper is None else bisect_left(ids, upper)
                 lo = max(0, hi - chunk)
                 part = list(zip(ids[lo:hi], lane.lsns[lo:hi]))
             if not part:
                 return
-            yield from reversed(part)
+            for cid, lsn in reversed(part):
+                yield cid, lsn, lane
             upper = part[0][0]
             chunk = min(chunk * 2, 4096)
 
+    def _frame(self, t: str, n: str, lane: Lane, cid: str, lsn: int):
+        """``(lane, lsn, payload)`` of checkpoint ``cid`` (under the lock); a checkpoint
+        whose frame a compaction moved since the walk listed it is found again by id.
+        None if it is gone."""
+        try:
+            return lane, lsn, self._b.read(lsn)
+        except NotFoundError:
+            cur = self._ix.lane(t, n)
+            pos = cur.find(cid) if cur is not None else -1
+            if pos < 0:
+                return None     # removed since the walk listed it
+            lsn = cur.lsns[pos]
+            return cur, lsn, self._b.read(lsn)
+
     def history(self, thread_id: str | None = None, checkpoint_ns: str | None = None, *,
                 before: str | None = None, limit: int | None = None,
-                filter: dict | None = None) -> Iterator[Checkpoint]:  # noqa: A002
+                filter: dict | None = None,  # noqa: A002
+                values: bool = True) -> Iterator[Checkpoint]:
         """Checkpoints newest first (by id, across threads too), streamed.
 
         Args:
@@ -118,6 +238,19 @@ class Reads:
             before: only checkpoints with an id lower than this.
             limit: at most this many.
             filter: metadata keys that must equal the given values.
+            values: False yields headers only -- ids, parent, checkpoint record,
+                metadata and versions, with ``values == {}`` and ``writes == []``:
+                one frame read per checkpoint, no channel read, no deserialized value.
+
+        Each yielded checkpoint has its own ``values`` dict and, for a list channel,
+        its own list object (mutating it changes no other checkpoint), as ``get``
+        returns; non-list values are deserialized afresh per checkpoint (immutable
+        scalars may be shared). The **items** of list channels may be shared
+        between the checkpoints of one walk: an older checkpoint's list is a prefix
+        slice of a newer one's whenever the newer entry extends the older (the
+        agent-loop case), which makes a full listing O(total items) rather than
+        O(N^2) reads and deserializations (see the module docstring). Do not mutate
+        the items in place if you keep several checkpoints' values.
         """
         if thread_id is not None:
             _check_id("thread_id", thread_id)
@@ -128,30 +261,114 @@ class Reads:
             lanes = list(self._ix.lanes(thread_id, checkpoint_ns))
         if len(lanes) == 1:
             t, n, lane = lanes[0]
-            stream = ((cid, t, n, lane, lsn) for cid, lsn in self._walk(lane, before))
+            stream = ((cid, t, n, ln, lsn) for cid, lsn, ln in self._walk(t, n, lane, before))
         else:
             def one(t, n, lane):
-                for cid, lsn in self._walk(lane, before):
-                    yield cid, t, n, lane, lsn
+                for cid, lsn, ln in self._walk(t, n, lane, before):
+                    yield cid, t, n, ln, lsn
             stream = heapq.merge(*(one(*x) for x in lanes), key=lambda r: r[0], reverse=True)
+        memo = _Memo() if values else None
+        loads = self._loads
         count = 0
-        for _cid, t, n, lane, lsn in stream:
+        for cid, t, n, lane, lsn in stream:
             with self._lock:
                 self._check_open()
-                try:
-                    h = _head_of(self._b.read(lsn))
-                except NotFoundError:
-                    continue    # removed by a compaction since the listing started
+                got = self._frame(t, n, lane, cid, lsn)
+                if got is None:
+                    continue
+                lane, lsn, payload = got
+                h = _head_of(payload)
                 meta = None
                 if filter:
-                    meta = self._loads(h[6])
+                    meta = loads(h[6])
                     if not all(k in meta and meta[k] == v for k, v in filter.items()):
                         continue
-                cp = self._read_checkpoint(t, n, lane, lsn, h, meta)
+                if meta is None:
+                    meta = loads(h[6])
+                if memo is None:
+                    cp = Checkpoint(t, n, h[3], h[4], loads(h[5]), meta, h[7], {}, [])
+                else:
+                    cp = Checkpoint(t, n, h[3], h[4], loads(h[5]), meta, h[7],
+                                    self._history_values(lsn, payload, h[8], memo),
+                                    self._read_writes(lane, lsn))
             yield cp
             count += 1
             if limit is not None and count >= limit:
                 return
+
+    def _history_values(self, lsn: int, payload: bytes, refs: dict, memo: _Memo) -> dict:
+        """The channel values of the checkpoint at ``lsn`` (its frame ``payload``, channel
+        map ``refs``), derived from ``memo`` where possible; records what it learns."""
+        loads = self._loads
+        unpack = self._codec.unpack
+        out = {}
+        for ch, ref in refs.items():
+            r = (ref[0], ref[1])
+            hit = memo.get_list(r)
+            if hit is not None:
+                master, n = hit
+                out[ch] = master[:n]
+                if r not in memo.seen:
+                    self._derive(r, master, n, lsn, payload, memo)
+                continue
+            got = memo.vals.get(r, _MISS)
+            if got is not _MISS:
+                shared, x = got
+                out[ch] = x if shared else loads(x)
+                continue
+            e = entry_at(payload, r[1]) if r[0] == lsn else None
+            if e is not None and e.kind == FULL:
+                items, flags = e.items, e.flags     # in the frame at hand: no read
+            else:
+                items, flags = self._b.read_channel(r[0], r[1])
+            if flags & F_VALUE:
+                raw = unpack(items[0])
+                v = loads(raw)
+                shared = type(v) in _IMMUTABLE
+                memo.put_val(r, shared, v if shared else raw)
+                out[ch] = v
+            else:
+                master = [loads(unpack(x)) for x in items]
+                n = len(master)
+                memo.put_list(r, master, n)
+                out[ch] = master[:]
+                self._derive(r, master, n, lsn, payload, memo)
+        return out
+
+    def _derive(self, r: tuple[int, int], master: list, n: int, lsn: int, payload: bytes,
+                memo: _Memo) -> None:
+        """Given ``value(r) == master[:n]``, record the value of the entry ``r`` extends:
+        a DELTA's ``prev`` is ``master[:n - own items]``; a SNAP is a pointer copy of
+        its last DELTA (checked: that DELTA's ``prev`` is the SNAP's previous reference).
+        Anything unexpected records nothing (the reader then falls back to the log)."""
+        memo.mark(r)
+        read = self._b.read
+        try:
+            p = payload if r[0] == lsn else read(r[0])
+            kind, pl, pi, k, off = _entry_head(p, r[1])
+            if kind == SNAP:
+                if k == 0:
+                    return
+                if k == 1:
+                    base = _snap_ref(p, off, 0)
+                    if base < r:
+                        memo.put_list(base, master, n)
+                    return
+                last = _snap_ref(p, off, k - 1)
+                before = _snap_ref(p, off, k - 2)
+                if not before < last < r:
+                    return
+                q = p if last[0] == r[0] else read(last[0])
+                kind, pl, pi, k, _off = _entry_head(q, last[1])
+                if kind != DELTA or (pl, pi) != before:
+                    return
+            elif kind != DELTA:
+                return
+            prev = (pl, pi)
+            if k <= n and prev < r:
+                memo.put_list(prev, master, n - k)
+        except (DurkvError, struct.error, IndexError):
+            return
 
     def channel_entries(self, thread_id: str, checkpoint_ns: str, channel: str, *,
                         before: str | None = None,
@@ -173,14 +390,14 @@ class Reads:
         count = 0
         loads = self._loads
         unpack = self._codec.unpack
-        for cid, lsn in self._walk(lane, before):
+        for cid, lsn, lane in self._walk(thread_id, checkpoint_ns, lane, before):
             if limit is not None and count >= limit:
                 return
             with self._lock:
-                try:
-                    payload = self._b.read(lsn)
-                except NotFoundError:
-                    continue    # removed by a compaction since the walk started
+                got = self._frame(thread_id, checkpoint_ns, lane, cid, lsn)
+                if got is None:
+                    continue
+                lane, lsn, payload = got
                 ref = _head_of(payload)[8].get(channel)
                 if ref is None or ref[0] != lsn:
                     continue
