@@ -25,6 +25,15 @@ static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (ui
 static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static inline void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 
+/* Three independent crc32c(seed[i], p[i], len[i]) computed interleaved (crc32c.c). */
+void dkv__crc32c_x3(const uint32_t seed[3], const uint8_t *const p[3], const size_t len[3],
+                    uint32_t out[3]);
+
+/* crc32c(s, X) == dkv__crc32c_mult(dkv__crc32c_op(len X), s) ^ crc32c(0, X): the seed's
+ * contribution is linear, which lets a crc be moved past bytes without reading them. */
+uint32_t dkv__crc32c_op(uint64_t len);
+uint32_t dkv__crc32c_mult(uint32_t a, uint32_t b);
+
 /* ---- I/O through the fault table (format.c) ---- */
 int dkv__pwrite_all(int fd, const void *buf, size_t len, uint64_t off);   /* 0 or -errno */
 int dkv__fdatasync(int fd);                                               /* 0 or -errno */
@@ -57,6 +66,10 @@ uint32_t dkv__trailer_crc(uint32_t seed, const uint8_t *index, uint64_t count, c
  * was fdatasync'd); stored as sync_gap = min(lsn - D, 0xFFFFFFFF). */
 void dkv__frame_header(uint8_t h[FRAME_HDR], uint32_t seed, uint64_t lsn, uint8_t type,
                        const uint8_t *payload, uint32_t len, uint64_t durable);
+/* dkv__frame_header without the crc (left 0): for frames whose crc is computed later,
+ * when the payload follows the header in memory (crc32c(seed, h + 4, 20 + len)). */
+void dkv__frame_fields(uint8_t h[FRAME_HDR], uint64_t lsn, uint8_t type, uint32_t len,
+                       uint64_t durable);
 /* The durable watermark a valid frame header records (0 when unknown: saturated/invalid). */
 uint64_t dkv__frame_durable(const uint8_t *h);
 /* Record `durable` in every frame of the encoded run buf[0..n) whose watermark is older,
@@ -85,6 +98,10 @@ typedef struct {
 } scan_result;
 int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
               uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res);
+/* dkv__scan with check_crc 0: structural checks only (header fields, lengths, LSN
+ * continuity), for bytes already proven intact by a matching segment_digest. */
+int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
+                 uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res, int check_crc);
 
 /* Sorted list of segment base LSNs in dir (files named %016llx.seg). ENOENT if no dir. */
 int dkv__list_segments(const char *dir, uint64_t **bases, size_t *n);

@@ -15,6 +15,7 @@
 
 /* ---- fault injection: op 1 write, 2 fdatasync, 3 dir fsync ---- */
 static int fault_nth[4], fault_err[4];
+static int fault_armed;     /* any fault_nth > 0: the hot path skips the lock otherwise */
 static pthread_mutex_t fault_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int dkv_fault_inject(int op, int nth, int err)
@@ -24,6 +25,8 @@ int dkv_fault_inject(int op, int nth, int err)
     pthread_mutex_lock(&fault_mu);
     fault_nth[op] = nth;
     fault_err[op] = err ? err : EIO;
+    __atomic_store_n(&fault_armed, fault_nth[1] > 0 || fault_nth[2] > 0 || fault_nth[3] > 0,
+                     __ATOMIC_RELEASE);
     pthread_mutex_unlock(&fault_mu);
     return 0;
 }
@@ -32,6 +35,8 @@ int dkv_fault_inject(int op, int nth, int err)
 static int fault_hit(int op)
 {
     int e = 0;
+    if (!__atomic_load_n(&fault_armed, __ATOMIC_ACQUIRE))
+        return 0;
     pthread_mutex_lock(&fault_mu);
     if (fault_nth[op] > 0 && --fault_nth[op] == 0)
         e = fault_err[op];
@@ -205,15 +210,22 @@ static uint32_t sync_gap(uint64_t lsn, uint64_t durable)
     return gap >= SYNC_GAP_UNKNOWN ? SYNC_GAP_UNKNOWN : (uint32_t)gap;
 }
 
-void dkv__frame_header(uint8_t h[FRAME_HDR], uint32_t seed, uint64_t lsn, uint8_t type,
-                       const uint8_t *payload, uint32_t len, uint64_t durable)
+void dkv__frame_fields(uint8_t h[FRAME_HDR], uint64_t lsn, uint8_t type, uint32_t len,
+                       uint64_t durable)
 {
+    put32(h, 0);
     put32(h + 4, len);
     put64(h + 8, lsn);
     h[16] = type;
     h[17] = 0;
     h[18] = h[19] = 0;
     put32(h + 20, sync_gap(lsn, durable));
+}
+
+void dkv__frame_header(uint8_t h[FRAME_HDR], uint32_t seed, uint64_t lsn, uint8_t type,
+                       const uint8_t *payload, uint32_t len, uint64_t durable)
+{
+    dkv__frame_fields(h, lsn, type, len, durable);
     uint32_t c = dkv_crc32c(seed, h + 4, FRAME_HDR - 4);
     put32(h, dkv_crc32c(c, payload, len));
 }
@@ -242,8 +254,10 @@ uint64_t dkv__frame_durable(const uint8_t *h)
     return lsn - gap;
 }
 
-int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t expect,
-                     uint64_t min_lsn, uint32_t *len, uint64_t *lsn, uint8_t *type)
+/* check_crc 0: structural checks only (the caller has verified the bytes otherwise). */
+static int frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t expect,
+                       uint64_t min_lsn, uint32_t *len, uint64_t *lsn, uint8_t *type,
+                       int check_crc)
 {
     if (avail < FRAME_HDR)
         return DKV_DAMAGE_TORN_TAIL;
@@ -259,15 +273,23 @@ int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t exp
     int shape_ok = l <= MAX_FRAME_LEN && (uint64_t)l <= avail - FRAME_HDR;
     if (!shape_ok)
         return l > MAX_FRAME_LEN ? DKV_DAMAGE_BAD_HEADER : DKV_DAMAGE_TORN_TAIL;
-    uint32_t c = dkv_crc32c(seed, b + 4, FRAME_HDR - 4);
-    c = dkv_crc32c(c, b + FRAME_HDR, l);
-    if (c != get32(b))
-        return DKV_DAMAGE_CHECKSUM;
+    if (check_crc) {
+        uint32_t c = dkv_crc32c(seed, b + 4, FRAME_HDR - 4);
+        c = dkv_crc32c(c, b + FRAME_HDR, l);
+        if (c != get32(b))
+            return DKV_DAMAGE_CHECKSUM;
+    }
     if ((b[16] != DKV_FRAME_DATA && b[16] != DKV_FRAME_COMMIT) || (b[17] & ~1u) || get16(b + 18))
         return DKV_DAMAGE_BAD_HEADER;
     if (expect != NO_LSN ? n != expect : n < min_lsn)
         return DKV_DAMAGE_LSN_GAP;
     return 0;
+}
+
+int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t expect,
+                     uint64_t min_lsn, uint32_t *len, uint64_t *lsn, uint8_t *type)
+{
+    return frame_check(b, avail, seed, expect, min_lsn, len, lsn, type, 1);
 }
 
 uint64_t dkv__resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t seed,
@@ -307,13 +329,19 @@ static int synced_before_later_frame(const uint8_t *buf, uint64_t end, uint64_t 
 int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
               uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res)
 {
+    return dkv__scan_ex(buf, off, end, seed, lsn, offs, n, cap, res, 1);
+}
+
+int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
+                 uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res, int check_crc)
+{
     memset(res, 0, sizeof *res);
     res->resync_off = NO_LSN;
     while (off < end) {
         uint32_t len;
         uint64_t flsn;
         uint8_t type;
-        int k = dkv__frame_check(buf + off, end - off, seed, lsn, 0, &len, &flsn, &type);
+        int k = frame_check(buf + off, end - off, seed, lsn, 0, &len, &flsn, &type, check_crc);
         if (k) {
             res->kind = k;
             res->bad_off = off;

@@ -37,9 +37,13 @@ struct dkv_log {
     int wfd;                    /* active segment, writer only */
     uint32_t seed;              /* active segment's frame seed */
     uint32_t run_digest;        /* crc32c(seed, active bytes [0, written_off)) */
+    uint64_t dg_len, dg_last;   /* digest_frames' cached operator is for frames of dg_len */
+    uint32_t dg_op;             /*   (leader or roll only, like run_digest) */
     uint8_t *pend, *spare;      /* frames not yet written; spare = the leader's buffer */
     size_t pend_len, pend_cap, spare_cap;
     uint64_t pend_off;          /* file offset of pend[0] */
+    size_t defer[3];            /* pend offsets of frames whose crc is still to compute */
+    unsigned ndefer;            /*   (batches: three at a time, interleaved); 0 outside mu */
     uint64_t next_lsn, written_lsn, durable_lsn;
     int leader, syncing, rolling;
     int failed;
@@ -48,6 +52,10 @@ struct dkv_log {
     int broken;                 /* open failed: only close/last_error/last_damage work */
     pthread_t flusher;
     int flusher_running, stop;
+    uint64_t flush_want;        /* async appends up to here: the flusher syncs them (exit
+                                 * spills alone are not synced: that policy promises nothing) */
+    int flusher_idle;           /* flusher waits for work: a write must wake it */
+    int spill_req;              /* exit policy: the flusher writes pend in the background */
     int has_damage;
     int cut;                    /* point_in_time cut the log at damage: refresh stays put */
     dkv_damage damage;

@@ -20,7 +20,8 @@
 #include "log_int.h"
 
 #define GROUP_CAP (1u << 20)        /* appenders wait while a leader runs and this much is queued */
-#define EXIT_SPILL (4u << 20)       /* exit policy writes (no fsync) past this much buffered */
+#define EXIT_SPILL (4u << 20)       /* exit policy writes (no fsync) past this much buffered, */
+#define EXIT_HARD (32u << 20)       /* in the background (flusher thread) up to this much */
 
 void dkv__set_error(dkv_log *log, const char *fmt, ...)
 {
@@ -90,6 +91,42 @@ int dkv__index_push(seg_t *s, uint64_t off)
     return 0;
 }
 
+/* run_digest over a run of encoded frames. A frame is crc || R with crc = crc32c(seed, R),
+ * so crc32c(d, frame) = mult(op(|R|), crc32c(d, crc) ^ seed) ^ crc: the frame's own crc
+ * stands in for a second pass over its bytes. The operator depends on |R| only; it is
+ * cached for the last length seen twice in a row (fixed-size frames), otherwise the bytes
+ * are simply crc'd. Leaders are serialized and roll runs without one: no lock needed. */
+static uint32_t digest_frames(dkv_log *log, uint32_t d, uint32_t seed, const uint8_t *buf,
+                              size_t n)
+{
+    size_t o = 0;
+    while (o + FRAME_HDR <= n) {
+        const uint8_t *f = buf + o;
+        uint64_t lr = (uint64_t)FRAME_HDR - 4 + get32(f + 4);
+        if (o + 4 + lr > n)
+            break;
+        if (lr >= 256 && lr != log->dg_len && lr == log->dg_last) {
+            log->dg_op = dkv__crc32c_op(lr);
+            log->dg_len = lr;
+        }
+        log->dg_last = lr;
+        if (lr == log->dg_len) {
+            uint32_t c = get32(f);
+            d = dkv__crc32c_mult(log->dg_op, dkv_crc32c(d, f, 4) ^ seed) ^ c;
+        } else {
+            d = dkv_crc32c(d, f, 4 + lr);
+        }
+        o += 4 + lr;
+    }
+    return o < n ? dkv_crc32c(d, buf + o, n - o) : d;
+}
+
+/* The flusher has work: frames written by async appends that are not yet durable. */
+static int flush_due(const dkv_log *log)
+{
+    return log->flush_want > log->durable_lsn && log->written_lsn > log->durable_lsn;
+}
+
 /* Become leader (mu held, no leader running): write everything pending, fdatasync if
  * asked, return with mu held. */
 static int lead(dkv_log *log, int do_sync)
@@ -118,7 +155,7 @@ static int lead(dkv_log *log, int do_sync)
         rc = dkv__fdatasync(fd);
         what = "fdatasync";
     }
-    digest = dkv_crc32c(digest, buf, n);   /* leaders are serialized: no one else updates it */
+    digest = digest_frames(log, digest, seed, buf, n);   /* leaders are serialized */
 
     pthread_mutex_lock(&log->mu);
     log->leader = 0;
@@ -130,8 +167,13 @@ static int lead(dkv_log *log, int do_sync)
     if (do_sync && upto > log->durable_lsn)
         STORE_LSN(log->durable_lsn, upto);
     pthread_cond_broadcast(&log->cv);
-    if (log->durable_lsn < log->written_lsn)
+    /* Wake the flusher only when it sleeps without a deadline: one already counting down
+     * its flush interval will sync this write too (a signal per append would cost every
+     * append a futex wake and a context switch on the other core). */
+    if (log->flusher_idle && flush_due(log)) {
+        log->flusher_idle = 0;
         pthread_cond_signal(&log->flush_cv);
+    }
     return 0;
 }
 
@@ -168,7 +210,7 @@ static int roll(dkv_log *log, uint64_t new_start)
     rc = log->pend_len ? dkv__pwrite_all(log->wfd, log->pend, log->pend_len, log->pend_off) : 0;
     const char *what = "write";
     if (!rc) {
-        log->run_digest = dkv_crc32c(log->run_digest, log->pend, log->pend_len);
+        log->run_digest = digest_frames(log, log->run_digest, log->seed, log->pend, log->pend_len);
         log->pend_off += log->pend_len;
         log->pend_len = 0;
         log->written_lsn = log->next_lsn;
@@ -288,12 +330,40 @@ int dkv__create_next_segment(dkv_log *log)
     return create_segment(log, log->start_lsn, active(log)->digest);
 }
 
-/* Encode one frame into pend (mu held). Rolls first if the frame does not fit. */
-static int enqueue(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len)
+/* Compute the crcs of the deferred frames in pend (mu held). */
+static void crc_flush(dkv_log *log)
+{
+    unsigned n = log->ndefer;
+    if (!n)
+        return;
+    log->ndefer = 0;
+    if (n == 1) {
+        uint8_t *f = log->pend + log->defer[0];
+        put32(f, dkv_crc32c(log->seed, f + 4, (size_t)FRAME_HDR - 4 + get32(f + 4)));
+        return;
+    }
+    uint32_t seeds[3], out[3];
+    const uint8_t *p[3];
+    size_t l[3];
+    for (unsigned i = 0; i < 3; i++) {
+        const uint8_t *f = log->pend + log->defer[i < n ? i : n - 1];
+        seeds[i] = log->seed;
+        p[i] = f + 4;
+        l[i] = (size_t)FRAME_HDR - 4 + get32(f + 4);
+    }
+    dkv__crc32c_x3(seeds, p, l, out);
+    for (unsigned i = 0; i < n; i++)
+        put32(log->pend + log->defer[i], out[i]);
+}
+
+/* Encode one frame into pend (mu held). Rolls first if the frame does not fit. defer: the
+ * frame's crc may wait for crc_flush (which runs before pend leaves the caller's hands). */
+static int enqueue(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int defer)
 {
     size_t fs = (size_t)FRAME_HDR + len;
     seg_t *a = active(log);
     if (a->count > 0 && a->data_end + fs > log->opt.segment_bytes) {
+        crc_flush(log);
         int rc = roll(log, 0);
         if (rc)
             return rc;
@@ -315,8 +385,16 @@ static int enqueue(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len)
     /* durable_lsn only grows and the bytes are written after this: the recorded watermark
      * never overstates what was synced before the frame reached write(2). The leader
      * raises it to the watermark at write time (dkv__frames_restamp). */
-    dkv__frame_header(f, log->seed, log->next_lsn, type, buf, len, log->durable_lsn);
-    memcpy(f + FRAME_HDR, buf, len);
+    if (defer) {
+        dkv__frame_fields(f, log->next_lsn, type, len, log->durable_lsn);
+        memcpy(f + FRAME_HDR, buf, len);
+        log->defer[log->ndefer++] = log->pend_len;
+        if (log->ndefer == 3)
+            crc_flush(log);
+    } else {
+        dkv__frame_header(f, log->seed, log->next_lsn, type, buf, len, log->durable_lsn);
+        memcpy(f + FRAME_HDR, buf, len);
+    }
     log->pend_len += fs;
     a->data_end += fs;
     a->count++;
@@ -343,15 +421,21 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
         durability = log->opt.durability;
     /* Back-pressure: bound what piles up behind a running leader; and no enqueue while
      * another thread rolls the segment. */
-    while (((log->leader && log->pend_len >= GROUP_CAP) || log->rolling) && !log->failed)
+    size_t group_cap = durability == DKV_EXIT ? EXIT_HARD : GROUP_CAP;
+    while (((log->leader && log->pend_len >= group_cap) || log->rolling) && !log->failed)
         pthread_cond_wait(&log->cv, &log->mu);
     if ((rc = dkv__usable(log, 1)))
         return rc;
     *first = log->next_lsn;
     for (uint32_t i = 0; i < n; i++)
-        if ((rc = enqueue(log, type, bufs[i], lens[i])))
+        if ((rc = enqueue(log, type, bufs[i], lens[i], n > 1))) {
+            crc_flush(log);
             return rc;
+        }
+    crc_flush(log);
     uint64_t end = log->next_lsn;
+    if (durability == DKV_ASYNC && end > log->flush_want)
+        log->flush_want = end;
     for (;;) {
         if (log->failed)
             return dkv__usable(log, 1);
@@ -359,6 +443,15 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
             : durability == DKV_ASYNC ? log->written_lsn >= end
             : log->pend_len < EXIT_SPILL || log->leader)
             return 0;
+        if (durability == DKV_EXIT && log->pend_len < EXIT_HARD && log->flusher_running) {
+            /* Spill in the background: the flusher writes pend (no fsync; the buffer swap
+             * is O(1)), so exit appends never wait for a 4 MiB write. */
+            if (!log->spill_req) {
+                log->spill_req = 1;
+                pthread_cond_signal(&log->flush_cv);
+            }
+            return 0;
+        }
         if (!log->leader && !log->rolling) {
             rc = lead(log, durability == DKV_SYNC);
             if (rc)
@@ -375,6 +468,36 @@ int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int
     pthread_mutex_lock(&log->mu);
     int rc = append_locked(log, type, &buf, &len, 1, durability, lsn_out);
     pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len, int durability)
+{
+    const uint8_t *b = (const uint8_t *)buf;
+    uint64_t lsn = 0;
+    pthread_mutex_lock(&log->mu);
+    int rc = append_locked(log, type, &b, &len, 1, durability, &lsn);
+    pthread_mutex_unlock(&log->mu);
+    return rc ? rc : (int64_t)lsn;
+}
+
+int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,
+                      uint32_t n, int durability, uint64_t *first_lsn_out)
+{
+    const uint8_t *one[64];
+    const uint8_t **bufs = n <= 64 ? one : malloc((size_t)n * sizeof *bufs);
+    if (!bufs)
+        return DKV_ENOMEM;
+    const uint8_t *p = (const uint8_t *)data;
+    for (uint32_t i = 0; i < n; i++) {
+        bufs[i] = p;
+        p += lens[i];
+    }
+    pthread_mutex_lock(&log->mu);
+    int rc = append_locked(log, type, bufs, lens, n, durability, first_lsn_out);
+    pthread_mutex_unlock(&log->mu);
+    if (bufs != one)
+        free(bufs);
     return rc;
 }
 
@@ -434,8 +557,20 @@ void *dkv__flusher_main(void *arg)
     dkv_log *log = arg;
     pthread_mutex_lock(&log->mu);
     while (!log->stop) {
-        if (log->failed || log->durable_lsn >= log->written_lsn) {
+        if (log->spill_req && !log->failed) {
+            /* exit policy: write what appenders buffered (FORMAT.md: no fsync promised) */
+            if (log->leader || log->rolling) {
+                pthread_cond_wait(&log->cv, &log->mu);
+                continue;
+            }
+            log->spill_req = 0;
+            lead(log, 0);           /* a failure fails the handle; appenders see it */
+            continue;
+        }
+        if (log->failed || !flush_due(log)) {
+            log->flusher_idle = 1;
             pthread_cond_wait(&log->flush_cv, &log->mu);
+            log->flusher_idle = 0;
             continue;
         }
         struct timespec dl;
@@ -443,11 +578,15 @@ void *dkv__flusher_main(void *arg)
         uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)log->opt.flush_interval_ms * 1000000u;
         dl.tv_sec += (time_t)(ns / 1000000000u);
         dl.tv_nsec = (long)(ns % 1000000000u);
-        while (!log->stop && pthread_cond_timedwait(&log->flush_cv, &log->mu, &dl) != ETIMEDOUT)
-            ;
+        while (!log->stop && pthread_cond_timedwait(&log->flush_cv, &log->mu, &dl) != ETIMEDOUT) {
+            if (log->spill_req && !log->failed && !log->leader && !log->rolling) {
+                log->spill_req = 0;
+                lead(log, 0);
+            }
+        }
         while (log->rolling && !log->stop)
             pthread_cond_wait(&log->cv, &log->mu);
-        if (log->stop || log->failed || log->durable_lsn >= log->written_lsn)
+        if (log->stop || log->failed || !flush_due(log))
             continue;
         log->syncing = 1;
         uint64_t upto = log->written_lsn;

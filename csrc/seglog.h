@@ -126,6 +126,13 @@ int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int
 /* Append n frames as one group (one write, one fsync under sync); LSNs are first..first+n-1. */
 int dkv_append_many(dkv_log *log, uint8_t type, const uint8_t *const *bufs, const uint32_t *lens,
                     uint32_t n, int durability, uint64_t *first_lsn_out);
+/* dkv_append with the handle's frame bytes as `const char *` (so a binding can pass an
+ * immutable byte string without a copy) and the LSN as the result: >= 0 is the frame's
+ * LSN, < 0 a DKV_E* code. The hot path of the Python wrapper. */
+int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len, int durability);
+/* dkv_append_many with the n payloads packed back to back in `data` (lens[i] bytes each). */
+int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,
+                      uint32_t n, int durability, uint64_t *first_lsn_out);
 /* Make everything appended so far durable (write + fdatasync), under any policy. */
 int dkv_flush(dkv_log *log);
 /* Block until frames below lsn+1 are durable (async: waits for the flusher). */
