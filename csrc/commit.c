@@ -1,9 +1,13 @@
-/* COMMIT payloads (FORMAT.md section 5): encode/decode, and dkv_read_channel, which walks a
+/* COMMIT payloads (FORMAT.md section 5): decoding, and dkv_read_channel, which walks a
  * channel's DELTA/SNAP references back to its base and returns the materialized item list.
  *
  *   commit := head_len:u32 head n_entries:u32 entry*
  *   entry  := kind:u8 flags:u8 reserved:u16 depth:u32 prev_lsn:u64 prev_idx:u32 n_items:u32 item*
  *   item   := len:u32 bytes
+ *
+ * Frames are encoded in Python (durkv.channels): joining a small frame with struct is
+ * cheaper than marshalling item arrays through cffi. C decodes them to read channels
+ * and for verify --deep; the tests hold the two sides to each other.
  */
 #include <stdlib.h>
 
@@ -11,50 +15,6 @@
 
 #define ENTRY_HDR 24
 #define MAX_WALK (1u << 26)     /* entries visited by one read_channel: a corrupt-loop guard */
-
-size_t dkv_commit_size(uint32_t head_len, const dkv_entry_desc *entries, uint32_t n_entries,
-                       const uint32_t *item_lens)
-{
-    size_t n = 8 + (size_t)head_len, k = 0;
-    for (uint32_t e = 0; e < n_entries; e++) {
-        n += ENTRY_HDR;
-        for (uint32_t i = 0; i < entries[e].n_items; i++)
-            n += 4 + (size_t)item_lens[k++];
-    }
-    return n;
-}
-
-int dkv_commit_encode(const uint8_t *head, uint32_t head_len, const dkv_entry_desc *entries,
-                      uint32_t n_entries, const uint8_t *const *items, const uint32_t *item_lens,
-                      uint8_t *out, size_t cap)
-{
-    if (cap < dkv_commit_size(head_len, entries, n_entries, item_lens))
-        return DKV_EINVAL;
-    uint8_t *p = out;
-    put32(p, head_len);
-    memcpy(p + 4, head, head_len);
-    p += 4 + head_len;
-    put32(p, n_entries);
-    p += 4;
-    size_t k = 0;
-    for (uint32_t e = 0; e < n_entries; e++) {
-        const dkv_entry_desc *d = &entries[e];
-        p[0] = d->kind;
-        p[1] = d->flags;
-        put16(p + 2, 0);
-        put32(p + 4, d->depth);
-        put64(p + 8, d->prev_lsn);
-        put32(p + 16, d->prev_idx);
-        put32(p + 20, d->n_items);
-        p += ENTRY_HDR;
-        for (uint32_t i = 0; i < d->n_items; i++, k++) {
-            put32(p, item_lens[k]);
-            memcpy(p + 4, items[k], item_lens[k]);
-            p += 4 + item_lens[k];
-        }
-    }
-    return 0;
-}
 
 /* Bounds-check one entry at off; returns the offset after it, or 0 if malformed. */
 static size_t entry_end(const uint8_t *b, size_t len, size_t off, dkv_entry_desc *d)

@@ -161,22 +161,15 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn);
 /* Segment list: n entries of report rows (no verification, just header/trailer facts). */
 int dkv_segments(dkv_log *log, dkv_report **out);
 
-/* COMMIT payloads (FORMAT.md section 5). Pure functions on buffers: every backend uses them.
- * Encoding: the caller describes entries; items are given as one flat array of buffers. */
+/* COMMIT payloads (FORMAT.md section 5): pure decoding functions on buffers. Frames are
+ * encoded by durkv.channels in Python (cheaper than marshalling items through cffi). */
 typedef struct {
     uint8_t kind, flags;
     uint32_t depth;
     uint64_t prev_lsn;
     uint32_t prev_idx;
-    uint32_t n_items;           /* items consumed, in order, from the flat item arrays */
+    uint32_t n_items;
 } dkv_entry_desc;
-/* Size of the encoded commit. */
-size_t dkv_commit_size(uint32_t head_len, const dkv_entry_desc *entries, uint32_t n_entries,
-                       const uint32_t *item_lens);
-/* Encode into out (cap >= dkv_commit_size). */
-int dkv_commit_encode(const uint8_t *head, uint32_t head_len, const dkv_entry_desc *entries,
-                      uint32_t n_entries, const uint8_t *const *items, const uint32_t *item_lens,
-                      uint8_t *out, size_t cap);
 /* Decode: head location and entry count; DKV_ECORRUPT if the payload is malformed. */
 int dkv_commit_head(const uint8_t *payload, size_t len, uint32_t *head_off, uint32_t *head_len,
                     uint32_t *n_entries);

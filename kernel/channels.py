@@ -1,10 +1,11 @@
 """COMMIT payloads (docs/FORMAT.md section 5) and the store's channel encoding.
 
-This module is pure Python on bytes so that every backend (memory, local, s3)
-shares it; its output is byte-identical to ``durkv.log.encode_commit`` (the C
-encoder), which the tests check when the compiled log is present. The store
-encodes in Python because building one small frame with ``struct`` costs less
-than marshalling the item arrays across cffi.
+This module is the one Python codec of that format: pure Python on bytes, so
+every backend (memory, local, s3) shares it, and ``durkv.log`` re-exports it.
+The C library decodes the same bytes (``dkv_read_channel``, ``verify --deep``);
+the tests hold the two to each other. Frames are built here rather than in C
+because joining one small frame with ``struct`` costs less than marshalling
+item arrays through cffi.
 
 Item compression is per item and self-describing: an item is stored zstd
 compressed when its serialized size is ``>= compress_min_bytes``, and it is
@@ -35,7 +36,8 @@ from .errors import CorruptionError
 
 __all__ = [
     "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "Entry", "encode_commit", "decode_commit",
-    "decode_head", "entry_at", "resolve_channel", "pack_ref", "unpack_ref", "Codec",
+    "decode_head", "entry_at", "entry_header", "snap_ref_at", "snap_refs", "resolve_channel",
+    "pack_ref", "unpack_ref", "Codec",
 ]
 
 FULL, DELTA, SNAP = 1, 2, 3
@@ -104,11 +106,17 @@ def _entries_offset(payload: bytes) -> tuple[int, int]:
     return off + 4, n
 
 
+def _check_entry(kind: int, flags: int, reserved: int) -> None:
+    if kind not in (FULL, DELTA, SNAP) or reserved or flags & ~(F_ZSTD | F_VALUE):
+        raise _bad(f"bad entry header (kind {kind}, flags {flags}, reserved {reserved})")
+
+
 def _read_entry(payload: bytes, off: int) -> tuple[Entry, int]:
     end = len(payload)
     if off + 24 > end:
         raise _bad("entry header past the end")
-    kind, flags, _r, depth, prev_lsn, prev_idx, n = _ENTRY.unpack_from(payload, off)
+    kind, flags, reserved, depth, prev_lsn, prev_idx, n = _ENTRY.unpack_from(payload, off)
+    _check_entry(kind, flags, reserved)
     off += 24
     items = []
     unpack_u32 = _U32.unpack_from
@@ -132,11 +140,12 @@ def decode_commit(payload: bytes) -> tuple[bytes, list[Entry]]:
     for _ in range(n):
         e, off = _read_entry(payload, off)
         entries.append(e)
+    if off != len(payload):
+        raise _bad("trailing bytes after the last entry")
     return head, entries
 
 
-def entry_at(payload: bytes, idx: int) -> Entry:
-    """Entry ``idx`` of a COMMIT payload (skips the entries before it)."""
+def _entry_offset(payload: bytes, idx: int) -> int:
     off, n = _entries_offset(payload)
     if idx >= n:
         raise _bad(f"entry {idx} of {n}")
@@ -146,7 +155,36 @@ def entry_at(payload: bytes, idx: int) -> Entry:
         off += 24
         for _ in range(n_items):
             off += 4 + unpack_u32(payload, off)[0]
-    return _read_entry(payload, off)[0]
+    return off
+
+
+def entry_at(payload: bytes, idx: int) -> Entry:
+    """Entry ``idx`` of a COMMIT payload (skips the entries before it)."""
+    return _read_entry(payload, _entry_offset(payload, idx))[0]
+
+
+def entry_header(payload: bytes, idx: int) -> tuple[int, int, int, int, int, int, int]:
+    """``(kind, flags, depth, prev_lsn, prev_idx, n_items, items_offset)`` of entry
+    ``idx``, copying no item (the history walk reads only headers)."""
+    off = _entry_offset(payload, idx)
+    if off + 24 > len(payload):
+        raise _bad("entry header past the end")
+    kind, flags, reserved, depth, prev_lsn, prev_idx, n = _ENTRY.unpack_from(payload, off)
+    _check_entry(kind, flags, reserved)
+    return kind, flags, depth, prev_lsn, prev_idx, n, off + 24
+
+
+def snap_ref_at(payload: bytes, items_offset: int, k: int) -> tuple[int, int]:
+    """Reference ``k`` of a SNAP entry whose items start at ``items_offset``."""
+    off = items_offset + 16 * k
+    if _U32.unpack_from(payload, off)[0] != 12:
+        raise _bad(f"SNAP reference {k} is not 12 bytes")
+    return _REF.unpack_from(payload, off + 4)
+
+
+def snap_refs(entry: Entry) -> list[tuple[int, int]]:
+    """The ``(lsn, idx)`` references of a SNAP entry."""
+    return [_REF.unpack(i) for i in entry.items]
 
 
 def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
@@ -182,7 +220,7 @@ def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
                 ref_lsn, ref_idx = e.prev_lsn, e.prev_idx
                 continue
             if e.kind == SNAP:
-                refs = [_REF.unpack(r) for r in e.items]
+                refs = snap_refs(e)
                 if not refs:
                     raise _bad("SNAP without references", ref_lsn)
                 for r in refs:

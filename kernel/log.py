@@ -2,9 +2,9 @@
 
 This is the only module that imports the compiled library. Everything else in durkv
 sees :class:`SegmentLog` (the local log of one store directory), the module functions
-:func:`verify` / :func:`recover`, and the COMMIT payload codec (:func:`encode_commit`,
-:func:`decode_commit`, :func:`resolve_channel`) that every backend shares. The on-disk
-format is docs/FORMAT.md.
+:func:`verify` / :func:`recover`, and, re-exported from :mod:`durkv.channels`, the COMMIT
+payload codec (:func:`encode_commit`, :func:`decode_commit`, :func:`resolve_channel`) that
+every backend shares. The on-disk format is docs/FORMAT.md.
 
 >>> import tempfile, os
 >>> d = os.path.join(tempfile.mkdtemp(), "agent.durkv")
@@ -23,10 +23,16 @@ import struct
 import threading
 import weakref
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from ._seglog import ffi, lib
+# The COMMIT payload codec (FORMAT.md section 5) lives in durkv.channels, pure Python so
+# that backends without the compiled log share it; the log re-exports it.
+from .channels import (  # noqa: F401  (re-exported)
+    DELTA, F_VALUE, F_ZSTD, FULL, SNAP, Entry, decode_commit, encode_commit, pack_ref,
+    resolve_channel, snap_refs,
+)
 from .errors import (
     ConfigError, CorruptionError, DurkvError, FrameTooLargeError, LogFailedError,
     NotFoundError, ReadOnlyError, StoreLockedError,
@@ -34,11 +40,6 @@ from .errors import (
 
 FRAME_DATA = 1
 FRAME_COMMIT = 2
-FULL = 1
-DELTA = 2
-SNAP = 3
-F_ZSTD = 1
-F_VALUE = 2
 
 _NO_LSN = (1 << 64) - 1
 _DURABILITY = {"sync": lib.DKV_SYNC, "async": lib.DKV_ASYNC, "exit": lib.DKV_EXIT}
@@ -666,132 +667,6 @@ def recover(path: str | os.PathLike, *, skip_corrupt: bool = False,
         raise _error(rc, None, path, "recover")
     assert report is not None
     return report
-
-
-# ---------------------------------------------------------------- COMMIT payloads
-
-@dataclass
-class Entry:
-    """One channel entry of a COMMIT frame (FORMAT.md section 5).
-
-    FULL: ``items`` are the list (or, with F_VALUE, one item holding a non-list value).
-    DELTA: items appended to the value of entry (prev_lsn, prev_idx).
-    SNAP: items are 12-byte references (see :func:`snap_refs` / :func:`pack_ref`).
-    """
-
-    kind: int
-    items: list[bytes]
-    flags: int = 0
-    depth: int = 0
-    prev_lsn: int = 0
-    prev_idx: int = 0
-
-
-_ENTRY = struct.Struct("<BBHIQII")
-_REF = struct.Struct("<QI")
-
-
-def pack_ref(lsn: int, idx: int) -> bytes:
-    """A SNAP reference item."""
-    return _REF.pack(lsn, idx)
-
-
-def snap_refs(entry: Entry) -> list[tuple[int, int]]:
-    """The (lsn, idx) references of a SNAP entry."""
-    return [_REF.unpack(i) for i in entry.items]
-
-
-def encode_commit(head: bytes, entries: Sequence[Entry]) -> bytes:
-    """Encode a COMMIT payload (bytes-identical to the C encoder)."""
-    parts = [struct.pack("<I", len(head)), head, struct.pack("<I", len(entries))]
-    pack, pl = _ENTRY.pack, struct.Struct("<I").pack
-    for e in entries:
-        parts.append(pack(e.kind, e.flags, 0, e.depth, e.prev_lsn, e.prev_idx, len(e.items)))
-        for it in e.items:
-            parts.append(pl(len(it)))
-            parts.append(it)
-    return b"".join(parts)
-
-
-def decode_commit(payload: bytes) -> tuple[bytes, list[Entry]]:
-    """Decode a COMMIT payload into (head, entries). CorruptionError if malformed."""
-    mv = memoryview(payload)
-    try:
-        (hl,) = struct.unpack_from("<I", mv, 0)
-        head = bytes(mv[4:4 + hl])
-        off = 4 + hl
-        (n,) = struct.unpack_from("<I", mv, off)
-        off += 4
-        entries = []
-        for _ in range(n):
-            kind, flags, res, depth, pl, pi, ni = _ENTRY.unpack_from(mv, off)
-            off += _ENTRY.size
-            if kind not in (FULL, DELTA, SNAP) or res or flags & ~3:
-                raise ValueError("bad entry header")
-            items = []
-            for _ in range(ni):
-                (ln,) = struct.unpack_from("<I", mv, off)
-                if off + 4 + ln > len(mv):
-                    raise ValueError("item overruns the payload")
-                items.append(bytes(mv[off + 4:off + 4 + ln]))
-                off += 4 + ln
-            entries.append(Entry(kind, items, flags, depth, pl, pi))
-        if off != len(mv) or len(head) != hl:
-            raise ValueError("trailing bytes")
-    except (struct.error, ValueError) as e:
-        raise CorruptionError(f"malformed COMMIT payload: {e}", kind="bad_header") from e
-    return head, entries
-
-
-def resolve_channel(read_payload: Callable[[int], bytes], lsn: int,
-                    idx: int) -> tuple[list[bytes], int]:
-    """The item list of entry (lsn, idx): the same walk as the C ``dkv_read_channel``, for
-    backends without a C log (memory, S3). ``read_payload(lsn)`` returns a COMMIT payload.
-    Returns (items, flags of the base FULL entry)."""
-    frames: dict[int, list[Entry]] = {}
-
-    def entry(ref: tuple[int, int]) -> Entry:
-        es = frames.get(ref[0])
-        if es is None:
-            es = frames[ref[0]] = decode_commit(read_payload(ref[0]))[1]
-        if ref[1] >= len(es):
-            raise NotFoundError(f"lsn {ref[0]} has no channel entry {ref[1]}")
-        return es[ref[1]]
-
-    def back(ref, to) -> None:
-        if not (to[0] < ref[0] or (to[0] == ref[0] and to[1] < ref[1])):
-            raise CorruptionError(f"entry at lsn {ref[0]} idx {ref[1]} refers forward",
-                                  kind="broken_chain")
-
-    suffix: list[tuple[int, int]] = []   # entries whose own items follow the base, newest first
-    cur = (lsn, idx)
-    while True:
-        e = entry(cur)
-        if e.kind == FULL:
-            break
-        if e.kind == DELTA:
-            nxt = (e.prev_lsn, e.prev_idx)
-            suffix.append(cur)
-        else:
-            refs = snap_refs(e)
-            if not refs:
-                raise CorruptionError(f"SNAP at lsn {cur[0]} has no references",
-                                      kind="broken_chain")
-            for r in reversed(refs[1:]):
-                back(cur, r)
-                suffix.append(r)
-            nxt = refs[0]
-        back(cur, nxt)
-        cur = nxt
-    flags = e.flags
-    items = list(e.items)
-    for ref in reversed(suffix):
-        d = entry(ref)
-        if d.kind != DELTA:
-            raise CorruptionError(f"SNAP refers to a non-DELTA entry at lsn {ref[0]}",
-                                  kind="broken_chain")
-        items.extend(d.items)
-    return items, flags
 
 
 # ---------------------------------------------------------------- crc32c, test hooks

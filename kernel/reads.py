@@ -27,45 +27,16 @@ import struct
 from bisect import bisect_left
 from typing import Any, Iterator
 
-from .channels import DELTA, F_VALUE, FULL, SNAP, entry_at
+from .channels import DELTA, F_VALUE, FULL, SNAP, entry_at, entry_header, snap_ref_at
 from .errors import DurkvError, NotFoundError
 from .index import Lane
 from .records import ChannelEntry, Checkpoint, PendingWrite, _check_id, _head_of
 
 __all__ = ["Reads"]
 
-_ENTRY = struct.Struct("<BBHIQII")   # kind flags reserved depth prev_lsn prev_idx n_items
-_U32 = struct.Struct("<I")
-_REF = struct.Struct("<QI")
 # values that are safe to hand out to several checkpoints (cannot be mutated)
 _IMMUTABLE = frozenset((str, int, float, bool, bytes, complex, type(None)))
 _MISS = object()
-
-
-def _entry_head(payload: bytes, idx: int) -> tuple[int, int, int, int, int]:
-    """``(kind, prev_lsn, prev_idx, n_items, items_offset)`` of entry ``idx`` of a COMMIT
-    payload, without copying any item. ``struct.error``/``IndexError`` if malformed."""
-    unpack_u32 = _U32.unpack_from
-    off = 4 + unpack_u32(payload, 0)[0]
-    if idx >= unpack_u32(payload, off)[0]:
-        raise IndexError(idx)
-    off += 4
-    unpack_entry = _ENTRY.unpack_from
-    for _ in range(idx):
-        n = unpack_entry(payload, off)[6]
-        off += 24
-        for _ in range(n):
-            off += 4 + unpack_u32(payload, off)[0]
-    kind, _f, _r, _d, pl, pi, n = unpack_entry(payload, off)
-    return kind, pl, pi, n, off + 24
-
-
-def _snap_ref(payload: bytes, items_off: int, k: int) -> tuple[int, int]:
-    """Reference ``k`` of a SNAP entry whose items start at ``items_off``."""
-    off = items_off + 16 * k
-    if _U32.unpack_from(payload, off)[0] != 12:
-        raise IndexError(k)
-    return _REF.unpack_from(payload, off + 4)
 
 
 class _Memo:
@@ -345,21 +316,21 @@ class Reads:
         read = self._b.read
         try:
             p = payload if r[0] == lsn else read(r[0])
-            kind, pl, pi, k, off = _entry_head(p, r[1])
+            kind, _f, _d, pl, pi, k, off = entry_header(p, r[1])
             if kind == SNAP:
                 if k == 0:
                     return
                 if k == 1:
-                    base = _snap_ref(p, off, 0)
+                    base = snap_ref_at(p, off, 0)
                     if base < r:
                         memo.put_list(base, master, n)
                     return
-                last = _snap_ref(p, off, k - 1)
-                before = _snap_ref(p, off, k - 2)
+                last = snap_ref_at(p, off, k - 1)
+                before = snap_ref_at(p, off, k - 2)
                 if not before < last < r:
                     return
                 q = p if last[0] == r[0] else read(last[0])
-                kind, pl, pi, k, _off = _entry_head(q, last[1])
+                kind, _f, _d, pl, pi, k, _off = entry_header(q, last[1])
                 if kind != DELTA or (pl, pi) != before:
                     return
             elif kind != DELTA:

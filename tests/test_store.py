@@ -488,15 +488,19 @@ def test_closed_store_refuses(url):
         s.get("t")
 
 
-def test_commit_encoding_matches_the_c_encoder():
-    log = pytest.importorskip("durkv.log")
-    from durkv.channels import Entry, decode_commit as mine_decode, encode_commit as mine
+def test_commit_codec_round_trip_and_strictness():
+    from durkv.channels import Entry, decode_commit, encode_commit
 
     entries = [Entry(FULL, [b"a", b"", b"bc"], 2), Entry(DELTA, [b"x"], 1, 3, 77, 1),
                Entry(SNAP, [b"\x01" * 12], 0)]
-    theirs = log.encode_commit(b"head", [log.Entry(*e) for e in entries])
-    assert mine(b"head", entries) == theirs
-    assert mine_decode(theirs) == (b"head", entries)
+    payload = encode_commit(b"head", entries)
+    assert decode_commit(payload) == (b"head", entries)
+    with pytest.raises(durkv.CorruptionError):
+        decode_commit(payload + b"\0")                    # trailing bytes
+    bad_kind = bytearray(payload)
+    bad_kind[4 + 4 + 4] = 9                                # first entry's kind byte
+    with pytest.raises(durkv.CorruptionError):
+        decode_commit(bytes(bad_kind))
 
 
 def test_local_read_channel_agrees_with_python(tmp_path):
