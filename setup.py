@@ -1,14 +1,21 @@
 """Build durkv: the Python packages plus the C segment log compiled through cffi.
 
-Metadata lives in pyproject.toml; this file exists for the package-dir mapping and
-``cffi_modules`` (cffi's setuptools hook), which pyproject.toml cannot express.
+Metadata lives in pyproject.toml; this file exists for the package-dir mapping,
+``cffi_modules`` (cffi's setuptools hook) and the small CPython extension
+``durkv._listprefix``, which pyproject.toml cannot express.
 """
 
-from setuptools import setup
+import os
+
+from setuptools import Extension, setup
+
+_warn = ["-O2", "-Wall", "-Wextra"] + (["-Werror"] if os.environ.get("DURKV_WERROR") else [])
 
 setup(
     packages=["durkv", "durkv.backends", "durkv.cli"],
     package_dir={"durkv": "kernel", "durkv.backends": "backends", "durkv.cli": "cli"},
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
+    ext_modules=[Extension("durkv._listprefix", ["csrc/listprefix.c"],
+                           extra_compile_args=_warn)],
     zip_safe=False,
 )

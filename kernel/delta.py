@@ -10,8 +10,9 @@ the new one. Only the new items are serialized: encoding costs O(new items).
 
 How "is a prefix" is decided is the store option ``delta_check``:
 
-- ``"prefix"`` (the default) compares the whole committed prefix with ``==`` at
-  C speed (identity short-circuits each item, ~2.5 ns per item). It is exact:
+- ``"prefix"`` (the default) compares the whole committed prefix: one memcmp of
+  the two lists' item-pointer arrays (``durkv._listprefix``, ~0.15 ns per item),
+  and ``==`` only for items that are not the same object. It is exact:
   any replaced or edited item makes the entry FULL, so the stored value is
   always the value that was put. LangGraph's ``add_messages`` replaces a
   message by id at its position, which is why this is the default.
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._listprefix import has_prefix
 from .channels import DELTA, F_VALUE, F_ZSTD, FULL, SNAP, entry_at, pack_ref
 from .errors import SerializationError
 from .index import Lane
@@ -179,10 +181,10 @@ class ChannelState:
             return None
         if (self._prefix_check or len(v) == n or type(first) in _SCALARS
                 or type(last) in _SCALARS):
-            # exact: C-speed compare of the committed prefix (identity short-circuits each
-            # item, ~2.5 ns/item; only items that are not the same object call __eq__)
+            # exact: one memcmp of the item-pointer arrays (~0.15 ns/item, no allocation);
+            # only items that are not the same object are compared with ==
             try:
-                if v[:n] != (old if len(old) == n else old[:n]):
+                if not has_prefix(v, old, n):
                     return None
             except Exception:
                 return None

@@ -491,8 +491,9 @@ def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
         segment_bytes, flush_interval_ms, recovery: passed to the local log.
         max_commit_bytes: refuse (FrameTooLargeError) a commit larger than this.
         delta_check: how a new list is recognised as the old one plus appended items:
-            ``"prefix"`` (the default; exact: the whole committed prefix is compared at
-            C speed, ~2.5 ns per item, and any difference writes a FULL entry) or
+            ``"prefix"`` (the default; exact: the whole committed prefix is compared,
+            one memcmp of item pointers, ~0.15 ns per item, and any difference writes a
+            FULL entry) or
             ``"identity"`` (O(1): first/middle/last items must be the same objects; only
             for callers whose lists change by appending alone -- a replacement at another
             position plus an append in one step is NOT seen). See :mod:`durkv.delta`.
