@@ -16,7 +16,6 @@ from typing import Annotated
 import pytest
 from typing_extensions import TypedDict
 
-pytest.importorskip("langgraph")
 
 from langgraph.channels import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
@@ -335,7 +334,6 @@ def test_async_graph(reopen):
 
 def test_operator_add_bytes_grow_linearly(tmp_path):
     """N supersteps appending ~1 KiB each cost O(N) bytes on disk, not O(N^2)."""
-    pytest.importorskip("durkv.store")
     payload = os.urandom(512).hex()  # ~1 KiB of text that compresses ~2:1 at best
 
     def step(s: LoopState) -> dict:

@@ -14,12 +14,10 @@ import itertools
 
 import pytest
 
-conformance = pytest.importorskip("langgraph.checkpoint.conformance")
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.capabilities import Capability
 
-from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
-from langgraph.checkpoint.conformance.capabilities import Capability  # noqa: E402
-
-from durkv.langgraph import DurkvSaver  # noqa: E402
+from durkv.langgraph import DurkvSaver
 
 
 @pytest.mark.parametrize("where", ["memory", "local"])

@@ -504,7 +504,6 @@ def test_commit_codec_round_trip_and_strictness():
 
 
 def test_local_read_channel_agrees_with_python(tmp_path):
-    pytest.importorskip("durkv.log")
     from durkv.channels import resolve_channel
 
     with durkv.open(str(tmp_path / "s"), snapshot_every=3) as s:

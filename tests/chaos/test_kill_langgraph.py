@@ -31,8 +31,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("langgraph")
-pytest.importorskip("durkv.store")
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
