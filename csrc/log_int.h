@@ -70,6 +70,7 @@ int dkv__load_index(dkv_log *log, seg_t *s);
 #define STORE_LSN(field, v) __atomic_store_n(&(field), (v), __ATOMIC_RELAXED)
 seg_t *dkv__find_seg(dkv_log *log, uint64_t lsn);
 void dkv__seg_free(seg_t *s);
+int dkv__segs_reserve(dkv_log *log);
 int dkv__index_push(seg_t *s, uint64_t off);
 
 #endif

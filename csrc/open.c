@@ -188,14 +188,8 @@ static int check_sealed(dkv_log *log, seg_t *s, load_result *lr, int have_traile
 static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
 {
     memset(lr, 0, sizeof *lr);
-    if (log->nsegs == log->cap_segs) {
-        size_t nc = log->cap_segs ? log->cap_segs * 2 : 16;
-        seg_t *p = realloc(log->segs, nc * sizeof *p);
-        if (!p)
-            return DKV_ENOMEM;
-        log->segs = p;
-        log->cap_segs = nc;
-    }
+    if (dkv__segs_reserve(log))
+        return DKV_ENOMEM;
     char name[64], path[4200];
     dkv__seg_name(name, base);
     snprintf(path, sizeof path, "%s/%s", log->dir, name);

@@ -77,6 +77,20 @@ int dkv__usable(dkv_log *log, int write)
     return 0;
 }
 
+/* Room for one more entry in log->segs (amortized doubling). */
+int dkv__segs_reserve(dkv_log *log)
+{
+    if (log->nsegs < log->cap_segs)
+        return 0;
+    size_t nc = log->cap_segs ? log->cap_segs * 2 : 16;
+    seg_t *p = realloc(log->segs, nc * sizeof *p);
+    if (!p)
+        return DKV_ENOMEM;
+    log->segs = p;
+    log->cap_segs = nc;
+    return 0;
+}
+
 int dkv__index_push(seg_t *s, uint64_t off)
 {
     if (s->n_index == s->cap_index) {
@@ -271,14 +285,8 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     h.base_lsn = log->next_lsn;
     h.start_lsn = start_lsn;
     h.prev_digest = prev_digest;
-    if (log->nsegs == log->cap_segs) {
-        size_t nc = log->cap_segs ? log->cap_segs * 2 : 16;
-        seg_t *p = realloc(log->segs, nc * sizeof *p);
-        if (!p)
-            return DKV_ENOMEM;
-        log->segs = p;
-        log->cap_segs = nc;
-    }
+    if (dkv__segs_reserve(log))
+        return DKV_ENOMEM;
     char name[64], path[4200];
     dkv__seg_name(name, h.base_lsn);
     snprintf(path, sizeof path, "%s/%s", log->dir, name);
