@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import os
 import random
-import select
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +25,7 @@ from pathlib import Path
 
 import logtools as lt
 import pytest
+from chaos.harness import kill_and_collect, read_until
 from durkv.log import SegmentLog, recover, verify
 
 CHILD = Path(__file__).with_name("writer_child.py")
@@ -44,47 +43,21 @@ def _spawn(d, policy, run, threads, compact_every=0):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
-def _read_until(fd, buf: bytearray, token: bytes, deadline: float) -> bool:
-    while token not in buf:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        r, _, _ = select.select([fd], [], [], left)
-        if not r:
-            return False
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return False
-        buf += chunk
-    return True
-
-
 def _one_kill(d, policy, run, rnd, threads, compact_every=0):
     """Spawn, kill, return (acked {lsn: digest}, last flushed lsn or -1)."""
     proc = _spawn(d, policy, run, threads, compact_every)
-    fd = proc.stdout.fileno()
     buf = bytearray()
     try:
         if rnd.random() < 0.1:
             time.sleep(rnd.uniform(0.0, 0.15))       # may land in import / open recovery
+        elif not read_until(proc.stdout.fileno(), buf, b"\n", time.monotonic() + 20):
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"child never became ready: {proc.stderr.read().decode()[-2000:]}")
         else:
-            if not _read_until(fd, buf, b"\n", time.monotonic() + 20):
-                proc.kill()
-                proc.wait()
-                pytest.fail(f"child never became ready: {proc.stderr.read().decode()[-2000:]}")
             time.sleep(rnd.uniform(0.005, 0.060))
-        proc.send_signal(signal.SIGKILL)
     finally:
-        proc.kill()
-        while True:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            buf += chunk
-        err = proc.stderr.read().decode()
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"child died on its own:\n{err[-3000:]}"
-    lines = bytes(buf).decode().split("\n")[:-1]   # drop an incomplete last line
+        lines, _err = kill_and_collect(proc, buf)
     acked, flushed = {}, -1
     for line in lines:
         a, b = line.split(" ")

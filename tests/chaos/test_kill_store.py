@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 import random
-import select
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from chaos.harness import kill_and_collect, read_until
 
 import durkv
 import durkv.log
@@ -38,34 +37,15 @@ def _run_and_kill(path, mode, rnd) -> tuple[set[str], set[str], int, bool]:
     proc = subprocess.Popen([sys.executable, str(CHILD), str(path), mode],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    fd = proc.stdout.fileno()
     buf = bytearray()
     try:
-        deadline = time.monotonic() + 30
-        while b"READY" not in buf and time.monotonic() < deadline:
-            r, _, _ = select.select([fd], [], [], 0.5)
-            if r:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                buf += chunk
-        if b"READY" not in buf:
+        if not read_until(proc.stdout.fileno(), buf, b"READY", time.monotonic() + 30):
             proc.kill()
             proc.wait()
             pytest.fail(f"child never became ready: {proc.stderr.read().decode()[-3000:]}")
         time.sleep(rnd.uniform(0.005, 0.15))
-        proc.send_signal(signal.SIGKILL)
     finally:
-        proc.kill()
-        while True:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            buf += chunk
-        proc.wait()
-        err = proc.stderr.read().decode()
-    assert proc.returncode == -signal.SIGKILL, err[-3000:]
-    lines = buf.decode().splitlines()
+        lines, _err = kill_and_collect(proc, buf)
     acked = {ln.split()[1] for ln in lines if ln.startswith("ACK ")}
     wacked = {ln.split()[1] for ln in lines if ln.startswith("WACK ")}
     in_compact = bool(lines) and lines[-1] == "COMPACTING"
