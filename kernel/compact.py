@@ -138,6 +138,8 @@ def compact(store: "Store") -> dict[str, Any]:
     _keep_heads(store, old_heads, mapped)
     b.remove_prefix(begin)
     store._scan_pos = max(store._scan_pos, b.start_lsn)
+    if store._index_every:
+        store._write_index()      # open then replays nothing of the copies
     return {"bytes_before": bytes_before, "bytes_after": b.size_bytes(),
             "checkpoints_kept": kept}
 

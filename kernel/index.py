@@ -1,6 +1,7 @@
 """The store's in-memory index: where each checkpoint and pending write lives.
 
-Rebuilt at open by replaying the head of every COMMIT frame. Per
+Rebuilt at open by replaying the heads of the COMMIT frames after the newest
+``K_INDEX`` record (:func:`load_index` of its state), or of every frame. Per
 (thread, namespace) a :class:`Lane` keeps compact parallel arrays -- no Python
 object per checkpoint besides its id string:
 
@@ -18,11 +19,16 @@ materialized in ``Lane.head`` by the store (see ``durkv.store``).
 
 from __future__ import annotations
 
+import sys
 from array import array
 from bisect import bisect_left, bisect_right
+from itertools import islice
+from operator import le, lt
 from typing import Any, Iterable
 
-__all__ = ["Lane", "Index"]
+__all__ = ["Lane", "Index", "dump_index", "load_index"]
+
+_SWAP = sys.byteorder != "little"    # K_INDEX arrays are little-endian u64
 
 
 class Lane:
@@ -227,3 +233,66 @@ class Index:
                 lane = nss.get(n)
                 if lane is not None:
                     yield t, n, lane
+
+
+def _abytes(a: array) -> bytes:
+    if _SWAP:
+        a = array("Q", a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def _aload(b: Any, lo: int, hi: int) -> array:
+    if type(b) is not bytes or len(b) % 8:
+        raise ValueError("array field is not a u64 byte string")
+    a = array("Q")
+    a.frombytes(b)
+    if _SWAP:
+        a.byteswap()
+    if a and (min(a) < lo or max(a) >= hi):
+        raise ValueError(f"an LSN outside [{lo}, {hi})")
+    return a
+
+
+def dump_index(ix: Index) -> list:
+    """The index as msgpack-able lists (the state of a ``K_INDEX`` record, in dict order):
+    ``[[thread, [[ns, ids, lsns, wk, wv, orphans|None], ...]], ...]``; ``lsns``/``wk``/``wv``
+    are little-endian u64 byte strings. Materialized heads are not part of it."""
+    return [[t, [[n, lane.ids, _abytes(lane.lsns), _abytes(lane.wk), _abytes(lane.wv),
+                  lane.orphans] for n, lane in nss.items()]]
+            for t, nss in ix.threads.items()]
+
+
+def load_index(state: Any, lo: int, hi: int) -> Index:
+    """Rebuild an :class:`Index` from :func:`dump_index` output; every LSN must lie in
+    ``[lo, hi)``. Raises ValueError (or TypeError) on anything malformed."""
+    ix = Index()
+    threads = ix.threads
+    for t, lanes in state:
+        if type(t) is not str or t in threads:
+            raise ValueError("bad thread id")
+        nss = threads[t] = {}
+        for n, ids, lsns, wk, wv, orphans in lanes:
+            if type(n) is not str or n in nss or type(ids) is not list:
+                raise ValueError("bad lane")
+            lane = Lane()
+            lane.lsns = _aload(lsns, lo, hi)
+            lane.wk = _aload(wk, lo, hi)
+            lane.wv = _aload(wv, lo, hi)
+            if len(ids) != len(lane.lsns) or len(lane.wk) != len(lane.wv):
+                raise ValueError("array lengths differ")
+            if not (all(type(c) is str for c in ids) and all(map(lt, ids, islice(ids, 1, None)))):
+                raise ValueError("checkpoint ids are not sorted strings")
+            if not all(map(le, lane.wk, islice(lane.wk, 1, None))):
+                raise ValueError("write keys are not sorted")
+            if orphans is not None:
+                if type(orphans) is not dict:
+                    raise ValueError("bad orphans")
+                for cid, ws in orphans.items():
+                    if type(cid) is not str or type(ws) is not list or any(
+                            type(w) is not int or not lo <= w < hi for w in ws):
+                        raise ValueError("bad orphan writes")
+            lane.ids = ids
+            lane.orphans = orphans
+            nss[n] = lane
+    return ix

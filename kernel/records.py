@@ -19,6 +19,17 @@ INSERT OR IGNORE), true = it is overwritten (special channels only).
 Compaction writes ``COMPACT_BEGIN``, copies (``COPY_*``), then ``COMPACT_END``;
 replay applies copies to a fresh index and switches to it at END, and ignores
 copies that no END follows (see :mod:`durkv.compact`).
+
+``K_INDEX`` is an index snapshot: the whole in-memory index that replaying every
+frame before it builds (``state`` = :func:`durkv.index.dump_index`: per thread
+and namespace the checkpoint ids with their frame LSNs, the pending-write LSNs
+and the orphan writes; no channel values), the LSN it was written at and the
+last compaction's BEGIN LSN (-1: none). The writer appends one at close, after a
+compaction and every ``index_every`` frames; open reads the frames backwards for
+the newest one that decodes and checks, and replays only the frames after it.
+It changes nothing when replayed (like any record, it abandons an unfinished
+compaction). It is only a shortcut: a bad one is skipped for an older one or a
+full replay.
 """
 
 from __future__ import annotations
@@ -43,6 +54,8 @@ K_COMPACT_BEGIN = 6  # [6]
 K_COMPACT_END = 7   # [7, begin_lsn]
 K_COPY_CKPT = 8     # as K_CKPT, written by compact() between BEGIN and END
 K_COPY_WRITES = 9   # as K_WRITES, written by compact()
+K_INDEX = 10        # [10, 1, own_lsn, compacted_at, state]  (index snapshot, see above)
+INDEX_VERSION = 1
 
 DURABILITIES = ("sync", "async", "exit")
 # LangGraph's WRITES_IDX_MAP channels: a put_writes made only of these overwrites

@@ -3,7 +3,8 @@
 Every change is ONE log frame (a COMMIT payload, docs/FORMAT.md section 5)
 whose head is a msgpack list starting with a record kind; deletes, copies and
 prunes are small records too, so a reopen replays them. The index
-(:mod:`durkv.index`) is rebuilt at open from the frame heads only.
+(:mod:`durkv.index`) is rebuilt at open from the frame heads only: from the
+newest ``K_INDEX`` snapshot on, when the log has one (``index_every``).
 
 >>> import durkv
 >>> with durkv.open("memory://") as store:
@@ -31,12 +32,12 @@ from .delta import ChannelState, _Chan, _Head
 from .errors import (
     ConfigError, CorruptionError, FrameTooLargeError, ReadOnlyError, SerializationError,
 )
-from .index import Index
+from .index import Index, dump_index, load_index
 from .reads import Reads
 from .records import (  # noqa: F401 - re-exported: the store's public types and record kinds
-    DURABILITIES, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_THREAD,
-    K_COPY_WRITES, K_DEL_THREAD, K_REMOVE, K_WRITES, SPECIAL_WRITE_CHANNELS, ChannelEntry,
-    Checkpoint, PendingWrite, _check_id, _head_of, _packb,
+    DURABILITIES, INDEX_VERSION, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT,
+    K_COPY_THREAD, K_COPY_WRITES, K_DEL_THREAD, K_INDEX, K_REMOVE, K_WRITES,
+    SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, _check_id, _head_of, _packb,
 )
 from .serde import Serde, default_serde
 
@@ -51,7 +52,7 @@ class Store(ChannelState, Reads):
     def __init__(self, backend: Any, *, url: str, durability: str = "sync",
                  read_only: bool = False, serde: Serde | None = None, snapshot_every: int = 64,
                  compress_min_bytes: int = 1024, max_commit_bytes: int = 256 << 20,
-                 delta_check: str = "prefix") -> None:
+                 delta_check: str = "prefix", index_every: int = 50_000) -> None:
         self._b = backend
         self.url = url
         self.durability = durability
@@ -76,6 +77,9 @@ class Store(ChannelState, Reads):
         self._next_lsn = -1       # LSN of the next append when known (saves a call per put)
         self._wfp: dict[int, tuple[int, int]] = {}   # xxh3 of recent write frames -> lsn, rank
         self._closed = False
+        self._index_every = index_every   # frames between K_INDEX snapshots (0: never write one)
+        self._index_lsn = backend.start_lsn - 1   # LSN of the newest K_INDEX known
+        self._restore_index()
         self._replay()
         if not read_only:
             self._shadow = None     # a compaction cut short by a crash: its copies are dead
@@ -107,7 +111,14 @@ class Store(ChannelState, Reads):
             if self._closed:
                 return
             self._closed = True
-            self._b.close()
+            try:
+                if (not self.read_only and self._index_every
+                        and self._b.next_lsn - 1 > self._index_lsn):
+                    self._write_index()
+            except Exception:
+                pass    # a snapshot is only a shortcut; the log is intact without it
+            finally:
+                self._b.close()
 
     def verify(self, deep: bool = False) -> Any:
         """Check the stored bytes (local: the log's verify report)."""
@@ -151,6 +162,9 @@ class Store(ChannelState, Reads):
                 h = _head_of(payload)
                 kind = h[0]
             except Exception as e:
+                if len(payload) > 5 and 0x91 <= payload[4] <= 0x9f and payload[5] == K_INDEX:
+                    pos = lsn + 1     # a snapshot that does not decode: only a lost shortcut
+                    continue
                 raise CorruptionError(
                     f"store {self.url}: frame {lsn} is a COMMIT frame whose head is not a store "
                     f"record ({e}); run `durkv verify` on the store", kind="bad_record",
@@ -159,6 +173,59 @@ class Store(ChannelState, Reads):
                 self._apply(lsn, h)
             pos = lsn + 1
         self._scan_pos = pos
+
+    def _restore_index(self) -> None:
+        """Start from the newest K_INDEX snapshot that decodes and checks: read the frames
+        backwards from the tail (only the kind of each head) down to ``start_lsn``. With
+        none, the replay starts at ``start_lsn`` (a full replay)."""
+        b = self._b
+        lo = b.start_lsn
+        lsn = b.next_lsn - 1
+        while lsn >= lo:
+            try:
+                p = b.read(lsn)
+                # the head's msgpack list header, then its first element (the kind)
+                if len(p) > 5 and 0x91 <= p[4] <= 0x9f and p[5] == K_INDEX:
+                    h = _head_of(p)
+                    if (h[0] != K_INDEX or h[1] != INDEX_VERSION or h[2] != lsn
+                            or type(h[3]) is not int or not -1 <= h[3] < lsn):
+                        raise ValueError("bad K_INDEX header")
+                    ix = load_index(h[4], lo, lsn)
+                else:
+                    lsn -= 1
+                    continue
+            except Exception:
+                lsn -= 1       # unreadable or not a valid snapshot: look further back
+                continue
+            self._ix = ix
+            self._compacted_at = h[3]
+            self._shadow = None
+            self._scan_pos = lsn + 1
+            self._index_lsn = lsn
+            return
+
+    def _write_index(self) -> None:
+        """Append a K_INDEX snapshot of the index (under the lock; writer only). Never
+        raises: a snapshot is only a shortcut, and the commit that triggered it is done
+        (a failing backend reports itself on the next call)."""
+        if self._shadow is not None:
+            return
+        try:
+            lsn = self._next_lsn if self._next_lsn >= 0 else self._b.next_lsn
+            payload = encode_commit(_packb([K_INDEX, INDEX_VERSION, lsn, self._compacted_at,
+                                            dump_index(self._ix)]), ())
+            if len(payload) > self.max_commit_bytes:
+                self._index_lsn = lsn      # too big to keep: try again index_every frames later
+                return
+            # under the store's policy, but never waited for: losing it only costs open time
+            self._index_lsn = self._append(payload, self.durability)
+        except Exception:
+            pass
+
+    def _maybe_index(self, lsn: int) -> None:
+        """After the index took in frame ``lsn``: snapshot it every ``index_every`` frames."""
+        if self._index_every and lsn - self._index_lsn >= self._index_every:
+            self._write_index()
 
     def _apply(self, lsn: int, h: list) -> None:
         kind = h[0]
@@ -190,7 +257,8 @@ class Store(ChannelState, Reads):
         elif kind == K_REMOVE:
             for t, n, cids in h[1]:
                 ix.remove(t, n, cids)
-        # unknown kinds are skipped: a newer writer's record this reader does not know
+        # K_INDEX (a snapshot of what was replayed so far) changes nothing, and unknown
+        # kinds are skipped: a newer writer's record this reader does not know
 
     # -- put ---------------------------------------------------------------------------------
 
@@ -303,6 +371,8 @@ class Store(ChannelState, Reads):
                                   chans)
             elif checkpoint_id == head.cid:
                 lane.head = None   # the newest was replaced: reload on demand
+            if self._index_every and got - self._index_lsn >= self._index_every:
+                self._write_index()
         if wait:
             # outside the lock, so that concurrent committers share one fsync (group commit)
             self._b.wait_durable(got)
@@ -365,6 +435,7 @@ class Store(ChannelState, Reads):
             else:
                 lsn = self._append(payload, dur)
                 self._ix.add_write(thread_id, checkpoint_ns, checkpoint_id, lsn)
+                self._maybe_index(lsn)
                 if fp is not None:
                     if len(self._wfp) >= 4096:
                         self._wfp.clear()
@@ -398,9 +469,10 @@ class Store(ChannelState, Reads):
             self._check_write()
             if thread_id not in self._ix.threads:
                 return
-            self._commit_record([K_DEL_THREAD, thread_id])
+            lsn = self._commit_record([K_DEL_THREAD, thread_id])
             self._ix.delete_thread(thread_id)
             self._wfp.clear()
+            self._maybe_index(lsn)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every namespace, checkpoint and pending write of a thread to another
@@ -411,16 +483,18 @@ class Store(ChannelState, Reads):
             self._check_write()
             if source_thread_id not in self._ix.threads or source_thread_id == target_thread_id:
                 return
-            self._commit_record([K_COPY_THREAD, source_thread_id, target_thread_id])
+            lsn = self._commit_record([K_COPY_THREAD, source_thread_id, target_thread_id])
             self._ix.copy_thread(source_thread_id, target_thread_id)
+            self._maybe_index(lsn)
 
     def _remove(self, doomed: list) -> None:
         if not doomed:
             return
-        self._commit_record([K_REMOVE, doomed])
+        lsn = self._commit_record([K_REMOVE, doomed])
         self._wfp.clear()
         for t, n, cids in doomed:
             self._ix.remove(t, n, cids)
+        self._maybe_index(lsn)
 
     def delete_runs(self, run_ids: Sequence[str]) -> None:
         """Remove the checkpoints (and their writes) whose ``metadata["run_id"]`` is in
@@ -477,7 +551,8 @@ def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
                serde: Serde | None = None, snapshot_every: int = 64,
                compress_min_bytes: int = 1024, segment_bytes: int | None = None,
                flush_interval_ms: int = 10, recovery: str = "tolerate_tail",
-               max_commit_bytes: int = 256 << 20, delta_check: str = "prefix") -> Store:
+               max_commit_bytes: int = 256 << 20, delta_check: str = "prefix",
+               index_every: int = 50_000) -> Store:
     """Open (creating if needed) a store.
 
     Args:
@@ -497,6 +572,10 @@ def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
             ``"identity"`` (O(1): first/middle/last items must be the same objects; only
             for callers whose lists change by appending alone -- a replacement at another
             position plus an append in one step is NOT seen). See :mod:`durkv.delta`.
+        index_every: append an index snapshot (``K_INDEX``) every this many frames, and
+            at close and after a compaction when anything was committed since the last
+            one, so that open replays only the frames after it. 0: write none (open
+            still uses the snapshots already in the log).
 
     >>> import durkv
     >>> store = durkv.open("memory://")
@@ -513,6 +592,8 @@ def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
         raise ConfigError(f"snapshot_every must be an int >= 1, got {snapshot_every!r}")
     if not isinstance(compress_min_bytes, int) or compress_min_bytes < 0:
         raise ConfigError(f"compress_min_bytes must be an int >= 0, got {compress_min_bytes!r}")
+    if type(index_every) is not int or index_every < 0:
+        raise ConfigError(f"index_every must be an int >= 0, got {index_every!r}")
     if delta_check not in ("identity", "prefix"):
         raise ConfigError(f"delta_check must be 'identity' or 'prefix', got {delta_check!r}")
     if not isinstance(max_commit_bytes, int) or not 0 < max_commit_bytes < (1 << 30):
@@ -528,7 +609,7 @@ def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
         return Store(backend, url=str(url), durability=durability, read_only=read_only,
                      serde=serde, snapshot_every=snapshot_every,
                      compress_min_bytes=compress_min_bytes, max_commit_bytes=max_commit_bytes,
-                     delta_check=delta_check)
+                     delta_check=delta_check, index_every=index_every)
     except BaseException:
         backend.close()
         raise

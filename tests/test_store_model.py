@@ -64,7 +64,8 @@ def check(store, model: Model) -> None:
 def run_ops(ops, snapshot_every):
     d = tempfile.mkdtemp(prefix="durkv-model-")
     path = os.path.join(d, "s")
-    opts = dict(snapshot_every=snapshot_every, durability="exit", compress_min_bytes=40)
+    opts = dict(snapshot_every=snapshot_every, durability="exit", compress_min_bytes=40,
+                index_every=3)     # periodic index snapshots between the reopens too
     store = durkv.open(path, **opts)
     model = Model()
     counter = 0
