@@ -5,6 +5,8 @@ Keep this file small: markers, and fixtures more than one test file needs.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 
@@ -31,3 +33,21 @@ def no_faults():
     fault_inject(None)
     yield fault_inject
     fault_inject(None)
+
+
+# ---- store fixtures (tests/test_store*.py) ---------------------------------------------
+
+_store_names = itertools.count()
+
+
+@pytest.fixture(params=["memory", "local"])
+def url(request, tmp_path):
+    """A fresh store URL on each backend (memory URLs are named so they can be reopened)."""
+    if request.param == "memory":
+        name = f"test-store-{next(_store_names)}"
+        yield f"memory://{name}"
+        from durkv.backends.memory import MemoryBackend
+
+        MemoryBackend.drop(name)
+    else:
+        yield str(tmp_path / "s.durkv")

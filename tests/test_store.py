@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import uuid
 
 import pytest
@@ -12,20 +11,8 @@ import durkv
 from durkv.channels import DELTA, FULL, SNAP, decode_commit
 from durkv.store import K_CKPT, _head_of
 
-_names = itertools.count()
 
 
-@pytest.fixture(params=["memory", "local"])
-def url(request, tmp_path):
-    """A fresh store URL on each backend (memory URLs are named so they can be reopened)."""
-    if request.param == "memory":
-        name = f"test-store-{next(_names)}"
-        yield f"memory://{name}"
-        from durkv.backends.memory import MemoryBackend
-
-        MemoryBackend.drop(name)
-    else:
-        yield str(tmp_path / "s.durkv")
 
 
 def put_step(store, i, msgs, *, thread="t", ns="", parent=None, **kw):

@@ -6,26 +6,14 @@ compaction at each step deterministically, by making the backend fail there.
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 
 import durkv
 from durkv.store import K_COMPACT_END, _head_of
 
-_names = itertools.count()
 
 
-@pytest.fixture(params=["memory", "local"])
-def url(request, tmp_path):
-    if request.param == "memory":
-        name = f"test-compact-{next(_names)}"
-        yield f"memory://{name}"
-        from durkv.backends.memory import MemoryBackend
-
-        MemoryBackend.drop(name)
-    else:
-        yield str(tmp_path / "s.durkv")
 
 
 class Crash(Exception):

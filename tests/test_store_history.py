@@ -7,26 +7,12 @@ channels from the log with ``read_channel``: an independent path).
 
 from __future__ import annotations
 
-import itertools
 
-import pytest
 
 import durkv
 
-_names = itertools.count()
 
 
-@pytest.fixture(params=["memory", "local"])
-def url(request, tmp_path):
-    """A fresh store URL on each backend (memory URLs are named so they can be reopened)."""
-    if request.param == "memory":
-        name = f"test-history-{next(_names)}"
-        yield f"memory://{name}"
-        from durkv.backends.memory import MemoryBackend
-
-        MemoryBackend.drop(name)
-    else:
-        yield str(tmp_path / "s.durkv")
 
 
 def msg(tag, i):

@@ -22,14 +22,6 @@ from durkv.store import K_COMPACT_END, K_INDEX, Store, _head_of, _packb
 _names = itertools.count()
 
 
-@pytest.fixture(params=["memory", "local"])
-def url(request, tmp_path):
-    if request.param == "memory":
-        name = f"test-open-{next(_names)}"
-        yield f"memory://{name}"
-        MemoryBackend.drop(name)
-    else:
-        yield str(tmp_path / "s.durkv")
 
 
 class Crash(Exception):
