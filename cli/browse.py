@@ -8,7 +8,6 @@ fails, with LangGraph's (what ``DurkvSaver`` writes).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError, DurkvError, NotFoundError, SerializationError
-from . import output
+from . import output, strict_json
 from .output import JSON_KEY
 
 SERDES = ("auto", "msgpack", "langgraph")
@@ -92,7 +91,8 @@ def _is_empty(value: Any) -> bool:
 
 
 def _compact(value: Any, width: int = 60) -> str:
-    text = json.dumps(value, default=output.jsonable, ensure_ascii=False, separators=(", ", ": "))
+    """One line of strict JSON (the --json encoding), abbreviated to ``width``."""
+    text = strict_json.dumps(value, separators=(", ", ": "))
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
