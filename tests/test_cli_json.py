@@ -243,3 +243,23 @@ def test_the_readme_documents_every_marker():
     readme = (ROOT / "README.md").read_text()
     for marker in (*_UNMARK, "$repr"):
         assert f'"{marker}"' in readme, f"README does not document {marker}"
+
+
+def test_a_channel_langgraph_left_without_a_value_is_not_shown(tmp_path):
+    """LangGraph moves a channel's version without a value (DurkvSaver stores EMPTY):
+    ``ls`` and ``show`` list it as absent, as LangGraph reads it."""
+    pytest.importorskip("langgraph")
+    from durkv.langgraph import DurkvSaver
+
+    d = tmp_path / "lg.durkv"
+    with DurkvSaver.open(str(d)) as saver:
+        config = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+        checkpoint = {"v": 4, "id": "1ef0000000000001", "ts": "2026-01-01T00:00:00+00:00",
+                      "channel_values": {"kept": 1}, "channel_versions": {"kept": 1, "moved": 1},
+                      "versions_seen": {}, "updated_channels": ["kept", "moved"]}
+        saver.put(config, checkpoint, {"step": 0}, {"kept": 1, "moved": 1})
+    with durkv.open(str(d), read_only=True, serde=saver.store.serde) as store:
+        assert store.serde.is_empty(store.get("t1").values["moved"])   # stored as EMPTY
+    assert strict_loads(_run("show", "--json", d, "t1").stdout)["values"] == {"kept": 1}
+    assert strict_loads(_run("ls", "--json", d).stdout)["threads"][0]["channels"] == ["kept"]
+    assert "moved" not in _run("show", d, "t1").stdout.split("values:")[1]
