@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Protocol
 
-__all__ = ["Backend", "DURABILITIES"]
+from durkv.durability import DURABILITIES
 
-DURABILITIES = ("sync", "async", "exit")
+__all__ = ["Backend", "DURABILITIES"]
 
 
 class Backend(Protocol):

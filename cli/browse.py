@@ -8,7 +8,6 @@ fails, with LangGraph's (what ``DurkvSaver`` writes).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,9 +15,11 @@ from typing import Any
 
 import click
 
+from .. import open as open_store
 from ..errors import ConfigError, DurkvError, NotFoundError, SerializationError
-from . import output
+from . import output, strict_json
 from .output import JSON_KEY
+from .stores import log_dir
 
 SERDES = ("auto", "msgpack", "langgraph")
 
@@ -35,7 +36,7 @@ def ns_option(f):
 
 
 def _langgraph_serde() -> Any:
-    try:
+    try:   # imported on use: durkv reads msgpack stores without langgraph installed
         from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
         from ..langgraph_serde import LangGraphSerde
@@ -63,18 +64,14 @@ def _decodes(store: Any) -> bool:
 @contextmanager
 def open_reader(path: Path, serde: str) -> Iterator[Any]:
     """The store at ``path``, read-only, with the serializer that can decode it."""
-    import durkv
-
-    from .main import log_dir
-
     where = log_dir(path)
     if serde == "langgraph":
-        store = durkv.open(where, read_only=True, serde=_langgraph_serde())
+        store = open_store(where, read_only=True, serde=_langgraph_serde())
     else:
-        store = durkv.open(where, read_only=True)
+        store = open_store(where, read_only=True)
         if serde == "auto" and not _decodes(store):
             store.close()
-            store = durkv.open(where, read_only=True, serde=_langgraph_serde())
+            store = open_store(where, read_only=True, serde=_langgraph_serde())
     try:
         yield store
     except DurkvError:
@@ -87,16 +84,22 @@ def open_reader(path: Path, serde: str) -> Iterator[Any]:
         store.close()
 
 
-def _is_empty(value: Any) -> bool:
-    return type(value).__name__ == "_Empty"   # LangGraph adapter: "version moved, no value"
+def _present(store: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The channels that hold a value: without the marker a serde may load for "version
+    moved, no value stored" (LangGraph's ``EMPTY``; the serde that writes it knows it)."""
+    is_empty = getattr(store.serde, "is_empty", None)
+    if is_empty is None:
+        return dict(values)
+    return {k: v for k, v in values.items() if not is_empty(v)}
 
 
 def _compact(value: Any, width: int = 60) -> str:
-    text = json.dumps(value, default=output.jsonable, ensure_ascii=False, separators=(", ", ": "))
+    """One line of strict JSON (the --json encoding), abbreviated to ``width``."""
+    text = strict_json.dumps(value, separators=(", ", ": "))
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def _checkpoint_dict(ck: Any, values: bool = True) -> dict[str, Any]:
+def _checkpoint_dict(store: Any, ck: Any, values: bool = True) -> dict[str, Any]:
     out = {
         "thread_id": ck.thread_id, "checkpoint_ns": ck.checkpoint_ns,
         "checkpoint_id": ck.checkpoint_id, "parent_id": ck.parent_id,
@@ -104,7 +107,7 @@ def _checkpoint_dict(ck: Any, values: bool = True) -> dict[str, Any]:
     }
     if values:
         out["checkpoint"] = ck.checkpoint
-        out["values"] = {k: v for k, v in ck.values.items() if not _is_empty(v)}
+        out["values"] = _present(store, ck.values)
         out["pending_writes"] = [
             {"task_id": w.task_id, "channel": w.channel, "idx": w.idx, "value": w.value,
              "task_path": w.task_path} for w in ck.writes]
@@ -139,8 +142,8 @@ def ls(ctx: click.Context, path: Path, serde: str, as_json: bool) -> None:
                 ck = store.get(thread, ns)
                 if ck is None:
                     continue
-                channels = sorted(k for k, v in ck.values.items() if not _is_empty(v))
-                items.append({**_checkpoint_dict(ck, values=False), "channels": channels})
+                channels = sorted(_present(store, ck.values))
+                items.append({**_checkpoint_dict(store, ck, values=False), "channels": channels})
                 rows.append((thread, ns or "-", ck.checkpoint_id, ck.parent_id or "-",
                              _step(ck.metadata), ", ".join(channels)))
     if as_json:
@@ -177,9 +180,10 @@ def history(ctx: click.Context, path: Path, thread: str, ns: str, limit: int, se
                                 f"durkv ls {path} lists the threads")
         # headers only: no channel value is shown, so none is read or deserialized
         cks = list(store.history(thread, ns, limit=limit or None, values=False))
+        found = [_checkpoint_dict(store, ck, values=False) for ck in cks]
     if as_json:
         output.emit_json({"path": str(path), "thread_id": thread, "checkpoint_ns": ns,
-               "checkpoints": [_checkpoint_dict(ck, values=False) for ck in cks]})
+                          "checkpoints": found})
         return
     rows = [(ck.checkpoint_id, ck.parent_id or "-", _step(ck.metadata), _compact(ck.metadata))
             for ck in cks]
@@ -209,12 +213,12 @@ def show(ctx: click.Context, path: Path, thread: str, checkpoint_id: str | None,
     ctx.meta[JSON_KEY] = as_json
     with open_reader(path, serde) as store:
         ck = store.get(thread, ns, checkpoint_id)
-    if ck is None:
+        data = None if ck is None else _checkpoint_dict(store, ck)
+    if data is None:
         what = f"checkpoint {checkpoint_id!r} of thread {thread!r}" if checkpoint_id \
             else f"thread {thread!r}"
         raise NotFoundError(f"no {what} (namespace {ns!r}) in {path}; "
                             f"durkv ls {path} lists the threads")
-    data = _checkpoint_dict(ck)
     if as_json:
         output.emit_json(data)
         return

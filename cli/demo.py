@@ -21,8 +21,11 @@ from typing import Any
 
 import click
 
+from .. import open as open_store
+from ..durability import DURABILITIES, EXIT, SYNC
 from ..errors import ConfigError, DurkvError
 from . import output, reports
+from .stores import log_module
 
 THREAD = "demo"
 STEP_PAUSE = 0.005  # seconds per step in the crash child: "the LLM is thinking"
@@ -64,15 +67,13 @@ def agent_loop(store: Any, last_step: int, report=None) -> int:
     return step
 
 
-def _child(path: str, last_step: int, durability: str) -> None:
+def crash_child(path: str, last_step: int, durability: str) -> None:
     """The process --crash kills: runs the loop, prints 'step N' after each commit returns."""
-    import durkv
-
     def report(step: int) -> None:
         print(f"step {step}", flush=True)
         time.sleep(STEP_PAUSE)
 
-    with durkv.open(path, durability=durability) as store:
+    with open_store(path, durability=durability) as store:
         agent_loop(store, last_step, report)
 
 
@@ -89,8 +90,8 @@ def _check_path(path: Path) -> None:
 
 def _kill_mid_run(path: Path, last_step: int, kill_at: int, durability: str) -> int:
     """Run the loop in a child process, SIGKILL it once it reported step ``kill_at``."""
-    code = ("import sys; from durkv.cli.demo import _child; "
-            "_child(sys.argv[1], int(sys.argv[2]), sys.argv[3])")
+    code = ("import sys; from durkv.cli.demo import crash_child; "
+            "crash_child(sys.argv[1], int(sys.argv[2]), sys.argv[3])")
     child = subprocess.Popen([sys.executable, "-c", code, str(path), str(last_step), durability],
                              stdout=subprocess.PIPE, text=True)
     reported = 0
@@ -117,7 +118,7 @@ def _kill_mid_run(path: Path, last_step: int, kill_at: int, durability: str) -> 
               help="Agent steps to run.")
 @click.option("--crash", is_flag=True,
               help="Run the loop in a child process, kill -9 it mid-run, then resume.")
-@click.option("--durability", type=click.Choice(["sync", "async", "exit"]), default="sync",
+@click.option("--durability", type=click.Choice(DURABILITIES), default=SYNC,
               show_default=True, help="When a commit's bytes are safe (see README).")
 def demo(path: Path | None, steps: int, crash: bool, durability: str) -> None:
     """Run a simulated agent on a real store and show it is durable.
@@ -134,15 +135,11 @@ def demo(path: Path | None, steps: int, crash: bool, durability: str) -> None:
         durkv demo --crash ./agent.durkv
         durkv verify ./agent.durkv
     """
-    import durkv
-
-    from .main import log_module
-
     if path is None:
         path = Path(tempfile.mkdtemp(prefix="durkv-demo-")) / "agent.durkv"
     _check_path(path)
 
-    with durkv.open(str(path), durability=durability) as store:
+    with open_store(str(path), durability=durability) as store:
         start, _ = latest(store)
     target = start + steps
     click.echo(f"durkv demo: an agent runs steps {start + 1}..{target} on {path} "
@@ -151,23 +148,23 @@ def demo(path: Path | None, steps: int, crash: bool, durability: str) -> None:
     if crash:
         kill_at = start + max(1, steps // 2)
         reported = _kill_mid_run(path, target, kill_at, durability)
-        with durkv.open(str(path), durability=durability) as store:
+        with open_store(str(path), durability=durability) as store:
             resumed, _ = latest(store)
             click.echo(f"  reopened: the latest checkpoint is step {resumed} "
                        f"(the agent had reported step {reported} committed when it was killed)")
             if resumed < reported:
-                if durability != "exit":
+                if durability != EXIT:
                     raise DurkvError(f"step {reported} was committed but is lost after the kill")
                 click.echo("  (durability=exit keeps commits in memory until a flush or a "
                            "clean close: a kill loses them, by design)")
             click.echo(f"  resuming at step {resumed + 1}")
             agent_loop(store, target)
     else:
-        with durkv.open(str(path), durability=durability) as store:
+        with open_store(str(path), durability=durability) as store:
             agent_loop(store, target,
                        lambda s: click.echo(f"  step {s}: committed checkpoint {s:08d}"))
 
-    with durkv.open(str(path), read_only=True) as store:
+    with open_store(str(path), read_only=True) as store:
         step, messages = latest(store)
         n_history = sum(1 for _ in store.history(THREAD))
     same = messages == expected_messages(target)

@@ -4,7 +4,9 @@ Commands do their work through ``durkv.log`` / ``durkv.open`` and leave exit
 codes, error lines and JSON to :mod:`durkv.cli.output`. A new command is a
 function here (or in its own module, registered with ``cli.add_command``) whose
 docstring has a one-line summary and an ``Example:`` block; tests/test_cli.py
-fails for a command without them.
+fails for a command without them. What several command modules share lives in
+:mod:`durkv.cli.stores`, ``output`` and ``strict_json``: command modules never
+import this one (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from typing import Any
 import click
 
 from .. import __version__
-from ..errors import CorruptionError, DurkvError, NotFoundError
+from ..errors import CorruptionError, DurkvError
 from . import output, reports
 from .browse import history, ls, show
 from .demo import demo
 from .output import EXIT_CORRUPT, EXIT_OK, JSON_KEY
+from .stores import log_dir, log_module
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -59,27 +62,6 @@ def cli(debug: bool) -> None:
         durkv verify ./agent.durkv
         durkv recover --dry-run ./agent.durkv
     """
-
-
-def log_module() -> Any:
-    """``durkv.log``, or one clear error when the compiled log is missing."""
-    try:
-        from .. import log
-    except ImportError as exc:
-        raise DurkvError(f"the compiled segment log cannot be loaded ({exc}); "
-                         f"reinstall durkv: pip install -e .") from exc
-    return log
-
-
-def log_dir(path: Path) -> str:
-    """The log directory at ``path``, or NotFoundError (exit 1) saying what is there instead."""
-    if not path.exists():
-        raise NotFoundError(f"no durkv log at {path}: no such directory")
-    if not path.is_dir():
-        raise NotFoundError(f"no durkv log at {path}: it is a file, not a log directory")
-    if not any(path.glob("*.seg")):
-        raise NotFoundError(f"no durkv log at {path}: the directory holds no segment files (*.seg)")
-    return str(path)
 
 
 @cli.command()

@@ -2,8 +2,9 @@
 
 Every command follows the same habits (docs: README "Command line"):
 
-- ``--json`` puts exactly one JSON document on stdout and nothing else: the
-  result, or on an error ``{"error": code, "message": ..., "exit_code": n}``.
+- ``--json`` puts exactly one strict JSON document on stdout and nothing else:
+  the result, or on an error ``{"error": code, "message": ..., "exit_code": n}``.
+  Stored values JSON cannot hold are encoded by :mod:`durkv.cli.strict_json`.
   Messages, hints and the error line go to stderr.
 - An error is one line on stderr, ``error: <message>``, optionally followed by a
   ``Try: ...`` hint, and the exit code of :data:`EXIT_CODES`; no traceback unless
@@ -12,8 +13,6 @@ Every command follows the same habits (docs: README "Command line"):
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from typing import Any
 
 import click
@@ -28,6 +27,7 @@ from ..errors import (
     NotFoundError,
     StoreLockedError,
 )
+from . import strict_json
 
 EXIT_OK = 0
 EXIT_ERROR = 1       # operational: lock held, fenced, I/O, missing store
@@ -114,26 +114,9 @@ def report_error(ctx: click.Context, exc: BaseException, hint: str | None = None
 
 
 def emit_json(data: Any) -> None:
-    """Write one JSON document to stdout; values JSON lacks are converted, never dropped."""
-    click.echo(json.dumps(data, indent=2, default=jsonable, ensure_ascii=False))
-
-
-def jsonable(value: Any) -> Any:
-    """A JSON-able stand-in for a stored value (pydantic models, dataclasses, bytes, sets)."""
-    for attr in ("to_dict", "model_dump", "_asdict"):
-        fn = getattr(value, attr, None)
-        if callable(fn):
-            try:
-                return fn()
-            except TypeError:
-                continue
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    return repr(value)
+    """Write one strict JSON document to stdout: values JSON lacks become the markers of
+    :mod:`durkv.cli.strict_json`, never ``NaN`` tokens, never dropped."""
+    click.echo(strict_json.dumps(data, indent=2))
 
 
 def human_bytes(n: int) -> str:

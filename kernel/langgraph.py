@@ -79,6 +79,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
+from .durability import DURABILITIES
 from .errors import ConfigError
 from .langgraph_serde import EMPTY, LangGraphSerde
 
@@ -92,7 +93,7 @@ __all__ = ["DurkvSaver", "LangGraphSerde", "POLICY_FOR_MODE"]
 POLICY_FOR_MODE = {"sync": "sync", "async": "async", "exit": "async"}
 """durkv commit policy for each LangGraph ``durability=`` mode (see module doc)."""
 
-_POLICIES = frozenset(("sync", "async", "exit"))
+_POLICIES = frozenset(DURABILITIES)
 _DEFAULT_MODE = "async"  # what LangGraph uses when invoke/stream get no durability=
 _RUN_ENDING = frozenset((INTERRUPT, ERROR))
 _MISSING_THREAD = (

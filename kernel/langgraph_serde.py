@@ -71,6 +71,11 @@ class LangGraphSerde:
     def __init__(self, serde: SerializerProtocol) -> None:
         self.serde = maybe_add_typed_methods(serde)
 
+    @staticmethod
+    def is_empty(value: Any) -> bool:
+        """True for :data:`EMPTY`: readers (``durkv show``) show that channel as absent."""
+        return value is EMPTY
+
     def dumps(self, obj: Any) -> bytes:
         if obj is EMPTY:
             return _EMPTY_BYTES

@@ -33,6 +33,7 @@ from .channels import (  # noqa: F401  (re-exported)
     DELTA, F_VALUE, F_ZSTD, FULL, SNAP, Entry, decode_commit, encode_commit, pack_ref,
     resolve_channel, snap_refs,
 )
+from .durability import ASYNC, DURABILITIES, EXIT, SYNC
 from .errors import (
     ConfigError, CorruptionError, DurkvError, FrameTooLargeError, LogFailedError,
     NotFoundError, ReadOnlyError, StoreLockedError,
@@ -42,7 +43,7 @@ FRAME_DATA = 1
 FRAME_COMMIT = 2
 
 _NO_LSN = (1 << 64) - 1
-_DURABILITY = {"sync": lib.DKV_SYNC, "async": lib.DKV_ASYNC, "exit": lib.DKV_EXIT}
+_DURABILITY = {SYNC: lib.DKV_SYNC, ASYNC: lib.DKV_ASYNC, EXIT: lib.DKV_EXIT}
 _RECOVERY = {
     "tolerate_tail": lib.DKV_RECOVER_TOLERATE_TAIL, "strict": lib.DKV_RECOVER_STRICT,
     "point_in_time": lib.DKV_RECOVER_POINT_IN_TIME, "salvage": lib.DKV_RECOVER_SALVAGE,
@@ -238,7 +239,8 @@ class SegmentLog:
         """
         path = os.fspath(path)
         if durability not in _DURABILITY:
-            raise ConfigError(f"durability must be one of sync, async, exit; got {durability!r}")
+            raise ConfigError(f"durability must be one of {', '.join(DURABILITIES)}; "
+                              f"got {durability!r}")
         if recovery not in _RECOVERY:
             raise ConfigError(f"recovery must be one of {', '.join(_RECOVERY)}; got {recovery!r}")
         if segment_bytes <= 0 or flush_interval_ms <= 0:

@@ -39,6 +39,7 @@ from typing import Any
 
 import msgpack
 
+from .durability import DURABILITIES  # noqa: F401 - re-exported (records.__all__)
 from .errors import ConfigError
 
 __all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
@@ -57,7 +58,6 @@ K_COPY_WRITES = 9   # as K_WRITES, written by compact()
 K_INDEX = 10        # [10, 1, own_lsn, compacted_at, state]  (index snapshot, see above)
 INDEX_VERSION = 1
 
-DURABILITIES = ("sync", "async", "exit")
 # LangGraph's WRITES_IDX_MAP channels: a put_writes made only of these overwrites
 SPECIAL_WRITE_CHANNELS = frozenset(("__error__", "__scheduled__", "__interrupt__", "__resume__"))
 

@@ -29,6 +29,7 @@ import xxhash
 
 from .channels import Codec, encode_commit
 from .delta import ChannelState, _Chan, _Head
+from .durability import STRENGTH
 from .errors import (
     ConfigError, CorruptionError, FrameTooLargeError, ReadOnlyError, SerializationError,
 )
@@ -42,8 +43,6 @@ from .records import (  # noqa: F401 - re-exported: the store's public types and
 from .serde import Serde, default_serde
 
 __all__ = ["Store", "Checkpoint", "PendingWrite", "ChannelEntry", "open_store"]
-
-_RANK = {"exit": 0, "async": 1, "sync": 2}
 
 
 class Store(ChannelState, Reads):
@@ -426,7 +425,7 @@ class Store(ChannelState, Reads):
         # a retried identical call (LangGraph re-puts writes on resume) is a no-op in
         # ignore mode: skip the frame when an identical one was appended at least as durably
         fp = None if replace else xxhash.xxh3_64_intdigest(hb)
-        rank = _RANK[dur]
+        rank = STRENGTH[dur]
         with self._lock:
             self._check_write()
             seen = self._wfp.get(fp) if fp is not None else None

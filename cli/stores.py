@@ -1,0 +1,35 @@
+"""The log a command names: its directory checked, and the compiled log that reads it.
+
+Shared by every command module (``main``'s verify/recover, ``browse``, ``demo``),
+so that none of them imports another command module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import DurkvError, NotFoundError
+
+
+def log_module() -> Any:
+    """``durkv.log``, or one clear error when the compiled log is missing."""
+    try:
+        # imported here, not at the top: a missing compiled module must be one error line
+        # from the command that needs it, and leave --help and the other commands working
+        from .. import log
+    except ImportError as exc:
+        raise DurkvError(f"the compiled segment log cannot be loaded ({exc}); "
+                         f"reinstall durkv: pip install -e .") from exc
+    return log
+
+
+def log_dir(path: Path) -> str:
+    """The log directory at ``path``, or NotFoundError (exit 1) saying what is there instead."""
+    if not path.exists():
+        raise NotFoundError(f"no durkv log at {path}: no such directory")
+    if not path.is_dir():
+        raise NotFoundError(f"no durkv log at {path}: it is a file, not a log directory")
+    if not any(path.glob("*.seg")):
+        raise NotFoundError(f"no durkv log at {path}: the directory holds no segment files (*.seg)")
+    return str(path)

@@ -1,0 +1,273 @@
+"""The shape of the code: imports point down, private names stay home (issue 8).
+
+Every module under kernel/ (package ``durkv``), backends/ (``durkv.backends``)
+and cli/ (``durkv.cli``) is parsed with :mod:`ast` -- nothing is imported -- and
+each import of a durkv module is checked against three rules:
+
+1. **Imports point down.** The layers, top to bottom, are
+   cli -> runtime -> langgraph -> store -> backends -> log -> errors, and every
+   module has a rank in :data:`RANKS`; a module imports only modules of a lower
+   rank. That holds for imports inside functions and under ``TYPE_CHECKING`` too,
+   so the import graph has no cycle at all: a lazy import may load an optional or
+   costly module on use, but never hides a cycle.
+2. **No private name crosses a module line:** no ``from durkv.x import _name``.
+   The compiled modules ``durkv._seglog`` and ``durkv._listprefix`` are imported by
+   the one module that wraps each (:data:`WRAPPERS`).
+3. **Every module has a rank:** a new module (``kernel/runtime/``, ``backends/s3/``)
+   fails this test until it is placed in :data:`RANKS`, in the layer it belongs to.
+
+The violations that the store restructuring of issue 8 (item 1) removes are
+listed one by one in :data:`KNOWN_VIOLATIONS`; anything else fails.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"kernel": "durkv", "backends": "durkv.backends", "cli": "durkv.cli"}  # setup.py
+
+# Rank of every module: a module may import only modules of a lower rank. Layers are
+# decades; inside a layer, a module ranks above the modules it uses.
+RANKS = {
+    # errors: the foundation; imports no durkv module
+    "durkv.errors": 0,
+    "durkv.durability": 1,          # the policy names (sync, async, exit)
+    # log: the C segment log and the commit-payload format it frames
+    "durkv._seglog": 10,            # compiled (cffi)
+    "durkv.channels": 11,           # commit-payload codec, shared by the log and the store
+    "durkv.log": 12,
+    # backends: append/read/scan of commit payloads
+    "durkv.backends.base": 20,
+    "durkv.backends.memory": 21,
+    "durkv.backends.local": 21,
+    "durkv.backends": 22,           # open_backend(url)
+    # store: checkpoints, channels, history, compaction
+    "durkv._listprefix": 30,        # compiled (CPython extension)
+    "durkv.serde": 30,
+    "durkv.index": 30,
+    "durkv.records": 31,
+    "durkv.delta": 32,
+    "durkv.reads": 32,
+    "durkv.compact": 33,
+    "durkv.store": 34,
+    "durkv": 35,                    # the package: durkv.open(), the errors
+    # langgraph: the checkpointer over the store
+    "durkv.langgraph_serde": 50,
+    "durkv.langgraph": 51,
+    # runtime (kernel/runtime/): ranks 60-69, when it lands
+    # cli: the durkv command
+    "durkv.cli.strict_json": 70,
+    "durkv.cli.output": 71,
+    "durkv.cli.stores": 71,
+    "durkv.cli.reports": 72,
+    "durkv.cli.browse": 73,
+    "durkv.cli.demo": 73,
+    "durkv.cli.main": 74,
+    "durkv.cli": 75,
+    "durkv.cli.__main__": 76,
+}
+
+# compiled module -> the one module that wraps it
+WRAPPERS = {"durkv._seglog": "durkv.log", "durkv._listprefix": "durkv.delta"}
+
+# Known violations, each to be removed by issue 8 item 1 ("the store as a package":
+# compaction and replay as explicit objects, typed record heads, one checked decoder).
+# An entry allows exactly one (importer, imported module, name) triple.
+KNOWN_VIOLATIONS = {
+    # compact() works on the Store it is given, and the two modules import each other
+    # (lazily in compact(), and for the type hint): issue 8 item 1.
+    ("durkv.compact", "durkv.store", "Store"),
+    ("durkv.compact", "durkv.store", "K_COMPACT_BEGIN"),
+    ("durkv.compact", "durkv.store", "K_COMPACT_END"),
+    ("durkv.compact", "durkv.store", "K_COPY_CKPT"),
+    ("durkv.compact", "durkv.store", "K_COPY_WRITES"),
+    ("durkv.compact", "durkv.store", "_head_of"),
+    ("durkv.compact", "durkv.store", "_packb"),
+    # private helpers shared across the store's modules: issue 8 items 1 and 2
+    ("durkv.delta", "durkv.records", "_head_of"),
+    ("durkv.reads", "durkv.records", "_check_id"),
+    ("durkv.reads", "durkv.records", "_head_of"),
+    ("durkv.store", "durkv.records", "_check_id"),
+    ("durkv.store", "durkv.records", "_head_of"),
+    ("durkv.store", "durkv.records", "_packb"),
+    ("durkv.store", "durkv.delta", "_Chan"),
+    ("durkv.store", "durkv.delta", "_Head"),
+}
+
+
+class Import(NamedTuple):
+    importer: str   # module doing the import
+    module: str     # durkv module imported
+    name: str       # the name taken from it ("" for a whole module)
+    where: str      # "module", "function" or "TYPE_CHECKING"
+    line: int
+
+    def __str__(self) -> str:
+        what = f"{self.module}.{self.name}" if self.name else self.module
+        return f"{self.importer}:{self.line} imports {what} ({self.where} level)"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_package(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
+
+
+def _base(importer: str, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` names."""
+    if not node.level:
+        return node.module or ""
+    parts = importer.split(".")
+    if not _is_package(importer):
+        parts.pop()                        # a module's imports are relative to its package
+    parts = parts[:len(parts) - (node.level - 1)]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def _durkv(module: str) -> bool:
+    return module == "durkv" or module.startswith("durkv.")
+
+
+def _imports(importer: str, path: Path) -> Iterator[Import]:
+    tree = ast.parse(path.read_text(), str(path))
+
+    def visit(node: ast.AST, where: str) -> Iterator[Import]:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _durkv(alias.name):
+                    yield Import(importer, alias.name, "", where, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = _base(importer, node)
+            if _durkv(base):
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    if sub in MODULES or sub in WRAPPERS:    # `from . import log`: a module
+                        yield Import(importer, sub, "", where, node.lineno)
+                    else:
+                        yield Import(importer, base, alias.name, where, node.lineno)
+        inner = where
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inner = "function"
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                yield from visit(child, "TYPE_CHECKING")
+            for child in node.orelse:
+                yield from visit(child, where)
+            return
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, inner)
+
+    yield from visit(tree, "module")
+
+
+ALL_IMPORTS = [imp for module, path in MODULES.items() for imp in _imports(module, path)]
+
+
+def _known(imp: Import) -> bool:
+    return (imp.importer, imp.module, imp.name) in KNOWN_VIOLATIONS
+
+
+def test_every_module_has_a_rank():
+    missing = sorted(set(MODULES) - set(RANKS))
+    assert not missing, f"place these modules in a layer of RANKS in {__file__}: {missing}"
+    imported = {imp.module for imp in ALL_IMPORTS}
+    unknown = sorted(imported - set(RANKS))
+    assert not unknown, f"imports of modules that do not exist: {unknown}"
+
+
+def test_imports_point_down():
+    """Module level, inside functions and under TYPE_CHECKING alike: so no lazy import
+    can hide a cycle (a cycle needs one import that does not point down)."""
+    bad = [str(imp) for imp in ALL_IMPORTS
+           if RANKS[imp.module] >= RANKS[imp.importer] and not _known(imp)]
+    assert not bad, ("imports that do not point down (cli -> runtime -> langgraph -> store -> "
+                     "backends -> log -> errors; RANKS in tests/test_layers.py):\n"
+                     + "\n".join(bad))
+
+
+def test_no_private_name_crosses_a_module_line():
+    bad = []
+    for imp in ALL_IMPORTS:
+        if imp.module in WRAPPERS:
+            if WRAPPERS[imp.module] != imp.importer:
+                bad.append(f"{imp}: only {WRAPPERS[imp.module]} wraps {imp.module}")
+        elif any(p.startswith("_") and not p.startswith("__") for p in imp.module.split(".")):
+            bad.append(f"{imp}: a private module")
+        elif imp.name.startswith("_") and not imp.name.startswith("__") and not _known(imp):
+            bad.append(f"{imp}: a private name")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_import_graph_has_no_cycle():
+    """Follows from the ranks, and is what a reader needs: checked on its own so that a
+    cycle is named, whatever the ranks say (known violations are left out)."""
+    edges: dict[str, set[str]] = {}
+    for imp in ALL_IMPORTS:
+        if not _known(imp):
+            edges.setdefault(imp.importer, set()).add(imp.module)
+    done: set[str] = set()
+
+    def walk(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):]
+                                                                 + [module]))
+        if module in done:
+            return
+        for target in sorted(edges.get(module, ())):
+            walk(target, path + [module])
+        done.add(module)
+
+    for module in sorted(edges):
+        walk(module, [])
+
+
+def test_the_checker_sees_what_it_must():
+    """The parser finds the imports these rules are about (so a passing run means something)."""
+    by = {(imp.importer, imp.module, imp.name, imp.where) for imp in ALL_IMPORTS}
+    assert ("durkv.log", "durkv._seglog", "ffi", "module") in by
+    assert ("durkv.compact", "durkv.store", "Store", "TYPE_CHECKING") in by
+    assert ("durkv.compact", "durkv.store", "_packb", "function") in by
+    assert ("durkv.cli.stores", "durkv.log", "", "function") in by       # `from .. import log`
+    assert ("durkv.cli.main", "durkv", "__version__", "module") in by    # `from .. import x`
+    assert ("durkv.backends", "durkv.backends.base", "Backend", "module") in by
+
+
+def test_the_durability_names_are_defined_once():
+    """sync/async/exit are listed in durkv.durability alone (issue 8 item 5: they were
+    defined six times); everyone else imports them."""
+    names = {"sync", "async", "exit"}
+    # LangGraph's own durability= modes happen to share the names: a fact LangGraph owns
+    # (langgraph.types.Durability), mapped to durkv policies in this one table.
+    elsewhere = {("durkv.langgraph", "POLICY_FOR_MODE")}
+    found = []
+    for module, path in MODULES.items():
+        if module == "durkv.durability":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        exempt = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and (module, t.id) in elsewhere
+                          for t in node.targets)}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Dict, ast.Tuple, ast.List, ast.Set)) or id(node) in exempt:
+                continue
+            items = node.keys if isinstance(node, ast.Dict) else node.elts
+            consts = {i.value for i in items if isinstance(i, ast.Constant)}
+            if names <= consts:
+                found.append(f"{module}:{node.lineno}")
+    assert not found, f"durability names listed outside durkv.durability: {found}"
