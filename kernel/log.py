@@ -35,7 +35,7 @@ from .channels import (  # noqa: F401  (re-exported)
 )
 from .errors import (
     ConfigError, CorruptionError, DurkvError, FrameTooLargeError, LogFailedError,
-    NotFoundError, ReadOnlyError, StoreLockedError,
+    NotFoundError, ReadOnlyError, StaleReaderError, StoreLockedError,
 )
 
 FRAME_DATA = 1
@@ -174,6 +174,8 @@ def _error(rc: int, handle=None, path: str = "", what: str = "") -> DurkvError:
         return NotFoundError(msg, path=path)
     if rc == lib.DKV_EREADONLY:
         return ReadOnlyError(msg, path=path)
+    if rc == lib.DKV_ESTALE:
+        return StaleReaderError(msg, path=path)
     if rc == lib.DKV_ECLOSED:
         return ConfigError(f"the log {path} is closed", path=path)
     if rc == lib.DKV_ENOMEM:
