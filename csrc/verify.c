@@ -499,7 +499,7 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out
      * segments missing. Only --skip-corrupt accepts them (raising start_lsn, rewriting HEAD). */
     int outside = vi.prefix_missing || vi.head_state >= 2;
     if (r->n_segments == 0 && vi.head_state == 0) {
-        rc = DKV_ECORRUPT;          /* misnamed *.seg files only: not ours to move */
+        rc = DKV_ENOENT;            /* misnamed *.seg files only: no log, nothing ours to move */
         goto done;
     }
     /* Where the log gets cut: the first damage in file order. */
