@@ -476,13 +476,13 @@ static void go_read_only(dkv_log *log)
     log->lock_fd = -1;
 }
 
-/* HEAD against the segment files (FORMAT.md 2a). bases: the listing, n > 0. Returns 0 (no
- * finding, or one the mode reads past) or DKV_ECORRUPT / DKV_EIO to refuse. */
-static int check_head(dkv_log *log, const uint64_t *bases, size_t n)
+/* HEAD against the segment files (FORMAT.md 2a). hd/rc/why: HEAD as read BEFORE the
+ * directory was listed (a writer names a segment in HEAD only once its file exists, so a
+ * concurrent roll cannot make HEAD name a file the listing missed). bases: the listing,
+ * n > 0. Returns 0 (no finding, or one the mode reads past) or DKV_ECORRUPT / DKV_EIO. */
+static int check_head(dkv_log *log, const uint64_t *bases, size_t n, log_head hd, int rc,
+                      const char *why)
 {
-    log_head hd;
-    const char *why = "";
-    int rc = dkv__head_read(log->dir, &hd, &why);
     if (rc == DKV_ENOENT)
         return 0;                   /* a store written before HEAD existed */
     if (rc == DKV_EIO) {
@@ -596,6 +596,9 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
     int rc;
     if (!log->opt.read_only && log->lock_fd < 0 && (rc = take_lock(log)))
         return rc;
+    log_head head0;
+    const char *head_why = "";
+    int head_rc = dkv__head_read(dir, &head0, &head_why);
     uint64_t *bases = NULL;
     size_t n = 0;
     if ((rc = dkv__list_segments(dir, &bases, &n))) {
@@ -604,8 +607,7 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
     }
     if (n == 0) {
         free(bases);
-        log_head hd;
-        if (!repair && dkv__head_read(dir, &hd, NULL) != DKV_ENOENT) {
+        if (!repair && head_rc != DKV_ENOENT) {
             /* HEAD says there was a log: every segment is gone, which is not a new store */
             return damage(log, "HEAD", 0, DKV_DAMAGE_MISSING, 0, NO_LSN,
                           "HEAD exists but the directory holds no segment file");
@@ -631,7 +633,7 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
                 rc = dkv__create_next_segment(log);
         } else {
             if (!rc && !log->cut)
-                rc = check_head(log, bases, n);
+                rc = check_head(log, bases, n, head0, head_rc, head_why);
             free(bases);
         }
         if (!rc) {

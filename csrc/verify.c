@@ -323,6 +323,9 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
     struct stat st;
     if (stat(dir, &st) || !S_ISDIR(st.st_mode))
         return DKV_ENOENT;
+    /* HEAD before the listing: a writer names a segment in HEAD only once its file exists */
+    const char *why = "";
+    int hr = dkv__head_read(dir, &info->head, &why);
     if (dkv__list_segments(dir, &bases, &n))
         return DKV_EIO;
     dkv_report *r = calloc(1, sizeof *r);
@@ -358,8 +361,8 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
                   bases[0] - 1, "segments holding lsns from start_lsn are missing");
     }
     /* HEAD (FORMAT.md 2a): the newest segment it names must be there */
-    const char *why = "";
-    int hr = rc ? DKV_ENOENT : dkv__head_read(dir, &info->head, &why);
+    if (rc)
+        hr = DKV_ENOENT;
     if (hr == DKV_ECORRUPT || hr == DKV_EIO) {
         info->head_state = 2;
         add(r, NULL, "HEAD", 0, DKV_DAMAGE_BAD_HEADER, NO_LSN, hr == DKV_EIO ? "cannot read HEAD" : why);
