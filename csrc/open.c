@@ -486,7 +486,7 @@ static int check_head(dkv_log *log, const uint64_t *bases, size_t n, log_head hd
     if (rc == DKV_ENOENT)
         return 0;                   /* a store written before HEAD existed */
     if (rc == DKV_EIO) {
-        dkv__set_error(log, "cannot read %s/HEAD: %s", log->dir, strerror(errno));
+        dkv__set_error(log, "cannot read %s/HEAD", log->dir);
         return DKV_EIO;
     }
     if (rc == 0)

@@ -113,3 +113,32 @@ def test_reader_across_recover_and_reused_lsns(store_dir):
     assert [cp.checkpoint_id for cp in reader.history("t", values=False)] == \
         [_cid(i) for i in reversed(range(10))]
     reader.close()
+
+
+def test_store_with_deleted_newest_segments_refuses_instead_of_going_back(store_dir):
+    """Deleting the newest segments must not reopen the store at an older state as if
+    nothing happened (item 6): the default open refuses, naming the loss; salvage shows
+    what remains; recover --skip-corrupt accepts the loss explicitly."""
+    d = store_dir
+    files = lt.segment_files(d)
+    end = lt.segments(d)[-2].header.base_lsn
+    for p in files[-2:]:
+        p.unlink()
+    with pytest.raises(CorruptionError) as ei:
+        durkv.open(str(d))
+    assert ei.value.kind == "missing_segment" and ei.value.context["lost_first_lsn"] == end
+    with pytest.raises(CorruptionError):
+        durkv.open(str(d), read_only=True)
+    with durkv.open(str(d), recovery="salvage") as s:
+        newest = s.get("t").checkpoint_id
+    assert int(newest) < N - 1
+    recover(str(d), skip_corrupt=True)
+    with durkv.open(str(d)) as s:
+        assert s.get("t").checkpoint_id == newest
+
+
+def test_opening_a_plain_file_as_a_store_says_so(tmp_path):
+    f = tmp_path / "agent.durkv"
+    f.write_text("x")
+    with pytest.raises(durkv.ConfigError, match="is a file, not a store directory"):
+        durkv.open(str(f))
