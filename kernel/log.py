@@ -493,7 +493,10 @@ class SegmentLog:
             raise _error(rc, h, self.path, "seal")
 
     def refresh(self) -> None:
-        """Read-only handles: see frames a concurrent writer appended since open."""
+        """Read-only handles: see frames a concurrent writer appended since open.
+
+        Raises StaleReaderError when ``durkv recover`` repaired the log since this handle
+        opened it (HEAD's repair epoch changed, FORMAT.md 2a): open it again."""
         h = self._handle()
         rc = lib.dkv_refresh(h)
         if rc:
