@@ -56,8 +56,10 @@ class Backend(Protocol):
         """A channel's items at entry ``(lsn, idx)`` (FORMAT.md section 5) and the
         flags of its chain's FULL entry."""
 
-    def refresh(self) -> None:
-        """Read-only handles: make frames appended by a writer since open visible."""
+    def refresh(self) -> bool | None:
+        """Read-only handles: make frames appended by a writer since open visible.
+        True when the storage had to be mapped again from scratch (a repair replaced
+        the frames the handle had seen): every LSN the caller holds is then stale."""
 
     def remove_prefix(self, new_start_lsn: int) -> None:
         """Drop every frame below ``new_start_lsn`` (compaction), crash-safely."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterator
 
-from durkv.errors import BackendError, DurkvError
+from durkv.errors import BackendError, DurkvError, StaleReaderError
 
 __all__ = ["LocalBackend"]
 
@@ -45,10 +45,12 @@ class LocalBackend:
         self.url = url
         self.path = path
         self.read_only = read_only
+        self.recovery = recovery
         kw: dict[str, Any] = dict(durability=durability, flush_interval_ms=flush_interval_ms,
                                   recovery=recovery, read_only=read_only)
         if segment_bytes:
             kw["segment_bytes"] = segment_bytes
+        self._kw = kw
         try:
             if not read_only:
                 _make_parents(path)
@@ -90,8 +92,17 @@ class LocalBackend:
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         return self._log.read_channel(lsn, idx)
 
-    def refresh(self) -> None:
-        self._log.refresh()
+    def refresh(self) -> bool:
+        try:
+            self._log.refresh()
+        except StaleReaderError:
+            # `durkv recover` cut the log under this reader and LSNs may have been reused:
+            # map the log again from scratch; the caller drops every LSN it held.
+            fresh = self._mod.SegmentLog.open(self.path, **self._kw)
+            old, self._log = self._log, fresh
+            old.close()
+            return True
+        return False
 
     def roll(self) -> None:
         self._log.seal()

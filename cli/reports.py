@@ -47,6 +47,10 @@ def only_torn_tail(report: Any) -> bool:
 
 
 def repair_hint(path: str, report: Any) -> str:
+    if not report.segments and not any(d.segment == "HEAD" or kind_name(d.kind) == "missing_segment"
+                                       for d in report.damage):
+        return (f"{path} holds no segment file named like one (16 hex digits + .seg); "
+                "rename or move the files listed above")
     if only_torn_tail(report):
         return f"Try: durkv recover {path} (moves the torn tail to {path}/quarantine/)"
     return skip_corrupt_hint(path)

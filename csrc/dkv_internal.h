@@ -111,6 +111,18 @@ int dkv__mkdir_fsync(const char *dir, const char *sub);   /* mkdir dir/sub + fsy
 int dkv__quarantine(const char *dir, const char *seg, uint64_t off, const uint8_t *buf, size_t n);
 int dkv__random_bytes(uint8_t *out, size_t n);
 
+/* ---- HEAD (head.c, FORMAT.md section 2a) ---- */
+#define HEAD_LEN 64
+typedef struct {
+    uint8_t uuid[16];
+    uint64_t segment_no, base_lsn, epoch;
+} log_head;
+/* 0 and *h; DKV_ENOENT if there is no HEAD; DKV_ECORRUPT (why says what) if it does not
+ * verify; DKV_EIO if it cannot be read. */
+int dkv__head_read(const char *dir, log_head *h, const char **why);
+/* Replace HEAD atomically (HEAD.tmp, fdatasync, rename, directory fsync). 0 or -errno. */
+int dkv__head_write(const char *dir, const log_head *h);
+
 /* ---- handle internals used by commit.c ---- */
 /* Read frame lsn into a malloc'd buffer (caller frees). */
 int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, uint8_t *type);

@@ -518,6 +518,7 @@ const char *dkv_strerror(int code)
     case DKV_EREADONLY: return "read-only handle";
     case DKV_ENOMEM: return "out of memory";
     case DKV_ECLOSED: return "handle is closed";
+    case DKV_ESTALE: return "the log was repaired since this read-only handle opened it";
     default: return "unknown error";
     }
 }

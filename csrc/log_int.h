@@ -58,6 +58,8 @@ struct dkv_log {
     int spill_req;              /* exit policy: the flusher writes pend in the background */
     int has_damage;
     int cut;                    /* point_in_time cut the log at damage: refresh stays put */
+    uint64_t epoch;             /* HEAD's repair epoch at open (0 without HEAD), FORMAT.md 2a */
+    int repair;                 /* opened by recover: HEAD unchecked, a missing prefix allowed */
     dkv_damage damage;
     char err[512];
 };
@@ -72,5 +74,10 @@ seg_t *dkv__find_seg(dkv_log *log, uint64_t lsn);
 void dkv__seg_free(seg_t *s);
 int dkv__segs_reserve(dkv_log *log);
 int dkv__index_push(seg_t *s, uint64_t off);
+/* Point HEAD at the active segment, with log->epoch (writer; FORMAT.md 2a). 0 or -errno. */
+int dkv__head_update(dkv_log *log);
+/* dkv_open for recover: takes over the writer lock recover holds (lock_fd), does not check
+ * HEAD (recover rewrites it) and accepts a missing prefix (recover raises start_lsn). */
+int dkv__open_repair(const char *dir, int lock_fd, dkv_log **out);
 
 #endif

@@ -225,17 +225,26 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     } else if (p && memcmp(h.uuid, log->uuid, 16)) {
         lr->kind = DKV_DAMAGE_FOREIGN;
         snprintf(lr->detail, sizeof lr->detail, "segment belongs to another log (uuid differs)");
-    } else if (p && log->opt.recovery != DKV_RECOVER_SALVAGE &&
-               (h.segment_no != p->segment_no + 1 || base != p->base_lsn + p->count)) {
+    } else if (p && (h.segment_no != p->segment_no + 1 || base != p->base_lsn + p->count)) {
         lr->kind = DKV_DAMAGE_MISSING;
         snprintf(lr->detail, sizeof lr->detail,
                  "expected segment_no %llu at lsn %llu, found segment_no %llu at lsn %llu",
                  (unsigned long long)p->segment_no + 1, (unsigned long long)(p->base_lsn + p->count),
                  (unsigned long long)h.segment_no, (unsigned long long)base);
-    } else if (p && log->opt.recovery != DKV_RECOVER_SALVAGE && p->sealed &&
-               h.prev_digest != p->digest) {
+    } else if (p && p->sealed && h.prev_digest != p->digest) {
         lr->kind = DKV_DAMAGE_FOREIGN;
         snprintf(lr->detail, sizeof lr->detail, "prev_digest does not match the previous segment");
+    }
+    if (lr->kind && p && log->opt.recovery == DKV_RECOVER_SALVAGE && h.base_lsn == base &&
+        !memcmp(h.uuid, log->uuid, 16)) {
+        /* salvage reads on past a broken chain (a missing or replaced segment before this
+         * one), but reports it: the first finding is what recovery_damage shows. */
+        uint64_t from = p->base_lsn + p->count;
+        if (!log->has_damage)
+            damage(log, name, lr->kind == DKV_DAMAGE_MISSING ? 32 : 56, lr->kind, from,
+                   base > from ? base - 1 : NO_LSN, lr->detail);
+        log->err[0] = 0;
+        lr->kind = 0;
     }
     if (lr->kind) {
         close(fd);
@@ -261,11 +270,14 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
             return log->opt.recovery == DKV_RECOVER_TOLERATE_TAIL ? 0 : check_sealed(log, s, lr, 1);
         /* The newest segment looks sealed (a crash after sealing, before the next segment
          * existed): believe it only if the trailer checksum verifies. */
+        int had = log->has_damage;
+        dkv_damage before = log->damage;
         if (dkv__load_index(log, s) == 0)
             return 0;
         log->nsegs--;
         s->sealed = 0;
-        log->has_damage = 0;        /* not damage: the active segment's tail, scanned below */
+        log->has_damage = had;      /* not damage: the active segment's tail, scanned below */
+        log->damage = before;
         log->err[0] = 0;
     } else if (!is_last && log->opt.recovery != DKV_RECOVER_TOLERATE_TAIL &&
                log->opt.recovery != DKV_RECOVER_STRICT) {
@@ -379,7 +391,8 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
                 free(lr.file);
                 return damage(log, name, off, lr.kind, expect, NO_LSN, lr.detail);
             }
-            damage(log, name, off, lr.kind, expect, NO_LSN, lr.detail);
+            if (!log->has_damage || mode != DKV_RECOVER_SALVAGE)
+                damage(log, name, off, lr.kind, expect, NO_LSN, lr.detail);
             log->err[0] = 0;
             if (writer) {
                 char path[4200];
@@ -412,7 +425,8 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
             uint64_t off = lr.off;
             if (mode == DKV_RECOVER_SALVAGE && lr.file) {
                 seg_t *s = &log->segs[log->nsegs - 1];
-                damage(log, name, off, lr.kind, s->base_lsn + s->count, NO_LSN, lr.detail);
+                if (!log->has_damage)
+                    damage(log, name, off, lr.kind, s->base_lsn + s->count, NO_LSN, lr.detail);
                 rc = salvage_rest(log, s, &lr);
                 free(lr.file);
                 if (rc)
@@ -420,7 +434,8 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
                 continue;
             }
             if (mode == DKV_RECOVER_SALVAGE) {     /* an unreadable header: skip the file */
-                damage(log, name, off, lr.kind, bases[i], NO_LSN, lr.detail);
+                if (!log->has_damage)
+                    damage(log, name, off, lr.kind, bases[i], NO_LSN, lr.detail);
                 continue;
             }
             if (lr.file)
@@ -452,16 +467,90 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
     return 0;
 }
 
-int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
+/* A point_in_time or salvage handle that found damage: read-only, no lock. */
+static void go_read_only(dkv_log *log)
+{
+    log->opt.read_only = 1;
+    if (log->lock_fd >= 0)
+        close(log->lock_fd);
+    log->lock_fd = -1;
+}
+
+/* HEAD against the segment files (FORMAT.md 2a). hd/rc/why: HEAD as read BEFORE the
+ * directory was listed (a writer names a segment in HEAD only once its file exists, so a
+ * concurrent roll cannot make HEAD name a file the listing missed). bases: the listing,
+ * n > 0. Returns 0 (no finding, or one the mode reads past) or DKV_ECORRUPT / DKV_EIO. */
+static int check_head(dkv_log *log, const uint64_t *bases, size_t n, log_head hd, int rc,
+                      const char *why)
+{
+    if (rc == DKV_ENOENT)
+        return 0;                   /* a store written before HEAD existed */
+    if (rc == DKV_EIO) {
+        dkv__set_error(log, "cannot read %s/HEAD", log->dir);
+        return DKV_EIO;
+    }
+    if (rc == 0)
+        log->epoch = hd.epoch;
+    if (log->repair)
+        return 0;                   /* recover rewrites HEAD */
+    seg_t *a = &log->segs[log->nsegs - 1];
+    char name[64];
+    int kind = 0;
+    uint64_t first = NO_LSN;
+    char detail[160];
+    if (rc) {
+        kind = DKV_DAMAGE_BAD_HEADER;
+        snprintf(name, sizeof name, "HEAD");
+        snprintf(detail, sizeof detail, "%s", why);
+    } else if (memcmp(hd.uuid, log->uuid, 16)) {
+        kind = DKV_DAMAGE_FOREIGN;
+        snprintf(name, sizeof name, "HEAD");
+        snprintf(detail, sizeof detail, "HEAD belongs to another log (uuid differs)");
+    } else if (hd.base_lsn > bases[n - 1]) {
+        kind = DKV_DAMAGE_MISSING;
+        dkv__seg_name(name, hd.base_lsn);
+        first = a->base_lsn + a->count;
+        snprintf(detail, sizeof detail,
+                 "HEAD names segment_no %llu at lsn %llu as the newest: the newest segments "
+                 "are missing", (unsigned long long)hd.segment_no,
+                 (unsigned long long)hd.base_lsn);
+    }
+    if (!kind)
+        return 0;
+    int mode = log->opt.recovery;
+    if (mode == DKV_RECOVER_SALVAGE) {
+        if (!log->has_damage)
+            damage(log, name, 0, kind, first, NO_LSN, detail);
+        log->err[0] = 0;
+        return 0;
+    }
+    if (mode == DKV_RECOVER_POINT_IN_TIME) {
+        if (!log->has_damage)
+            damage(log, name, 0, kind, first, NO_LSN, detail);
+        log->err[0] = 0;
+        log->cut = 1;
+        go_read_only(log);
+        return 0;
+    }
+    return damage(log, name, 0, kind, first, NO_LSN, detail);
+}
+
+static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int repair,
+                     dkv_log **out)
 {
     *out = NULL;
     dkv_log *log = calloc(1, sizeof *log);
-    if (!log)
+    if (!log) {
+        if (lock_fd >= 0)
+            close(lock_fd);
         return DKV_ENOMEM;
+    }
     pthread_mutex_init(&log->mu, NULL);
     pthread_cond_init(&log->cv, NULL);
     pthread_cond_init(&log->flush_cv, NULL);
-    log->lock_fd = log->wfd = -1;
+    log->lock_fd = lock_fd;
+    log->wfd = -1;
+    log->repair = repair;
     log->dir = strdup(dir);
     log->opt = *opt;
     log->broken = 1;            /* until open succeeds */
@@ -483,7 +572,11 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
     if (log->opt.recovery == DKV_RECOVER_SALVAGE)
         log->opt.read_only = 1;
     struct stat st;
-    if (stat(dir, &st) || !S_ISDIR(st.st_mode)) {
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        dkv__set_error(log, "no log at %s: it is a file, not a store directory", dir);
+        return log->opt.read_only ? DKV_ENOENT : DKV_EINVAL;
+    }
+    if (stat(dir, &st)) {
         if (log->opt.read_only) {
             dkv__set_error(log, "no log at %s", dir);
             return DKV_ENOENT;
@@ -501,8 +594,11 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
         }
     }
     int rc;
-    if (!log->opt.read_only && (rc = take_lock(log)))
+    if (!log->opt.read_only && log->lock_fd < 0 && (rc = take_lock(log)))
         return rc;
+    log_head head0;
+    const char *head_why = "";
+    int head_rc = dkv__head_read(dir, &head0, &head_why);
     uint64_t *bases = NULL;
     size_t n = 0;
     if ((rc = dkv__list_segments(dir, &bases, &n))) {
@@ -511,6 +607,11 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
     }
     if (n == 0) {
         free(bases);
+        if (!repair && head_rc != DKV_ENOENT) {
+            /* HEAD says there was a log: every segment is gone, which is not a new store */
+            return damage(log, "HEAD", 0, DKV_DAMAGE_MISSING, 0, NO_LSN,
+                          "HEAD exists but the directory holds no segment file");
+        }
         if (log->opt.read_only) {
             dkv__set_error(log, "no log at %s", dir);
             return DKV_ENOENT;
@@ -522,24 +623,38 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
         rc = dkv__create_next_segment(log);
     } else {
         rc = load_all(log, bases, n);
-        free(bases);
         if (!rc && log->nsegs == 0) {
+            free(bases);
             if (log->opt.read_only) {
                 dkv__set_error(log, "no readable log at %s", dir);
                 return log->has_damage ? DKV_ECORRUPT : DKV_ENOENT;
             }
             if ((rc = dkv__random_bytes(log->uuid, 16)) == 0)
                 rc = dkv__create_next_segment(log);
+        } else {
+            if (!rc && !log->cut)
+                rc = check_head(log, bases, n, head0, head_rc, head_why);
+            free(bases);
         }
         if (!rc) {
             seg_t *a = &log->segs[log->nsegs - 1];
             log->next_lsn = a->base_lsn + a->count;
             log->start_lsn = a->start_lsn;
-            if (log->segs[0].base_lsn > log->start_lsn && log->segs[0].base_lsn > 0) {
+            if (log->segs[0].base_lsn > log->start_lsn && log->segs[0].base_lsn > 0 && !repair) {
                 char name[64];
                 dkv__seg_name(name, log->segs[0].base_lsn);
-                return damage(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn,
-                              log->segs[0].base_lsn - 1, "segments below it are missing");
+                int mode = log->opt.recovery;
+                if (mode != DKV_RECOVER_SALVAGE && mode != DKV_RECOVER_POINT_IN_TIME)
+                    return damage(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn,
+                                  log->segs[0].base_lsn - 1, "segments below it are missing");
+                /* salvage and point_in_time read what remains (from the first segment on)
+                 * and report the lost prefix; `recover --skip-corrupt` makes it permanent. */
+                if (!log->has_damage)
+                    damage(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn,
+                           log->segs[0].base_lsn - 1, "segments below it are missing");
+                log->err[0] = 0;
+                log->start_lsn = log->segs[0].base_lsn;
+                go_read_only(log);
             }
             if (!log->opt.read_only) {
                 log->written_lsn = log->durable_lsn = log->next_lsn;
@@ -575,6 +690,19 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
     }
     if (rc)
         return rc;
+    if (!log->opt.read_only && !repair) {
+        /* A store from before HEAD, or a crash between creating a segment and naming it in
+         * HEAD: name the active segment now (FORMAT.md 2a). */
+        log_head hd;
+        seg_t *a = &log->segs[log->nsegs - 1];
+        if (dkv__head_read(dir, &hd, NULL) || hd.segment_no != a->segment_no ||
+            hd.base_lsn != a->base_lsn || hd.epoch != log->epoch) {
+            if ((rc = dkv__head_update(log))) {
+                dkv__set_error(log, "cannot write %s/HEAD: %s", dir, strerror(-rc));
+                return DKV_EIO;
+            }
+        }
+    }
     log->written_lsn = log->durable_lsn = log->next_lsn;
     if (!log->opt.read_only) {
         if (pthread_create(&log->flusher, NULL, dkv__flusher_main, log)) {
@@ -587,6 +715,19 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
     return 0;
 }
 
+int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
+{
+    return open_impl(dir, opt, -1, 0, out);
+}
+
+int dkv__open_repair(const char *dir, int lock_fd, dkv_log **out)
+{
+    dkv_options opt = {0};
+    opt.durability = DKV_SYNC;
+    opt.recovery = DKV_RECOVER_TOLERATE_TAIL;
+    return open_impl(dir, &opt, lock_fd, 1, out);
+}
+
 /* Read-only handles: pick up what a writer appended (frames, new segments) since. */
 int dkv_refresh(dkv_log *log)
 {
@@ -597,6 +738,17 @@ int dkv_refresh(dkv_log *log)
     if (rc || !log->opt.read_only || log->cut || log->opt.recovery == DKV_RECOVER_SALVAGE) {
         pthread_mutex_unlock(&log->mu);
         return rc;
+    }
+    /* `recover` may have cut the log and a writer reused the LSNs since: then what this
+     * handle indexed is not the log on disk, and extending it would mix two logs. */
+    log_head hd;
+    if (dkv__head_read(log->dir, &hd, NULL) == 0 &&
+        (hd.epoch != log->epoch || memcmp(hd.uuid, log->uuid, 16))) {
+        dkv__set_error(log, "the log at %s was repaired (durkv recover) since this read-only "
+                       "handle opened it (repair epoch %llu, now %llu); open it again",
+                       log->dir, (unsigned long long)log->epoch, (unsigned long long)hd.epoch);
+        pthread_mutex_unlock(&log->mu);
+        return DKV_ESTALE;
     }
     seg_t *a = &log->segs[log->nsegs - 1];
     if (!a->sealed) {

@@ -325,6 +325,11 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     log->run_digest = dkv_crc32c(log->seed, hb, HDR_LEN);
     log->pend_off = HDR_LEN;
     STORE_LSN(log->start_lsn, start_lsn);
+    /* HEAD names the new segment before any of its frames is acknowledged (FORMAT.md 2a) */
+    if (!rc) {
+        what = "HEAD update";
+        rc = dkv__head_update(log);
+    }
     if (rc)
         return fail(log, what, rc);
     return 0;
@@ -630,20 +635,30 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
     if (!rc && active(log)->count > 0)
         rc = roll(log, new_start_lsn);
     else if (!rc && new_start_lsn && new_start_lsn != log->start_lsn) {
-        /* Empty active segment: replace it by one whose header carries the new start. */
+        /* Empty active segment: rewrite its header in place with the new start. The file
+         * stays (HEAD names it, FORMAT.md 2a); a torn rewrite is a torn segment header. */
         quiesce(log);
         seg_t *a = active(log);
-        char name[64], path[4200];
-        dkv__seg_name(name, a->base_lsn);
-        snprintf(path, sizeof path, "%s/%s", log->dir, name);
-        uint32_t prev = a->prev_digest;
-        if (unlink(path) == 0) {
-            close(a->fd);
-            free(a->index);
-            log->nsegs--;
-            rc = create_segment(log, new_start_lsn, prev);
+        seg_header h;
+        memcpy(h.uuid, log->uuid, 16);
+        h.segment_no = a->segment_no;
+        h.base_lsn = a->base_lsn;
+        h.start_lsn = new_start_lsn;
+        h.prev_digest = a->prev_digest;
+        uint8_t hb[HDR_LEN];
+        dkv__header_encode(&h, hb);
+        const char *what = "write";
+        rc = dkv__pwrite_all(log->wfd, hb, HDR_LEN, 0);
+        if (!rc) {
+            what = "fdatasync";
+            rc = dkv__fdatasync(log->wfd);
+        }
+        if (rc) {
+            rc = fail(log, what, rc);
         } else {
-            rc = fail(log, "unlink", -errno);
+            a->start_lsn = new_start_lsn;
+            log->run_digest = dkv_crc32c(log->seed, hb, HDR_LEN);
+            STORE_LSN(log->start_lsn, new_start_lsn);
         }
     }
     if (!rc && new_start_lsn) {

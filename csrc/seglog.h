@@ -24,6 +24,7 @@
 #define DKV_EREADONLY -7    /* write on a read-only handle */
 #define DKV_ENOMEM -8
 #define DKV_ECLOSED -9      /* handle already closed */
+#define DKV_ESTALE -10      /* read-only handle: the log was repaired since it opened; reopen */
 
 /* durability policies */
 #define DKV_SYNC 0

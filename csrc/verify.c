@@ -7,6 +7,7 @@
  * the order of files by the chain (uuid, segment_no, base_lsn, prev_digest).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -14,9 +15,10 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "dkv_internal.h"
+#include "log_int.h"
 
 #define MAX_DAMAGE 1000
 
@@ -61,8 +63,8 @@ static const ventry *ventry_find(const ventries *e, uint64_t lsn, uint32_t idx)
     return NULL;
 }
 
-static int add(dkv_report *r, dkv_segment_report *sr, const char *seg, uint64_t off, int kind,
-               uint64_t lost_first, const char *detail)
+static int add_range(dkv_report *r, dkv_segment_report *sr, const char *seg, uint64_t off,
+                     int kind, uint64_t lost_first, uint64_t lost_last, const char *detail)
 {
     if (sr && !sr->kind) {
         sr->kind = kind;
@@ -71,8 +73,21 @@ static int add(dkv_report *r, dkv_segment_report *sr, const char *seg, uint64_t 
     }
     if (r->n_damage >= MAX_DAMAGE)
         return 0;
-    return dkv__report_add_damage(r, seg, off, kind, lost_first, NO_LSN, detail);
+    return dkv__report_add_damage(r, seg, off, kind, lost_first, lost_last, detail);
 }
+
+static int add(dkv_report *r, dkv_segment_report *sr, const char *seg, uint64_t off, int kind,
+               uint64_t lost_first, const char *detail)
+{
+    return add_range(r, sr, seg, off, kind, lost_first, NO_LSN, detail);
+}
+
+/* What verify found outside the segment files themselves, for recover's plan. */
+typedef struct {
+    int prefix_missing;     /* segments from start_lsn up to the first file are missing */
+    int head_state;         /* 0 absent, 1 ok, 2 unreadable/bad, 3 foreign, 4 names a missing tail */
+    log_head head;          /* head_state 1, 3, 4 */
+} vdir_info;
 
 /* Deep check of one COMMIT frame's references. Returns a detail string or NULL. */
 static const char *check_commit(ventries *es, uint64_t lsn, const uint8_t *p, uint32_t len, int *oom)
@@ -172,9 +187,14 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
     }
     vs->header_ok = 1;
     sr->segment_no = vs->h.segment_no;
-    if (vs->h.base_lsn != base)
+    if (vs->h.base_lsn != base) {
+        /* a copy of another segment under this name: nothing in it can be placed, and the
+         * next file is checked against what precedes this one (not blamed for it) */
         add(r, sr, name, 40, DKV_DAMAGE_BAD_HEADER, expect, "header base_lsn does not match the file name");
-    else if (uuid0 && memcmp(vs->h.uuid, uuid0, 16))
+        vs->header_ok = 0;
+        vs->good_end = 0;
+        goto out;
+    } else if (uuid0 && memcmp(vs->h.uuid, uuid0, 16))
         add(r, sr, name, 16, DKV_DAMAGE_FOREIGN, expect, "segment belongs to another log (uuid differs)");
     else if (prev && prev->header_ok && (vs->h.segment_no != prev->h.segment_no + 1 ||
                                          (prev->next_known ? base != prev->next_lsn : base <= prev->h.base_lsn)))
@@ -271,14 +291,41 @@ out:
     return rc;
 }
 
-static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_out)
+/* *.seg files whose names are not segment names (reported when no segment is found: the
+ * directory then looks like a log, and must not verify as an empty clean one). */
+static void report_misnamed(const char *dir, dkv_report *r)
 {
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 4 || strcmp(e->d_name + l - 4, ".seg"))
+            continue;
+        add(r, NULL, e->d_name, 0, DKV_DAMAGE_BAD_HEADER, NO_LSN,
+            "not a segment file name (16 hex digits + .seg, e.g. 0000000000000000.seg): "
+            "durkv does not read it");
+    }
+    closedir(d);
+}
+
+static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_out,
+                      vdir_info *info)
+{
+    vdir_info scratch;
+    if (!info)
+        info = &scratch;
+    memset(info, 0, sizeof *info);
     *out = NULL;
     uint64_t *bases = NULL;
     size_t n = 0;
     struct stat st;
     if (stat(dir, &st) || !S_ISDIR(st.st_mode))
         return DKV_ENOENT;
+    /* HEAD before the listing: a writer names a segment in HEAD only once its file exists */
+    const char *why = "";
+    int hr = dkv__head_read(dir, &info->head, &why);
     if (dkv__list_segments(dir, &bases, &n))
         return DKV_EIO;
     dkv_report *r = calloc(1, sizeof *r);
@@ -308,9 +355,35 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
         if (r->n_damage > before)
             prefix_ok = 0;
     }
-    if (!rc && n && vs[n - 1].header_ok && bases[0] > vs[n - 1].h.start_lsn)
-        add(r, NULL, r->segments[0].segment, 0, DKV_DAMAGE_MISSING, vs[n - 1].h.start_lsn,
-            "segments holding lsns from start_lsn are missing");
+    if (!rc && n && vs[n - 1].header_ok && bases[0] > vs[n - 1].h.start_lsn) {
+        info->prefix_missing = 1;
+        add_range(r, NULL, r->segments[0].segment, 0, DKV_DAMAGE_MISSING, vs[n - 1].h.start_lsn,
+                  bases[0] - 1, "segments holding lsns from start_lsn are missing");
+    }
+    /* HEAD (FORMAT.md 2a): the newest segment it names must be there */
+    if (rc)
+        hr = DKV_ENOENT;
+    if (hr == DKV_ECORRUPT || hr == DKV_EIO) {
+        info->head_state = 2;
+        add(r, NULL, "HEAD", 0, DKV_DAMAGE_BAD_HEADER, NO_LSN, hr == DKV_EIO ? "cannot read HEAD" : why);
+    } else if (hr == 0 && uuid0 && memcmp(info->head.uuid, uuid0, 16)) {
+        info->head_state = 3;
+        add(r, NULL, "HEAD", 16, DKV_DAMAGE_FOREIGN, NO_LSN, "HEAD belongs to another log (uuid differs)");
+    } else if (hr == 0 && (n == 0 || info->head.base_lsn > bases[n - 1])) {
+        info->head_state = 4;
+        uint64_t end = !n ? 0 : vs[n - 1].header_ok ? bases[n - 1] + vs[n - 1].count : bases[n - 1];
+        char name[64], detail[160];
+        dkv__seg_name(name, info->head.base_lsn);
+        snprintf(detail, sizeof detail,
+                 "HEAD names segment_no %llu at lsn %llu as the newest: the newest segments "
+                 "are missing", (unsigned long long)info->head.segment_no,
+                 (unsigned long long)info->head.base_lsn);
+        add(r, NULL, name, 0, DKV_DAMAGE_MISSING, end, detail);
+    } else if (hr == 0) {
+        info->head_state = 1;
+    }
+    if (!rc && n == 0 && info->head_state == 0)
+        report_misnamed(dir, r);
     free(es.v);
     free(bases);
     if (rc) {
@@ -328,7 +401,7 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
 
 int dkv_verify(const char *dir, int deep, dkv_report **out)
 {
-    return verify_dir(dir, deep, out, NULL);
+    return verify_dir(dir, deep, out, NULL, NULL);
 }
 
 /* Move a whole segment into quarantine/ (as <name>.0.torn). */
@@ -376,6 +449,28 @@ static int cut_file(const char *dir, const char *name, uint64_t off)
     return rc;
 }
 
+/* After recover cut the log (beyond a torn tail): a writer handle on the lock recover holds
+ * raises start_lsn past a missing prefix, seals a segment that was cut in place (so new
+ * frames never take the cut LSNs at the offsets they had: a reader still holding the file
+ * finds the footer there, not another frame), and points HEAD at the active segment with
+ * the new repair epoch. Takes over lfd. */
+static int finish_repair(const char *dir, int lfd, uint64_t epoch, int raise_start, int reseal)
+{
+    dkv_log *log = NULL;
+    int rc = dkv__open_repair(dir, lfd, &log);
+    if (!rc) {
+        log->epoch = epoch;
+        if (raise_start && log->segs[0].base_lsn > log->start_lsn)
+            rc = dkv_seal(log, log->segs[0].base_lsn);
+        else if (reseal)
+            rc = dkv_seal(log, 0);
+        if (!rc)
+            rc = dkv__head_update(log) ? DKV_EIO : 0;
+    }
+    int crc = dkv_close(log);
+    return rc ? rc : crc;
+}
+
 int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out)
 {
     *out = NULL;
@@ -396,46 +491,91 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out
     }
     vseg *vs = NULL;
     dkv_report *r;
-    int rc = verify_dir(dir, 0, &r, &vs);
+    vdir_info vi;
+    int rc = verify_dir(dir, 0, &r, &vs, &vi);
     if (rc)
         goto done;
     *out = r;
     if (!r->n_damage)
         goto done;
+    /* Findings outside the segment files: a missing prefix, a bad HEAD or the newest
+     * segments missing. Only --skip-corrupt accepts them (raising start_lsn, rewriting HEAD). */
+    int outside = vi.prefix_missing || vi.head_state >= 2;
+    if (r->n_segments == 0 && vi.head_state == 0) {
+        rc = DKV_ENOENT;            /* misnamed *.seg files only: no log, nothing ours to move */
+        goto done;
+    }
     /* Where the log gets cut: the first damage in file order. */
     size_t si = 0;
     while (si < r->n_segments && !r->segments[si].kind)
         si++;
-    if (si == r->n_segments) {      /* only a report-level finding (missing prefix) */
+    int seg_damage = si < r->n_segments;
+    dkv_segment_report *sr = seg_damage ? &r->segments[si] : NULL;
+    int torn = seg_damage && sr->kind == DKV_DAMAGE_TORN_TAIL && si + 1 == r->n_segments;
+    if ((!torn || outside) && !skip_corrupt) {
         rc = DKV_ECORRUPT;
         goto done;
     }
-    dkv_segment_report *sr = &r->segments[si];
-    int torn = sr->kind == DKV_DAMAGE_TORN_TAIL && si + 1 == r->n_segments;
-    if (!torn && !skip_corrupt) {
-        rc = DKV_ECORRUPT;
-        goto done;
+    /* Whole segment goes when its header cannot be trusted, or when nothing good is left in
+     * it; otherwise cut after its last good frame (which drops a damaged seal too). */
+    int whole = 0;
+    uint64_t cut = 0, lost = r->next_lsn;
+    if (seg_damage) {
+        whole = !vs[si].header_ok || sr->bad_offset < HDR_LEN ||
+                (!torn && vs[si].good_end <= HDR_LEN);
+        cut = whole ? 0 : vs[si].good_end;
+        /* Exactly what the cut loses: from the end of what stays (a whole segment cut loses
+         * from the end of the previous one: a missing segment before it is lost too). */
+        if (!whole)
+            lost = sr->base_lsn + vs[si].count;
+        else if (si && vs[si - 1].header_ok)
+            lost = r->segments[si - 1].base_lsn + vs[si - 1].count;
+        else
+            lost = sr->base_lsn;
+        for (size_t i = 0; i < r->n_damage; i++)
+            if (!strcmp(r->damage[i].segment, sr->segment)) {
+                r->damage[i].lost_first_lsn = lost;
+                break;
+            }
+        r->next_lsn = lost;
     }
-    /* Whole segment goes when its header cannot be trusted; otherwise cut after its last
-     * good frame (which drops a damaged seal too: the segment becomes the active one). */
-    int whole = !vs[si].header_ok || sr->bad_offset < HDR_LEN;     /* header-level finding */
-    uint64_t cut = whole ? 0 : vs[si].good_end;
-    uint64_t lost = sr->base_lsn + (whole ? 0 : vs[si].count);
-    for (size_t i = 0; i < r->n_damage; i++)
-        if (!strcmp(r->damage[i].segment, sr->segment)) {
-            r->damage[i].lost_first_lsn = lost;
-            break;
-        }
-    r->next_lsn = lost;
     if (dry_run)
         goto done;
-    for (size_t i = r->n_segments; i-- > si + 1;)
-        if ((rc = quarantine_file(dir, r->segments[i].segment)))
-            break;
-    if (!rc)
-        rc = whole ? quarantine_file(dir, sr->segment) : cut_file(dir, sr->segment, cut);
-    if (rc)
+    if (torn && !outside) {         /* a torn tail: cut in place, nothing else changes */
+        rc = cut_file(dir, sr->segment, cut) ? DKV_EIO : 0;
+        goto done;
+    }
+    /* HEAD first: it must never name a segment this repair moves away (FORMAT.md 2a). */
+    uint64_t epoch = 1;
+    if (vi.head_state == 1 || vi.head_state == 4)
+        epoch = vi.head.epoch + 1;
+    else if (vi.head_state >= 2 && dkv__random_bytes((uint8_t *)&epoch, sizeof epoch))
+        epoch = (uint64_t)time(NULL);
+    size_t keep = seg_damage ? (whole ? si : si + 1) : r->n_segments;   /* files that stay */
+    while (keep && !vs[keep - 1].header_ok)
+        keep--;
+    if (keep) {
+        log_head h;
+        memcpy(h.uuid, vs[keep - 1].h.uuid, 16);
+        h.segment_no = vs[keep - 1].h.segment_no;
+        h.base_lsn = r->segments[keep - 1].base_lsn;
+        h.epoch = epoch;
+        rc = dkv__head_write(dir, &h);
+    } else if (vi.head_state) {
+        rc = quarantine_file(dir, "HEAD");      /* nothing of this log stays */
+    }
+    if (seg_damage) {
+        for (size_t i = r->n_segments; !rc && i-- > si + 1;)
+            rc = quarantine_file(dir, r->segments[i].segment);
+        if (!rc)
+            rc = whole ? quarantine_file(dir, sr->segment) : cut_file(dir, sr->segment, cut);
+    }
+    if (rc) {
         rc = DKV_EIO;
+        goto done;
+    }
+    rc = finish_repair(dir, lfd, epoch, vi.prefix_missing, seg_damage && !whole);
+    lfd = -1;
 done:
     free(vs);
     if (lfd >= 0)

@@ -111,8 +111,19 @@ class BackendError(DurkvError):
     code = "backend"
 
 
+class StaleReaderError(DurkvError):
+    """A read-only handle's log was repaired (``durkv recover``) since it was opened.
+
+    LSNs it had indexed may now hold other frames: it refuses to extend its view.
+    Open the log again (a read-only store's ``refresh()`` does so by itself).
+    """
+
+    code = "stale_reader"
+
+
 __all__ = [
     "DurkvError", "CorruptionError", "StoreLockedError", "FencedError", "LogFailedError",
     "ReadOnlyError", "IdempotencyConflictError", "NonDeterminismError", "ConfigError",
     "NotFoundError", "SerializationError", "FrameTooLargeError", "BackendError",
+    "StaleReaderError",
 ]

@@ -36,7 +36,7 @@ from .channels import (  # noqa: F401  (re-exported)
 from .durability import ASYNC, DURABILITIES, EXIT, SYNC
 from .errors import (
     ConfigError, CorruptionError, DurkvError, FrameTooLargeError, LogFailedError,
-    NotFoundError, ReadOnlyError, StoreLockedError,
+    NotFoundError, ReadOnlyError, StaleReaderError, StoreLockedError,
 )
 
 FRAME_DATA = 1
@@ -175,6 +175,8 @@ def _error(rc: int, handle=None, path: str = "", what: str = "") -> DurkvError:
         return NotFoundError(msg, path=path)
     if rc == lib.DKV_EREADONLY:
         return ReadOnlyError(msg, path=path)
+    if rc == lib.DKV_ESTALE:
+        return StaleReaderError(msg, path=path)
     if rc == lib.DKV_ECLOSED:
         return ConfigError(f"the log {path} is closed", path=path)
     if rc == lib.DKV_ENOMEM:
@@ -493,7 +495,10 @@ class SegmentLog:
             raise _error(rc, h, self.path, "seal")
 
     def refresh(self) -> None:
-        """Read-only handles: see frames a concurrent writer appended since open."""
+        """Read-only handles: see frames a concurrent writer appended since open.
+
+        Raises StaleReaderError when ``durkv recover`` repaired the log since this handle
+        opened it (HEAD's repair epoch changed, FORMAT.md 2a): open it again."""
         h = self._handle()
         rc = lib.dkv_refresh(h)
         if rc:

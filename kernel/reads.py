@@ -28,15 +28,30 @@ from bisect import bisect_left
 from typing import Any, Iterator
 
 from .channels import DELTA, F_VALUE, FULL, SNAP, entry_at, entry_header, snap_ref_at
-from .errors import DurkvError, NotFoundError
+from .errors import CorruptionError, DurkvError, NotFoundError
 from .index import Lane
-from .records import ChannelEntry, Checkpoint, PendingWrite, _check_id, _head_of
+from .records import (
+    K_CKPT, K_COPY_CKPT, ChannelEntry, Checkpoint, PendingWrite, _check_id, _head_of,
+)
 
 __all__ = ["Reads"]
 
 # values that are safe to hand out to several checkpoints (cannot be mutated)
 _IMMUTABLE = frozenset((str, int, float, bool, bytes, complex, type(None)))
 _MISS = object()
+
+
+def _checkpoint_head(payload: bytes, cid: str, lsn: int, url: str) -> list:
+    """The head of the checkpoint frame at ``lsn``, which the index says holds ``cid``;
+    a frame that is something else is never returned as it (a log cut and reused under
+    a reader, FORMAT.md 2a)."""
+    h = _head_of(payload)
+    if h[0] not in (K_CKPT, K_COPY_CKPT) or h[3] != cid:
+        raise CorruptionError(
+            f"store {url}: frame {lsn} does not hold checkpoint {cid!r}; the log changed "
+            "under this handle (repaired by `durkv recover`?): refresh() or reopen the store",
+            kind="bad_record", lsn=lsn)
+    return h
 
 
 class _Memo:
@@ -140,7 +155,9 @@ class Reads:
             pos = lane.find(checkpoint_id)
             if pos < 0:
                 return None
-            return self._read_checkpoint(thread_id, checkpoint_ns, lane, lane.lsns[pos])
+            lsn = lane.lsns[pos]
+            h = _checkpoint_head(self._b.read(lsn), checkpoint_id, lsn, self.url)
+            return self._read_checkpoint(thread_id, checkpoint_ns, lane, lsn, h)
 
     def _read_checkpoint(self, thread_id: str, ns: str, lane: Lane, lsn: int,
                          h: list | None = None, metadata: dict | None = None) -> Checkpoint:
@@ -241,14 +258,20 @@ class Reads:
         memo = _Memo() if values else None
         loads = self._loads
         count = 0
+        salvage = getattr(self._b, "recovery", None) == "salvage"
         for cid, t, n, lane, lsn in stream:
             with self._lock:
                 self._check_open()
-                got = self._frame(t, n, lane, cid, lsn)
+                try:
+                    got = self._frame(t, n, lane, cid, lsn)
+                except (NotFoundError, CorruptionError):
+                    if not salvage:
+                        raise
+                    continue        # its frame is lost (salvage: skip it, see below)
                 if got is None:
                     continue
                 lane, lsn, payload = got
-                h = _head_of(payload)
+                h = _checkpoint_head(payload, cid, lsn, self.url)
                 meta = None
                 if filter:
                     meta = loads(h[6])
@@ -259,9 +282,17 @@ class Reads:
                 if memo is None:
                     cp = Checkpoint(t, n, h[3], h[4], loads(h[5]), meta, h[7], {}, [])
                 else:
-                    cp = Checkpoint(t, n, h[3], h[4], loads(h[5]), meta, h[7],
-                                    self._history_values(lsn, payload, h[8], memo),
-                                    self._read_writes(lane, lsn))
+                    try:
+                        vals = self._history_values(lsn, payload, h[8], memo)
+                        writes = self._read_writes(lane, lsn)
+                    except (NotFoundError, CorruptionError):
+                        # salvage reads what still verifies: a checkpoint whose values
+                        # cross the damage (a delta chain into a lost segment) is skipped,
+                        # and the walk goes on to older ones (the log reports the damage)
+                        if not salvage:
+                            raise
+                        continue
+                    cp = Checkpoint(t, n, h[3], h[4], loads(h[5]), meta, h[7], vals, writes)
             yield cp
             count += 1
             if limit is not None and count >= limit:

@@ -68,23 +68,27 @@ class Store(ChannelState, Reads):
         self._compress = self._codec._c.compress
         self._hpack = msgpack.Packer(use_bin_type=True)    # frame heads, under self._lock
         self._lock = threading.RLock()
-        self._ix = Index()
-        self._shadow: Index | None = None    # compaction being replayed (BEGIN seen, no END yet)
-        self._shadow_begin = -1
-        self._compacted_at = -1
-        self._scan_pos = backend.start_lsn
         self._next_lsn = -1       # LSN of the next append when known (saves a call per put)
         self._wfp: dict[int, tuple[int, int]] = {}   # xxh3 of recent write frames -> lsn, rank
         self._closed = False
         self._index_every = index_every   # frames between K_INDEX snapshots (0: never write one)
-        self._index_lsn = backend.start_lsn - 1   # LSN of the newest K_INDEX known
-        self._restore_index()
-        self._replay()
+        self._load_index()
         if not read_only:
             self._shadow = None     # a compaction cut short by a crash: its copies are dead
             if self._compacted_at > backend.start_lsn:
                 # a compaction finished (END is durable) but its old frames were not removed
                 backend.remove_prefix(self._compacted_at)
+
+    def _load_index(self) -> None:
+        """Build the index from the log: the newest snapshot, then the frames after it."""
+        self._ix = Index()
+        self._shadow: Index | None = None    # compaction being replayed (BEGIN seen, no END yet)
+        self._shadow_begin = -1
+        self._compacted_at = -1
+        self._scan_pos = self._b.start_lsn
+        self._index_lsn = self._b.start_lsn - 1   # LSN of the newest K_INDEX known
+        self._restore_index()
+        self._replay()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -129,8 +133,10 @@ class Store(ChannelState, Reads):
         with self._lock:
             self._check_open()
             if self.read_only:
-                self._b.refresh()
-                self._replay()
+                if self._b.refresh():
+                    self._load_index()      # the log was repaired under us: remap from scratch
+                else:
+                    self._replay()
 
     def size_bytes(self) -> int:
         return self._b.size_bytes()

@@ -182,6 +182,45 @@ def read_segment(path: str | os.PathLike) -> Segment:
     return Segment(p, hdr, parse_frames(data, hdr), parse_trailer(data), len(data))
 
 
+HEAD_MAGIC = b"DKVHEAD\x01"
+HEAD_LEN = 64
+
+
+@dataclass
+class Head:
+    """The HEAD file (FORMAT.md section 2a): the newest segment and the repair epoch."""
+
+    log_uuid: bytes
+    segment_no: int
+    base_lsn: int
+    epoch: int
+
+
+def read_head(d: str | os.PathLike) -> Head | None:
+    p = Path(d) / "HEAD"
+    if not p.exists():
+        return None
+    data = p.read_bytes()
+    assert len(data) == HEAD_LEN and data[:8] == HEAD_MAGIC, data
+    assert crc32c(0, data[:60]) == struct.unpack_from("<I", data, 60)[0]
+    segno, base, epoch = struct.unpack_from("<QQQ", data, 24)
+    return Head(data[8:24], segno, base, epoch)
+
+
+def write_head(d: str | os.PathLike, head: Head) -> None:
+    """Write HEAD as the writer would (FORMAT.md section 2a), for crash-state surgery."""
+    body = HEAD_MAGIC + head.log_uuid + struct.pack("<QQQ", head.segment_no, head.base_lsn,
+                                                    head.epoch) + b"\x00" * 12
+    (Path(d) / "HEAD").write_bytes(body + struct.pack("<I", crc32c(0, body)))
+
+
+def name_newest_in_head(d: str | os.PathLike, seg: Segment) -> None:
+    """Point HEAD at ``seg`` (what HEAD holds before the writer created a later segment)."""
+    h = read_head(d)
+    assert h is not None
+    write_head(d, Head(h.log_uuid, seg.header.segment_no, seg.header.base_lsn, h.epoch))
+
+
 # -- files -------------------------------------------------------------------------
 
 

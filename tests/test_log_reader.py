@@ -473,7 +473,8 @@ def test_crash_while_writing_seal_footer(tmp_path, rolled):
     sealed = segs[-2]
     for k in range(sealed.trailer.data_end, sealed.size + 1):
         d = lt.copy_log(src, tmp_path / f"f{k}")
-        (d / segs[-1].name).unlink()               # the next segment was never created
+        (d / segs[-1].name).unlink()               # the next segment was never created,
+        lt.name_newest_in_head(d, sealed)          # so HEAD still names the sealed one
         lt.truncate(d / sealed.name, k)
         _check_after_crash(d, payloads, f"footer cut at {k}")
 
