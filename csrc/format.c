@@ -518,6 +518,8 @@ const char *dkv_strerror(int code)
     case DKV_EREADONLY: return "read-only handle";
     case DKV_ENOMEM: return "out of memory";
     case DKV_ECLOSED: return "handle is closed";
+    case DKV_ETOOBIG: return "frame too large";
+    case DKV_ENOLSN: return "no such lsn";
     default: return "unknown error";
     }
 }

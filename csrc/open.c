@@ -70,10 +70,15 @@ int dkv__load_index(dkv_log *log, seg_t *s)
     char name[64];
     dkv__seg_name(name, s->base_lsn);
     size_t ilen = (size_t)s->count * 8;
+    int fd, own, r = dkv__seg_fd(log, s, &fd, &own);
+    if (r)
+        return r;
     uint8_t *b = malloc(ilen + TRAILER_LEN);
+    r = b ? dkv__pread_all(fd, b, ilen + TRAILER_LEN, s->data_end) : -ENOMEM;
+    if (own)
+        close(fd);
     if (!b)
         return DKV_ENOMEM;
-    int r = dkv__pread_all(s->fd, b, ilen + TRAILER_LEN, s->data_end);
     const char *why = NULL;
     if (r < 0 || (size_t)r != ilen + TRAILER_LEN)
         why = "cannot read the index";
@@ -366,6 +371,7 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
         load_result lr;
         int last = i + 1 == n;
         int rc = load_seg(log, bases[i], last, &lr);
+        dkv__seg_retire(log);
         if (rc)
             return rc;
         char name[64];
@@ -648,7 +654,9 @@ int dkv_refresh(dkv_log *log)
         for (size_t i = first_new; i < n; i++) {
             load_result lr;
             size_t before = log->nsegs;
-            if (load_seg(log, bases[i], i + 1 == n, &lr) || log->nsegs == before) {
+            int rc_load = load_seg(log, bases[i], i + 1 == n, &lr);
+            dkv__seg_retire(log);
+            if (rc_load || log->nsegs == before) {
                 free(lr.file);
                 break;
             }

@@ -137,7 +137,9 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
     vs->good_end = HDR_LEN;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return DKV_EIO;
+        return dkv__io_error(NULL, errno, "cannot open segment %s%s", path, errno != ENOENT ? "" :
+                             " (removed while verify ran? a writer's compaction unlinks old "
+                             "segments: run verify again)");
     uint8_t *b = NULL;
     uint64_t size = 0, *offs = NULL, n = 0, cap = 0;
     int rc = 0;
@@ -160,7 +162,7 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
         rc = dkv__read_file(fd, &b, &size);
     close(fd);
     if (rc)
-        return DKV_EIO;
+        return dkv__io_error(NULL, -rc, "cannot read segment %s", path);
     sr->bytes = vs->size = size;
     uint64_t expect = prev ? prev->h.base_lsn + prev->count : base;
     const char *why = "";
@@ -277,10 +279,16 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
     uint64_t *bases = NULL;
     size_t n = 0;
     struct stat st;
-    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+    int e = stat(dir, &st) ? errno : 0;
+    if (e && e != ENOENT && e != ENOTDIR)
+        return dkv__io_error(NULL, e, "cannot read %s", dir);
+    if (e || !S_ISDIR(st.st_mode)) {
+        dkv__set_error(NULL, "no log at %s: %s", dir, e ? strerror(e) : "not a directory");
         return DKV_ENOENT;
-    if (dkv__list_segments(dir, &bases, &n))
-        return DKV_EIO;
+    }
+    int lrc = dkv__list_segments(dir, &bases, &n);
+    if (lrc)
+        return dkv__io_error(NULL, -lrc, "cannot list %s", dir);
     dkv_report *r = calloc(1, sizeof *r);
     vseg *vs = calloc(n ? n : 1, sizeof *vs);
     if (r)
@@ -328,6 +336,7 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
 
 int dkv_verify(const char *dir, int deep, dkv_report **out)
 {
+    dkv__set_error(NULL, "%s", "");
     return verify_dir(dir, deep, out, NULL);
 }
 
@@ -379,19 +388,23 @@ static int cut_file(const char *dir, const char *name, uint64_t off)
 int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out)
 {
     *out = NULL;
+    dkv__set_error(NULL, "%s", "");
     char lp[4200];
     snprintf(lp, sizeof lp, "%s/LOCK", dir);
     int lfd = -1;
     if (!dry_run) {
         struct stat st;
-        if (stat(dir, &st))
+        if (stat(dir, &st)) {
+            dkv__set_error(NULL, "no log at %s: %s", dir, strerror(errno));
             return DKV_ENOENT;
+        }
         lfd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (lfd < 0)
-            return DKV_EIO;
+            return dkv__io_error(NULL, errno, "cannot open %s (recover takes the writer lock)", lp);
         if (flock(lfd, LOCK_EX | LOCK_NB)) {
+            int e = errno;
             close(lfd);
-            return errno == EWOULDBLOCK ? DKV_ELOCKED : DKV_EIO;
+            return e == EWOULDBLOCK ? DKV_ELOCKED : dkv__io_error(NULL, e, "cannot lock %s", lp);
         }
     }
     vseg *vs = NULL;
@@ -429,13 +442,17 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out
     r->next_lsn = lost;
     if (dry_run)
         goto done;
+    const char *moving = sr->segment;
     for (size_t i = r->n_segments; i-- > si + 1;)
-        if ((rc = quarantine_file(dir, r->segments[i].segment)))
+        if ((rc = quarantine_file(dir, moving = r->segments[i].segment)))
             break;
-    if (!rc)
+    if (!rc) {
+        moving = sr->segment;
         rc = whole ? quarantine_file(dir, sr->segment) : cut_file(dir, sr->segment, cut);
+    }
     if (rc)
-        rc = DKV_EIO;
+        rc = dkv__io_error(NULL, -rc, "cannot move the damaged part of %s/%s to %s/quarantine/",
+                           dir, moving, dir);
 done:
     free(vs);
     if (lfd >= 0)
