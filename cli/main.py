@@ -77,13 +77,17 @@ def log_dir(path: Path) -> str:
         raise NotFoundError(f"no durkv log at {path}: no such directory")
     if not path.is_dir():
         raise NotFoundError(f"no durkv log at {path}: it is a file, not a log directory")
-    if not any(path.glob("*.seg")):
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return str(path)    # unreadable: the log's own error names the file and the errno
+    if not any(n.endswith(".seg") for n in names):
         raise NotFoundError(f"no durkv log at {path}: the directory holds no segment files (*.seg)")
     return str(path)
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=output.STORE_PATH)
 @click.option("--deep", is_flag=True,
               help="Also decode every COMMIT frame and resolve every channel reference.")
 @output.json_option
@@ -132,7 +136,7 @@ def _quarantine(path: str) -> dict[str, int]:
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=output.STORE_PATH)
 @click.option("--dry-run", is_flag=True, help="Say what would be cut and kept; change nothing.")
 @click.option("--skip-corrupt", is_flag=True,
               help="Also cut mid-log corruption (the log is cut at the last good frame "

@@ -38,8 +38,7 @@ static int take_lock(dkv_log *log)
     snprintf(p, sizeof p, "%s/LOCK", log->dir);
     int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
-        dkv__set_error(log, "cannot open %s: %s", p, strerror(errno));
-        return DKV_EIO;
+        return dkv__io_error(log, errno, "cannot open %s", p);
     }
     if (flock(fd, LOCK_EX | LOCK_NB)) {
         int e = errno;
@@ -54,8 +53,7 @@ static int take_lock(dkv_log *log)
             dkv__set_error(log, "store is locked by pid %s; close it or open read_only=True", pid);
             return DKV_ELOCKED;
         }
-        dkv__set_error(log, "cannot lock %s: %s", p, strerror(e));
-        return DKV_EIO;
+        return dkv__io_error(log, e, "cannot lock %s", p);
     }
     char pid[32];
     int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
@@ -129,8 +127,9 @@ static int check_sealed(dkv_log *log, seg_t *s, load_result *lr, int have_traile
     uint64_t size;
     int rc = dkv__read_file(s->fd, &b, &size);
     if (rc) {
-        dkv__set_error(log, "cannot read segment: %s", strerror(-rc));
-        return DKV_EIO;
+        char name[64];
+        dkv__seg_name(name, s->base_lsn);
+        return dkv__io_error(log, -rc, "cannot read segment %s/%s", log->dir, name);
     }
     uint32_t seed = dkv__seed(log->uuid, s->segment_no);
     uint64_t end = have_trailer ? s->data_end : size;
@@ -201,8 +200,7 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     int writer = !log->opt.read_only;
     int fd = open(path, (is_last && writer ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd < 0) {
-        dkv__set_error(log, "cannot open segment %s: %s", path, strerror(errno));
-        return DKV_EIO;
+        return dkv__io_error(log, errno, "cannot open segment %s", path);
     }
     struct stat st;
     fstat(fd, &st);
@@ -288,8 +286,7 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     int rc = dkv__read_file(fd, &buf, &size);
     if (rc) {
         close(fd);
-        dkv__set_error(log, "cannot read %s: %s", path, strerror(-rc));
-        return DKV_EIO;
+        return dkv__io_error(log, -rc, "cannot read %s", path);
     }
     s->file_size = size;
     uint32_t seed = dkv__seed(h.uuid, h.segment_no);
@@ -410,8 +407,7 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
                 }
                 if (rc) {
                     free(lr.file);
-                    dkv__set_error(log, "cannot repair the torn tail of %s: %s", path, strerror(-rc));
-                    return DKV_EIO;
+                    return dkv__io_error(log, -rc, "cannot repair the torn tail of %s", path);
                 }
             }
         } else if (lr.kind) {
@@ -488,6 +484,7 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
     }
     if (log->opt.recovery == DKV_RECOVER_SALVAGE)
         log->opt.read_only = 1;
+    int rc;
     struct stat st;
     if (stat(dir, &st) || !S_ISDIR(st.st_mode)) {
         if (log->opt.read_only) {
@@ -496,24 +493,20 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
         }
         if (mkdir(dir, 0755) && errno != EEXIST) {
             int e = errno;
-            dkv__set_error(log, "cannot create %s: %s", dir, strerror(e));
-            return e == ENOENT ? DKV_ENOENT : DKV_EIO;
+            rc = dkv__io_error(log, e, "cannot create %s", dir);
+            return e == ENOENT ? DKV_ENOENT : rc;
         }
         char parent[4200];
         snprintf(parent, sizeof parent, "%s/..", dir);
-        if (dkv__dirfsync(parent)) {
-            dkv__set_error(log, "cannot fsync the parent directory of %s", dir);
-            return DKV_EIO;
-        }
+        if ((rc = dkv__dirfsync(parent)))
+            return dkv__io_error(log, -rc, "cannot fsync the parent directory of %s", dir);
     }
-    int rc;
     if (!log->opt.read_only && (rc = take_lock(log)))
         return rc;
     uint64_t *bases = NULL;
     size_t n = 0;
     if ((rc = dkv__list_segments(dir, &bases, &n))) {
-        dkv__set_error(log, "cannot list %s: %s", dir, strerror(-rc));
-        return DKV_EIO;
+        return dkv__io_error(log, -rc, "cannot list %s", dir);
     }
     if (n == 0) {
         free(bases);
@@ -522,8 +515,7 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
             return DKV_ENOENT;
         }
         if ((rc = dkv__random_bytes(log->uuid, 16))) {
-            dkv__set_error(log, "cannot draw a log uuid: %s", strerror(-rc));
-            return DKV_EIO;
+            return dkv__io_error(log, -rc, "cannot draw a log uuid");
         }
         rc = dkv__create_next_segment(log);
     } else {
@@ -556,11 +548,9 @@ int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out)
                     log->pend_off = a->data_end;
                     /* Whatever the last writer left in the page cache becomes durable before
                      * the first append records D = next_lsn in its sync_gap (FORMAT.md 3). */
-                    if ((rc = dkv__fdatasync(a->fd))) {
-                        dkv__set_error(log, "cannot fdatasync the active segment: %s",
-                                       strerror(-rc));
-                        rc = DKV_EIO;
-                    }
+                    if ((rc = dkv__fdatasync(a->fd)))
+                        rc = dkv__io_error(log, -rc, "cannot fdatasync the active segment of %s",
+                                           dir);
                 }
                 /* Dead segments left by a crash between a roll and the unlink (section 7). */
                 int removed = 0;

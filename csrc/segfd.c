@@ -78,11 +78,11 @@ int dkv__seg_fd(dkv_log *log, seg_t *s, int *fd, int *own)
     snprintf(path, sizeof path, "%s/%s", log->dir, name);
     int f = open(path, O_RDONLY | O_CLOEXEC);
     if (f < 0) {
-        int e = errno;
-        int rc = dkv__io_error(log, e, "cannot open segment %s%s", path,
-                               e == ENOENT ? " (removed since this handle opened the log: "
-                                             "reopen or refresh it)" : "");
-        return e == ENOENT ? DKV_ENOLSN : rc;   /* compacted away: the frame is gone */
+        if (errno != ENOENT)
+            return dkv__io_error(log, errno, "cannot open segment %s", path);
+        dkv__io_error(log, errno, "segment %s was removed (compacted away) since this handle "
+                      "opened the log: reopen or refresh it; cannot open it", path);
+        return DKV_ENOLSN;      /* the frame is gone, like an lsn below start_lsn */
     }
     *fd = f;
     if (make_room(log, 0)) {

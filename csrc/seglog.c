@@ -325,8 +325,7 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
         int e = errno;
         if (log->nsegs)
             return fail(log, "create segment", -e);
-        dkv__set_error(log, "cannot create segment %s: %s", path, strerror(e));
-        return DKV_EIO;
+        return dkv__io_error(log, e, "cannot create segment %s", path);
     }
     uint8_t hb[HDR_LEN];
     dkv__header_encode(&h, hb);

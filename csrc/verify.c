@@ -136,10 +136,12 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
     memset(vs, 0, sizeof *vs);
     vs->good_end = HDR_LEN;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+        return dkv__io_error(NULL, errno, "segment %s is gone since verify listed the directory "
+                             "(a writer's compaction unlinks old segments: run verify again); "
+                             "cannot open it", path);
     if (fd < 0)
-        return dkv__io_error(NULL, errno, "cannot open segment %s%s", path, errno != ENOENT ? "" :
-                             " (removed while verify ran? a writer's compaction unlinks old "
-                             "segments: run verify again)");
+        return dkv__io_error(NULL, errno, "cannot open segment %s", path);
     uint8_t *b = NULL;
     uint64_t size = 0, *offs = NULL, n = 0, cap = 0;
     int rc = 0;

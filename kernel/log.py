@@ -149,7 +149,7 @@ def _report(r) -> Report:
 
 # What each DKV_E* code is in the DurkvError tree (DKV_ECORRUPT, ECLOSED and ENOMEM need
 # more than a class: see _error).
-_ERROR_CLASSES: dict[int, type[DurkvError]] = {
+ERROR_CLASSES: dict[int, type[DurkvError]] = {
     lib.DKV_EIO: LogFailedError,
     lib.DKV_EFAILED: LogFailedError,
     lib.DKV_ELOCKED: StoreLockedError,
@@ -187,7 +187,7 @@ def _error(rc: int, handle=None, path: str = "", what: str = "", *,
         return ConfigError(f"the log {path} is closed", path=path)
     if rc == lib.DKV_ENOMEM:
         raise MemoryError(msg)
-    return _ERROR_CLASSES.get(rc, DurkvError)(msg, **context)
+    return ERROR_CLASSES.get(rc, DurkvError)(msg, **context)
 
 
 # ---------------------------------------------------------------- the log

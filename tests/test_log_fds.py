@@ -81,11 +81,11 @@ def test_store_of_more_segments_than_the_fd_limit_opens_reads_verifies_appends(t
 
 def test_log_reads_every_segment_with_bounded_fds(tmp_path):
     path = tmp_path / "log"
-    n = 400
+    n = 160
     _many_segment_log(path, n)
     before = _open_fds()
     with SegmentLog.open(str(path), segment_bytes=TINY) as log:
-        assert _open_fds() - before < 80          # 64 sealed + active + lock, not 400
+        assert _open_fds() - before < 80          # 64 sealed + active + lock, not 160
         order = list(range(n))
         random.Random(7).shuffle(order)
         for lsn in order:                          # misses everywhere: evict and reopen
@@ -98,11 +98,11 @@ def test_log_reads_every_segment_with_bounded_fds(tmp_path):
 
 
 def test_concurrent_readers_never_read_through_a_closed_fd(tmp_path):
-    """Eight threads read random LSNs of 300 one-frame segments: every eviction happens
+    """Eight threads read random LSNs of 160 one-frame segments: every eviction happens
     while other threads are mid-pread, so an fd closed (and its number reused by the next
     open) under a reader would return another segment's frame or EBADF."""
     path = tmp_path / "log"
-    n = 300
+    n = 160
     _many_segment_log(path, n)
     errors: list[BaseException] = []
     with SegmentLog.open(str(path), read_only=True) as log:
@@ -130,7 +130,7 @@ def test_reader_of_a_segment_compacted_away_gets_its_frame_or_not_found(tmp_path
     was not kept open): it gets the frame, or NotFoundError naming the file -- never
     another frame, never a bare I/O error."""
     path = tmp_path / "log"
-    n = 200
+    n = 100
     _many_segment_log(path, n)
     with SegmentLog.open(str(path), read_only=True) as reader, \
             SegmentLog.open(str(path), segment_bytes=TINY) as writer:
