@@ -119,7 +119,7 @@ def _step(meta: Any) -> str:
 
 
 @click.command("ls")
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=output.STORE_PATH)
 @serde_option
 @output.json_option
 @click.pass_context
@@ -156,7 +156,7 @@ def ls(ctx: click.Context, path: Path, serde: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=output.STORE_PATH)
 @click.argument("thread")
 @ns_option
 @click.option("-n", "--limit", default=20, show_default=True, type=click.IntRange(min=0),
@@ -191,7 +191,7 @@ def history(ctx: click.Context, path: Path, thread: str, ns: str, limit: int, se
 
 
 @click.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=output.STORE_PATH)
 @click.argument("thread")
 @click.argument("checkpoint_id", required=False)
 @ns_option

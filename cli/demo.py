@@ -113,7 +113,7 @@ def _kill_mid_run(path: Path, last_step: int, kill_at: int, durability: str) -> 
 
 
 @click.command()
-@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.argument("path", required=False, type=output.STORE_PATH)
 @click.option("--steps", default=12, show_default=True, type=click.IntRange(2, 100_000),
               help="Agent steps to run.")
 @click.option("--crash", is_flag=True,

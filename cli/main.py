@@ -65,7 +65,7 @@ def cli(debug: bool) -> None:
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=output.STORE_PATH)
 @click.option("--deep", is_flag=True,
               help="Also decode every COMMIT frame and resolve every channel reference.")
 @output.json_option
@@ -114,7 +114,7 @@ def _quarantine(path: str) -> dict[str, int]:
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=output.STORE_PATH)
 @click.option("--dry-run", is_flag=True, help="Say what would be cut and kept; change nothing.")
 @click.option("--skip-corrupt", is_flag=True,
               help="Also cut mid-log corruption (the log is cut at the last good frame "

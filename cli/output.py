@@ -13,6 +13,7 @@ Every command follows the same habits (docs: README "Command line"):
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -49,6 +50,11 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
 )
 
 JSON_KEY = "durkv.json"   # ctx.meta flag: the running command was asked for --json
+
+# Every PATH argument. click's default Path(readable=True) turns an unreadable store into a
+# usage error (exit 2 and the usage text); it is an operational one: the command opens it
+# and reports the file and strerror on one line, exit 1.
+STORE_PATH = click.Path(path_type=Path, readable=False)
 
 
 def json_option(f):

@@ -6,6 +6,7 @@ so that none of them imports another command module.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,10 @@ def log_dir(path: Path) -> str:
         raise NotFoundError(f"no durkv log at {path}: no such directory")
     if not path.is_dir():
         raise NotFoundError(f"no durkv log at {path}: it is a file, not a log directory")
-    if not any(path.glob("*.seg")):
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return str(path)    # unreadable: the log's own error names the file and the errno
+    if not any(n.endswith(".seg") for n in names):
         raise NotFoundError(f"no durkv log at {path}: the directory holds no segment files (*.seg)")
     return str(path)

@@ -13,7 +13,8 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ["crc32c.c", "format.c", "seglog.c", "read.c", "open.c", "commit.c", "verify.c", "head.c"]
+SOURCES = ["crc32c.c", "format.c", "seglog.c", "read.c", "open.c", "commit.c", "verify.c",
+           "head.c", "segfd.c"]
 
 
 def _cdef() -> str:

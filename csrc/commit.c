@@ -168,8 +168,8 @@ int dkv_read_channel(dkv_log *log, uint64_t lsn, uint32_t idx, uint8_t **buf_out
             goto done;
         if ((rc = dkv_commit_entry(f->buf, f->len, cur.idx, &d, &io))) {
             dkv__set_error(log, "lsn %llu has no channel entry %u", (unsigned long long)cur.lsn, cur.idx);
-            /* A bad (lsn, idx) from the caller is EINVAL; a reference to nothing is damage. */
-            rc = rc == DKV_EINVAL && steps == 0 ? DKV_EINVAL : DKV_ECORRUPT;
+            /* A bad (lsn, idx) from the caller is not found; a reference to nothing is damage. */
+            rc = rc == DKV_EINVAL && steps == 0 ? DKV_ENOLSN : DKV_ECORRUPT;
             goto done;
         }
         if (d.kind == DKV_ENTRY_FULL)

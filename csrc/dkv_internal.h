@@ -126,7 +126,12 @@ int dkv__head_write(const char *dir, const log_head *h);
 /* ---- handle internals used by commit.c ---- */
 /* Read frame lsn into a malloc'd buffer (caller frees). */
 int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, uint8_t *type);
+/* The handle's error message (log NULL: the calling thread's, for the calls without a
+ * handle, dkv_verify and dkv_recover), with no errno behind it. */
 void dkv__set_error(dkv_log *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* An I/O failure: the message gets ": strerror(err)" and err is kept for dkv_last_errno.
+ * Returns DKV_EIO. */
+int dkv__io_error(dkv_log *log, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kind,
                            uint64_t lost_first, uint64_t lost_last, const char *detail);

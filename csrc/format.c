@@ -519,6 +519,8 @@ const char *dkv_strerror(int code)
     case DKV_ENOMEM: return "out of memory";
     case DKV_ECLOSED: return "handle is closed";
     case DKV_ESTALE: return "the log was repaired since this read-only handle opened it";
+    case DKV_ETOOBIG: return "frame too large";
+    case DKV_ENOLSN: return "no such lsn";
     default: return "unknown error";
     }
 }

@@ -11,7 +11,7 @@ typedef struct {
     uint64_t base_lsn, segment_no, start_lsn;
     uint32_t prev_digest;
     int sealed;
-    int removed;            /* below start_lsn and unlinked; fd kept until close */
+    int removed;            /* below start_lsn and unlinked */
     uint64_t count;         /* frames, incl. pending ones in the active segment */
     uint64_t data_end;      /* end of frames (active: incl. pending bytes) */
     uint64_t file_size;
@@ -19,8 +19,13 @@ typedef struct {
     uint64_t *index;        /* frame offsets by lsn - base_lsn (0 = lost, salvage) */
     uint64_t n_index, cap_index;
     int index_loaded;       /* sealed segments load their index on first read */
-    int fd;
+    int fd;                 /* -1: closed (a sealed segment opens on demand, segfd.c) */
+    int fd_cached;          /* fd is one of the handle's cached sealed-segment fds */
+    uint64_t dev, ino;      /* the file this handle loaded: a reopen must find the same one */
 } seg_t;
+
+/* Sealed segments whose fd stays open at a time (segfd.c); the active segment's is extra. */
+#define SEALED_FDS 64
 
 struct dkv_log {
     char *dir;
@@ -62,6 +67,15 @@ struct dkv_log {
     int repair;                 /* opened by recover: HEAD unchecked, a missing prefix allowed */
     dkv_damage damage;
     char err[512];
+    int err_errno;              /* errno behind err (0: none), dkv_last_errno */
+    int fail_errno;             /* errno of the failure that failed the handle */
+    /* Sealed segments' fds (segfd.c): the open ones, oldest first from fd_pos; fds evicted
+     * while a reader may still pread them wait in grave until fd_readers drops to 0. */
+    size_t fd_ring[SEALED_FDS];
+    unsigned fd_n, fd_pos;
+    int *grave;
+    unsigned ngrave, cap_grave;
+    int fd_readers;             /* readers between locate and the end of their pread (atomic) */
 };
 
 /* 0, or why the handle cannot take this call (closed, failed, read-only). mu held. */
@@ -79,5 +93,17 @@ int dkv__head_update(dkv_log *log);
 /* dkv_open for recover: takes over the writer lock recover holds (lock_fd), does not check
  * HEAD (recover rewrites it) and accepts a missing prefix (recover raises start_lsn). */
 int dkv__open_repair(const char *dir, int lock_fd, dkv_log **out);
+
+/* ---- sealed segments' file descriptors (segfd.c), mu held unless said ---- */
+/* An fd to read segment s, opened if needed. *own: the cache had no room, the caller
+ * closes *fd when done. A failure to open sets the handle's error (path, strerror). */
+int dkv__seg_fd(dkv_log *log, seg_t *s, int *fd, int *own);
+/* The segment before the newest is no longer active: its open fd joins the cache. */
+void dkv__seg_retire(dkv_log *log);
+/* A reader keeps an fd past mu: pin under mu; unpin (without mu) after its pread. */
+void dkv__fd_pin(dkv_log *log);
+void dkv__fd_unpin(dkv_log *log);
+/* Close every fd the cache evicted (dkv_close). */
+void dkv__fd_close_grave(dkv_log *log);
 
 #endif

@@ -38,8 +38,7 @@ static int take_lock(dkv_log *log)
     snprintf(p, sizeof p, "%s/LOCK", log->dir);
     int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
-        dkv__set_error(log, "cannot open %s: %s", p, strerror(errno));
-        return DKV_EIO;
+        return dkv__io_error(log, errno, "cannot open %s", p);
     }
     if (flock(fd, LOCK_EX | LOCK_NB)) {
         int e = errno;
@@ -54,8 +53,7 @@ static int take_lock(dkv_log *log)
             dkv__set_error(log, "store is locked by pid %s; close it or open read_only=True", pid);
             return DKV_ELOCKED;
         }
-        dkv__set_error(log, "cannot lock %s: %s", p, strerror(e));
-        return DKV_EIO;
+        return dkv__io_error(log, e, "cannot lock %s", p);
     }
     char pid[32];
     int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
@@ -70,10 +68,15 @@ int dkv__load_index(dkv_log *log, seg_t *s)
     char name[64];
     dkv__seg_name(name, s->base_lsn);
     size_t ilen = (size_t)s->count * 8;
+    int fd, own, r = dkv__seg_fd(log, s, &fd, &own);
+    if (r)
+        return r;
     uint8_t *b = malloc(ilen + TRAILER_LEN);
+    r = b ? dkv__pread_all(fd, b, ilen + TRAILER_LEN, s->data_end) : -ENOMEM;
+    if (own)
+        close(fd);
     if (!b)
         return DKV_ENOMEM;
-    int r = dkv__pread_all(s->fd, b, ilen + TRAILER_LEN, s->data_end);
     const char *why = NULL;
     if (r < 0 || (size_t)r != ilen + TRAILER_LEN)
         why = "cannot read the index";
@@ -124,8 +127,9 @@ static int check_sealed(dkv_log *log, seg_t *s, load_result *lr, int have_traile
     uint64_t size;
     int rc = dkv__read_file(s->fd, &b, &size);
     if (rc) {
-        dkv__set_error(log, "cannot read segment: %s", strerror(-rc));
-        return DKV_EIO;
+        char name[64];
+        dkv__seg_name(name, s->base_lsn);
+        return dkv__io_error(log, -rc, "cannot read segment %s/%s", log->dir, name);
     }
     uint32_t seed = dkv__seed(log->uuid, s->segment_no);
     uint64_t end = have_trailer ? s->data_end : size;
@@ -196,8 +200,7 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     int writer = !log->opt.read_only;
     int fd = open(path, (is_last && writer ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd < 0) {
-        dkv__set_error(log, "cannot open segment %s: %s", path, strerror(errno));
-        return DKV_EIO;
+        return dkv__io_error(log, errno, "cannot open segment %s", path);
     }
     struct stat st;
     fstat(fd, &st);
@@ -205,6 +208,8 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     seg_t *s = &log->segs[log->nsegs];
     memset(s, 0, sizeof *s);
     s->fd = fd;
+    s->dev = (uint64_t)st.st_dev;
+    s->ino = (uint64_t)st.st_ino;
     s->base_lsn = base;
     s->file_size = size;
     uint8_t hb[HDR_LEN];
@@ -295,8 +300,7 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     int rc = dkv__read_file(fd, &buf, &size);
     if (rc) {
         close(fd);
-        dkv__set_error(log, "cannot read %s: %s", path, strerror(-rc));
-        return DKV_EIO;
+        return dkv__io_error(log, -rc, "cannot read %s", path);
     }
     s->file_size = size;
     uint32_t seed = dkv__seed(h.uuid, h.segment_no);
@@ -378,6 +382,7 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
         load_result lr;
         int last = i + 1 == n;
         int rc = load_seg(log, bases[i], last, &lr);
+        dkv__seg_retire(log);
         if (rc)
             return rc;
         char name[64];
@@ -417,8 +422,7 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
                 }
                 if (rc) {
                     free(lr.file);
-                    dkv__set_error(log, "cannot repair the torn tail of %s: %s", path, strerror(-rc));
-                    return DKV_EIO;
+                    return dkv__io_error(log, -rc, "cannot repair the torn tail of %s", path);
                 }
             }
         } else if (lr.kind) {
@@ -571,6 +575,7 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
     }
     if (log->opt.recovery == DKV_RECOVER_SALVAGE)
         log->opt.read_only = 1;
+    int rc;
     struct stat st;
     if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
         dkv__set_error(log, "no log at %s: it is a file, not a store directory", dir);
@@ -583,17 +588,14 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
         }
         if (mkdir(dir, 0755) && errno != EEXIST) {
             int e = errno;
-            dkv__set_error(log, "cannot create %s: %s", dir, strerror(e));
-            return e == ENOENT ? DKV_ENOENT : DKV_EIO;
+            rc = dkv__io_error(log, e, "cannot create %s", dir);
+            return e == ENOENT ? DKV_ENOENT : rc;
         }
         char parent[4200];
         snprintf(parent, sizeof parent, "%s/..", dir);
-        if (dkv__dirfsync(parent)) {
-            dkv__set_error(log, "cannot fsync the parent directory of %s", dir);
-            return DKV_EIO;
-        }
+        if ((rc = dkv__dirfsync(parent)))
+            return dkv__io_error(log, -rc, "cannot fsync the parent directory of %s", dir);
     }
-    int rc;
     if (!log->opt.read_only && log->lock_fd < 0 && (rc = take_lock(log)))
         return rc;
     log_head head0;
@@ -602,8 +604,7 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
     uint64_t *bases = NULL;
     size_t n = 0;
     if ((rc = dkv__list_segments(dir, &bases, &n))) {
-        dkv__set_error(log, "cannot list %s: %s", dir, strerror(-rc));
-        return DKV_EIO;
+        return dkv__io_error(log, -rc, "cannot list %s", dir);
     }
     if (n == 0) {
         free(bases);
@@ -617,8 +618,7 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
             return DKV_ENOENT;
         }
         if ((rc = dkv__random_bytes(log->uuid, 16))) {
-            dkv__set_error(log, "cannot draw a log uuid: %s", strerror(-rc));
-            return DKV_EIO;
+            return dkv__io_error(log, -rc, "cannot draw a log uuid");
         }
         rc = dkv__create_next_segment(log);
     } else {
@@ -665,11 +665,9 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
                     log->pend_off = a->data_end;
                     /* Whatever the last writer left in the page cache becomes durable before
                      * the first append records D = next_lsn in its sync_gap (FORMAT.md 3). */
-                    if ((rc = dkv__fdatasync(a->fd))) {
-                        dkv__set_error(log, "cannot fdatasync the active segment: %s",
-                                       strerror(-rc));
-                        rc = DKV_EIO;
-                    }
+                    if ((rc = dkv__fdatasync(a->fd)))
+                        rc = dkv__io_error(log, -rc, "cannot fdatasync the active segment of %s",
+                                           dir);
                 }
                 /* Dead segments left by a crash between a roll and the unlink (section 7). */
                 int removed = 0;
@@ -800,7 +798,9 @@ int dkv_refresh(dkv_log *log)
         for (size_t i = first_new; i < n; i++) {
             load_result lr;
             size_t before = log->nsegs;
-            if (load_seg(log, bases[i], i + 1 == n, &lr) || log->nsegs == before) {
+            int rc_load = load_seg(log, bases[i], i + 1 == n, &lr);
+            dkv__seg_retire(log);
+            if (rc_load || log->nsegs == before) {
                 free(lr.file);
                 break;
             }

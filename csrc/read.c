@@ -23,9 +23,10 @@ seg_t *dkv__find_seg(dkv_log *log, uint64_t lsn)
     return log->nsegs ? &log->segs[lo] : NULL;
 }
 
-/* Locate frame lsn: either a copy from memory (*mem) or fd/offset/len to pread. mu held. */
+/* Locate frame lsn: either a copy from memory (*mem) or fd/offset/len to pread. mu held.
+ * An fd comes pinned (dkv__fd_unpin after the pread); *own: the caller also closes it. */
 static int locate(dkv_log *log, uint64_t lsn, uint8_t **mem, uint32_t *mlen, uint8_t *mtype,
-                  int *fd, uint64_t *off, uint64_t *flen, char *segname, int *exact)
+                  int *fd, int *own, uint64_t *off, uint64_t *flen, char *segname, int *exact)
 {
     for (;;) {
         int rc = dkv__usable(log, 0);
@@ -35,13 +36,13 @@ static int locate(dkv_log *log, uint64_t lsn, uint8_t **mem, uint32_t *mlen, uin
             dkv__set_error(log, "lsn %llu is not in the log (it holds %llu..%llu)",
                            (unsigned long long)lsn, (unsigned long long)log->start_lsn,
                            (unsigned long long)log->next_lsn);
-            return DKV_EINVAL;
+            return DKV_ENOLSN;
         }
         seg_t *s = dkv__find_seg(log, lsn);
         dkv__seg_name(segname, s->base_lsn);
         if (lsn - s->base_lsn >= s->count) {
             dkv__set_error(log, "lsn %llu was lost to damage", (unsigned long long)lsn);
-            return DKV_EINVAL;
+            return DKV_ENOLSN;
         }
         if (!s->index_loaded && (rc = dkv__load_index(log, s)))
             return rc;
@@ -50,7 +51,7 @@ static int locate(dkv_log *log, uint64_t lsn, uint8_t **mem, uint32_t *mlen, uin
         if (!o) {
             dkv__set_error(log, "lsn %llu was lost to damage (segment %s)",
                            (unsigned long long)lsn, segname);
-            return DKV_EINVAL;
+            return DKV_ENOLSN;
         }
         uint64_t next = s->data_end;
         *exact = 1;
@@ -74,7 +75,9 @@ static int locate(dkv_log *log, uint64_t lsn, uint8_t **mem, uint32_t *mlen, uin
             memcpy(*mem, f + FRAME_HDR, *mlen);
             return 0;
         }
-        *fd = s->fd;
+        if ((rc = dkv__seg_fd(log, s, fd, own)))
+            return rc;
+        dkv__fd_pin(log);
         *off = o;
         *flen = next - o;
         return 0;
@@ -83,13 +86,13 @@ static int locate(dkv_log *log, uint64_t lsn, uint8_t **mem, uint32_t *mlen, uin
 
 int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, uint8_t *type)
 {
-    int fd = -1;
+    int fd = -1, own = 0;
     uint64_t off = 0, flen = 0;
     char seg[64];
     uint8_t *mem = NULL;
     int exact = 1;
     pthread_mutex_lock(&log->mu);
-    int rc = locate(log, lsn, &mem, len, type, &fd, &off, &flen, seg, &exact);
+    int rc = locate(log, lsn, &mem, len, type, &fd, &own, &off, &flen, seg, &exact);
     uint32_t seed = dkv__seed(log->uuid, dkv__find_seg(log, lsn)->segment_no);
     pthread_mutex_unlock(&log->mu);
     if (rc || mem) {
@@ -97,14 +100,19 @@ int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, ui
         return rc;
     }
     uint8_t *f = malloc(flen ? flen : 1);
-    if (!f)
-        return DKV_ENOMEM;
-    int r = flen > INT32_MAX ? -EINVAL : dkv__pread_all(fd, f, flen, off);
+    int r = !f ? -ENOMEM : flen > INT32_MAX ? -EINVAL : dkv__pread_all(fd, f, flen, off);
+    dkv__fd_unpin(log);
+    if (own)
+        close(fd);
     if (r < 0) {
         free(f);
-        dkv__set_error(log, "cannot read segment %s offset %llu: %s", seg,
-                       (unsigned long long)off, strerror(-r));
-        return DKV_EIO;
+        if (r == -ENOMEM)
+            return DKV_ENOMEM;
+        pthread_mutex_lock(&log->mu);
+        rc = dkv__io_error(log, -r, "cannot read segment %s/%s offset %llu", log->dir, seg,
+                           (unsigned long long)off);
+        pthread_mutex_unlock(&log->mu);
+        return rc;
     }
     uint32_t l;
     uint64_t got;

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,15 +24,42 @@
 #define EXIT_SPILL (4u << 20)       /* exit policy writes (no fsync) past this much buffered, */
 #define EXIT_HARD (32u << 20)       /* in the background (flusher thread) up to this much */
 
+/* Errors of calls without a handle (dkv_verify, dkv_recover): per calling thread. */
+static __thread char thread_err[512];
+static __thread int thread_errno;
+
+static void set_error_v(dkv_log *log, int err, const char *fmt, va_list ap)
+{
+    char *buf = log ? log->err : thread_err;
+    size_t cap = log ? sizeof log->err : sizeof thread_err;
+    int n = vsnprintf(buf, cap, fmt, ap);
+    if (err && n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, ": %s", strerror(err));
+    if (log)
+        log->err_errno = err;
+    else
+        thread_errno = err;
+}
+
 void dkv__set_error(dkv_log *log, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(log->err, sizeof log->err, fmt, ap);
+    set_error_v(log, 0, fmt, ap);
     va_end(ap);
 }
 
-const char *dkv_last_error(dkv_log *log) { return log ? log->err : "no handle"; }
+int dkv__io_error(dkv_log *log, int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_error_v(log, err, fmt, ap);
+    va_end(ap);
+    return DKV_EIO;
+}
+
+const char *dkv_last_error(dkv_log *log) { return log ? log->err : thread_err; }
+int dkv_last_errno(dkv_log *log) { return log ? log->err_errno : thread_errno; }
 
 int dkv_last_damage(dkv_log *log, dkv_damage *out)
 {
@@ -52,8 +80,10 @@ static int fail(dkv_log *log, const char *what, int neg_errno)
         snprintf(log->failmsg, sizeof log->failmsg, "%s failed on %s/%s: %s", what, log->dir,
                  name, strerror(-neg_errno));
         log->failed = 1;
+        log->fail_errno = -neg_errno;
     }
     dkv__set_error(log, "log failed: %s; reopen the store to recover", log->failmsg);
+    log->err_errno = log->fail_errno;
     pthread_cond_broadcast(&log->cv);
     pthread_cond_broadcast(&log->flush_cv);
     return DKV_EIO;
@@ -68,6 +98,7 @@ int dkv__usable(dkv_log *log, int write)
     }
     if (log->failed) {
         dkv__set_error(log, "log failed: %s; reopen the store to recover", log->failmsg);
+        log->err_errno = log->fail_errno;
         return DKV_EFAILED;
     }
     if (write && log->opt.read_only) {
@@ -295,8 +326,7 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
         int e = errno;
         if (log->nsegs)
             return fail(log, "create segment", -e);
-        dkv__set_error(log, "cannot create segment %s: %s", path, strerror(e));
-        return DKV_EIO;
+        return dkv__io_error(log, e, "cannot create segment %s", path);
     }
     uint8_t hb[HDR_LEN];
     dkv__header_encode(&h, hb);
@@ -320,6 +350,11 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     s->file_size = HDR_LEN;
     s->index_loaded = 1;
     s->fd = fd;
+    struct stat st;
+    if (!fstat(fd, &st)) {
+        s->dev = (uint64_t)st.st_dev;
+        s->ino = (uint64_t)st.st_ino;
+    }
     log->wfd = fd;
     log->seed = dkv__seed(log->uuid, h.segment_no);
     log->run_digest = dkv_crc32c(log->seed, hb, HDR_LEN);
@@ -330,6 +365,7 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
         what = "HEAD update";
         rc = dkv__head_update(log);
     }
+    dkv__seg_retire(log);
     if (rc)
         return fail(log, what, rc);
     return 0;
@@ -428,7 +464,7 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
     for (uint32_t i = 0; i < n; i++)
         if (lens[i] > MAX_FRAME_LEN) {
             dkv__set_error(log, "frame of %u bytes is larger than the 1 GiB limit", lens[i]);
-            return DKV_EINVAL;
+            return DKV_ETOOBIG;
         }
     if (durability < 0)
         durability = log->opt.durability;
@@ -555,7 +591,7 @@ int dkv_wait_durable(dkv_log *log, uint64_t lsn)
     if (lsn >= log->next_lsn) {
         dkv__set_error(log, "lsn %llu has not been appended (next lsn %llu)",
                        (unsigned long long)lsn, (unsigned long long)log->next_lsn);
-        rc = DKV_EINVAL;
+        rc = DKV_ENOLSN;
     } else {
         rc = wait_durable_locked(log, lsn + 1);
     }
@@ -710,6 +746,8 @@ int dkv_close(dkv_log *log)
         pthread_join(log->flusher, NULL);
     for (size_t i = 0; i < log->nsegs; i++)
         dkv__seg_free(&log->segs[i]);
+    dkv__fd_close_grave(log);
+    free(log->grave);
     if (log->lock_fd >= 0)
         close(log->lock_fd);    /* releases the flock */
     pthread_mutex_destroy(&log->mu);

@@ -15,7 +15,7 @@
 
 /* error codes */
 #define DKV_OK 0
-#define DKV_EIO -1          /* write/fsync/read failed (errno kept in the message) */
+#define DKV_EIO -1          /* open/write/fsync/read failed (dkv_last_errno: the errno) */
 #define DKV_ECORRUPT -2     /* corruption found; see dkv_last_damage() */
 #define DKV_ELOCKED -3      /* another writer holds LOCK */
 #define DKV_EFAILED -4      /* handle failed closed after an earlier I/O error */
@@ -25,6 +25,8 @@
 #define DKV_ENOMEM -8
 #define DKV_ECLOSED -9      /* handle already closed */
 #define DKV_ESTALE -10      /* read-only handle: the log was repaired since it opened; reopen */
+#define DKV_ETOOBIG -11     /* a frame larger than the 1 GiB limit */
+#define DKV_ENOLSN -12      /* no such frame: lsn not in the log, lost to damage, not appended */
 
 /* durability policies */
 #define DKV_SYNC 0
@@ -113,8 +115,12 @@ uint32_t dkv_crc32c_portable(uint32_t seed, const uint8_t *buf, size_t len);
 int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out);
 /* Flush (all policies), stop the flusher, release the lock, free. NULL-safe. */
 int dkv_close(dkv_log *log);
-/* The handle's last detailed error message ("" if none). Valid until the next call. */
+/* The handle's last detailed error message ("" if none). Valid until the next call.
+ * NULL: the calling thread's last error of a call without a handle (dkv_verify,
+ * dkv_recover). An I/O error's message names the file and ends with strerror(errno). */
 const char *dkv_last_error(dkv_log *log);
+/* The errno behind that error (0 if it was not an I/O error). Same NULL rule. */
+int dkv_last_errno(dkv_log *log);
 /* The damage that made dkv_open fail, or a recovery report (point_in_time). */
 int dkv_last_damage(dkv_log *log, dkv_damage *out);
 

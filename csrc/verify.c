@@ -151,8 +151,12 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
     memset(vs, 0, sizeof *vs);
     vs->good_end = HDR_LEN;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+        return dkv__io_error(NULL, errno, "segment %s is gone since verify listed the directory "
+                             "(a writer's compaction unlinks old segments: run verify again); "
+                             "cannot open it", path);
     if (fd < 0)
-        return DKV_EIO;
+        return dkv__io_error(NULL, errno, "cannot open segment %s", path);
     uint8_t *b = NULL;
     uint64_t size = 0, *offs = NULL, n = 0, cap = 0;
     int rc = 0;
@@ -175,7 +179,7 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
         rc = dkv__read_file(fd, &b, &size);
     close(fd);
     if (rc)
-        return DKV_EIO;
+        return dkv__io_error(NULL, -rc, "cannot read segment %s", path);
     sr->bytes = vs->size = size;
     uint64_t expect = prev ? prev->h.base_lsn + prev->count : base;
     const char *why = "";
@@ -321,13 +325,19 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
     uint64_t *bases = NULL;
     size_t n = 0;
     struct stat st;
-    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+    int e = stat(dir, &st) ? errno : 0;
+    if (e && e != ENOENT && e != ENOTDIR)
+        return dkv__io_error(NULL, e, "cannot read %s", dir);
+    if (e || !S_ISDIR(st.st_mode)) {
+        dkv__set_error(NULL, "no log at %s: %s", dir, e ? strerror(e) : "not a directory");
         return DKV_ENOENT;
+    }
     /* HEAD before the listing: a writer names a segment in HEAD only once its file exists */
     const char *why = "";
     int hr = dkv__head_read(dir, &info->head, &why);
-    if (dkv__list_segments(dir, &bases, &n))
-        return DKV_EIO;
+    int lrc = dkv__list_segments(dir, &bases, &n);
+    if (lrc)
+        return dkv__io_error(NULL, -lrc, "cannot list %s", dir);
     dkv_report *r = calloc(1, sizeof *r);
     vseg *vs = calloc(n ? n : 1, sizeof *vs);
     if (r)
@@ -401,6 +411,7 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
 
 int dkv_verify(const char *dir, int deep, dkv_report **out)
 {
+    dkv__set_error(NULL, "%s", "");
     return verify_dir(dir, deep, out, NULL, NULL);
 }
 
@@ -474,19 +485,23 @@ static int finish_repair(const char *dir, int lfd, uint64_t epoch, int raise_sta
 int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out)
 {
     *out = NULL;
+    dkv__set_error(NULL, "%s", "");
     char lp[4200];
     snprintf(lp, sizeof lp, "%s/LOCK", dir);
     int lfd = -1;
     if (!dry_run) {
         struct stat st;
-        if (stat(dir, &st))
+        if (stat(dir, &st)) {
+            dkv__set_error(NULL, "no log at %s: %s", dir, strerror(errno));
             return DKV_ENOENT;
+        }
         lfd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (lfd < 0)
-            return DKV_EIO;
+            return dkv__io_error(NULL, errno, "cannot open %s (recover takes the writer lock)", lp);
         if (flock(lfd, LOCK_EX | LOCK_NB)) {
+            int e = errno;
             close(lfd);
-            return errno == EWOULDBLOCK ? DKV_ELOCKED : DKV_EIO;
+            return e == EWOULDBLOCK ? DKV_ELOCKED : dkv__io_error(NULL, e, "cannot lock %s", lp);
         }
     }
     vseg *vs = NULL;
@@ -542,7 +557,9 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out
     if (dry_run)
         goto done;
     if (torn && !outside) {         /* a torn tail: cut in place, nothing else changes */
-        rc = cut_file(dir, sr->segment, cut) ? DKV_EIO : 0;
+        if ((rc = cut_file(dir, sr->segment, cut)))
+            rc = dkv__io_error(NULL, -rc, "cannot move the damaged part of %s/%s to "
+                               "%s/quarantine/", dir, sr->segment, dir);
         goto done;
     }
     /* HEAD first: it must never name a segment this repair moves away (FORMAT.md 2a). */
@@ -554,6 +571,7 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out
     size_t keep = seg_damage ? (whole ? si : si + 1) : r->n_segments;   /* files that stay */
     while (keep && !vs[keep - 1].header_ok)
         keep--;
+    const char *moving = "HEAD";
     if (keep) {
         log_head h;
         memcpy(h.uuid, vs[keep - 1].h.uuid, 16);
@@ -566,12 +584,17 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out
     }
     if (seg_damage) {
         for (size_t i = r->n_segments; !rc && i-- > si + 1;)
-            rc = quarantine_file(dir, r->segments[i].segment);
-        if (!rc)
+            rc = quarantine_file(dir, moving = r->segments[i].segment);
+        if (!rc) {
+            moving = sr->segment;
             rc = whole ? quarantine_file(dir, sr->segment) : cut_file(dir, sr->segment, cut);
+        }
     }
     if (rc) {
-        rc = DKV_EIO;
+        rc = strcmp(moving, "HEAD")
+             ? dkv__io_error(NULL, -rc, "cannot move the damaged part of %s/%s to %s/quarantine/",
+                             dir, moving, dir)
+             : dkv__io_error(NULL, -rc, "cannot rewrite %s/HEAD", dir);
         goto done;
     }
     rc = finish_repair(dir, lfd, epoch, vi.prefix_missing, seg_damage && !whole);

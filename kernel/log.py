@@ -20,6 +20,7 @@ import atexit
 import errno as _errno
 import os
 import struct
+import sys
 import threading
 import weakref
 from array import array
@@ -147,41 +148,48 @@ def _report(r) -> Report:
 
 # ---------------------------------------------------------------- errors
 
-def _error(rc: int, handle=None, path: str = "", what: str = "") -> DurkvError:
-    """Translate a DKV_E* code (and the handle's message) into the DurkvError tree."""
-    msg = _s(lib.dkv_last_error(handle)) if handle is not None and handle != ffi.NULL else ""
+# What each DKV_E* code is in the DurkvError tree (DKV_ECORRUPT, ECLOSED and ENOMEM need
+# more than a class: see _error).
+ERROR_CLASSES: dict[int, type[DurkvError]] = {
+    lib.DKV_EIO: LogFailedError,
+    lib.DKV_EFAILED: LogFailedError,
+    lib.DKV_ELOCKED: StoreLockedError,
+    lib.DKV_EINVAL: ConfigError,
+    lib.DKV_ETOOBIG: FrameTooLargeError,
+    lib.DKV_ENOLSN: NotFoundError,
+    lib.DKV_ENOENT: NotFoundError,
+    lib.DKV_EREADONLY: ReadOnlyError,
+    lib.DKV_ESTALE: StaleReaderError,
+}
+
+
+def _error(rc: int, handle=None, path: str = "", what: str = "", *,
+           thread: bool = False) -> DurkvError:
+    """Translate a DKV_E* code (and the handle's message and errno) into the DurkvError
+    tree. ``thread``: the error of a call without a handle (verify, recover), which C keeps
+    per calling thread. The errno's name goes in the error's context (``errno``)."""
+    h = ffi.NULL if handle is None else handle
+    have_msg = thread or h != ffi.NULL
+    msg = _s(lib.dkv_last_error(h)) if have_msg else ""
     if not msg:
         msg = f"{what or 'log operation'} on {path}: {_s(lib.dkv_strerror(rc))}"
+    context: dict = {"path": path}
+    err_no = lib.dkv_last_errno(h) if have_msg else 0
+    if err_no:
+        context["errno"] = _errno.errorcode.get(err_no, str(err_no))
     if rc == lib.DKV_ECORRUPT:
         d = ffi.new("dkv_damage *")
-        if handle is not None and handle != ffi.NULL and lib.dkv_last_damage(handle, d) == 0:
+        if h != ffi.NULL and lib.dkv_last_damage(h, d) == 0:
             dm = _damage(d)
             return CorruptionError(msg, segment=dm.segment, offset=dm.offset, kind=dm.kind,
-                                   path=path, lost_first_lsn=dm.lost_first_lsn,
-                                   lost_last_lsn=dm.lost_last_lsn)
-        return CorruptionError(msg, path=path)
-    if rc == lib.DKV_ELOCKED:
-        return StoreLockedError(msg, path=path)
-    if rc in (lib.DKV_EFAILED, lib.DKV_EIO):
-        return LogFailedError(msg, path=path)
-    if rc == lib.DKV_EINVAL:
-        if "larger than" in msg:
-            return FrameTooLargeError(msg, path=path)
-        if "lsn" in msg and any(w in msg for w in ("not in the log", "lost", "not been",
-                                                     "no channel entry")):
-            return NotFoundError(msg, path=path)
-        return ConfigError(msg, path=path)
-    if rc == lib.DKV_ENOENT:
-        return NotFoundError(msg, path=path)
-    if rc == lib.DKV_EREADONLY:
-        return ReadOnlyError(msg, path=path)
-    if rc == lib.DKV_ESTALE:
-        return StaleReaderError(msg, path=path)
+                                   lost_first_lsn=dm.lost_first_lsn,
+                                   lost_last_lsn=dm.lost_last_lsn, **context)
+        return CorruptionError(msg, **context)
     if rc == lib.DKV_ECLOSED:
         return ConfigError(f"the log {path} is closed", path=path)
     if rc == lib.DKV_ENOMEM:
         raise MemoryError(msg)
-    return DurkvError(msg, path=path)
+    return ERROR_CLASSES.get(rc, DurkvError)(msg, **context)
 
 
 # ---------------------------------------------------------------- the log
@@ -191,12 +199,26 @@ _open_logs: weakref.WeakSet[SegmentLog] = weakref.WeakSet()
 
 @atexit.register
 def _close_all() -> None:
-    """The `exit` policy's promise: a clean interpreter exit flushes and closes every log."""
+    """The `exit` policy's promise: a clean interpreter exit flushes and closes every log.
+
+    A flush that fails here has no caller left to raise to: it is said on stderr, one line
+    per log, naming the store and how many commits were not made durable.
+    """
     for log in list(_open_logs):
         try:
+            appended = log.next_lsn     # before a failed batch hand-off could drop the count
+            try:
+                log.flush()
+            except DurkvError as e:
+                lost = appended - log.durable_lsn
+                if lost > 0:
+                    sys.stderr.write(f"durkv: {lost} commit{'s' if lost != 1 else ''} to "
+                                     f"{log.path} not made durable at exit: "
+                                     f"{' '.join(e.message.split())}\n")
+                    sys.stderr.flush()
             log.close()
-        except DurkvError:
-            pass
+        except (DurkvError, OSError, ValueError):
+            pass    # reported above, or stderr is gone: nothing else can be done at exit
 
 
 class SegmentLog:
@@ -625,7 +647,7 @@ def verify(path: str | os.PathLike, deep: bool = False) -> Report:
     out = ffi.new("dkv_report **")
     rc = lib.dkv_verify(os.fsencode(path), 1 if deep else 0, out)
     if rc:
-        raise _error(rc, None, path, "verify")
+        raise _error(rc, None, path, "verify", thread=True)
     try:
         return _report(out[0])
     finally:
@@ -671,7 +693,7 @@ def recover(path: str | os.PathLike, *, skip_corrupt: bool = False,
         raise StoreLockedError(f"store is locked by pid {_lock_holder(path)}; close it first",
                                path=path)
     if rc:
-        raise _error(rc, None, path, "recover")
+        raise _error(rc, None, path, "recover", thread=True)
     assert report is not None
     return report
 

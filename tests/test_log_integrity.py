@@ -321,3 +321,27 @@ def test_reader_across_recover_never_returns_a_reused_lsn(work, where):
     reader.close()
     with _open(d, read_only=True) as fresh:
         assert fresh.read(victim.lsn) == new[victim.lsn]
+
+
+def test_reader_whose_fd_was_evicted_never_reads_a_replaced_segment(tmp_path):
+    """A reader's sealed-segment fds are closed and reopened by name (at most 64 stay
+    open). After recover moves a segment to quarantine/ and a writer makes a new file of
+    the same name, a reopen finds another file: the read refuses (StaleReaderError) instead
+    of returning the new file's frame as the old LSN."""
+    d = tmp_path / "log"
+    n_segs = 80
+    payloads = lt.make_log(d, 2 * n_segs, size=40, per_segment=2, seal=True, tail=2)
+    reader = _open(d, read_only=True)
+    assert reader.read(2) == payloads[2]          # segment 1's fd is opened and cached
+    for lsn in range(4, 2 * n_segs, 2):            # > 64 other segments: it is evicted
+        assert reader.read(lsn) == payloads[lsn]
+    seg1 = lt.segments(d)[1]
+    lt.flip_byte(seg1.path, seg1.frames[0].offset + lt.FRAME_HDR + 3)
+    recover(str(d), skip_corrupt=True)             # segment 1 onwards go to quarantine/
+    with _open(d) as w:                            # the same name again, same-sized frames
+        assert w.append(lt.payload(2, 40, "new")) == 2
+        w.seal()
+    assert seg1.path.exists()
+    with pytest.raises(StaleReaderError, match="replaced"):
+        reader.read(2)
+    reader.close()
