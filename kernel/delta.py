@@ -190,15 +190,17 @@ class ChannelState:
                 return None
         return n
 
-    def _parent_chans(self, lane: Lane, head: _Head, parent_id: str | None) -> dict[str, _Chan]:
-        """Channel states (unloaded refs) of the parent checkpoint, for a non-linear put."""
+    def _parent_chans(self, lane: Lane, head: _Head,
+                      parent_id: str | None) -> tuple[dict[str, _Chan], dict[str, Any]]:
+        """Channel states (unloaded refs) and versions of the parent checkpoint, for a
+        non-linear put."""
         if parent_id is None or parent_id == head.cid:
-            return {ch: _Chan(c.ref, False) for ch, c in head.chans.items()}
+            return {ch: _Chan(c.ref, False) for ch, c in head.chans.items()}, head.versions
         pos = lane.find(parent_id)
         if pos < 0:
-            return {}
+            return {}, {}
         h = _head_of(self._b.read(lane.lsns[pos]))
-        return {ch: _Chan(tuple(ref), False) for ch, ref in h[8].items()}
+        return {ch: _Chan(tuple(ref), False) for ch, ref in h[8].items()}, h[7]
 
     # -- materialized latest state -----------------------------------------------------------
 

@@ -263,10 +263,17 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         del record["channel_values"]
         record.pop("channel_versions", None)
         metadata = get_checkpoint_metadata(config, metadata)
-        values = {k: all_values.get(k, EMPTY) for k in new_versions}
+        versions = checkpoint["channel_versions"]
+        parent_id = conf.get("checkpoint_id")
+        # the channels whose version moved; the store takes every other value from the
+        # base (the parent) where the base holds the same version, and from all_values
+        # where it does not: a copy (update_state(..., as_node="__copy__")) is saved
+        # whole with an empty new_versions and must read back its own values
+        changed = versions if parent_id is None else new_versions  # a root inherits nothing
+        values = {k: all_values.get(k, EMPTY) for k in changed}
         self.store.put(thread_id, ns, cid, checkpoint=record, metadata=metadata, values=values,
-                       versions=checkpoint["channel_versions"],
-                       parent_id=conf.get("checkpoint_id"), durability=self._policy(conf))
+                       versions=versions, parent_id=parent_id, durability=self._policy(conf),
+                       all_values=all_values)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                                  "checkpoint_id": cid}}
 

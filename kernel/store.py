@@ -264,7 +264,8 @@ class Store(ChannelState, Reads):
 
     def put(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, *, checkpoint: dict,
             metadata: dict, values: dict[str, Any], versions: dict[str, Any],
-            parent_id: str | None = None, durability: str | None = None) -> None:
+            parent_id: str | None = None, durability: str | None = None,
+            all_values: dict[str, Any] | None = None) -> None:
         """Commit one checkpoint as one frame.
 
         Args:
@@ -272,10 +273,18 @@ class Store(ChannelState, Reads):
             metadata: metadata dict (``history(filter=...)`` matches on it).
             values: new values of the channels whose version changed.
             versions: ALL channel versions of this checkpoint. A channel in ``versions``
-                but not in ``values`` keeps its entry of the parent (or newest)
-                checkpoint; a channel absent from both has no value.
+                but not in ``values`` keeps its entry of the base -- the parent (or
+                newest) checkpoint -- when ``all_values`` is None; a channel absent from
+                both has no value.
             parent_id: the checkpoint this one follows (None: the newest of the thread+ns).
             durability: override the store's policy for this commit.
+            all_values: every value of the checkpoint (LangGraph: ``channel_values``).
+                Given, a channel in ``versions`` but not in ``values`` keeps the base's
+                entry only when the base holds it at the same version (a version names
+                one value, as LangGraph's savers key blobs by it); otherwise it is
+                stored from ``all_values`` (or has no value if absent there). A copy or
+                fork -- saved whole with nothing in ``values`` -- then reads back its
+                own values, never its base's; a linear put still costs only its change.
 
         Raises:
             ConfigError: missing/empty ids. SerializationError: a value the serde
@@ -316,11 +325,11 @@ class Store(ChannelState, Reads):
             fast = head is not None and checkpoint_id > head.cid and (
                 parent_id is None or parent_id == head.cid)
             if fast:
-                base = head.chans
+                base, base_versions = head.chans, head.versions
             elif head is None:
-                base = {}
+                base, base_versions = {}, {}
             else:
-                base = self._parent_chans(lane, head, parent_id)
+                base, base_versions = self._parent_chans(lane, head, parent_id)
             entries: list = []
             chans: dict[str, _Chan] = {}
             refs: dict[str, tuple[int, int]] = {}
@@ -332,7 +341,13 @@ class Store(ChannelState, Reads):
             for ch in versions:
                 if ch not in chans:
                     c = base.get(ch)
-                    if c is not None:
+                    if c is not None and (all_values is None
+                                          or base_versions.get(ch, c) == versions[ch]):
+                        chans[ch] = c
+                        refs[ch] = c.ref
+                    elif all_values is not None and ch in all_values:
+                        # the base holds another version: this checkpoint's own value
+                        c = encode(ch, all_values[ch], c if fast else None, lsn, entries)
                         chans[ch] = c
                         refs[ch] = c.ref
             try:

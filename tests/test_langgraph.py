@@ -452,3 +452,45 @@ def test_writes_ride_on_the_next_checkpoint():
         assert saver._writes_policy({}, [("__interrupt__", 1)]) == "async"
     with DurkvSaver.open("memory://", durability="exit") as saver:
         assert saver._writes_policy({}, [("__interrupt__", 1)]) == "exit"
+
+
+# ---- issue 7 A: a copied or forked checkpoint reads back its own values ------------------
+
+
+def test_copy_fork_reads_back_the_copied_state(reopen):
+    """``update_state(config, None, as_node="__copy__")`` saves the whole copy with an
+    empty ``new_versions``: it must read back the copied values, not its parent's (a
+    silent rewind of one step) nor the thread's newest (a copy of the root)."""
+    graph = loop_graph(4).compile(checkpointer=reopen())
+    graph.invoke({"n": 0, "messages": []}, cfg())
+    history = list(graph.get_state_history(cfg()))
+    assert history[-1].parent_config is None          # the root: copied with no parent
+    forks = [(h, graph.update_state(h.config, None, as_node="__copy__")) for h in history]
+    graph = loop_graph(4).compile(checkpointer=reopen())
+    for h, fork in forks:
+        got = graph.get_state(fork)
+        assert (got.values, got.next) == (h.values, h.next), h.values
+
+    # running a copy re-runs nothing: it goes on from the copied step, as on InMemorySaver
+    def run_copy_of_n2(saver):
+        g = loop_graph(4).compile(checkpointer=saver)
+        g.invoke({"n": 0, "messages": []}, cfg("c"))
+        at2 = next(h for h in g.get_state_history(cfg("c")) if h.values.get("n") == 2)
+        out = g.invoke(None, g.update_state(at2.config, None, as_node="__copy__"))
+        return out, [(h.values, h.next) for h in g.get_state_history(cfg("c"))]
+
+    assert run_copy_of_n2(reopen()) == run_copy_of_n2(InMemorySaver())
+
+
+def test_copy_fork_of_an_interrupt_asks_again(reopen):
+    """A copy taken before an interrupt re-triggers it and resumes on its own branch."""
+    graph = approval_graph().compile(checkpointer=reopen())
+    graph.invoke({"request": "deploy", "log": []}, cfg())
+    graph.invoke(Command(resume="yes"), cfg())
+    before_ask = [s for s in graph.get_state_history(cfg()) if s.next == ("ask",)][-1]
+    fork = graph.update_state(before_ask.config, None, as_node="__copy__")
+    graph = approval_graph().compile(checkpointer=reopen())
+    out = graph.invoke(None, fork)
+    assert out["__interrupt__"][0].value == {"question": "approve deploy?"}
+    out = graph.invoke(Command(resume="no"), fork)
+    assert out["decision"] == "no" and out["log"] == ["asked", "acted:no"]

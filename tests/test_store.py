@@ -157,6 +157,32 @@ def test_unchanged_channels_carry_over_and_absent_channels_drop(url):
         assert head2[0] == K_CKPT and head2[8]["b"][0] == lane.lsns[0]   # a ref, no copy
 
 
+def test_a_copy_saved_whole_reads_back_its_own_values(url):
+    """issue 7 A: with ``all_values``, a channel the base holds at another version is
+    stored from all_values -- a copy saved with nothing in ``values`` reads back its
+    own state, not its base's -- and a channel at the base's version stays a reference."""
+    with durkv.open(url) as s:
+        s.put("t", "", "1", checkpoint={}, metadata={}, values={"a": 1, "b": [1], "c": "k"},
+              versions={"a": 1, "b": 1, "c": 1})
+        s.put("t", "", "2", checkpoint={}, metadata={}, values={"a": 2, "b": [1, 2]},
+              versions={"a": 2, "b": 2, "c": 1}, parent_id="1")
+        two = {"a": 2, "b": [1, 2], "c": "k"}
+        # a copy of "2" with "1" as its parent (LangGraph's __copy__), then one of the
+        # root "1" with no parent (its base is then the newest: "3")
+        s.put("t", "", "3", checkpoint={}, metadata={}, values={}, parent_id="1",
+              versions={"a": 2, "b": 2, "c": 1}, all_values=two)
+        s.put("t", "", "4", checkpoint={}, metadata={}, values={},
+              versions={"a": 1, "b": 1, "c": 1}, all_values={"a": 1, "b": [1], "c": "k"})
+        assert s.get("t", "", "3").values == two
+        assert s.get("t", "", "4").values == {"a": 1, "b": [1], "c": "k"}
+        lane = s._ix.lane("t", "")
+        head3 = _head_of(s._b.read(lane.lsns[2]))
+        assert head3[8]["c"][0] == lane.lsns[0]          # same version as the base: a ref
+    if url != "memory://":
+        with durkv.open(url) as s:
+            assert s.get("t", "", "3").values == two
+
+
 def test_fork_from_old_checkpoint_writes_full_and_reads_right(url):
     with durkv.open(url, snapshot_every=4) as s:
         expect, msgs, last = agent_run(s, 8)
