@@ -60,6 +60,8 @@ class Store(ChannelState, Reads):
         self.serde = serde if serde is not None else default_serde
         self._dumps = self.serde.dumps
         self._loads = self.serde.loads
+        # optional batch form (LangGraphSerde has one): many list items in one call
+        self._loads_many = getattr(self.serde, "loads_many", None)
         self.snapshot_every = snapshot_every
         self.delta_check = delta_check
         self._prefix_check = delta_check == "prefix"

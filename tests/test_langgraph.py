@@ -494,3 +494,37 @@ def test_copy_fork_of_an_interrupt_asks_again(reopen):
     assert out["__interrupt__"][0].value == {"question": "approve deploy?"}
     out = graph.invoke(Command(resume="no"), fork)
     assert out["decision"] == "no" and out["log"] == ["asked", "acted:no"]
+
+
+# ---- issue 7 item 1: get_state() output is the caller's, not the saver's -----------------
+
+
+def test_editing_get_state_output_then_update_state(reopen):
+    """LangGraph's human-in-the-loop edit: change a tool call in ``get_state()`` output,
+    then ``update_state``. The objects the graph already handed out must not change, and
+    the edit must be committed (it was gone after a reopen)."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.graph import MessagesState
+
+    def agent(s: MessagesState) -> dict:
+        return {"messages": [AIMessage(content="", id="ai1", tool_calls=[
+            {"id": "call1", "name": "search", "args": {"query": "query"}}])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_edge(START, "agent")
+    g.add_edge("agent", END)
+    graph = g.compile(checkpointer=reopen())
+    out = graph.invoke({"messages": [HumanMessage("hi", id="h1")]}, cfg())
+    handed_out = out["messages"][-1]
+
+    msg = graph.get_state(cfg()).values["messages"][-1]
+    msg.tool_calls[0]["args"] = {"query": "a different query"}
+    assert handed_out.tool_calls[0]["args"] == {"query": "query"}
+    assert graph.get_state(cfg()).values["messages"][-1].tool_calls[0]["args"] == {
+        "query": "query"}
+    graph.update_state(cfg(), {"messages": [msg]})
+
+    graph = g.compile(checkpointer=reopen())
+    assert graph.get_state(cfg()).values["messages"][-1].tool_calls[0]["args"] == {
+        "query": "a different query"}
