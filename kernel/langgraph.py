@@ -63,20 +63,27 @@ from types import TracebackType
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    DeltaChannelHistory,
-    PendingWrite,
-    SerializerProtocol,
-    _with_msgpack_allowlist,
-    get_checkpoint_metadata,
-    writes_sort_key,
-)
+
+try:
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        DeltaChannelHistory,
+        PendingWrite,
+        SerializerProtocol,
+        _with_msgpack_allowlist,
+        get_checkpoint_metadata,
+        writes_sort_key,
+    )
+except ImportError as e:  # an older langgraph-checkpoint than the extra declares
+    raise ImportError(
+        f"durkv.langgraph needs langgraph-checkpoint>=4.3.0 ({e}); "
+        "run: pip install -U 'durkv[langgraph]'") from e
+from langgraph.checkpoint.serde.base import maybe_add_typed_methods
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from .errors import ConfigError
@@ -152,11 +159,10 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         if serde is None:
             serde = store_serde.serde
         _check_durability(durability)
-        super().__init__(serde=serde)
+        self._store_serde = store_serde
+        super().__init__(serde=serde)     # through the serde setter below
         self.store = store
         self.durability = durability
-        self._store_serde = store_serde
-        store_serde.serde = self.serde
         self._owns_store = False
         # guards the read-modify-write of prune, which spans several store calls
         self._prune_lock = threading.Lock()
@@ -221,6 +227,29 @@ class DurkvSaver(BaseCheckpointSaver[int]):
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
+    @property
+    def serde(self) -> SerializerProtocol:  # type: ignore[override]
+        """The LangGraph serializer every value, pending write, checkpoint record and
+        metadata is written with -- the store's own.
+
+        Assigning it (``saver.serde = EncryptedSerializer.from_pycryptodome_aes(...)``,
+        LangGraph's documented way to turn on encryption) switches the store's
+        serializer: every commit from then on goes through it. Values written before
+        stay as they were and still read back (an ``EncryptedSerializer`` reads
+        plaintext values too). Savers sharing one store share its serializer.
+        """
+        return self._store_serde.serde
+
+    @serde.setter
+    def serde(self, serde: SerializerProtocol) -> None:
+        if not ((callable(getattr(serde, "dumps_typed", None))
+                 and callable(getattr(serde, "loads_typed", None)))
+                or (callable(getattr(serde, "dumps", None))
+                    and callable(getattr(serde, "loads", None)))):
+            raise ConfigError(f"serde must be a LangGraph serializer (dumps_typed/loads_typed), "
+                              f"not {type(serde).__name__}")
+        self._store_serde.serde = maybe_add_typed_methods(serde)
+
     def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> DurkvSaver:
         """Widen the msgpack allowlist (LangGraph calls this at compile time).
 
@@ -231,7 +260,6 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         serde = _with_msgpack_allowlist(self.serde, extra_allowlist)
         if serde is not self.serde:
             self.serde = serde
-            self._store_serde.serde = serde
         return self
 
     # ---- policy ----------------------------------------------------------------------

@@ -528,3 +528,56 @@ def test_editing_get_state_output_then_update_state(reopen):
     graph = g.compile(checkpointer=reopen())
     assert graph.get_state(cfg()).values["messages"][-1].tool_calls[0]["args"] == {
         "query": "a different query"}
+
+
+# ---- issue 7 B: saver.serde = EncryptedSerializer(...) is honoured ------------------------
+
+
+def _store_bytes(path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file())
+
+
+def test_assigned_encrypted_serde_encrypts_everything_stored(tmp_path):
+    """LangGraph's documented way to turn on encryption is to assign ``saver.serde``;
+    it was silently ignored (values and pending writes stayed plaintext)."""
+    pytest.importorskip("Crypto")
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    key = b"0123456789abcdef"
+    secret = "hunter2-top-secret"
+    path = tmp_path / "enc.durkv"
+    with DurkvSaver.open(str(path)) as saver:
+        saver.serde = EncryptedSerializer.from_pycryptodome_aes(key=key)
+        graph = approval_graph().compile(checkpointer=saver)
+        out = graph.invoke({"request": secret, "log": [secret]}, cfg())
+        assert out["__interrupt__"][0].value == {"question": f"approve {secret}?"}
+        state = graph.get_state(cfg())
+        saver.put_writes(state.config, [("log", [secret + "-write"])], "task-x")
+    raw = _store_bytes(path)
+    assert secret.encode() not in raw and b"hunter2" not in raw
+
+    with DurkvSaver.open(str(path)) as saver:
+        saver.serde = EncryptedSerializer.from_pycryptodome_aes(key=key)
+        graph = approval_graph().compile(checkpointer=saver)
+        tup = saver.get_tuple(cfg())
+        assert ("task-x", "log", [secret + "-write"]) in tup.pending_writes
+        out = graph.invoke(Command(resume="yes"), cfg())
+        assert out["request"] == secret and out["log"][:2] == [secret, "asked"]
+    with DurkvSaver.open("memory://") as saver:
+        with pytest.raises(ConfigError, match="serializer"):
+            saver.serde = object()
+
+
+def test_the_langgraph_extra_declares_the_checkpoint_floor():
+    """issue 7 C: with langgraph-checkpoint 4.2.0 the install succeeded and the import
+    failed (writes_sort_key is new in 4.3.0): the extra must say so."""
+    tomllib = pytest.importorskip("tomllib")
+    from importlib.metadata import version
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    assert "langgraph-checkpoint>=4.3.0,<5" in extras["langgraph"]
+    assert "pycryptodome" in extras["dev"]          # the EncryptedSerializer test
+    major, minor = (int(x) for x in version("langgraph-checkpoint").split(".")[:2])
+    assert (major, minor) >= (4, 3)
