@@ -28,9 +28,11 @@ from bisect import bisect_left
 from typing import Any, Iterator
 
 from .channels import DELTA, F_VALUE, FULL, SNAP, entry_at, entry_header, snap_ref_at
-from .errors import DurkvError, NotFoundError
+from .errors import ConfigError, DurkvError, NotFoundError
 from .index import Lane
-from .records import ChannelEntry, Checkpoint, PendingWrite, _check_id, _head_of
+from .records import (
+    ChannelEntry, Checkpoint, PendingWrite, _check_id, _check_limit, _check_opt_id, _head_of,
+)
 
 __all__ = ["Reads"]
 
@@ -122,6 +124,8 @@ class Reads:
         Returns None when there is no such checkpoint.
         """
         _check_id("thread_id", thread_id)
+        _check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        _check_opt_id("checkpoint_id", checkpoint_id)
         with self._lock:
             self._check_open()
             lane = self._ix.lane(thread_id, checkpoint_ns)
@@ -225,6 +229,18 @@ class Reads:
         """
         if thread_id is not None:
             _check_id("thread_id", thread_id)
+        if checkpoint_ns is not None:
+            _check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        _check_opt_id("before", before)
+        _check_limit(limit)
+        if filter is not None and not isinstance(filter, dict):
+            raise ConfigError(f"filter must be a dict of metadata keys and values, got "
+                              f"{type(filter).__name__}")
+        return self._history(thread_id, checkpoint_ns, before, limit, filter, values)
+
+    def _history(self, thread_id: str | None, checkpoint_ns: str | None, before: str | None,
+                 limit: int | None, filter: dict | None,  # noqa: A002
+                 values: bool) -> Iterator[Checkpoint]:
         if limit is not None and limit <= 0:
             return
         with self._lock:
@@ -252,7 +268,8 @@ class Reads:
                 meta = None
                 if filter:
                     meta = loads(h[6])
-                    if not all(k in meta and meta[k] == v for k, v in filter.items()):
+                    if not (isinstance(meta, dict)
+                            and all(k in meta and meta[k] == v for k, v in filter.items())):
                         continue
                 if meta is None:
                     meta = loads(h[6])
@@ -354,6 +371,14 @@ class Reads:
         it whole at every step (LangGraph's ``get_delta_channel_history``).
         """
         _check_id("thread_id", thread_id)
+        _check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        _check_id("channel", channel)
+        _check_opt_id("before", before)
+        _check_limit(limit)
+        return self._channel_entries(thread_id, checkpoint_ns, channel, before, limit)
+
+    def _channel_entries(self, thread_id: str, checkpoint_ns: str, channel: str,
+                         before: str | None, limit: int | None) -> Iterator[ChannelEntry]:
         with self._lock:
             lane = self._ix.lane(thread_id, checkpoint_ns)
         if lane is None:

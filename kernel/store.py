@@ -21,6 +21,7 @@ returns, :mod:`durkv.records` for the frame heads, :mod:`durkv.compact`.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Sequence
 
@@ -37,13 +38,35 @@ from .reads import Reads
 from .records import (  # noqa: F401 - re-exported: the store's public types and record kinds
     DURABILITIES, INDEX_VERSION, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT,
     K_COPY_THREAD, K_COPY_WRITES, K_DEL_THREAD, K_INDEX, K_REMOVE, K_WRITES,
-    SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, _check_id, _head_of, _packb,
+    SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, _check_id, _check_ids,
+    _head_of, _packb,
 )
 from .serde import Serde, default_serde
 
 __all__ = ["Store", "Checkpoint", "PendingWrite", "ChannelEntry", "open_store"]
 
 _RANK = {"exit": 0, "async": 1, "sync": 2}
+_VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) holds
+
+
+def _check_channels(values: dict, versions: dict) -> None:
+    """Refuse what the frame head cannot hold or readers cannot list: channel names
+    that are not strings, versions that are not a str, an int of at most 64 bits or a
+    float (a bad one used to commit, and then ``durkv ls`` failed for the whole store)."""
+    for ch, v in versions.items():
+        if type(ch) is not str or type(v) not in _VERSION_TYPES or (
+                type(v) is int and not -(1 << 63) <= v < (1 << 64)):
+            if not isinstance(ch, str):
+                raise ConfigError(f"channel names must be strings, got {type(ch).__name__} "
+                                  f"{ch!r} in versions")
+            if (not isinstance(v, (str, int, float)) or isinstance(v, bool)
+                    or (isinstance(v, int) and not -(1 << 63) <= v < (1 << 64))):
+                raise ConfigError(f"the version of channel {ch!r} must be a str, an int of "
+                                  f"at most 64 bits or a float, got {type(v).__name__} {v!r}")
+    for ch in values:
+        if not isinstance(ch, str):
+            raise ConfigError(f"channel names must be strings, got {type(ch).__name__} {ch!r} "
+                              "in values")
 
 
 class Store(ChannelState, Reads):
@@ -307,6 +330,10 @@ class Store(ChannelState, Reads):
             if not isinstance(values, dict) or not isinstance(versions, dict):
                 raise ConfigError("values and versions must be dicts keyed by channel name, got "
                                   f"{type(values).__name__} and {type(versions).__name__}")
+        _check_channels(values, versions)
+        if all_values is not None and not isinstance(all_values, dict):
+            raise ConfigError(f"all_values must be a dict or None, got "
+                              f"{type(all_values).__name__}")
         dumps = self._dumps
         try:
             ckpt_b = dumps(checkpoint)
@@ -356,8 +383,13 @@ class Store(ChannelState, Reads):
                 hb = self._hpack.pack([K_CKPT, thread_id, checkpoint_ns, checkpoint_id, parent_id,
                                        ckpt_b, meta_b, versions, refs])
             except Exception as e:
-                raise SerializationError(f"cannot serialize the versions of {checkpoint_id!r} "
-                                         f"(versions must be str, int or float): {e}",
+                # the types were checked: what is left is text msgpack cannot encode
+                for name, x in (("thread_id", thread_id), ("checkpoint_ns", checkpoint_ns),
+                                ("checkpoint_id", checkpoint_id), ("parent_id", parent_id),
+                                *(("channel", ch) for ch in versions)):
+                    if x is not None:
+                        _check_id(name, x, allow_empty=True)
+                raise SerializationError(f"cannot serialize the head of {checkpoint_id!r}: {e}",
                                          thread_id=thread_id) from e
             payload = encode_commit(hb, entries)
             if len(payload) > self.max_commit_bytes:
@@ -415,6 +447,10 @@ class Store(ChannelState, Reads):
         dur = self._durability(durability)
         if dur is None:
             dur = "exit" if self.durability == "exit" else "async"
+        _check_id("task_path", task_path, allow_empty=True)
+        if isinstance(writes, (str, bytes, dict)) or not hasattr(writes, "__iter__"):
+            raise ConfigError(f"writes must be a list of (idx, channel, value), got "
+                              f"{type(writes).__name__}")
         if not writes:
             return
         recs = []
@@ -422,9 +458,14 @@ class Store(ChannelState, Reads):
         codec = self._codec
         dumps = self._dumps
         for w in writes:
-            idx, ch, v = w
-            if not isinstance(idx, int) or not isinstance(ch, str):
+            if not isinstance(w, (tuple, list)) or len(w) != 3:
                 raise ConfigError(f"each write must be (idx: int, channel: str, value), got {w!r}")
+            idx, ch, v = w
+            if (not isinstance(idx, int) or isinstance(idx, bool)
+                    or not -(1 << 63) <= idx < (1 << 63)):
+                raise ConfigError(f"the idx of a write must be an int of at most 64 bits, got "
+                                  f"{idx!r}")
+            _check_id("channel", ch)
             try:
                 b = dumps(v)
             except Exception as e:
@@ -515,8 +556,9 @@ class Store(ChannelState, Reads):
 
     def delete_runs(self, run_ids: Sequence[str]) -> None:
         """Remove the checkpoints (and their writes) whose ``metadata["run_id"]`` is in
-        ``run_ids``. Reads every checkpoint's metadata: O(checkpoints)."""
-        runs = set(run_ids)
+        ``run_ids``. Reads every checkpoint's metadata: O(checkpoints). A bare string
+        is one run id (``delete_runs("run-1")``), never a set of characters."""
+        runs = set(_check_ids("run_ids", run_ids))    # a bare string is one run id
         if not runs:
             return
         with self._lock:
@@ -536,9 +578,8 @@ class Store(ChannelState, Reads):
         """Per (thread, ns) of the given threads keep only the newest ``keep_last``
         checkpoints (0: remove all). Kept checkpoints still read correctly: their
         delta chains stay in the log until :meth:`compact` copies what they need."""
-        if isinstance(thread_ids, str):
-            thread_ids = [thread_ids]
-        if not isinstance(keep_last, int) or keep_last < 0:
+        thread_ids = _check_ids("thread_ids", thread_ids)    # a bare string is one id
+        if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 0:
             raise ConfigError(f"keep_last must be an int >= 0, got {keep_last!r}")
         with self._lock:
             self._check_write()
@@ -562,6 +603,23 @@ class Store(ChannelState, Reads):
             self._next_lsn = -1
             self._wfp.clear()
             return compact(self)
+
+
+def _check_url(url: Any) -> str:
+    """A store URL as a string; a NUL in it is refused, as ``os`` refuses it in a path
+    (the C layer would cut the path there: '/w/d3\\0A' opened /w/d3)."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str):
+        raise ConfigError(f"store URL must be a string or path, got {type(url).__name__}")
+    if "\0" in url:
+        raise ConfigError(f"store URL {url!r} contains a NUL character, which no path can "
+                          "hold; pass the path without it")
+    try:
+        url.encode()
+    except UnicodeEncodeError:
+        raise ConfigError(f"store URL {url!r} is not valid Unicode text") from None
+    return url
 
 
 def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
@@ -602,7 +660,15 @@ def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
     """
     from durkv.backends import open_backend
 
-    if durability not in DURABILITIES:
+    url = _check_url(url)
+    if segment_bytes is not None and (type(segment_bytes) is not int
+                                      or not 0 < segment_bytes < (1 << 48)):
+        raise ConfigError(f"segment_bytes must be a positive int (bytes), got {segment_bytes!r}")
+    if type(flush_interval_ms) is not int or not 0 < flush_interval_ms < (1 << 31):
+        raise ConfigError(f"flush_interval_ms must be a positive int, got {flush_interval_ms!r}")
+    if not isinstance(recovery, str):
+        raise ConfigError(f"recovery must be a string such as 'tolerate_tail', got {recovery!r}")
+    if not isinstance(durability, str) or durability not in DURABILITIES:
         raise ConfigError(f"unknown durability {durability!r}; use one of "
                           + ", ".join(DURABILITIES))
     if not isinstance(snapshot_every, int) or snapshot_every < 1:
