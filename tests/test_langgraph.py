@@ -581,3 +581,18 @@ def test_the_langgraph_extra_declares_the_checkpoint_floor():
     assert "pycryptodome" in extras["dev"]          # the EncryptedSerializer test
     major, minor = (int(x) for x in version("langgraph-checkpoint").split(".")[:2])
     assert (major, minor) >= (4, 3)
+
+
+def test_loads_many_equals_loads_item_by_item():
+    """get() deserializes a list channel's items in one serializer call when it can."""
+    from langchain_core.messages import AIMessage
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from durkv.langgraph_serde import EMPTY, LangGraphSerde
+
+    s = LangGraphSerde(JsonPlusSerializer())
+    for values in ([], [1], [{"a": 1}, "x", None, b"raw", AIMessage("hi", id="m1")] * 7,
+                   [{"n": i} for i in range(70000)], [1, EMPTY, 2], [b"x", bytearray(b"y")]):
+        items = [s.dumps(v) for v in values]
+        got = s.loads_many(items)
+        assert got == [s.loads(b) for b in items] == values
