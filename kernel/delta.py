@@ -45,10 +45,13 @@ Reads
 -----
 The newest checkpoint of each (thread, ns) keeps its ids, versions and channel
 refs in memory: ``get`` of the latest is O(1) in the number of checkpoints.
-Every value it returns is deserialized afresh -- a list channel's items from
-the log (one ``read_channel``: O(list length)), any other value from the bytes
-kept at put -- so the caller owns it: an edit of it changes neither the store
-nor the objects that were put (as with LangGraph's InMemorySaver). ``get`` of an
+Every value it returns is deserialized afresh from the serialized bytes kept
+with the state (a list channel: each item's, next to the item objects the
+compare uses; O(list length), in one serializer call where the serde has a
+``loads_many``) -- so the caller owns it: an edit of it changes neither the
+store nor the objects that were put (as with LangGraph's InMemorySaver). The
+price is memory: the newest state of a lane is held twice, as objects and as
+bytes. ``get`` of an
 older checkpoint reads it from the log (one ``read_channel`` per channel);
 ``history`` derives an older list from the newer one it just read when the
 newer entry extends it (a prefix slice: see :mod:`durkv.reads`).
