@@ -578,6 +578,7 @@ def test_the_langgraph_extra_declares_the_checkpoint_floor():
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     extras = project["project"]["optional-dependencies"]
     assert "langgraph-checkpoint>=4.3.0,<5" in extras["langgraph"]
+    assert "langgraph>=1.2" in extras["langgraph"]      # DeltaChannel, the tested line
     assert "pycryptodome" in extras["dev"]          # the EncryptedSerializer test
     major, minor = (int(x) for x in version("langgraph-checkpoint").split(".")[:2])
     assert (major, minor) >= (4, 3)
