@@ -458,14 +458,11 @@ class Store(ChannelState, Reads):
         codec = self._codec
         dumps = self._dumps
         for w in writes:
-            if not isinstance(w, (tuple, list)) or len(w) != 3:
-                raise ConfigError(f"each write must be (idx: int, channel: str, value), got {w!r}")
+            if not (type(w) is tuple and len(w) == 3 and type(w[0]) is int
+                    and -(1 << 63) <= w[0] < (1 << 63) and type(w[1]) is str
+                    and w[1].isascii() and w[1]):
+                _check_write(w)
             idx, ch, v = w
-            if (not isinstance(idx, int) or isinstance(idx, bool)
-                    or not -(1 << 63) <= idx < (1 << 63)):
-                raise ConfigError(f"the idx of a write must be an int of at most 64 bits, got "
-                                  f"{idx!r}")
-            _check_id("channel", ch)
             try:
                 b = dumps(v)
             except Exception as e:
@@ -603,6 +600,16 @@ class Store(ChannelState, Reads):
             self._next_lsn = -1
             self._wfp.clear()
             return compact(self)
+
+
+def _check_write(w: Any) -> None:
+    """The slow path of put_writes' check of one ``(idx, channel, value)``."""
+    if not isinstance(w, (tuple, list)) or len(w) != 3:
+        raise ConfigError(f"each write must be (idx: int, channel: str, value), got {w!r}")
+    idx, ch, _v = w
+    if not isinstance(idx, int) or isinstance(idx, bool) or not -(1 << 63) <= idx < (1 << 63):
+        raise ConfigError(f"the idx of a write must be an int of at most 64 bits, got {idx!r}")
+    _check_id("channel", ch)
 
 
 def _check_url(url: Any) -> str:
