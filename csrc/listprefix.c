@@ -7,6 +7,9 @@
  * (PyObject_RichCompareBool, identity first), exactly as list == list would, so the
  * answer is always the exact one and nothing is allocated.
  *
+ * join_tagged() is its read-side twin: it joins a list channel's serialized items
+ * into one buffer so that get() deserializes them in one serializer call.
+ *
  * This is a CPython extension, separate from the cffi segment log: it reads list
  * internals (PySequence_Fast_ITEMS), which cffi cannot.
  */
@@ -52,9 +55,48 @@ static PyObject *has_prefix(PyObject *self, PyObject *args)
     Py_RETURN_TRUE;
 }
 
+/* join_tagged(prefix, items, tag) -> bytes | None: prefix + items[0][1:] + items[1][1:] ...
+ * when every item is a bytes object whose first byte is tag, else None. One pass, one
+ * allocation: a list channel's serialized items become one serializer call (see
+ * kernel/langgraph_serde.py), with no per-item Python work. */
+static PyObject *join_tagged(PyObject *self, PyObject *args)
+{
+    PyObject *items;
+    const char *prefix;
+    Py_ssize_t plen;
+    int tag;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y#O!i", &prefix, &plen, &PyList_Type, &items, &tag))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items), total = plen;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(items, i);
+        if (!PyBytes_Check(b) || PyBytes_GET_SIZE(b) < 1
+                || (unsigned char)PyBytes_AS_STRING(b)[0] != (unsigned char)tag)
+            Py_RETURN_NONE;
+        total += PyBytes_GET_SIZE(b) - 1;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    char *w = PyBytes_AS_STRING(out);
+    memcpy(w, prefix, (size_t)plen);
+    w += plen;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(items, i);
+        Py_ssize_t len = PyBytes_GET_SIZE(b) - 1;
+        memcpy(w, PyBytes_AS_STRING(b) + 1, (size_t)len);
+        w += len;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"has_prefix", has_prefix, METH_VARARGS,
      "has_prefix(new, old, n) -> bool: both lists have n items and new[:n] == old[:n]."},
+    {"join_tagged", join_tagged, METH_VARARGS,
+     "join_tagged(prefix, items, tag) -> bytes | None: prefix + each item minus its first "
+     "byte, if every item is bytes starting with tag."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -556,7 +556,7 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out
     }
     if (dry_run)
         goto done;
-    if (torn && !outside) {         /* a torn tail: cut in place, nothing else changes */
+    if (torn && !outside && !whole) {    /* a torn tail: cut in place, nothing else changes */
         if ((rc = cut_file(dir, sr->segment, cut)))
             rc = dkv__io_error(NULL, -rc, "cannot move the damaged part of %s/%s to "
                                "%s/quarantine/", dir, sr->segment, dir);

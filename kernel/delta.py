@@ -12,17 +12,16 @@ How "is a prefix" is decided is the store option ``delta_check``:
 
 - ``"prefix"`` (the default) compares the whole committed prefix: one memcmp of
   the two lists' item-pointer arrays (``durkv._listprefix``, ~0.15 ns per item),
-  and ``==`` only for items that are not the same object. It is exact:
-  any replaced or edited item makes the entry FULL, so the stored value is
-  always the value that was put. LangGraph's ``add_messages`` replaces a
+  and ``==`` only for items that are not the same object. Any replaced or
+  edited item makes the entry FULL. LangGraph's ``add_messages`` replaces a
   message by id at its position, which is why this is the default.
 - ``"identity"`` is O(1): ``new[0] is old[0]``, ``new[len(old)-1] is old[-1]``
   and the middle item. It is what the runtime's Append reducer and
   ``operator.add`` produce (a new list holding the same item objects). Its
-  boundary: **an item already committed must not be mutated in place, nor
-  replaced at a position other than the first, middle or last** -- such a
-  change is not seen and the stored value keeps the old items. Choose it only
-  when lists change by appending alone.
+  boundary: **an item already committed must not be replaced at a position
+  other than the first, middle or last** -- such a change is not seen and the
+  stored value keeps the old items. Choose it only when lists change by
+  appending alone.
 
 Both modes also run the exact compare when the new list is no longer than the
 old one and when the checked items are immutable scalars (str, int, float,
@@ -32,14 +31,27 @@ extend them), other values one item with flag VALUE. A put whose parent is not
 the newest checkpoint (a fork, time travel) writes FULL entries. Every
 ``snapshot_every`` deltas a SNAP entry follows the DELTA in the same frame.
 
+What the compare sees: the store keeps its **own** item array per list channel
+(copied at a FULL put, extended by the new items at a delta: O(change)), never
+the caller's list, so editing the list after a put -- replacing an item,
+appending in place -- is seen by the next put and never shows in ``get``. The
+items in it are the objects that were put (that identity is what keeps the
+compare at one memcmp); the one thing no compare short of re-serializing the
+whole list can see is **an item object that was put, mutated in place and put
+again**: its new content is not stored. Put a new object instead (LangGraph's
+reducers and ``add_messages`` do; an edit of ``get()`` output is safe, as below).
+
 Reads
 -----
-The newest checkpoint of each (thread, ns) stays materialized: ``get`` of the
-latest is O(1) in the number of checkpoints. It returns a **new list** for a
-list channel (``list[:n]``: O(list length), safe to mutate; the items are the
-same objects that were put, which is what makes the next put's delta detection
-work) and a fresh deserialized object for any other value, checkpoint record
-and metadata (safe to mutate, as with LangGraph's InMemorySaver). ``get`` of an
+The newest checkpoint of each (thread, ns) keeps its ids, versions and channel
+refs in memory: ``get`` of the latest is O(1) in the number of checkpoints.
+Every value it returns is deserialized afresh from the serialized bytes kept
+with the state (a list channel: each item's, next to the item objects the
+compare uses; O(list length), in one serializer call where the serde has a
+``loads_many``) -- so the caller owns it: an edit of it changes neither the
+store nor the objects that were put (as with LangGraph's InMemorySaver). The
+price is memory: the newest state of a lane is held twice, as objects and as
+bytes. ``get`` of an
 older checkpoint reads it from the log (one ``read_channel`` per channel);
 ``history`` derives an older list from the newer one it just read when the
 newer entry extends it (a prefix slice: see :mod:`durkv.reads`).
@@ -49,13 +61,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._listprefix import has_prefix
+from ._listprefix import has_prefix, join_tagged
 from .channels import DELTA, F_VALUE, F_ZSTD, FULL, SNAP, entry_at, pack_ref
 from .errors import SerializationError
 from .index import Lane
 from .records import _head_of
 
-__all__ = ["ChannelState"]
+__all__ = ["ChannelState", "join_tagged"]
 
 _SCALARS = frozenset((str, int, float, bytes, bool, type(None)))
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -66,7 +78,8 @@ class _Chan:
 
     # class-level defaults keep construction cheap (it is on the commit path)
     is_list = False
-    obj: list | None = None    # list channels: the list put (or read); the value is obj[:n]
+    obj: list | None = None    # list channels: the items put (or read), the store's own
+    raw: list | None = None    # array, and their serialized bytes; the value is obj[:n]
     n = 0
     first = last = mid = None  # fingerprint: obj[0], obj[n-1], obj[n//2] (references)
     vbytes = b""               # non-list channels: the serialized value
@@ -113,22 +126,40 @@ class ChannelState:
                 n = len(v)
                 zc = 0
                 if start is not None and n - start == 1:     # the agent loop: one new item
-                    b = dumps(v[start])
+                    r = b = dumps(v[start])
                     if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
                         b = self._compress(b)
                         zc = 1
                     items = [b]
+                    raws = [r]
                 else:
                     items = []
+                    raws = []
                     for i in range(start or 0, n):
-                        b = dumps(v[i])
+                        r = b = dumps(v[i])
                         if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
                             b = self._compress(b)
                             zc += 1
                         items.append(b)
+                        raws.append(r)
                 flags = F_ZSTD if zc and zc == len(items) else 0
                 c.is_list = True
-                c.obj = v
+                # the store's own item arrays, never the caller's list: a later in-place
+                # edit of the caller's list can neither change the committed state nor
+                # hide from the next put's prefix compare. A delta extends the previous
+                # arrays in place when nothing else did (holders read [:their n]).
+                if start is None:
+                    buf = list(v)
+                else:
+                    buf, raws_before = prev.obj, prev.raw
+                    if len(buf) != start or len(raws_before) != start:
+                        buf = buf[:start]
+                        raws_before = raws_before[:start]
+                    buf.extend(v[start:])
+                    raws_before.extend(raws)
+                    raws = raws_before
+                c.obj = buf
+                c.raw = raws
                 c.n = n
                 if n:
                     c.first = v[0]
@@ -171,18 +202,20 @@ class ChannelState:
             return None
         if n == 0:
             return 0
-        old = prev.obj
-        if v is old:                       # appended in place: the prefix is the same list
-            return n
+        old = prev.obj                     # the store's own array: never the caller's list
+        if self._prefix_check:
+            # exact: one memcmp of the item-pointer arrays (~0.15 ns/item, no allocation);
+            # only items that are not the same object are compared with ==
+            try:
+                return n if has_prefix(v, old, n) else None
+            except Exception:
+                return None
         first, last = prev.first, prev.last
         if v[0] is not first or v[n - 1] is not last:
             return None
         if n > 2 and v[n >> 1] is not prev.mid:
             return None
-        if (self._prefix_check or len(v) == n or type(first) in _SCALARS
-                or type(last) in _SCALARS):
-            # exact: one memcmp of the item-pointer arrays (~0.15 ns/item, no allocation);
-            # only items that are not the same object are compared with ==
+        if len(v) == n or type(first) in _SCALARS or type(last) in _SCALARS:
             try:
                 if not has_prefix(v, old, n):
                     return None
@@ -190,15 +223,17 @@ class ChannelState:
                 return None
         return n
 
-    def _parent_chans(self, lane: Lane, head: _Head, parent_id: str | None) -> dict[str, _Chan]:
-        """Channel states (unloaded refs) of the parent checkpoint, for a non-linear put."""
+    def _parent_chans(self, lane: Lane, head: _Head,
+                      parent_id: str | None) -> tuple[dict[str, _Chan], dict[str, Any]]:
+        """Channel states (unloaded refs) and versions of the parent checkpoint, for a
+        non-linear put."""
         if parent_id is None or parent_id == head.cid:
-            return {ch: _Chan(c.ref, False) for ch, c in head.chans.items()}
+            return {ch: _Chan(c.ref, False) for ch, c in head.chans.items()}, head.versions
         pos = lane.find(parent_id)
         if pos < 0:
-            return {}
+            return {}, {}
         h = _head_of(self._b.read(lane.lsns[pos]))
-        return {ch: _Chan(tuple(ref), False) for ch, ref in h[8].items()}
+        return {ch: _Chan(tuple(ref), False) for ch, ref in h[8].items()}, h[7]
 
     # -- materialized latest state -----------------------------------------------------------
 
@@ -230,17 +265,29 @@ class ChannelState:
             c.vbytes = unpack(items[0])
         else:
             loads = self._loads
-            obj = [loads(unpack(x)) for x in items]
+            raws = [unpack(x) for x in items]
+            obj = [loads(x) for x in raws]
             c.is_list = True
             c.obj = obj
+            c.raw = raws
             n = c.n = len(obj)
             if n:
                 c.first, c.last, c.mid = obj[0], obj[n - 1], obj[n >> 1]
         c.loaded = True
 
     def _chan_value(self, c: _Chan) -> Any:
+        """The committed value of a channel of the newest checkpoint, as new objects."""
         if not c.loaded:
             self._load_chan(c)
-        if c.is_list:
-            return c.obj[:c.n]
-        return self._loads(c.vbytes)
+        if not c.is_list:
+            return self._loads(c.vbytes)
+        # a list's items are deserialized afresh from the bytes kept at put, never the
+        # objects kept for the prefix compare: those are the caller's (a LangGraph
+        # node's return value, already handed out), and an edit of what get() returned
+        # must change neither them nor the committed state
+        raws = c.raw[:c.n]
+        many = self._loads_many
+        if many is not None:
+            return many(raws)
+        loads = self._loads
+        return [loads(x) for x in raws]

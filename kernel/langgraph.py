@@ -63,20 +63,27 @@ from types import TracebackType
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    DeltaChannelHistory,
-    PendingWrite,
-    SerializerProtocol,
-    _with_msgpack_allowlist,
-    get_checkpoint_metadata,
-    writes_sort_key,
-)
+
+try:
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        DeltaChannelHistory,
+        PendingWrite,
+        SerializerProtocol,
+        _with_msgpack_allowlist,
+        get_checkpoint_metadata,
+        writes_sort_key,
+    )
+except ImportError as e:  # an older langgraph-checkpoint than the extra declares
+    raise ImportError(
+        f"durkv.langgraph needs langgraph-checkpoint>=4.3.0 ({e}); "
+        "run: pip install -U 'durkv[langgraph]'") from e
+from langgraph.checkpoint.serde.base import maybe_add_typed_methods
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from .durability import DURABILITIES
@@ -107,9 +114,31 @@ def _conf(config: RunnableConfig | None) -> dict[str, Any]:
         conf = config["configurable"]  # type: ignore[index]
     except (KeyError, TypeError):
         raise ConfigError(_MISSING_THREAD) from None
-    if conf is None:
+    if not isinstance(conf, Mapping):
         raise ConfigError(_MISSING_THREAD)
     return conf
+
+
+def _one_or_many(name: str, ids: Any) -> list[str]:
+    """``Sequence[str]`` arguments as a list of strings. A bare string is ONE id
+    (``delete_for_runs("run-1")``), never its characters; other ids are str()'d."""
+    if isinstance(ids, str):
+        return [ids]
+    try:
+        return [r if type(r) is str else str(r) for r in ids]
+    except TypeError:
+        raise ConfigError(f"{name} must be a list of ids, got {type(ids).__name__}") from None
+
+
+def _check_checkpoint(checkpoint: Any, new_versions: Any) -> None:
+    if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get("id"), str)
+            and isinstance(checkpoint.get("channel_values"), dict)
+            and isinstance(checkpoint.get("channel_versions"), dict)):
+        raise ConfigError("checkpoint must be a LangGraph Checkpoint dict with a string 'id', "
+                          "and dicts 'channel_values' and 'channel_versions'")
+    if not isinstance(new_versions, Mapping):
+        raise ConfigError(f"new_versions must be a dict of channel versions, got "
+                          f"{type(new_versions).__name__}")
 
 
 def _thread_id(conf: Mapping[str, Any]) -> str:
@@ -153,11 +182,10 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         if serde is None:
             serde = store_serde.serde
         _check_durability(durability)
-        super().__init__(serde=serde)
+        self._store_serde = store_serde
+        super().__init__(serde=serde)     # through the serde setter below
         self.store = store
         self.durability = durability
-        self._store_serde = store_serde
-        store_serde.serde = self.serde
         self._owns_store = False
         # guards the read-modify-write of prune, which spans several store calls
         self._prune_lock = threading.Lock()
@@ -222,6 +250,29 @@ class DurkvSaver(BaseCheckpointSaver[int]):
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
+    @property
+    def serde(self) -> SerializerProtocol:  # type: ignore[override]
+        """The LangGraph serializer every value, pending write, checkpoint record and
+        metadata is written with -- the store's own.
+
+        Assigning it (``saver.serde = EncryptedSerializer.from_pycryptodome_aes(...)``,
+        LangGraph's documented way to turn on encryption) switches the store's
+        serializer: every commit from then on goes through it. Values written before
+        stay as they were and still read back (an ``EncryptedSerializer`` reads
+        plaintext values too). Savers sharing one store share its serializer.
+        """
+        return self._store_serde.serde
+
+    @serde.setter
+    def serde(self, serde: SerializerProtocol) -> None:
+        if not ((callable(getattr(serde, "dumps_typed", None))
+                 and callable(getattr(serde, "loads_typed", None)))
+                or (callable(getattr(serde, "dumps", None))
+                    and callable(getattr(serde, "loads", None)))):
+            raise ConfigError(f"serde must be a LangGraph serializer (dumps_typed/loads_typed), "
+                              f"not {type(serde).__name__}")
+        self._store_serde.serde = maybe_add_typed_methods(serde)
+
     def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> DurkvSaver:
         """Widen the msgpack allowlist (LangGraph calls this at compile time).
 
@@ -232,7 +283,6 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         serde = _with_msgpack_allowlist(self.serde, extra_allowlist)
         if serde is not self.serde:
             self.serde = serde
-            self._store_serde.serde = serde
         return self
 
     # ---- policy ----------------------------------------------------------------------
@@ -258,16 +308,26 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         conf = _conf(config)
         thread_id = _thread_id(conf)
         ns = conf.get("checkpoint_ns") or ""
+        _check_checkpoint(checkpoint, new_versions)
+        if not isinstance(metadata, Mapping):
+            raise ConfigError(f"metadata must be a dict, got {type(metadata).__name__}")
         cid = checkpoint["id"]
         all_values = checkpoint["channel_values"]
         record = dict(checkpoint)  # the record: all but values and versions (stored apart)
         del record["channel_values"]
         record.pop("channel_versions", None)
         metadata = get_checkpoint_metadata(config, metadata)
-        values = {k: all_values.get(k, EMPTY) for k in new_versions}
+        versions = checkpoint["channel_versions"]
+        parent_id = conf.get("checkpoint_id")
+        # the channels whose version moved; the store takes every other value from the
+        # base (the parent) where the base holds the same version, and from all_values
+        # where it does not: a copy (update_state(..., as_node="__copy__")) is saved
+        # whole with an empty new_versions and must read back its own values
+        changed = versions if parent_id is None else new_versions  # a root inherits nothing
+        values = {k: all_values.get(k, EMPTY) for k in changed}
         self.store.put(thread_id, ns, cid, checkpoint=record, metadata=metadata, values=values,
-                       versions=checkpoint["channel_versions"],
-                       parent_id=conf.get("checkpoint_id"), durability=self._policy(conf))
+                       versions=versions, parent_id=parent_id, durability=self._policy(conf),
+                       all_values=all_values)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                                  "checkpoint_id": cid}}
 
@@ -276,9 +336,17 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         """Commit a task's writes; idempotent on (task_id, idx) like SqliteSaver."""
         conf = _conf(config)
         idx_map = WRITES_IDX_MAP
-        items = [(idx_map.get(ch, i), ch, v) for i, (ch, v) in enumerate(writes)]
-        self.store.put_writes(_thread_id(conf), conf.get("checkpoint_ns") or "",
-                              conf["checkpoint_id"], task_id, items, task_path=task_path,
+        try:
+            items = [(idx_map.get(ch, i), ch, v) for i, (ch, v) in enumerate(writes)]
+        except (TypeError, ValueError):
+            raise ConfigError(f"writes must be a list of (channel, value) pairs, got "
+                              f"{writes!r:.80}") from None
+        cid = conf.get("checkpoint_id")
+        if cid is None:
+            raise ConfigError("put_writes needs configurable.checkpoint_id: the checkpoint "
+                              "the writes belong to")
+        self.store.put_writes(_thread_id(conf), conf.get("checkpoint_ns") or "", cid,
+                              task_id, items, task_path=task_path,
                               durability=self._writes_policy(conf, writes))
 
     # ---- reads -----------------------------------------------------------------------
@@ -328,6 +396,10 @@ class DurkvSaver(BaseCheckpointSaver[int]):
             ns = conf.get("checkpoint_ns")
             cid = conf.get("checkpoint_id")
         before_id = _conf(before).get("checkpoint_id") if before is not None else None
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
+            raise ConfigError(f"limit must be an int or None, got {limit!r}")
+        if filter is not None and not isinstance(filter, dict):
+            raise ConfigError(f"filter must be a dict, got {type(filter).__name__}")
         if limit is not None and limit <= 0:
             return
         if cid is not None:  # one checkpoint, if it passes the other filters
@@ -354,6 +426,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         stored for the channel, which becomes its ``seed``. Same contract as
         ``BaseCheckpointSaver.get_delta_channel_history``.
         """
+        channels = _one_or_many("channels", channels)
         if not channels:
             return {}
         conf = _conf(config)
@@ -416,8 +489,12 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         self.store.delete_thread(str(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints (and their writes) whose metadata run_id is in ``run_ids``."""
-        run_ids = [str(r) for r in run_ids]
+        """Delete the checkpoints (and their writes) whose metadata run_id is in ``run_ids``.
+
+        A bare string is one run id: ``delete_for_runs("run-1")`` deletes run
+        ``run-1`` (a str is a ``Sequence[str]`` of its characters, which no caller means).
+        """
+        run_ids = _one_or_many("run_ids", run_ids)
         if run_ids:
             self.store.delete_runs(run_ids)
 
@@ -436,9 +513,9 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         """
         if strategy not in ("keep_latest", "delete"):
             raise ConfigError(f"prune strategy must be 'keep_latest' or 'delete', not {strategy!r}")
+        thread_ids = _one_or_many("thread_ids", thread_ids)   # a bare string is one id
         with self._prune_lock:
             for tid in thread_ids:
-                tid = str(tid)
                 if strategy == "delete":
                     self.store.delete_thread(tid)
                     continue
@@ -479,12 +556,16 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         """
         if current is None:
             return 1
-        if isinstance(current, str):
-            import random
+        try:
+            if isinstance(current, str):
+                import random
 
-            nxt = int(current.split(".")[0]) + 1
-            return f"{nxt:032}.{random.random():016}"  # type: ignore[return-value]
-        return int(current) + 1
+                nxt = int(current.split(".")[0]) + 1
+                return f"{nxt:032}.{random.random():016}"  # type: ignore[return-value]
+            return int(current) + 1
+        except (TypeError, ValueError):
+            raise ConfigError(f"not a channel version: {current!r} (an int, or a string in "
+                              "SqliteSaver's format)") from None
 
     # ---- async -----------------------------------------------------------------------
     #

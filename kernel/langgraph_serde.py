@@ -34,6 +34,8 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 
+from .delta import join_tagged
+
 __all__ = ["EMPTY", "LangGraphSerde"]
 
 
@@ -56,6 +58,7 @@ _OTHER = 0x7F
 _TAGS = {"msgpack": 1, "null": 2, "bytes": 3, "bytearray": 4, "json": 5, "pickle": 6}
 _TAG_BYTES = {name: bytes((tag,)) for name, tag in _TAGS.items()}
 _NAMES = {tag: name for name, tag in _TAGS.items()}
+_MSGPACK_TAG = _TAGS["msgpack"]
 
 
 class LangGraphSerde:
@@ -99,3 +102,25 @@ class LangGraphSerde:
             raise ValueError(f"not a LangGraphSerde value (tag byte {tag:#04x})")
         n = data[1]
         return self.serde.loads_typed((bytes(data[2:2 + n]).decode(), bytes(data[2 + n:])))
+
+    def loads_many(self, items: list[bytes]) -> list:
+        """``[self.loads(b) for b in items]``, in one call of the serializer when every
+        item is msgpack (the common case for a list channel): the payloads are joined
+        under one msgpack array header (in C, no per-item Python work), so the
+        per-call overhead is paid once, as a saver that stores the whole list as one
+        blob pays it."""
+        n = len(items)
+        if n > 1:
+            if n < 16:
+                header = bytes((0x90 | n,))
+            elif n < 1 << 16:
+                header = b"\xdc" + n.to_bytes(2, "big")
+            else:
+                header = b"\xdd" + n.to_bytes(4, "big")
+            blob = join_tagged(header, items, _MSGPACK_TAG)
+            if blob is not None:
+                out = self.serde.loads_typed(("msgpack", blob))
+                if type(out) is list and len(out) == n:
+                    return out
+        loads = self.loads
+        return [loads(b) for b in items]

@@ -28,10 +28,11 @@ from bisect import bisect_left
 from typing import Any, Iterator
 
 from .channels import DELTA, F_VALUE, FULL, SNAP, entry_at, entry_header, snap_ref_at
-from .errors import CorruptionError, DurkvError, NotFoundError
+from .errors import ConfigError, CorruptionError, DurkvError, NotFoundError
 from .index import Lane
 from .records import (
-    K_CKPT, K_COPY_CKPT, ChannelEntry, Checkpoint, PendingWrite, _check_id, _head_of,
+    K_CKPT, K_COPY_CKPT, ChannelEntry, Checkpoint, PendingWrite, check_id, check_limit,
+    check_opt_id, _head_of,
 )
 
 __all__ = ["Reads"]
@@ -136,7 +137,9 @@ class Reads:
 
         Returns None when there is no such checkpoint.
         """
-        _check_id("thread_id", thread_id)
+        check_id("thread_id", thread_id)
+        check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        check_opt_id("checkpoint_id", checkpoint_id)
         with self._lock:
             self._check_open()
             lane = self._ix.lane(thread_id, checkpoint_ns)
@@ -241,7 +244,19 @@ class Reads:
         the items in place if you keep several checkpoints' values.
         """
         if thread_id is not None:
-            _check_id("thread_id", thread_id)
+            check_id("thread_id", thread_id)
+        if checkpoint_ns is not None:
+            check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        check_opt_id("before", before)
+        check_limit(limit)
+        if filter is not None and not isinstance(filter, dict):
+            raise ConfigError(f"filter must be a dict of metadata keys and values, got "
+                              f"{type(filter).__name__}")
+        return self._history(thread_id, checkpoint_ns, before, limit, filter, values)
+
+    def _history(self, thread_id: str | None, checkpoint_ns: str | None, before: str | None,
+                 limit: int | None, filter: dict | None,  # noqa: A002
+                 values: bool) -> Iterator[Checkpoint]:
         if limit is not None and limit <= 0:
             return
         with self._lock:
@@ -275,7 +290,8 @@ class Reads:
                 meta = None
                 if filter:
                     meta = loads(h[6])
-                    if not all(k in meta and meta[k] == v for k, v in filter.items()):
+                    if not (isinstance(meta, dict)
+                            and all(k in meta and meta[k] == v for k, v in filter.items())):
                         continue
                 if meta is None:
                     meta = loads(h[6])
@@ -384,7 +400,15 @@ class Reads:
         appends back to the nearest ``"full"`` rebuilds the list without reading
         it whole at every step (LangGraph's ``get_delta_channel_history``).
         """
-        _check_id("thread_id", thread_id)
+        check_id("thread_id", thread_id)
+        check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        check_id("channel", channel)
+        check_opt_id("before", before)
+        check_limit(limit)
+        return self._channel_entries(thread_id, checkpoint_ns, channel, before, limit)
+
+    def _channel_entries(self, thread_id: str, checkpoint_ns: str, channel: str,
+                         before: str | None, limit: int | None) -> Iterator[ChannelEntry]:
         with self._lock:
             lane = self._ix.lane(thread_id, checkpoint_ns)
         if lane is None:
@@ -425,7 +449,7 @@ class Reads:
 
     def namespaces(self, thread_id: str) -> list[str]:
         """Namespaces of a thread that have at least one checkpoint, sorted."""
-        _check_id("thread_id", thread_id)
+        check_id("thread_id", thread_id)
         with self._lock:
             nss = self._ix.threads.get(thread_id, {})
             return sorted(n for n, lane in nss.items() if lane.ids)

@@ -43,7 +43,7 @@ from .durability import DURABILITIES  # noqa: F401 - re-exported (records.__all_
 from .errors import ConfigError
 
 __all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
-           "SPECIAL_WRITE_CHANNELS"]
+           "SPECIAL_WRITE_CHANNELS", "check_id", "check_ids", "check_limit", "check_opt_id"]
 
 # record kinds: the first element of every frame head (part of the format: never renumber)
 K_CKPT = 1          # [1, thread, ns, cid, parent, ckpt_b, meta_b, versions, {ch: [lsn, idx]}]
@@ -116,7 +116,16 @@ def _head_of(payload: bytes) -> list:
     return _unpackb(payload[4:4 + hl])
 
 
-def _check_id(name: str, value: Any, *, allow_empty: bool = False) -> None:
+def check_id(name: str, value: Any, *, allow_empty: bool = False) -> None:
+    if type(value) is str and value.isascii() and (value or allow_empty):
+        return      # the common case, in O(1) (CPython flags an ASCII string)
+    if isinstance(value, str) and (value or allow_empty):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ConfigError(f"{name} {value!r} is not valid Unicode text (a lone surrogate?); "
+                              "ids are stored as UTF-8") from None
+        return
     if not isinstance(value, str) or (not value and not allow_empty):
         got = "an empty string" if value == "" else f"{type(value).__name__} {value!r}"
         raise ConfigError(f"{name} is required and must be a non-empty string, got {got}; "
@@ -124,3 +133,29 @@ def _check_id(name: str, value: Any, *, allow_empty: bool = False) -> None:
                           if name == "thread_id" else
                           f"{name} must be a {'string' if allow_empty else 'non-empty string'}, "
                           f"got {got}")
+
+
+def check_opt_id(name: str, value: Any) -> None:
+    """None or an id string (``checkpoint_id``, ``before``...)."""
+    if value is not None:
+        check_id(name, value)
+
+
+def check_limit(limit: Any) -> None:
+    """None or an int (a bool or a string such as '2' is refused)."""
+    if limit is not None and (type(limit) is not int and (
+            not isinstance(limit, int) or isinstance(limit, bool))):
+        raise ConfigError(f"limit must be an int or None, got {type(limit).__name__} {limit!r}")
+
+
+def check_ids(name: str, ids: Any) -> list[str]:
+    """A collection of ids as a list. A bare string is ONE id (never its characters)."""
+    if isinstance(ids, str):
+        ids = [ids]
+    try:
+        out = list(ids)
+    except TypeError:
+        raise ConfigError(f"{name} must be a list of strings, got {type(ids).__name__}") from None
+    for x in out:
+        check_id(name, x)
+    return out

@@ -21,6 +21,7 @@ returns, :mod:`durkv.records` for the frame heads, :mod:`durkv.compact`.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Sequence
 
@@ -38,11 +39,34 @@ from .reads import Reads
 from .records import (  # noqa: F401 - re-exported: the store's public types and record kinds
     DURABILITIES, INDEX_VERSION, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT,
     K_COPY_THREAD, K_COPY_WRITES, K_DEL_THREAD, K_INDEX, K_REMOVE, K_WRITES,
-    SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, _check_id, _head_of, _packb,
+    SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, check_id, check_ids,
+    _head_of, _packb,
 )
 from .serde import Serde, default_serde
 
 __all__ = ["Store", "Checkpoint", "PendingWrite", "ChannelEntry", "open_store"]
+
+_VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) holds
+
+
+def _check_channels(values: dict, versions: dict) -> None:
+    """Refuse what the frame head cannot hold or readers cannot list: channel names
+    that are not strings, versions that are not a str, an int of at most 64 bits or a
+    float (a bad one used to commit, and then ``durkv ls`` failed for the whole store)."""
+    for ch, v in versions.items():
+        if type(ch) is not str or type(v) not in _VERSION_TYPES or (
+                type(v) is int and not -(1 << 63) <= v < (1 << 64)):
+            if not isinstance(ch, str):
+                raise ConfigError(f"channel names must be strings, got {type(ch).__name__} "
+                                  f"{ch!r} in versions")
+            if (not isinstance(v, (str, int, float)) or isinstance(v, bool)
+                    or (isinstance(v, int) and not -(1 << 63) <= v < (1 << 64))):
+                raise ConfigError(f"the version of channel {ch!r} must be a str, an int of "
+                                  f"at most 64 bits or a float, got {type(v).__name__} {v!r}")
+    for ch in values:
+        if not isinstance(ch, str):
+            raise ConfigError(f"channel names must be strings, got {type(ch).__name__} {ch!r} "
+                              "in values")
 
 
 class Store(ChannelState, Reads):
@@ -59,6 +83,8 @@ class Store(ChannelState, Reads):
         self.serde = serde if serde is not None else default_serde
         self._dumps = self.serde.dumps
         self._loads = self.serde.loads
+        # optional batch form (LangGraphSerde has one): many list items in one call
+        self._loads_many = getattr(self.serde, "loads_many", None)
         self.snapshot_every = snapshot_every
         self.delta_check = delta_check
         self._prefix_check = delta_check == "prefix"
@@ -269,7 +295,8 @@ class Store(ChannelState, Reads):
 
     def put(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, *, checkpoint: dict,
             metadata: dict, values: dict[str, Any], versions: dict[str, Any],
-            parent_id: str | None = None, durability: str | None = None) -> None:
+            parent_id: str | None = None, durability: str | None = None,
+            all_values: dict[str, Any] | None = None) -> None:
         """Commit one checkpoint as one frame.
 
         Args:
@@ -277,10 +304,18 @@ class Store(ChannelState, Reads):
             metadata: metadata dict (``history(filter=...)`` matches on it).
             values: new values of the channels whose version changed.
             versions: ALL channel versions of this checkpoint. A channel in ``versions``
-                but not in ``values`` keeps its entry of the parent (or newest)
-                checkpoint; a channel absent from both has no value.
+                but not in ``values`` keeps its entry of the base -- the parent (or
+                newest) checkpoint -- when ``all_values`` is None; a channel absent from
+                both has no value.
             parent_id: the checkpoint this one follows (None: the newest of the thread+ns).
             durability: override the store's policy for this commit.
+            all_values: every value of the checkpoint (LangGraph: ``channel_values``).
+                Given, a channel in ``versions`` but not in ``values`` keeps the base's
+                entry only when the base holds it at the same version (a version names
+                one value, as LangGraph's savers key blobs by it); otherwise it is
+                stored from ``all_values`` (or has no value if absent there). A copy or
+                fork -- saved whole with nothing in ``values`` -- then reads back its
+                own values, never its base's; a linear put still costs only its change.
 
         Raises:
             ConfigError: missing/empty ids. SerializationError: a value the serde
@@ -288,11 +323,11 @@ class Store(ChannelState, Reads):
                 exceeds ``max_commit_bytes``.
         """
         if type(thread_id) is not str or not thread_id:
-            _check_id("thread_id", thread_id)
+            check_id("thread_id", thread_id)
         if type(checkpoint_ns) is not str:
-            _check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+            check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
         if type(checkpoint_id) is not str or not checkpoint_id:
-            _check_id("checkpoint_id", checkpoint_id)
+            check_id("checkpoint_id", checkpoint_id)
         if parent_id is not None and type(parent_id) is not str:
             raise ConfigError(f"parent_id must be a string or None, got {parent_id!r}")
         if durability is not None:
@@ -301,6 +336,10 @@ class Store(ChannelState, Reads):
             if not isinstance(values, dict) or not isinstance(versions, dict):
                 raise ConfigError("values and versions must be dicts keyed by channel name, got "
                                   f"{type(values).__name__} and {type(versions).__name__}")
+        _check_channels(values, versions)
+        if all_values is not None and not isinstance(all_values, dict):
+            raise ConfigError(f"all_values must be a dict or None, got "
+                              f"{type(all_values).__name__}")
         dumps = self._dumps
         try:
             ckpt_b = dumps(checkpoint)
@@ -321,11 +360,11 @@ class Store(ChannelState, Reads):
             fast = head is not None and checkpoint_id > head.cid and (
                 parent_id is None or parent_id == head.cid)
             if fast:
-                base = head.chans
+                base, base_versions = head.chans, head.versions
             elif head is None:
-                base = {}
+                base, base_versions = {}, {}
             else:
-                base = self._parent_chans(lane, head, parent_id)
+                base, base_versions = self._parent_chans(lane, head, parent_id)
             entries: list = []
             chans: dict[str, _Chan] = {}
             refs: dict[str, tuple[int, int]] = {}
@@ -337,15 +376,26 @@ class Store(ChannelState, Reads):
             for ch in versions:
                 if ch not in chans:
                     c = base.get(ch)
-                    if c is not None:
+                    if c is not None and (all_values is None
+                                          or base_versions.get(ch, c) == versions[ch]):
+                        chans[ch] = c
+                        refs[ch] = c.ref
+                    elif all_values is not None and ch in all_values:
+                        # the base holds another version: this checkpoint's own value
+                        c = encode(ch, all_values[ch], c if fast else None, lsn, entries)
                         chans[ch] = c
                         refs[ch] = c.ref
             try:
                 hb = self._hpack.pack([K_CKPT, thread_id, checkpoint_ns, checkpoint_id, parent_id,
                                        ckpt_b, meta_b, versions, refs])
             except Exception as e:
-                raise SerializationError(f"cannot serialize the versions of {checkpoint_id!r} "
-                                         f"(versions must be str, int or float): {e}",
+                # the types were checked: what is left is text msgpack cannot encode
+                for name, x in (("thread_id", thread_id), ("checkpoint_ns", checkpoint_ns),
+                                ("checkpoint_id", checkpoint_id), ("parent_id", parent_id),
+                                *(("channel", ch) for ch in versions)):
+                    if x is not None:
+                        check_id(name, x, allow_empty=True)
+                raise SerializationError(f"cannot serialize the head of {checkpoint_id!r}: {e}",
                                          thread_id=thread_id) from e
             payload = encode_commit(hb, entries)
             if len(payload) > self.max_commit_bytes:
@@ -396,13 +446,17 @@ class Store(ChannelState, Reads):
         on the next commit's fsync and survive a process kill -- or buffered under
         the ``exit`` policy.
         """
-        _check_id("thread_id", thread_id)
-        _check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
-        _check_id("checkpoint_id", checkpoint_id)
-        _check_id("task_id", task_id)
+        check_id("thread_id", thread_id)
+        check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        check_id("checkpoint_id", checkpoint_id)
+        check_id("task_id", task_id)
         dur = self._durability(durability)
         if dur is None:
             dur = "exit" if self.durability == "exit" else "async"
+        check_id("task_path", task_path, allow_empty=True)
+        if isinstance(writes, (str, bytes, dict)) or not hasattr(writes, "__iter__"):
+            raise ConfigError(f"writes must be a list of (idx, channel, value), got "
+                              f"{type(writes).__name__}")
         if not writes:
             return
         recs = []
@@ -410,9 +464,11 @@ class Store(ChannelState, Reads):
         codec = self._codec
         dumps = self._dumps
         for w in writes:
+            if not (type(w) is tuple and len(w) == 3 and type(w[0]) is int
+                    and -(1 << 63) <= w[0] < (1 << 63) and type(w[1]) is str
+                    and w[1].isascii() and w[1]):
+                _check_write(w)
             idx, ch, v = w
-            if not isinstance(idx, int) or not isinstance(ch, str):
-                raise ConfigError(f"each write must be (idx: int, channel: str, value), got {w!r}")
             try:
                 b = dumps(v)
             except Exception as e:
@@ -469,7 +525,7 @@ class Store(ChannelState, Reads):
 
     def delete_thread(self, thread_id: str) -> None:
         """Remove a thread: every namespace, checkpoint and pending write."""
-        _check_id("thread_id", thread_id)
+        check_id("thread_id", thread_id)
         with self._lock:
             self._check_write()
             if thread_id not in self._ix.threads:
@@ -482,8 +538,8 @@ class Store(ChannelState, Reads):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every namespace, checkpoint and pending write of a thread to another
         (merged into the target if it exists). The copy shares the source's frames."""
-        _check_id("thread_id", source_thread_id)
-        _check_id("thread_id", target_thread_id)
+        check_id("thread_id", source_thread_id)
+        check_id("thread_id", target_thread_id)
         with self._lock:
             self._check_write()
             if source_thread_id not in self._ix.threads or source_thread_id == target_thread_id:
@@ -503,8 +559,9 @@ class Store(ChannelState, Reads):
 
     def delete_runs(self, run_ids: Sequence[str]) -> None:
         """Remove the checkpoints (and their writes) whose ``metadata["run_id"]`` is in
-        ``run_ids``. Reads every checkpoint's metadata: O(checkpoints)."""
-        runs = set(run_ids)
+        ``run_ids``. Reads every checkpoint's metadata: O(checkpoints). A bare string
+        is one run id (``delete_runs("run-1")``), never a set of characters."""
+        runs = set(check_ids("run_ids", run_ids))    # a bare string is one run id
         if not runs:
             return
         with self._lock:
@@ -524,9 +581,8 @@ class Store(ChannelState, Reads):
         """Per (thread, ns) of the given threads keep only the newest ``keep_last``
         checkpoints (0: remove all). Kept checkpoints still read correctly: their
         delta chains stay in the log until :meth:`compact` copies what they need."""
-        if isinstance(thread_ids, str):
-            thread_ids = [thread_ids]
-        if not isinstance(keep_last, int) or keep_last < 0:
+        thread_ids = check_ids("thread_ids", thread_ids)    # a bare string is one id
+        if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 0:
             raise ConfigError(f"keep_last must be an int >= 0, got {keep_last!r}")
         with self._lock:
             self._check_write()
@@ -550,6 +606,33 @@ class Store(ChannelState, Reads):
             self._next_lsn = -1
             self._wfp.clear()
             return compact(self)
+
+
+def _check_write(w: Any) -> None:
+    """The slow path of put_writes' check of one ``(idx, channel, value)``."""
+    if not isinstance(w, (tuple, list)) or len(w) != 3:
+        raise ConfigError(f"each write must be (idx: int, channel: str, value), got {w!r}")
+    idx, ch, _v = w
+    if not isinstance(idx, int) or isinstance(idx, bool) or not -(1 << 63) <= idx < (1 << 63):
+        raise ConfigError(f"the idx of a write must be an int of at most 64 bits, got {idx!r}")
+    check_id("channel", ch)
+
+
+def _check_url(url: Any) -> str:
+    """A store URL as a string; a NUL in it is refused, as ``os`` refuses it in a path
+    (the C layer would cut the path there: '/w/d3\\0A' opened /w/d3)."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str):
+        raise ConfigError(f"store URL must be a string or path, got {type(url).__name__}")
+    if "\0" in url:
+        raise ConfigError(f"store URL {url!r} contains a NUL character, which no path can "
+                          "hold; pass the path without it")
+    try:
+        url.encode()
+    except UnicodeEncodeError:
+        raise ConfigError(f"store URL {url!r} is not valid Unicode text") from None
+    return url
 
 
 def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
@@ -590,7 +673,15 @@ def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
     """
     from durkv.backends import open_backend
 
-    if durability not in DURABILITIES:
+    url = _check_url(url)
+    if segment_bytes is not None and (type(segment_bytes) is not int
+                                      or not 0 < segment_bytes < (1 << 48)):
+        raise ConfigError(f"segment_bytes must be a positive int (bytes), got {segment_bytes!r}")
+    if type(flush_interval_ms) is not int or not 0 < flush_interval_ms < (1 << 31):
+        raise ConfigError(f"flush_interval_ms must be a positive int, got {flush_interval_ms!r}")
+    if not isinstance(recovery, str):
+        raise ConfigError(f"recovery must be a string such as 'tolerate_tail', got {recovery!r}")
+    if not isinstance(durability, str) or durability not in DURABILITIES:
         raise ConfigError(f"unknown durability {durability!r}; use one of "
                           + ", ".join(DURABILITIES))
     if not isinstance(snapshot_every, int) or snapshot_every < 1:

@@ -452,3 +452,148 @@ def test_writes_ride_on_the_next_checkpoint():
         assert saver._writes_policy({}, [("__interrupt__", 1)]) == "async"
     with DurkvSaver.open("memory://", durability="exit") as saver:
         assert saver._writes_policy({}, [("__interrupt__", 1)]) == "exit"
+
+
+# ---- issue 7 A: a copied or forked checkpoint reads back its own values ------------------
+
+
+def test_copy_fork_reads_back_the_copied_state(reopen):
+    """``update_state(config, None, as_node="__copy__")`` saves the whole copy with an
+    empty ``new_versions``: it must read back the copied values, not its parent's (a
+    silent rewind of one step) nor the thread's newest (a copy of the root)."""
+    graph = loop_graph(4).compile(checkpointer=reopen())
+    graph.invoke({"n": 0, "messages": []}, cfg())
+    history = list(graph.get_state_history(cfg()))
+    assert history[-1].parent_config is None          # the root: copied with no parent
+    forks = [(h, graph.update_state(h.config, None, as_node="__copy__")) for h in history]
+    graph = loop_graph(4).compile(checkpointer=reopen())
+    for h, fork in forks:
+        got = graph.get_state(fork)
+        assert (got.values, got.next) == (h.values, h.next), h.values
+
+    # running a copy re-runs nothing: it goes on from the copied step, as on InMemorySaver
+    def run_copy_of_n2(saver):
+        g = loop_graph(4).compile(checkpointer=saver)
+        g.invoke({"n": 0, "messages": []}, cfg("c"))
+        at2 = next(h for h in g.get_state_history(cfg("c")) if h.values.get("n") == 2)
+        out = g.invoke(None, g.update_state(at2.config, None, as_node="__copy__"))
+        return out, [(h.values, h.next) for h in g.get_state_history(cfg("c"))]
+
+    assert run_copy_of_n2(reopen()) == run_copy_of_n2(InMemorySaver())
+
+
+def test_copy_fork_of_an_interrupt_asks_again(reopen):
+    """A copy taken before an interrupt re-triggers it and resumes on its own branch."""
+    graph = approval_graph().compile(checkpointer=reopen())
+    graph.invoke({"request": "deploy", "log": []}, cfg())
+    graph.invoke(Command(resume="yes"), cfg())
+    before_ask = [s for s in graph.get_state_history(cfg()) if s.next == ("ask",)][-1]
+    fork = graph.update_state(before_ask.config, None, as_node="__copy__")
+    graph = approval_graph().compile(checkpointer=reopen())
+    out = graph.invoke(None, fork)
+    assert out["__interrupt__"][0].value == {"question": "approve deploy?"}
+    out = graph.invoke(Command(resume="no"), fork)
+    assert out["decision"] == "no" and out["log"] == ["asked", "acted:no"]
+
+
+# ---- issue 7 item 1: get_state() output is the caller's, not the saver's -----------------
+
+
+def test_editing_get_state_output_then_update_state(reopen):
+    """LangGraph's human-in-the-loop edit: change a tool call in ``get_state()`` output,
+    then ``update_state``. The objects the graph already handed out must not change, and
+    the edit must be committed (it was gone after a reopen)."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.graph import MessagesState
+
+    def agent(s: MessagesState) -> dict:
+        return {"messages": [AIMessage(content="", id="ai1", tool_calls=[
+            {"id": "call1", "name": "search", "args": {"query": "query"}}])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_edge(START, "agent")
+    g.add_edge("agent", END)
+    graph = g.compile(checkpointer=reopen())
+    out = graph.invoke({"messages": [HumanMessage("hi", id="h1")]}, cfg())
+    handed_out = out["messages"][-1]
+
+    msg = graph.get_state(cfg()).values["messages"][-1]
+    msg.tool_calls[0]["args"] = {"query": "a different query"}
+    assert handed_out.tool_calls[0]["args"] == {"query": "query"}
+    assert graph.get_state(cfg()).values["messages"][-1].tool_calls[0]["args"] == {
+        "query": "query"}
+    graph.update_state(cfg(), {"messages": [msg]})
+
+    graph = g.compile(checkpointer=reopen())
+    assert graph.get_state(cfg()).values["messages"][-1].tool_calls[0]["args"] == {
+        "query": "a different query"}
+
+
+# ---- issue 7 B: saver.serde = EncryptedSerializer(...) is honoured ------------------------
+
+
+def _store_bytes(path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file())
+
+
+def test_assigned_encrypted_serde_encrypts_everything_stored(tmp_path):
+    """LangGraph's documented way to turn on encryption is to assign ``saver.serde``;
+    it was silently ignored (values and pending writes stayed plaintext)."""
+    pytest.importorskip("Crypto")
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    key = b"0123456789abcdef"
+    secret = "hunter2-top-secret"
+    path = tmp_path / "enc.durkv"
+    with DurkvSaver.open(str(path)) as saver:
+        saver.serde = EncryptedSerializer.from_pycryptodome_aes(key=key)
+        graph = approval_graph().compile(checkpointer=saver)
+        out = graph.invoke({"request": secret, "log": [secret]}, cfg())
+        assert out["__interrupt__"][0].value == {"question": f"approve {secret}?"}
+        state = graph.get_state(cfg())
+        saver.put_writes(state.config, [("log", [secret + "-write"])], "task-x")
+    raw = _store_bytes(path)
+    assert secret.encode() not in raw and b"hunter2" not in raw
+
+    with DurkvSaver.open(str(path)) as saver:
+        saver.serde = EncryptedSerializer.from_pycryptodome_aes(key=key)
+        graph = approval_graph().compile(checkpointer=saver)
+        tup = saver.get_tuple(cfg())
+        assert ("task-x", "log", [secret + "-write"]) in tup.pending_writes
+        out = graph.invoke(Command(resume="yes"), cfg())
+        assert out["request"] == secret and out["log"][:2] == [secret, "asked"]
+    with DurkvSaver.open("memory://") as saver:
+        with pytest.raises(ConfigError, match="serializer"):
+            saver.serde = object()
+
+
+def test_the_langgraph_extra_declares_the_checkpoint_floor():
+    """issue 7 C: with langgraph-checkpoint 4.2.0 the install succeeded and the import
+    failed (writes_sort_key is new in 4.3.0): the extra must say so."""
+    tomllib = pytest.importorskip("tomllib")
+    from importlib.metadata import version
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    assert "langgraph-checkpoint>=4.3.0,<5" in extras["langgraph"]
+    assert "langgraph>=1.2" in extras["langgraph"]      # DeltaChannel, the tested line
+    assert "pycryptodome" in extras["dev"]          # the EncryptedSerializer test
+    major, minor = (int(x) for x in version("langgraph-checkpoint").split(".")[:2])
+    assert (major, minor) >= (4, 3)
+
+
+def test_loads_many_equals_loads_item_by_item():
+    """get() deserializes a list channel's items in one serializer call when it can."""
+    from langchain_core.messages import AIMessage
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from durkv.langgraph_serde import EMPTY, LangGraphSerde
+
+    s = LangGraphSerde(JsonPlusSerializer())
+    for values in ([], [1], [{"a": 1}, "x", None, b"raw", AIMessage("hi", id="m1")] * 7,
+                   [{"n": i} for i in range(70000)], [1, EMPTY, 2], [b"x", bytearray(b"y")]):
+        items = [s.dumps(v) for v in values]
+        got = s.loads_many(items)
+        assert got == [s.loads(b) for b in items] == values

@@ -89,9 +89,7 @@ KNOWN_VIOLATIONS = {
     ("durkv.compact", "durkv.store", "_packb"),
     # private helpers shared across the store's modules: issue 8 items 1 and 2
     ("durkv.delta", "durkv.records", "_head_of"),
-    ("durkv.reads", "durkv.records", "_check_id"),
     ("durkv.reads", "durkv.records", "_head_of"),
-    ("durkv.store", "durkv.records", "_check_id"),
     ("durkv.store", "durkv.records", "_head_of"),
     ("durkv.store", "durkv.records", "_packb"),
     ("durkv.store", "durkv.delta", "_Chan"),

@@ -59,3 +59,12 @@ def test_only_lists():
 def test_matches_list_slicing(a, b, n):
     expected = len(a) >= n and len(b) >= n and a[:n] == b[:n]
     assert has_prefix(a, b, n) == expected
+
+
+def test_join_tagged():
+    from durkv._listprefix import join_tagged
+
+    assert join_tagged(b"H", [b"\x01ab", b"\x01", b"\x01c"], 1) == b"Habc"
+    assert join_tagged(b"", [], 1) == b""
+    for bad in ([b"\x02a"], [b"\x01a", b""], [b"\x01a", "x"], [b"\x01a", bytearray(b"\x01")]):
+        assert join_tagged(b"H", bad, 1) is None

@@ -142,6 +142,57 @@ def test_latest_values_are_safe_to_mutate(url):
         assert again.checkpoint == {"c": [1]} and again.metadata == {"m": 1}
 
 
+def test_a_list_edited_in_place_and_put_again_keeps_the_edit(url):
+    """issue 7 item 1: the store kept the caller's list, so an in-place replacement
+    plus an append, put again, wrote only the append (lost at reopen) and get() showed
+    edits that were never committed."""
+    with durkv.open(url) as s:
+        lst = ["a", "b"]
+        s.put("t", "", "1", checkpoint={}, metadata={}, values={"l": lst}, versions={"l": 1})
+        lst[0] = "X"                        # not put: get() shows what is committed
+        lst.append("c")
+        assert s.get("t").values["l"] == ["a", "b"]
+        s.put("t", "", "2", checkpoint={}, metadata={}, values={"l": lst}, versions={"l": 2},
+              parent_id="1")
+        assert entry_kinds(s, "2") == [FULL]
+        assert s.get("t").values["l"] == ["X", "b", "c"]
+        lst.append("d")                     # in place, same object: still a delta
+        s.put("t", "", "3", checkpoint={}, metadata={}, values={"l": lst}, versions={"l": 3},
+              parent_id="2")
+        assert entry_kinds(s, "3") == [DELTA]
+        lst[1] = "Y"
+        assert [s.get("t", "", c).values["l"] for c in "123"] == [
+            ["a", "b"], ["X", "b", "c"], ["X", "b", "c", "d"]]
+    if url != "memory://":
+        with durkv.open(url) as s:
+            assert s.get("t").values["l"] == ["X", "b", "c", "d"]
+
+
+def test_items_handed_out_by_get_are_not_the_committed_ones(url):
+    """An edit of an item get() returned changes neither the store nor the objects that
+    were put (LangGraph's HITL edit of get_state() output), and put again it is stored."""
+    with durkv.open(url) as s:
+        put_items = [{"k": 1}, {"k": 2}]
+        s.put("t", "", "1", checkpoint={}, metadata={}, values={"l": put_items},
+              versions={"l": 1})
+        got = s.get("t").values["l"]
+        got[1]["k"] = 20
+        assert put_items == [{"k": 1}, {"k": 2}]
+        assert s.get("t").values["l"] == [{"k": 1}, {"k": 2}]
+        s.put("t", "", "2", checkpoint={}, metadata={}, values={"l": got + [{"k": 3}]},
+              versions={"l": 2}, parent_id="1")
+        assert entry_kinds(s, "2") == [FULL]
+        assert s.get("t").values["l"] == [{"k": 1}, {"k": 20}, {"k": 3}]
+        # equal items from get() still make a delta (compared by value)
+        s.put("t", "", "3", checkpoint={}, metadata={},
+              values={"l": s.get("t").values["l"] + [{"k": 4}]}, versions={"l": 3},
+              parent_id="2")
+        assert entry_kinds(s, "3") == [DELTA]
+    if url != "memory://":
+        with durkv.open(url) as s:
+            assert s.get("t").values["l"] == [{"k": 1}, {"k": 20}, {"k": 3}, {"k": 4}]
+
+
 def test_unchanged_channels_carry_over_and_absent_channels_drop(url):
     with durkv.open(url) as s:
         s.put("t", "", "1", checkpoint={}, metadata={}, values={"a": 1, "b": [1]},
@@ -155,6 +206,32 @@ def test_unchanged_channels_carry_over_and_absent_channels_drop(url):
         lane = s._ix.lane("t", "")
         head2 = _head_of(s._b.read(lane.lsns[1]))
         assert head2[0] == K_CKPT and head2[8]["b"][0] == lane.lsns[0]   # a ref, no copy
+
+
+def test_a_copy_saved_whole_reads_back_its_own_values(url):
+    """issue 7 A: with ``all_values``, a channel the base holds at another version is
+    stored from all_values -- a copy saved with nothing in ``values`` reads back its
+    own state, not its base's -- and a channel at the base's version stays a reference."""
+    with durkv.open(url) as s:
+        s.put("t", "", "1", checkpoint={}, metadata={}, values={"a": 1, "b": [1], "c": "k"},
+              versions={"a": 1, "b": 1, "c": 1})
+        s.put("t", "", "2", checkpoint={}, metadata={}, values={"a": 2, "b": [1, 2]},
+              versions={"a": 2, "b": 2, "c": 1}, parent_id="1")
+        two = {"a": 2, "b": [1, 2], "c": "k"}
+        # a copy of "2" with "1" as its parent (LangGraph's __copy__), then one of the
+        # root "1" with no parent (its base is then the newest: "3")
+        s.put("t", "", "3", checkpoint={}, metadata={}, values={}, parent_id="1",
+              versions={"a": 2, "b": 2, "c": 1}, all_values=two)
+        s.put("t", "", "4", checkpoint={}, metadata={}, values={},
+              versions={"a": 1, "b": 1, "c": 1}, all_values={"a": 1, "b": [1], "c": "k"})
+        assert s.get("t", "", "3").values == two
+        assert s.get("t", "", "4").values == {"a": 1, "b": [1], "c": "k"}
+        lane = s._ix.lane("t", "")
+        head3 = _head_of(s._b.read(lane.lsns[2]))
+        assert head3[8]["c"][0] == lane.lsns[0]          # same version as the base: a ref
+    if url != "memory://":
+        with durkv.open(url) as s:
+            assert s.get("t", "", "3").values == two
 
 
 def test_fork_from_old_checkpoint_writes_full_and_reads_right(url):
@@ -590,7 +667,8 @@ def test_replaced_item_plus_append(mode):
     with durkv.open("memory://", serde=MsgSerde(), delta_check=mode) as s:
         msgs = [Msg(i, f"m{i}") for i in range(10)]
         s.put("t", "", "1", checkpoint={}, metadata={}, values={"m": msgs}, versions={"m": 1})
-        new = _replace_at(s.get("t").values["m"], 3, "edited") + [Msg(10, "m10")]
+        # get() hands out new objects: the caller's own items keep the identity shortcut
+        new = _replace_at(msgs, 3, "edited") + [Msg(10, "m10")]
         s.put("t", "", "2", checkpoint={}, metadata={}, values={"m": new}, versions={"m": 2},
               parent_id="1")
         # equal-by-value replacements are fine in both modes (the stored bytes are equal)
