@@ -546,6 +546,16 @@ class Store(ChannelState, Reads):
             self._wfp.clear()
             return compact(self)
 
+    def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:
+        """Archive this (local) store's sealed segments to ``s3://bucket/prefix``; with
+        ``seal``, seal the active segment first so that every commit so far goes too.
+        Options and result: :func:`durkv.backends.s3.archive` (needs ``durkv[s3]``)."""
+        from durkv.backends.s3 import archive_backend
+
+        with self._lock:
+            self._check_open()
+            return archive_backend(self._b, url, seal=seal, **options)
+
 
 def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
                serde: Serde | None = None, snapshot_every: int = 64,
