@@ -19,7 +19,8 @@ def make_store(path: Path, commits: int, *, start: int = 0, segment_bytes: int =
                seal: bool = True) -> str:
     """A local store with ``commits`` checkpoints in many small segments, closed; every
     commit sealed when ``seal`` (an index snapshot at close goes to a new active one)."""
-    with durkv.open(str(path), segment_bytes=segment_bytes, index_every=0) as store:
+    with durkv.open(str(path), segment_bytes=segment_bytes, index_every=0,
+                    durability="exit") as store:
         for i in range(start, start + commits):
             put(store, i)
     if seal:
