@@ -146,3 +146,56 @@ def test_zstd_objects_restore_to_the_same_bytes(tmp_path, s3, bucket):
     assert ds3.archive(path, url).puts == 0      # same content, whatever the encoding
     ds3.restore(url, tmp_path / "r.durkv")
     assert segment_files(tmp_path / "r.durkv") == sealed_files(path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("DURKV_SLOW_TESTS") != "1", reason="DURKV_SLOW_TESTS=1")
+def test_more_than_a_thousand_manifests_page_with_the_default_page_size(tmp_path, s3, bucket):
+    """1,001 manifests under one prefix: ListObjectsV2 returns at most 1,000 keys per page,
+    so finding the highest number (archive) and choosing one (restore) needs the second
+    page. (The bounded form with a page size of 3 is test_listing_pages_through_many_manifests.)"""
+    path = make_store(tmp_path / "a.durkv", 8)
+    url = f"s3://{bucket}/p"
+    ds3.archive(path, url)
+    doc = json.loads(s3.get_object(Bucket=bucket, Key="p/manifests/00000000000000000000.json")[
+        "Body"].read())
+    for n in range(1, 1001):
+        doc["manifest_no"], doc["prev_manifest_no"] = n, n - 1
+        s3.put_object(Bucket=bucket, Key=f"p/manifests/{n:020d}.json",
+                      Body=json.dumps(doc).encode(), IfNoneMatch="*")
+    assert len(keys(s3, bucket)) > 1000
+    assert ds3.latest_manifest(ds3.S3Location.parse(url)).manifest_no == 1000
+    with durkv.open(path, index_every=0) as store:
+        put(store, 8)
+        assert store.archive(url, seal=True).manifest_no == 1001
+    plan, report = ds3.restore(url, tmp_path / "r.durkv")
+    assert plan.manifest_no == 1001 and report.next_lsn == 9
+
+
+def test_two_concurrent_archivers_of_one_store_both_succeed(tmp_path, s3_env, s3, bucket):
+    import threading
+
+    path = make_store(tmp_path / "a.durkv", 30)
+    url = f"s3://{bucket}/p"
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(ds3.archive(path, url))
+        except Exception as exc:       # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(results) == 2
+    n_sealed = len(sealed_files(path))
+    a, b = results
+    # each segment was PUT by exactly one of them; the other found it there (412, same)
+    assert sorted(a.uploaded + b.uploaded) == list(range(n_sealed))
+    assert sorted(a.uploaded + a.already) == sorted(b.uploaded + b.already) == list(range(n_sealed))
+    assert [k for k in keys(s3, bucket) if "/manifests/" in k] == [
+        "p/manifests/00000000000000000000.json"]
+    assert {r.manifest_no for r in results} == {0}
