@@ -17,9 +17,9 @@ from typing import Any, Callable
 from durkv import log as seglog
 from durkv.errors import ConfigError, NotFoundError
 
-from .archive import ENCODINGS, ArchiveResult, archive_dir, latest_manifest
+from .archiver import ENCODINGS, ArchiveResult, archive_dir, latest_manifest
 from .client import S3Location
-from .restore import RestorePlan, plan_restore, restore_dir
+from .restorer import RestorePlan, plan_restore, restore_dir
 
 __all__ = ["archive", "archive_backend", "restore", "S3Location", "ArchiveResult",
            "RestorePlan", "ENCODINGS", "latest_manifest", "parse_time"]

@@ -16,17 +16,24 @@ so any S3-compatible store works.
 from __future__ import annotations
 
 import base64
+import os
 import struct
-from collections.abc import Iterator
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from durkv.errors import (
     AccessDeniedError, BackendError, ConfigError, NoSuchBucketError,
 )
 
 __all__ = ["S3Location", "crc32c_b64", "translate", "KeyExistsError", "NoSuchKeyError",
-           "MAX_ATTEMPTS", "safe_endpoint"]
+           "MAX_ATTEMPTS", "safe_endpoint", "in_order", "PARALLEL"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # botocore's "standard" retry mode: exponential backoff with jitter on 5xx, throttling
 # (503 SlowDown, 429...) and connection errors; 4xx other than throttling are not retried.
@@ -118,7 +125,60 @@ class S3Location:
                                    "token; the S3 endpoint does not page correctly")
 
 
+# One client per endpoint, region and credential source, shared by every S3Location of
+# the process: making a client costs ~100 ms (botocore loads the service model) and a
+# shared one keeps its HTTP connections alive. Clients are thread-safe; botocore
+# refreshes expiring credentials inside the client.
+_CLIENTS: dict[tuple, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+_ENV_KEYS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
+             "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_CONFIG_FILE",
+             "AWS_SHARED_CREDENTIALS_FILE")
+
+
+# Requests in flight at once for the segments of one archive or restore: S3 answers a
+# PUT/GET in tens of milliseconds whatever its size, so a few at a time hide the latency
+# (and a restore's writes and fsyncs overlap its downloads). Each holds one segment in
+# memory.
+PARALLEL = 4
+
+
+def in_order(fn: Callable[[T], R], items: Iterable[T], workers: int = PARALLEL
+             ) -> Iterator[R]:
+    """``map(fn, items)`` with up to ``workers`` calls running at once, results in order.
+
+    At most ``workers`` results wait unconsumed; an exception from ``fn`` is raised where
+    its result would have been (the calls already started finish first)."""
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="durkv-s3") as pool:
+        it = iter(items)
+        pending: deque[Future[R]] = deque()
+        try:
+            for item in it:
+                pending.append(pool.submit(fn, item))
+                if len(pending) >= workers:
+                    break
+            while pending:
+                result = pending.popleft().result()
+                for item in it:
+                    pending.append(pool.submit(fn, item))
+                    break
+                yield result
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+
 def make_client(endpoint_url: str | None, region: str | None) -> Any:
+    """The shared boto3 S3 client for this endpoint/region and the current environment."""
+    key = (endpoint_url, region, *(os.environ.get(k) for k in _ENV_KEYS))
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = _new_client(endpoint_url, region)
+        return client
+
+
+def _new_client(endpoint_url: str | None, region: str | None) -> Any:
     try:
         import boto3
         from botocore.config import Config

@@ -9,9 +9,11 @@ names the object key and removes the temporary directory.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -20,8 +22,8 @@ import zstandard
 from durkv import log as seglog
 from durkv.errors import ConfigError, CorruptionError, NotFoundError
 
-from .archive import read_manifest
-from .client import NoSuchKeyError, S3Location, translate
+from .archiver import read_manifest
+from .client import NoSuchKeyError, S3Location, in_order, translate
 from .manifest import MANIFESTS, Manifest, SegmentEntry, manifest_no_of
 from .segfile import cut_after, read_header
 
@@ -137,9 +139,10 @@ def _fetch(loc: S3Location, plan: RestorePlan, e: SegmentEntry) -> bytes:
             body = zstandard.ZstdDecompressor().decompress(body, max_output_size=e.bytes)
         except zstandard.ZstdError as exc:
             raise bad("checksum_mismatch", f"zstd: {exc}") from exc
+        crc = seglog.crc32c(body)
     elif e.encoding != "identity":
         raise bad("bad_manifest", f"unknown encoding {e.encoding!r}")
-    if len(body) != e.bytes or seglog.crc32c(body) != e.crc32c:
+    if len(body) != e.bytes or crc != e.crc32c:
         raise bad("checksum_mismatch", "the decoded segment does not match the manifest's "
                                        "size and crc32c")
     h = read_header(body)
@@ -182,16 +185,17 @@ def restore_dir(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan,
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.restore-", dir=parent)
     try:
-        for i, e in enumerate(plan.segments):
-            data = _fetch(loc, plan, e)
-            last = i == len(plan.segments) - 1
-            if last and plan.cut_after_lsn is not None:
-                data, mtime = cut_after(data, plan.cut_after_lsn), None
-            else:
-                mtime = e.sealed_at_ns
-            _write(os.path.join(tmp, e.file), data, mtime)
-            if progress:
-                progress(i + 1, len(plan.segments))
+        # downloads run ahead (in_order) while this thread writes and fsyncs
+        with closing(in_order(functools.partial(_fetch, loc, plan), plan.segments)) as fetched:
+            for i, (e, data) in enumerate(zip(plan.segments, fetched)):
+                last = i == len(plan.segments) - 1
+                if last and plan.cut_after_lsn is not None:
+                    data, mtime = cut_after(data, plan.cut_after_lsn), None
+                else:
+                    mtime = e.sealed_at_ns
+                _write(os.path.join(tmp, e.file), data, mtime)
+                if progress:
+                    progress(i + 1, len(plan.segments))
         _fsync_dir(tmp)
         report = seglog.verify(tmp, deep=False)
         if not report.ok or report.next_lsn != plan.next_lsn:

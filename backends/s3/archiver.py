@@ -10,6 +10,7 @@ short between the segment PUTs and the manifest PUT is completed by the next run
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import uuid
@@ -21,7 +22,7 @@ import zstandard
 from durkv import log as seglog
 from durkv.errors import ArchiveConflictError, ConfigError, CorruptionError
 
-from .client import KeyExistsError, S3Location, crc32c_b64, translate
+from .client import KeyExistsError, S3Location, crc32c_b64, in_order, translate
 from .manifest import MANIFESTS, Manifest, SegmentEntry, manifest_key, manifest_no_of, segment_key
 from .segfile import SegmentHeader, read_header, read_trailer
 
@@ -141,11 +142,15 @@ def archive_dir(path: str | os.PathLike, loc: S3Location, *, encoding: str = "id
                 f"{seg.path} has {seg.entry.bytes} bytes crc32c {seg.entry.crc32c:08x}: this "
                 "store forked from the archived one; archive it to a new prefix",
                 url=loc.url, key=loc.key(old.key))
-    done = 0
-    for seg in todo:
-        entry = _put_segment(loc, seg, encoding, log_uuid, res)
+    put = functools.partial(_put_segment, loc, encoding=encoding, log_uuid=log_uuid)
+    for done, (entry, sent) in enumerate(in_order(put, todo), 1):
         archived[entry.segment_no] = entry
-        done += 1
+        res.puts += 1
+        if sent is None:
+            res.already.append(entry.segment_no)
+        else:
+            res.uploaded.append(entry.segment_no)
+            res.bytes_uploaded += sent
         if progress:
             progress(done, len(todo))
     for _ in range(_MANIFEST_RETRIES):
@@ -209,8 +214,10 @@ def _chain(loc: S3Location, archived: dict[int, SegmentEntry], start_lsn: int,
     return chain
 
 
-def _put_segment(loc: S3Location, seg: _Local, encoding: str, log_uuid: str,
-                 res: ArchiveResult) -> SegmentEntry:
+def _put_segment(loc: S3Location, seg: _Local, *, encoding: str, log_uuid: str
+                 ) -> tuple[SegmentEntry, int | None]:
+    """PUT one segment create-only (runs in a worker thread). Returns its manifest entry
+    and the bytes sent, or None if the archive already held it."""
     with open(seg.path, "rb") as f:
         data = f.read()
     e = seg.entry
@@ -230,7 +237,6 @@ def _put_segment(loc: S3Location, seg: _Local, encoding: str, log_uuid: str,
         "durkv-bytes": str(e.bytes), "durkv-crc32c": str(e.crc32c),
         "durkv-encoding": e.encoding, "durkv-put-id": uuid.uuid4().hex,
     }
-    res.puts += 1
     try:
         with translate(loc, "put " + key):
             loc.s3().put_object(Bucket=loc.bucket, Key=key, Body=body, IfNoneMatch="*",
@@ -238,14 +244,12 @@ def _put_segment(loc: S3Location, seg: _Local, encoding: str, log_uuid: str,
                                 ChecksumCRC32C=crc32c_b64(e.object_crc32c), Metadata=meta,
                                 ContentType="application/octet-stream")
     except KeyExistsError:
-        return _existing_segment(loc, key, e, log_uuid, res)
-    res.uploaded.append(e.segment_no)
-    res.bytes_uploaded += len(body)
-    return e
+        return _existing_segment(loc, key, e, log_uuid), None
+    return e, len(body)
 
 
-def _existing_segment(loc: S3Location, key: str, e: SegmentEntry, log_uuid: str,
-                      res: ArchiveResult) -> SegmentEntry:
+def _existing_segment(loc: S3Location, key: str, e: SegmentEntry, log_uuid: str
+                      ) -> SegmentEntry:
     """The key was taken: the same segment (a re-run, a lost response) or a conflict."""
     with translate(loc, "head " + key):
         head = loc.s3().head_object(Bucket=loc.bucket, Key=key)
@@ -257,7 +261,6 @@ def _existing_segment(loc: S3Location, key: str, e: SegmentEntry, log_uuid: str,
             f"bytes, crc32c {theirs[2]}) than segment {e.segment_no} of this store (log "
             f"{log_uuid}, {e.bytes} bytes, crc32c {e.crc32c}); left untouched: archive to "
             "another prefix", url=loc.url, key=key)
-    res.already.append(e.segment_no)
     enc = meta.get("durkv-encoding", "identity")
     if enc == e.encoding:
         return e
