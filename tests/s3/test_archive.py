@@ -15,7 +15,7 @@ import pytest
 
 import durkv
 from durkv.backends import s3 as ds3
-from durkv.errors import ArchiveConflictError, ConfigError
+from durkv.errors import ArchiveConflictError, ConfigError, CorruptionError
 from durkv.log import crc32c
 
 from .storetools import keys, make_store, put, sealed_files, segment_files
@@ -199,3 +199,15 @@ def test_two_concurrent_archivers_of_one_store_both_succeed(tmp_path, s3_env, s3
     assert [k for k in keys(s3, bucket) if "/manifests/" in k] == [
         "p/manifests/00000000000000000000.json"]
     assert {r.manifest_no for r in results} == {0}
+
+
+def test_a_damaged_local_store_is_not_archived(tmp_path, s3, bucket):
+    path = make_store(tmp_path / "a.durkv", 12)
+    name, data = list(sealed_files(path).items())[2]
+    flipped = bytearray(data)
+    flipped[100] ^= 0x04
+    (tmp_path / "a.durkv" / name).write_bytes(bytes(flipped))
+    with pytest.raises(CorruptionError, match="nothing archived") as err:
+        ds3.archive(path, f"s3://{bucket}/p")
+    assert err.value.segment == name
+    assert keys(s3, bucket) == []

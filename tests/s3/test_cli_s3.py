@@ -133,3 +133,15 @@ def test_throttling_is_retried_and_403_is_one_line(tmp_path, s3_env, scripted_s3
             assert len(lines) == 1 and lines[0].startswith(
                 f"error: access denied to s3://bkt/p (list p/manifests/) by {endpoint}")
     assert not (tmp_path / "r.durkv").exists()
+
+
+def test_archive_seal_of_a_store_held_by_a_writer_is_one_line_exit_1(tmp_path, s3_env, bucket):
+    import durkv
+
+    path = make_store(tmp_path / "a.durkv", 4)
+    runner = CliRunner()
+    with durkv.open(path):
+        r = runner.invoke(cli, ["archive", "--seal", path, f"s3://{bucket}/p"])
+        assert r.exit_code == 1 and "locked" in r.stderr, r.output
+        r = runner.invoke(cli, ["archive", path, f"s3://{bucket}/p"])   # no lock needed
+        assert r.exit_code == 0, r.output
