@@ -17,7 +17,7 @@ from .base import DURABILITIES, Backend
 
 __all__ = ["Backend", "open_backend", "SCHEMES", "DURABILITIES"]
 
-SCHEMES = ("file://", "memory://")
+SCHEMES = ("file://", "memory://", "s3://")
 
 
 def open_backend(url: str, **options: Any) -> Backend:
@@ -35,12 +35,18 @@ def open_backend(url: str, **options: Any) -> Backend:
         from .memory import MemoryBackend
 
         return MemoryBackend(url, read_only=options.get("read_only", False))
+    if url.startswith("s3://"):
+        from .s3.live import S3Backend
+
+        return S3Backend(url, **{k: v for k, v in options.items() if k in (
+            "durability", "read_only", "flush_interval_ms")})
     if url.startswith("file://"):
         path = url[len("file://"):]
     elif "://" in url:
         scheme = url.split("://", 1)[0]
         raise ConfigError(f"unknown store URL scheme {scheme!r} in {url!r}; supported: "
-                          "a path or file://PATH (local), memory:// or memory://NAME")
+                          "a path or file://PATH (local), memory:// or memory://NAME, "
+                          "s3://BUCKET/PREFIX")
     else:
         path = url
     from .local import LocalBackend

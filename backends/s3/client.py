@@ -81,7 +81,7 @@ class S3Location:
         """``s3://bucket[/prefix]``; ConfigError (exit 2) for anything else."""
         if not isinstance(url, str) or not url.startswith("s3://"):
             raise ConfigError(f"an archive URL must look like s3://BUCKET/PREFIX, got {url!r}")
-        rest = url[len("s3://"):]
+        rest = url[len("s3://"):].partition("?")[0]
         bucket, _, prefix = rest.partition("/")
         prefix = prefix.strip("/")
         if not bucket:
@@ -103,14 +103,18 @@ class S3Location:
             self.client = make_client(self.endpoint_url, self.region)
         return self.client
 
-    def list_keys(self, rel_prefix: str, *, page_size: int = 1000) -> Iterator[str]:
-        """Every key under ``PREFIX/rel_prefix``, in key order, relative to PREFIX
-        (ListObjectsV2, ``page_size`` keys per request)."""
+    def list_keys(self, rel_prefix: str, *, page_size: int = 1000,
+                  start_after: str | None = None) -> Iterator[str]:
+        """Every key under ``PREFIX/rel_prefix`` (after ``start_after``, relative to
+        PREFIX too), in key order, relative to PREFIX (ListObjectsV2, ``page_size`` keys
+        per request)."""
         full = self.key(rel_prefix)
         strip = len(self.key(""))
         token = None
         while True:
             kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full, "MaxKeys": page_size}
+            if start_after:
+                kw["StartAfter"] = self.key(start_after)
             if token:
                 kw["ContinuationToken"] = token
             with translate(self, "list " + full):
