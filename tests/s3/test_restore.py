@@ -174,3 +174,41 @@ def test_a_compacted_store_archives_and_restores(tmp_path, s3, bucket):
     assert report.ok
     with durkv.open(str(tmp_path / "r.durkv")) as store:
         assert [c.checkpoint_id for c in store.history("t")] == want
+
+
+def test_a_langgraph_run_resumes_on_a_restored_store_in_a_new_process(tmp_path, s3, bucket):
+    """Run a graph to a crash on this 'machine', archive, restore elsewhere (a new
+    process and directory), resume there: the final state is the uninterrupted run's."""
+    pytest.importorskip("langgraph")
+    from durkv.langgraph import DurkvSaver
+
+    from .lg_graph import Crash, build
+
+    n, config = 30, {"configurable": {"thread_id": "run-1"}, "recursion_limit": 100}
+    want = build(n).invoke({"step": 0, "log": []}, config)
+    path = str(tmp_path / "here.durkv")
+    with DurkvSaver.open(path, durability="sync") as saver:
+        with pytest.raises(Crash):
+            build(n, fail_at=17, checkpointer=saver).invoke({"step": 0, "log": []}, config)
+    url = f"s3://{bucket}/lg"
+    ds3.archive(path, url, seal=True)
+    dest = tmp_path / "there.durkv"
+    child = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.dirname(__file__)))!r})
+        from durkv.backends import s3 as ds3
+        from durkv.langgraph import DurkvSaver
+        from tests.s3.lg_graph import build
+        ds3.restore({url!r}, {str(dest)!r})
+        config = {config!r}
+        with DurkvSaver.open({str(dest)!r}, durability="sync") as saver:
+            graph = build({n}, checkpointer=saver)
+            resumed_from = graph.get_state(config).values["step"]
+            final = graph.invoke(None, config)
+        print(json.dumps({{"from": resumed_from, "final": final}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         env=os.environ.copy(), timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout)
+    assert got["from"] == 17 and got["final"] == want
