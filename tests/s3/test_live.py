@@ -3,6 +3,7 @@ zombie, kill -9 keeps every acknowledged sync commit, group commit, lost respons
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -159,3 +160,35 @@ def test_a_lost_batch_response_is_success_by_put_id(s3_env, s3, bucket, proxy):
     backend.close()
     assert [p for _, p in S3Backend(url, read_only=True).scan()] == [b"one", b"two", b"three"]
     assert len([k for k in keys(s3, bucket) if "/wal/" in k]) == 4
+
+
+def test_a_langgraph_run_continues_on_live_s3_in_a_new_process(s3_env, bucket):
+    """A run crashes in this process; another process (another machine, as far as the
+    store can tell) opens the same s3:// URL and finishes it: the uninterrupted result."""
+    pytest.importorskip("langgraph")
+    from durkv.langgraph import DurkvSaver
+
+    from .lg_graph import Crash, build
+
+    n, config = 12, {"configurable": {"thread_id": "run-1"}, "recursion_limit": 100}
+    want = build(n).invoke({"step": 0, "log": []}, config)
+    url = f"s3://{bucket}/lg"
+    with DurkvSaver.open(url, durability="sync") as saver:
+        with pytest.raises(Crash):
+            build(n, fail_at=7, checkpointer=saver).invoke({"step": 0, "log": []}, config)
+    child = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.dirname(__file__)))!r})
+        from durkv.langgraph import DurkvSaver
+        from tests.s3.lg_graph import build
+        config = {config!r}
+        with DurkvSaver.open({url!r}) as saver:
+            graph = build({n}, checkpointer=saver)
+            start = graph.get_state(config).values["step"]
+            print(json.dumps({{"from": start, "final": graph.invoke(None, config)}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         env=os.environ.copy(), timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout)
+    assert got["from"] == 7 and got["final"] == want
