@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import os
 import shutil
 import statistics
+from typing import Annotated, TypedDict
 
 import pytest
 from benchlib import QUICK, median_time, record
@@ -182,3 +184,115 @@ def test_archive_and_restore_vs_plain_boto3(benchmark, moto, store, bench_root):
            ratio=per_segment, target="1 + 1 manifest per call, 1 LIST per call",
            ok=first["PutObject"] == len(files) + 1 and second["PutObject"] == 2
            and second["ListObjectsV2"] == 1, first_call=first, one_segment_call=second)
+
+
+# ---- the live s3:// store (first version) ------------------------------------------------
+
+class LoopState(TypedDict):
+    step: int
+    log: Annotated[list, operator.add]
+
+
+def _commits_per_s(backend, n_threads: int, per_thread: int, payload: bytes) -> float:
+    import threading
+    import time
+
+    def run():
+        for _ in range(per_thread):
+            backend.append(payload)
+
+    threads = [threading.Thread(target=run) for _ in range(n_threads)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return n_threads * per_thread / (time.perf_counter() - t0)
+
+
+@pytest.mark.benchmark(group="s3-live")
+def test_live_commits_vs_raw_conditional_put(benchmark, moto):
+    from durkv.backends.s3.live import S3Backend, encode_batch
+
+    payload = os.urandom(1024)
+    n = 30 if QUICK else 100
+    body = encode_batch(1, 0, [payload])
+    seq = itertools.count()
+
+    def raw_put():
+        moto.put_object(Bucket="bench", Key=f"rawc/{next(seq):020d}", Body=body,
+                        IfNoneMatch="*")
+
+    backend = S3Backend(f"s3://bench/live{next(_prefixes)}")
+
+    def commit():
+        backend.append(payload)
+
+    t_raw, t_commit = benchmark.pedantic(
+        lambda: side_by_side(lambda: [raw_put() for _ in range(n)],
+                             lambda: [commit() for _ in range(n)]), rounds=1, iterations=1)
+    one = _commits_per_s(backend, 1, n, payload)
+    puts_before = backend.puts
+    eight = _commits_per_s(backend, 8, n // 2, payload)
+    eight_puts = backend.puts - puts_before
+    backend.close()
+    async_backend = S3Backend(f"s3://bench/live{next(_prefixes)}", durability="async")
+    many = 5_000 if QUICK else 50_000
+    async_rate = _commits_per_s(async_backend, 1, many, payload)
+    async_backend.close()
+    lat_ratio = t_commit / t_raw
+    print(f"\nlive sync commit {t_commit / n * 1e3:.2f} ms vs raw conditional PUT "
+          f"{t_raw / n * 1e3:.2f} ms; 1 thread {one:.0f}/s, 8 threads {eight:.0f}/s "
+          f"({8 * (n // 2)} commits in {eight_puts} PUTs); async {async_rate:.0f}/s")
+    record(benchmark, "live s3 sync commit latency / raw conditional PUT", ratio=lat_ratio,
+           target="<= 1.3x", ok=lat_ratio <= 1.3, commit_ms=round(t_commit / n * 1e3, 2),
+           raw_put_ms=round(t_raw / n * 1e3, 2))
+    record(benchmark, "live s3 sync: 8 threads / 1 thread commits/s", ratio=eight / one,
+           target=">= 4x", ok=eight / one >= 4, one_thread=round(one), eight_threads=round(eight),
+           eight_thread_puts=eight_puts)
+    record(benchmark, "live s3 async commits/s (1 thread) / 20,000", ratio=async_rate / 20_000,
+           target=">= 20,000/s", ok=async_rate >= 20_000, async_per_s=round(async_rate))
+
+
+@pytest.mark.benchmark(group="s3-live")
+def test_live_langgraph_run_puts_and_bytes(benchmark, moto, bench_root):
+    pytest.importorskip("langgraph")
+    from langgraph.graph import END, START, StateGraph
+
+    from durkv.langgraph import DurkvSaver
+
+    State = LoopState
+    n = 300 if QUICK else 2000
+
+    def tick(s: State) -> dict:
+        return {"step": s["step"] + 1, "log": [f"step {s['step']}: " + "x" * 200]}
+
+    g = StateGraph(State)
+    g.add_node("tick", tick)
+    g.add_edge(START, "tick")
+    g.add_conditional_edges("tick", lambda s: END if s["step"] >= n else "tick")
+    config = {"configurable": {"thread_id": "bench"}, "recursion_limit": n + 10}
+
+    def run(url):
+        with DurkvSaver.open(url, durability="async") as saver:
+            g.compile(checkpointer=saver).invoke({"step": 0, "log": []}, config)
+            return saver
+
+    prefix = f"live{next(_prefixes)}"
+    url = f"s3://bench/{prefix}"
+    loc = ds3.S3Location.parse(url)
+    counts = _counter(loc.s3())
+    benchmark.pedantic(lambda: run(url), rounds=1, iterations=1)
+    local = bench_root / "lg-local.durkv"
+    run(str(local))
+    local_bytes = sum(f.stat().st_size for f in local.glob("*.seg"))
+    s3_bytes = 0
+    for page in moto.get_paginator("list_objects_v2").paginate(Bucket="bench",
+                                                               Prefix=prefix + "/"):
+        s3_bytes += sum(o["Size"] for o in page.get("Contents", ()))
+    ratio = s3_bytes / local_bytes
+    print(f"\nLangGraph {n} supersteps on live s3 (async): {counts['PutObject']} PUTs, "
+          f"{s3_bytes} bytes stored vs {local_bytes} bytes local")
+    record(benchmark, f"live s3 LangGraph {n} supersteps: bytes stored / local store",
+           ratio=ratio, target="<= 1.5x", ok=ratio <= 1.5, puts=counts["PutObject"],
+           s3_bytes=s3_bytes, local_bytes=local_bytes)
