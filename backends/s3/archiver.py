@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -22,11 +23,13 @@ import zstandard
 from durkv import log as seglog
 from durkv.errors import ArchiveConflictError, ConfigError, CorruptionError
 
-from .client import KeyExistsError, S3Location, crc32c_b64, in_order, translate
+from .client import (
+    KeyExistsError, NoSuchKeyError, S3Location, crc32c_b64, in_order, translate,
+)
 from .manifest import MANIFESTS, Manifest, SegmentEntry, manifest_key, manifest_no_of, segment_key
 from .segfile import SegmentHeader, read_header, read_trailer
 
-__all__ = ["archive_dir", "latest_manifest", "ArchiveResult", "ENCODINGS"]
+__all__ = ["archive_dir", "latest_manifest", "current_manifest", "ArchiveResult", "ENCODINGS"]
 
 ENCODINGS = ("identity", "zstd")
 _MANIFEST_RETRIES = 8
@@ -58,6 +61,42 @@ def latest_manifest(loc: S3Location, *, page_size: int = 1000) -> Manifest | Non
         if n is not None and (best is None or n > best):
             best = n
     return None if best is None else read_manifest(loc, best)
+
+
+# The newest manifest this process read or wrote, per archive: a later archive call checks
+# it is still there with one HEAD instead of a LIST and a GET. If another archiver wrote a
+# newer one meanwhile, the create-only PUT of the next number gets 412 and the archive
+# re-reads (LIST) and rebases, so a stale entry costs a retry, never a wrong manifest.
+_KNOWN: dict[tuple[str, str], Manifest] = {}
+_KNOWN_LOCK = threading.Lock()
+
+
+def _known_key(loc: S3Location) -> tuple[str, str]:
+    return loc.url, str(getattr(loc.s3().meta, "endpoint_url", ""))
+
+
+def _remember(loc: S3Location, m: Manifest) -> None:
+    with _KNOWN_LOCK:
+        _KNOWN[_known_key(loc)] = m
+
+
+def current_manifest(loc: S3Location, *, page_size: int = 1000) -> Manifest | None:
+    """The archive's newest manifest: the one this process last saw if it still exists
+    (one HEAD), else found by listing (:func:`latest_manifest`)."""
+    with _KNOWN_LOCK:
+        known = _KNOWN.get(_known_key(loc))
+    if known is not None:
+        key = loc.key(manifest_key(known.manifest_no))
+        try:
+            with translate(loc, "head " + key):
+                loc.s3().head_object(Bucket=loc.bucket, Key=key)
+            return known
+        except NoSuchKeyError:
+            pass
+    m = latest_manifest(loc, page_size=page_size)
+    if m is not None:
+        _remember(loc, m)
+    return m
 
 
 def read_manifest(loc: S3Location, n: int) -> Manifest:
@@ -120,7 +159,7 @@ def archive_dir(path: str | os.PathLike, loc: S3Location, *, encoding: str = "id
         raise ConfigError(f"encoding must be one of {', '.join(ENCODINGS)}; got {encoding!r}")
     local = _local_sealed(path)
     res = ArchiveResult(url=loc.url, manifest_no=None, manifest_written=False)
-    prev = latest_manifest(loc, page_size=page_size)
+    prev = current_manifest(loc, page_size=page_size)
     if prev is not None:
         res.manifest_no = prev.manifest_no
         res.listed = len(prev.segments)
@@ -165,10 +204,12 @@ def archive_dir(path: str | os.PathLike, loc: S3Location, *, encoding: str = "id
                      created_at_ns=time.time_ns(), segments=chain,
                      writer_epoch=0 if prev is None else prev.writer_epoch)
         if _put_manifest(loc, m, res):
+            _remember(loc, m)
             return res
         # Another archiver of this log took number n: rebase onto its manifest.
         prev = latest_manifest(loc, page_size=page_size)
         assert prev is not None
+        _remember(loc, prev)
         _check_same_log(loc, prev, log_uuid)
         res.manifest_no, res.listed, res.next_lsn = (prev.manifest_no, len(prev.segments),
                                                      prev.next_lsn)

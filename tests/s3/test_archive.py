@@ -211,3 +211,36 @@ def test_a_damaged_local_store_is_not_archived(tmp_path, s3, bucket):
         ds3.archive(path, f"s3://{bucket}/p")
     assert err.value.segment == name
     assert keys(s3, bucket) == []
+
+
+def test_a_later_archive_in_one_process_needs_no_list_and_survives_a_stale_view(
+        tmp_path, s3_env, s3, bucket):
+    """This process remembers the manifest it wrote (one HEAD instead of LIST + GET next
+    time). Another process archiving meanwhile makes that stale: the create-only
+    manifest PUT then gets 412 and the archive rebases. A wiped prefix is noticed too."""
+    path = make_store(tmp_path / "a.durkv", 10)
+    url = f"s3://{bucket}/p"
+    loc = ds3.S3Location.parse(url)
+    calls: list[str] = []
+    loc.s3().meta.events.register("before-call.s3", lambda event_name, **kw: calls.append(
+        event_name.split(".")[-1]))
+    ds3.archive(path, url, client=loc.s3())
+    with durkv.open(path, segment_bytes=2048, index_every=0) as store:
+        put(store, 10)
+        calls.clear()
+        store.archive(url, seal=True, client=loc.s3())
+        assert "ListObjectsV2" not in calls and calls.count("PutObject") == 2
+        put(store, 11)
+    child = f"from durkv.backends import s3; s3.archive({path!r}, {url!r}, seal=True)"
+    subprocess.run([sys.executable, "-c", child], check=True, env=os.environ.copy(),
+                   timeout=60)                               # manifest 2, unknown to us
+    with durkv.open(path, segment_bytes=2048, index_every=0) as store:
+        put(store, 12)
+        res = store.archive(url, seal=True, client=loc.s3())
+    assert res.manifest_no == 3 and res.next_lsn == 13
+    for k in keys(s3, bucket):
+        s3.delete_object(Bucket=bucket, Key=k)               # an operator wiped the prefix
+    res = ds3.archive(path, url, client=loc.s3())
+    assert res.manifest_no == 0 and len(res.uploaded) == len(sealed_files(path))
+    plan, report = ds3.restore(url, tmp_path / "r.durkv")
+    assert report.ok and report.next_lsn == 13
