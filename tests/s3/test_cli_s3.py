@@ -47,6 +47,11 @@ def test_archive_then_restore_json(tmp_path, s3_env, bucket):
     assert doc["next_lsn"] == 6 and doc["verify"]["ok"]
     r = runner.invoke(cli, ["verify", str(tmp_path / "r.durkv")])
     assert r.exit_code == 0, r.output
+    r = runner.invoke(cli, ["restore", "--json", "--dry-run", "--to-time",
+                            "2100-01-01T00:00:00Z", url, str(tmp_path / "t.durkv")])
+    assert r.exit_code == 0 and json.loads(r.stdout)["next_lsn"] == 12
+    r = runner.invoke(cli, ["restore", "--to-time", "yesterday", url, str(tmp_path / "t")])
+    assert r.exit_code == 2 and "ISO 8601" in r.stderr
 
 
 def test_exit_codes_conflict_damage_and_usage(tmp_path, s3_env, s3, bucket):
