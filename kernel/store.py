@@ -554,7 +554,8 @@ class Store(ChannelState, Reads):
 
         with self._lock:
             self._check_open()
-            return archive_backend(self._b, url, seal=seal, **options)
+        # the lock is held only to seal: commits go on while sealed segments upload
+        return archive_backend(self._b, url, seal=seal, lock=self._lock, **options)
 
 
 def open_store(url: str, *, durability: str = "sync", read_only: bool = False,

@@ -10,6 +10,7 @@ The layout and its checks are FORMAT.md section 10; the promises are GUARANTEES.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -47,10 +48,11 @@ def archive(store: str | os.PathLike, url: str, *, seal: bool = False,
     return archive_dir(path, loc, encoding=encoding, page_size=page_size, progress=progress)
 
 
-def archive_backend(backend: Any, url: str, *, seal: bool = False, **options: Any
-                    ) -> ArchiveResult:
+def archive_backend(backend: Any, url: str, *, seal: bool = False,
+                    lock: Any = contextlib.nullcontext(), **options: Any) -> ArchiveResult:
     """``Store.archive``: archive the store behind an open local backend; with ``seal``,
-    flush and seal its active segment through the open handle first."""
+    flush and seal its active segment through the open handle first (under ``lock``, the
+    store's; the upload runs without it: sealed segments never change)."""
     path = getattr(backend, "path", None)
     if path is None:
         raise ConfigError(f"only a local store can be archived; {backend.url} is not one")
@@ -58,8 +60,9 @@ def archive_backend(backend: Any, url: str, *, seal: bool = False, **options: An
         if backend.read_only:
             raise ConfigError(f"store {backend.url} is open read-only; seal=True needs the "
                               "writer")
-        backend.flush()
-        backend.roll()
+        with lock:
+            backend.flush()
+            backend.roll()
     return archive(path, url, **options)
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import zstandard
 
 from durkv import log as seglog
-from durkv.errors import ArchiveConflictError, ConfigError, CorruptionError
+from durkv.errors import ArchiveConflictError, BackendError, ConfigError, CorruptionError
 
 from .client import (
     KeyExistsError, NoSuchKeyError, S3Location, crc32c_b64, in_order, translate,
@@ -106,6 +106,15 @@ def read_manifest(loc: S3Location, n: int) -> Manifest:
     return Manifest.from_json(body, key)
 
 
+def _read_segment(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError as exc:
+        raise BackendError(f"segment {path} was removed while it was archived (a compaction "
+                           "ran meanwhile); run archive again", path=path) from exc
+
+
 @dataclass
 class _Local:
     path: str
@@ -128,8 +137,7 @@ def _local_sealed(path: str) -> list[_Local]:
         if not s.sealed:
             continue
         fpath = os.path.join(path, s.segment)
-        with open(fpath, "rb") as f:
-            data = f.read()
+        data = _read_segment(fpath)
         h, t = read_header(data), read_trailer(data)
         if h is None or t is None or h.base_lsn != s.base_lsn or t.frame_count != s.frames_ok:
             raise CorruptionError(f"segment {fpath} changed while it was read; try again",
@@ -259,8 +267,7 @@ def _put_segment(loc: S3Location, seg: _Local, *, encoding: str, log_uuid: str
                  ) -> tuple[SegmentEntry, int | None]:
     """PUT one segment create-only (runs in a worker thread). Returns its manifest entry
     and the bytes sent, or None if the archive already held it."""
-    with open(seg.path, "rb") as f:
-        data = f.read()
+    data = _read_segment(seg.path)
     e = seg.entry
     if len(data) != e.bytes or seglog.crc32c(data) != e.crc32c:
         raise CorruptionError(f"segment {seg.path} changed between verify and upload; a sealed "

@@ -244,3 +244,36 @@ def test_a_later_archive_in_one_process_needs_no_list_and_survives_a_stale_view(
     assert res.manifest_no == 0 and len(res.uploaded) == len(sealed_files(path))
     plan, report = ds3.restore(url, tmp_path / "r.durkv")
     assert report.ok and report.next_lsn == 13
+
+
+def test_commits_go_on_while_store_archive_uploads(tmp_path, s3_env, bucket):
+    """Store.archive holds the store's lock only to seal: a put made while segments are
+    uploading (each PUT slowed to 0.2 s here) returns without waiting for the upload."""
+    import threading
+    import time
+
+    path = make_store(tmp_path / "a.durkv", 12)
+    loc = ds3.S3Location.parse(f"s3://{bucket}/p")
+    uploading = threading.Event()
+
+    def slow(request, **kw):
+        if "/segments/" in request.url:
+            uploading.set()
+            time.sleep(0.2)
+
+    client = loc.s3()
+    client.meta.events.register("before-send.s3.PutObject", slow)
+    try:
+        with durkv.open(path, index_every=0) as store:
+            t = threading.Thread(target=store.archive, args=(loc.url,),
+                                 kwargs={"seal": True, "client": client})
+            t.start()
+            assert uploading.wait(10)
+            t0 = time.monotonic()
+            put(store, 12)
+            took = time.monotonic() - t0
+            upload_busy = t.is_alive()
+            t.join()
+    finally:
+        client.meta.events.unregister("before-send.s3.PutObject", slow)
+    assert upload_busy and took < 0.2
