@@ -38,6 +38,7 @@ _HEAD = struct.Struct("<8sQQI")
 EPOCHS = "live/epochs/"
 WAL = "live/wal/"
 _DIGITS = 20
+_GATHER = 0.002     # seconds a group-commit leader waits for the committers it expects
 
 
 def encode_batch(epoch: int, first_lsn: int, frames: list[bytes]) -> bytes:
@@ -100,6 +101,8 @@ class S3Backend:
         self._last_epoch = 0
         self._cond = threading.Condition(threading.Lock())
         self._flushing = False
+        self._gathering = False
+        self._last_group = 1              # frames the last PUT carried (group commit)
         self._failed: DurkvError | None = None
         self._closed = False
         self.puts = 0                     # batch PUTs made (group commit is measured by it)
@@ -220,6 +223,8 @@ class S3Backend:
             self._check_write()
             self._frames.append(bytes(payload))
             lsn = len(self._frames) - 1
+            if self._gathering:
+                self._cond.notify_all()
         if (durability or self.durability) == "sync":
             self._flush_to(lsn + 1)
         return lsn
@@ -235,6 +240,14 @@ class S3Backend:
                     self._cond.wait()
                     continue
                 self._flushing = True
+                if len(self._frames) - self._durable < self._last_group:
+                    # The committers the last PUT served are appending again: give them
+                    # a moment (at most _GATHER) to join this PUT instead of the next.
+                    self._gathering = True
+                    self._cond.wait_for(
+                        lambda: len(self._frames) - self._durable >= self._last_group,
+                        timeout=_GATHER)
+                    self._gathering = False
                 start, frames = self._durable, self._frames[self._durable:]
                 seq = self._seq
                 self._cond.release()
@@ -258,6 +271,7 @@ class S3Backend:
                 if err is None:
                     self._seq = seq + 1
                     self._durable = start + len(frames)
+                    self._last_group = len(frames)
                 else:
                     self._failed = err      # fail closed: a PUT that may or may not be there
                 self._cond.notify_all()
