@@ -13,6 +13,7 @@ import functools
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -154,7 +155,7 @@ def _fetch(loc: S3Location, plan: RestorePlan, e: SegmentEntry) -> bytes:
 
 
 def _write(path: str, data: bytes, mtime_ns: int | None) -> None:
-    """Write a new file (its fsync comes later, in :func:`_fsync_files`)."""
+    """Write a new file (its fsync runs in the background: :func:`restore_dir`)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         view = memoryview(data)
@@ -172,14 +173,6 @@ def _fsync_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_files(paths: list[str]) -> None:
-    """fsync every restored file before the rename makes them the store. They are
-    written first and synced together at the end, several at a time, so that the
-    kernel writes back while the downloads run and the syncs overlap."""
-    for _ in in_order(_fsync_file, paths):
-        pass
 
 
 def _fsync_dir(path: str) -> None:
@@ -201,18 +194,24 @@ def restore_dir(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan,
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.restore-", dir=parent)
     try:
-        # downloads run ahead (in_order) while this thread writes and fsyncs
-        with closing(in_order(functools.partial(_fetch, loc, plan), plan.segments)) as fetched:
-            for i, (e, data) in enumerate(zip(plan.segments, fetched)):
+        # Downloads run ahead (in_order) while this thread writes each file and hands its
+        # fsync to two background threads, so the disk flushes while the network works.
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="durkv-fsync") as syncs, \
+                closing(in_order(functools.partial(_fetch, loc, plan), plan.segments)) as got:
+            synced = []
+            for i, (e, data) in enumerate(zip(plan.segments, got)):
                 last = i == len(plan.segments) - 1
                 if last and plan.cut_after_lsn is not None:
                     data, mtime = cut_after(data, plan.cut_after_lsn), None
                 else:
                     mtime = e.sealed_at_ns
-                _write(os.path.join(tmp, e.file), data, mtime)
+                path = os.path.join(tmp, e.file)
+                _write(path, data, mtime)
+                synced.append(syncs.submit(_fsync_file, path))
                 if progress:
                     progress(i + 1, len(plan.segments))
-        _fsync_files([os.path.join(tmp, e.file) for e in plan.segments])
+            for f in synced:
+                f.result()      # every file is durable before the rename makes it the store
         _fsync_dir(tmp)
         report = seglog.verify(tmp, deep=False)
         if not report.ok or report.next_lsn != plan.next_lsn:
