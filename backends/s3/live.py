@@ -109,6 +109,9 @@ class S3Backend:
         self._epoch = 0
         self._epoch_no = -1
         self._load()
+        if read_only and self._seq == 0 and not any(True for _ in self.loc.list_keys(EPOCHS)):
+            raise NotFoundError(f"no durkv store at {self.url}; open it for writing first",
+                                url=self.url)
         self._flusher: threading.Thread | None = None
         if not read_only:
             self._acquire(takeover=(query.get("takeover") or ["0"])[0] in ("1", "true", "yes"))

@@ -192,3 +192,10 @@ def test_a_langgraph_run_continues_on_live_s3_in_a_new_process(s3_env, bucket):
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout)
     assert got["from"] == 7 and got["final"] == want
+
+
+def test_a_reader_of_nothing_is_told_so(s3_env, bucket):
+    from durkv.errors import NotFoundError
+
+    with pytest.raises(NotFoundError, match="no durkv store"):
+        durkv.open(f"s3://{bucket}/nothing", read_only=True)
