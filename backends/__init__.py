@@ -21,7 +21,8 @@ SCHEMES = ("file://", "memory://", "s3://")
 
 
 def open_backend(url: str, **options: Any) -> Backend:
-    """Open the backend a URL names: a path or ``file://path`` (local), ``memory://[name]``.
+    """Open the backend a URL names: a path or ``file://path`` (local), ``memory://[name]``,
+    ``s3://bucket/prefix[?takeover=1]`` (a live store on S3, :mod:`durkv.backends.s3.live`).
 
     Options are those of :func:`durkv.store.open_store` that concern storage
     (durability, read_only, segment_bytes, flush_interval_ms, recovery).
