@@ -17,11 +17,12 @@ from .base import DURABILITIES, Backend
 
 __all__ = ["Backend", "open_backend", "SCHEMES", "DURABILITIES"]
 
-SCHEMES = ("file://", "memory://")
+SCHEMES = ("file://", "memory://", "s3://")
 
 
 def open_backend(url: str, **options: Any) -> Backend:
-    """Open the backend a URL names: a path or ``file://path`` (local), ``memory://[name]``.
+    """Open the backend a URL names: a path or ``file://path`` (local), ``memory://[name]``,
+    ``s3://bucket/prefix[?takeover=1]`` (a live store on S3, :mod:`durkv.backends.s3.live`).
 
     Options are those of :func:`durkv.store.open_store` that concern storage
     (durability, read_only, segment_bytes, flush_interval_ms, recovery).
@@ -35,12 +36,18 @@ def open_backend(url: str, **options: Any) -> Backend:
         from .memory import MemoryBackend
 
         return MemoryBackend(url, read_only=options.get("read_only", False))
+    if url.startswith("s3://"):
+        from .s3.live import S3Backend
+
+        return S3Backend(url, **{k: v for k, v in options.items() if k in (
+            "durability", "read_only", "flush_interval_ms")})
     if url.startswith("file://"):
         path = url[len("file://"):]
     elif "://" in url:
         scheme = url.split("://", 1)[0]
         raise ConfigError(f"unknown store URL scheme {scheme!r} in {url!r}; supported: "
-                          "a path or file://PATH (local), memory:// or memory://NAME")
+                          "a path or file://PATH (local), memory:// or memory://NAME, "
+                          "s3://BUCKET/PREFIX")
     else:
         path = url
     from .local import LocalBackend

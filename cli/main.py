@@ -21,6 +21,7 @@ import click
 from .. import __version__
 from ..errors import CorruptionError, DurkvError
 from . import output, reports
+from .archive import archive, restore
 from .browse import history, ls, show
 from .demo import demo
 from .output import EXIT_CORRUPT, EXIT_OK, JSON_KEY
@@ -194,7 +195,7 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
     ctx.exit(EXIT_OK)
 
 
-for command in (ls, history, show, demo):
+for command in (ls, history, show, demo, archive, restore):
     cli.add_command(command)
 
 

@@ -121,9 +121,29 @@ class StaleReaderError(DurkvError):
     code = "stale_reader"
 
 
+class ArchiveConflictError(BackendError):
+    """An archive already holds different content at a key durkv would write (another
+    store's archive, or a fork of this one). The existing object is left untouched."""
+
+    code = "archive_conflict"
+
+
+class AccessDeniedError(BackendError):
+    """The object store refused the credentials (HTTP 403)."""
+
+    code = "access_denied"
+
+
+class NoSuchBucketError(BackendError):
+    """The bucket named in an ``s3://`` URL does not exist."""
+
+    code = "no_such_bucket"
+
+
 __all__ = [
     "DurkvError", "CorruptionError", "StoreLockedError", "FencedError", "LogFailedError",
     "ReadOnlyError", "IdempotencyConflictError", "NonDeterminismError", "ConfigError",
     "NotFoundError", "SerializationError", "FrameTooLargeError", "BackendError",
     "StaleReaderError",
+    "ArchiveConflictError", "AccessDeniedError", "NoSuchBucketError",
 ]

@@ -607,6 +607,17 @@ class Store(ChannelState, Reads):
             self._wfp.clear()
             return compact(self)
 
+    def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:
+        """Archive this (local) store's sealed segments to ``s3://bucket/prefix``; with
+        ``seal``, seal the active segment first so that every commit so far goes too.
+        Options and result: :func:`durkv.backends.s3.archive` (needs ``durkv[s3]``)."""
+        from durkv.backends.s3 import archive_backend
+
+        with self._lock:
+            self._check_open()
+        # the lock is held only to seal: commits go on while sealed segments upload
+        return archive_backend(self._b, url, seal=seal, lock=self._lock, **options)
+
 
 def _check_write(w: Any) -> None:
     """The slow path of put_writes' check of one ``(idx, channel, value)``."""

@@ -44,7 +44,14 @@ RANKS = {
     "durkv.backends.base": 20,
     "durkv.backends.memory": 21,
     "durkv.backends.local": 21,
-    "durkv.backends": 22,           # open_backend(url)
+    "durkv.backends.s3.manifest": 20,   # S3: archive layout, archive/restore, live s3://
+    "durkv.backends.s3.segfile": 20,
+    "durkv.backends.s3.client": 20,
+    "durkv.backends.s3.archiver": 21,
+    "durkv.backends.s3.live": 21,
+    "durkv.backends.s3.restorer": 22,
+    "durkv.backends.s3": 23,
+    "durkv.backends": 24,           # open_backend(url)
     # store: checkpoints, channels, history, compaction
     "durkv._listprefix": 30,        # compiled (CPython extension)
     "durkv.serde": 30,
@@ -65,6 +72,7 @@ RANKS = {
     "durkv.cli.stores": 71,
     "durkv.cli.reports": 72,
     "durkv.cli.browse": 73,
+    "durkv.cli.archive": 73,
     "durkv.cli.demo": 73,
     "durkv.cli.main": 74,
     "durkv.cli": 75,

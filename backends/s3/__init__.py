@@ -1,0 +1,111 @@
+"""durkv on S3: archive a store's sealed segments, restore a store from them.
+
+The layout and its checks are FORMAT.md section 10; the promises are GUARANTEES.md
+("Archives on S3"). Needs boto3 (``pip install 'durkv[s3]'``).
+
+>>> # import durkv.backends.s3 as s3
+>>> # s3.archive("./agent.durkv", "s3://bucket/agents/a1", seal=True)
+>>> # s3.restore("s3://bucket/agents/a1", "./restored.durkv", to_lsn=1200)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from durkv import log as seglog
+from durkv.errors import ConfigError, NotFoundError
+
+from .archiver import ENCODINGS, ArchiveResult, archive_dir, latest_manifest
+from .client import S3Location
+from .restorer import RestorePlan, plan_restore, restore_dir
+
+__all__ = ["archive", "archive_backend", "restore", "S3Location", "ArchiveResult",
+           "RestorePlan", "ENCODINGS", "latest_manifest", "parse_time"]
+
+Progress = Callable[[int, int], None]
+
+
+def archive(store: str | os.PathLike, url: str, *, seal: bool = False,
+            encoding: str = "identity", endpoint_url: str | None = None,
+            region: str | None = None, client: Any = None, page_size: int = 1000,
+            progress: Progress | None = None) -> ArchiveResult:
+    """Archive the store directory ``store`` to ``url`` (``s3://bucket/prefix``).
+
+    ``seal``: first seal the active segment (takes the writer lock briefly:
+    StoreLockedError while another process writes the store; use ``Store.archive``
+    from inside that process), so that every commit so far is archived.
+    """
+    path = os.fspath(store)
+    loc = S3Location.parse(url, endpoint_url=endpoint_url, region=region, client=client)
+    if not os.path.isdir(path) or not any(n.endswith(".seg") for n in os.listdir(path)):
+        raise NotFoundError(f"no durkv store at {path}: no directory with segment files")
+    if seal:
+        with seglog.SegmentLog.open(path) as log:
+            log.seal()
+    return archive_dir(path, loc, encoding=encoding, page_size=page_size, progress=progress)
+
+
+def archive_backend(backend: Any, url: str, *, seal: bool = False,
+                    lock: Any = contextlib.nullcontext(), **options: Any) -> ArchiveResult:
+    """``Store.archive``: archive the store behind an open local backend; with ``seal``,
+    flush and seal its active segment through the open handle first (under ``lock``, the
+    store's; the upload runs without it: sealed segments never change)."""
+    path = getattr(backend, "path", None)
+    if path is None:
+        raise ConfigError(f"only a local store can be archived; {backend.url} is not one")
+    if seal:
+        if backend.read_only:
+            raise ConfigError(f"store {backend.url} is open read-only; seal=True needs the "
+                              "writer")
+        with lock:
+            backend.flush()
+            backend.roll()
+    return archive(path, url, **options)
+
+
+def restore(url: str, dest: str | os.PathLike, *, to_lsn: int | None = None,
+            to_time: datetime | float | str | None = None, dry_run: bool = False,
+            endpoint_url: str | None = None, region: str | None = None, client: Any = None,
+            page_size: int = 1000, progress: Progress | None = None
+            ) -> tuple[RestorePlan, seglog.Report | None]:
+    """Restore the archive at ``url`` into the new directory ``dest``.
+
+    Returns the plan and the restored log's verify report (None with ``dry_run``,
+    which downloads and changes nothing).
+    """
+    loc = S3Location.parse(url, endpoint_url=endpoint_url, region=region, client=client)
+    to_time_ns = None if to_time is None else parse_time(to_time)
+    plan = plan_restore(loc, to_lsn=to_lsn, to_time_ns=to_time_ns, page_size=page_size)
+    if dry_run:
+        return plan, None
+    return plan, restore_dir(loc, dest, plan, progress=progress)
+
+
+def parse_time(value: datetime | float | int | str) -> int:
+    """A point in time as ns since the epoch: a datetime (naive = UTC), seconds since the
+    epoch, or an ISO 8601 string (``2026-11-30T18:00:00Z``; no zone = UTC).
+
+    >>> parse_time("1970-01-01T00:00:01Z")
+    1000000000
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(float(text) * 1e9)
+        except ValueError:
+            pass
+        try:
+            value = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError as exc:
+            raise ConfigError(f"cannot read time {text!r}: use ISO 8601 "
+                              "(2026-11-30T18:00:00Z) or seconds since the epoch") from exc
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return int(value.timestamp()) * 10**9 + value.microsecond * 1000
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value * 1e9)
+    raise ConfigError(f"cannot read time {value!r}")
