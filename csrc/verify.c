@@ -570,17 +570,24 @@ static void report_loss(dkv_report *r, const cut_plan *p)
     r->next_lsn = p->lost;
 }
 
-/* HEAD first: it must never name a segment this repair moves away (FORMAT.md 2a). It names
- * the newest segment that stays, with a new repair epoch; with none, it goes too. */
-static int rewrite_head(const char *dir, const dkv_report *r, const vseg *vs,
-                        const vdir_info *vi, const cut_plan *p, uint64_t *epoch)
+/* A repair's new epoch (FORMAT.md 2a): one above HEAD's, or a random one if HEAD was
+ * unreadable (a reader's epoch must not match by chance). */
+static uint64_t next_epoch(const vdir_info *vi)
 {
-    *epoch = 1;
+    uint64_t epoch = 1;
     if (vi->head_state == 1 || vi->head_state == 4)
-        *epoch = vi->head.epoch + 1;
-    else if (vi->head_state >= 2 && dkv__random_bytes((uint8_t *)epoch, sizeof *epoch))
-        *epoch = (uint64_t)time(NULL);
-    size_t keep = p->sr ? (p->whole ? p->si : p->si + 1) : r->n_segments;   /* files that stay */
+        epoch = vi->head.epoch + 1;
+    else if (vi->head_state >= 2 && dkv__random_bytes((uint8_t *)&epoch, sizeof epoch))
+        epoch = (uint64_t)time(NULL);
+    return epoch;
+}
+
+/* HEAD first: it must never name a segment this repair moves away (FORMAT.md 2a). It names
+ * the newest of the first `keep` files with a readable header, with `epoch`; with none,
+ * it goes too. */
+static int rewrite_head(const char *dir, const dkv_report *r, const vseg *vs,
+                        const vdir_info *vi, size_t keep, uint64_t epoch)
+{
     while (keep && !vs[keep - 1].header_ok)
         keep--;
     if (keep) {
@@ -588,10 +595,24 @@ static int rewrite_head(const char *dir, const dkv_report *r, const vseg *vs,
         memcpy(h.uuid, vs[keep - 1].h.uuid, 16);
         h.segment_no = vs[keep - 1].h.segment_no;
         h.base_lsn = r->segments[keep - 1].base_lsn;
-        h.epoch = *epoch;
+        h.epoch = epoch;
         return dkv__head_write(dir, &h);
     }
     return vi->head_state ? dkv__quarantine_whole(dir, "HEAD") : 0;   /* nothing stays */
+}
+
+/* A torn tail: cut in place, nothing else changes. A torn segment header (the newest file
+ * never got going) goes whole, as open moves it; if HEAD named that file it names the one
+ * before again, what it held before the file was created (same epoch: no LSN changes). */
+static int repair_torn_tail(const char *dir, const dkv_report *r, const vseg *vs,
+                            const vdir_info *vi, const cut_plan *p)
+{
+    if (!p->whole)
+        return cut_file(dir, p->sr->segment, p->cut);
+    int rc = 0;
+    if (vi->head_state == 1 && vi->head.base_lsn == p->sr->base_lsn)
+        rc = rewrite_head(dir, r, vs, vi, p->si, vi->head.epoch);
+    return rc ? rc : dkv__quarantine_whole(dir, p->sr->segment);
 }
 
 /* Every segment after the cut goes whole (newest first), then the damaged one is cut or
@@ -641,15 +662,16 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out
     report_loss(r, &p);
     if (dry_run)
         goto done;
-    if (p.torn && !outside) {       /* a torn tail: cut in place, nothing else changes */
-        if ((rc = cut_file(dir, p.sr->segment, p.cut)))
+    if (p.torn && !outside) {
+        if ((rc = repair_torn_tail(dir, r, vs, &vi, &p)))
             rc = dkv__io_error(NULL, -rc, "cannot move the damaged part of %s/%s to "
                                "%s/quarantine/", dir, p.sr->segment, dir);
         goto done;
     }
-    uint64_t epoch;
+    uint64_t epoch = next_epoch(&vi);
     const char *moving = "HEAD";
-    rc = rewrite_head(dir, r, vs, &vi, &p, &epoch);
+    size_t keep = p.sr ? (p.whole ? p.si : p.si + 1) : r->n_segments;   /* files that stay */
+    rc = rewrite_head(dir, r, vs, &vi, keep, epoch);
     if (!rc && p.sr)
         rc = move_damaged(dir, r, &p, &moving);
     if (rc) {
