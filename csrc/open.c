@@ -1,6 +1,7 @@
 /* Opening a log: the writer lock, loading segments (trailers of sealed ones, a scan of the
- * active one), the segment chain check, recovery modes at open (FORMAT.md section 6),
- * the lazy index load, and refresh for read-only handles. */
+ * active one), what each recovery mode does with damage (FORMAT.md section 6), the lazy
+ * index load, and refresh for read-only handles. What a finding IS (torn tail or which
+ * corruption) is decided in damage.c, the same code verify and recover use. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

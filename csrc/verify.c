@@ -4,7 +4,8 @@
  * Every byte of a segment is covered by some check: the header by header_crc, frames by
  * their seeded crc (and LSN continuity), the index and trailer by trailer_crc and by the
  * comparison of the index with the frame scan, the whole segment by segment_digest, and
- * the order of files by the chain (uuid, segment_no, base_lsn, prev_digest).
+ * the order of files by the chain (uuid, segment_no, base_lsn, prev_digest). What each
+ * finding is, and moving bytes to quarantine/, is damage.c's (shared with open).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
