@@ -364,6 +364,26 @@ static void report_misnamed(const char *dir, dkv_report *r)
     closedir(d);
 }
 
+/* HEAD (as read, hr/why, before the listing) against the segment files verify found. */
+static void verify_head(dkv_report *r, vdir_info *info, int hr, const char *why,
+                        const uint8_t *uuid0, const uint64_t *bases, size_t n, const vseg *vs)
+{
+    if (hr == DKV_ECORRUPT || hr == DKV_EIO) {
+        info->head_state = 2;
+        add(r, NULL, "HEAD", 0, DKV_DAMAGE_BAD_HEADER, NO_LSN, hr == DKV_EIO ? "cannot read HEAD" : why);
+    } else if (hr == 0) {
+        char name[64], detail[160];
+        uint64_t off;
+        int kind = dkv__check_head(&info->head, uuid0, n > 0, n ? bases[n - 1] : 0, name, &off,
+                                   detail, sizeof detail);
+        info->head_state = kind == DKV_DAMAGE_FOREIGN ? 3 : kind == DKV_DAMAGE_MISSING ? 4 : 1;
+        /* the newest segments missing lose everything after what is there */
+        uint64_t end = !n ? 0 : vs[n - 1].header_ok ? bases[n - 1] + vs[n - 1].count : bases[n - 1];
+        if (kind)
+            add(r, NULL, name, off, kind, kind == DKV_DAMAGE_MISSING ? end : NO_LSN, detail);
+    }
+}
+
 static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_out,
                       vdir_info *info)
 {
@@ -421,22 +441,7 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
                   bases[0] - 1, "segments holding lsns from start_lsn are missing");
     }
     /* HEAD (FORMAT.md 2a): the newest segment it names must be there */
-    if (rc)
-        hr = DKV_ENOENT;
-    if (hr == DKV_ECORRUPT || hr == DKV_EIO) {
-        info->head_state = 2;
-        add(r, NULL, "HEAD", 0, DKV_DAMAGE_BAD_HEADER, NO_LSN, hr == DKV_EIO ? "cannot read HEAD" : why);
-    } else if (hr == 0) {
-        char name[64], detail[160];
-        uint64_t off;
-        int kind = dkv__check_head(&info->head, uuid0, n > 0, n ? bases[n - 1] : 0, name, &off,
-                                   detail, sizeof detail);
-        info->head_state = kind == DKV_DAMAGE_FOREIGN ? 3 : kind == DKV_DAMAGE_MISSING ? 4 : 1;
-        /* the newest segments missing lose everything after what is there */
-        uint64_t end = !n ? 0 : vs[n - 1].header_ok ? bases[n - 1] + vs[n - 1].count : bases[n - 1];
-        if (kind)
-            add(r, NULL, name, off, kind, kind == DKV_DAMAGE_MISSING ? end : NO_LSN, detail);
-    }
+    verify_head(r, info, rc ? DKV_ENOENT : hr, why, uuid0, bases, n, vs);
     if (!rc && n == 0 && info->head_state == 0)
         report_misnamed(dir, r);
     free(es.v);
