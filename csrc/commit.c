@@ -146,127 +146,163 @@ typedef struct {
     uint32_t idx;
 } entry_ref;
 
+/* to is strictly before from: every hop must point back, which bounds the walk. */
+static int refers_back(entry_ref to, entry_ref from)
+{
+    return to.lsn < from.lsn || (to.lsn == from.lsn && to.idx < from.idx);
+}
+
+/* Entries whose own items follow the base's, pushed newest first. */
+typedef struct {
+    entry_ref *v;
+    size_t n, cap;
+} ref_stack;
+
+static int refs_reserve(ref_stack *s, size_t need)
+{
+    if (s->n + need <= s->cap)
+        return 0;
+    size_t nc = s->cap ? s->cap : 64;
+    while (nc < s->n + need)
+        nc *= 2;
+    entry_ref *p = realloc(s->v, nc * sizeof *p);
+    if (!p)
+        return DKV_ENOMEM;
+    s->v = p;
+    s->cap = nc;
+    return 0;
+}
+
+/* One hop back from cur, a DELTA or SNAP entry d (items at io in f): push the entries
+ * whose items come after the base's, and say where the walk goes next. */
+static int hop_back(dkv_log *log, const frame_ref *f, const dkv_entry_desc *d, uint32_t io,
+                    entry_ref cur, ref_stack *suffix, entry_ref *next)
+{
+    if (refs_reserve(suffix, d->kind == DKV_ENTRY_DELTA ? 1 : (d->n_items ? d->n_items - 1 : 0)))
+        return DKV_ENOMEM;
+    if (d->kind == DKV_ENTRY_DELTA) {
+        suffix->v[suffix->n++] = cur;
+        *next = (entry_ref){d->prev_lsn, d->prev_idx};
+    } else {
+        if (!d->n_items) {
+            dkv__set_error(log, "SNAP entry at lsn %llu idx %u has no references",
+                           (unsigned long long)cur.lsn, cur.idx);
+            return DKV_ECORRUPT;
+        }
+        /* items: the base reference first, then the DELTAs on top of it, oldest first */
+        const uint8_t *p = f->buf + io;
+        for (uint32_t k = d->n_items - 1; k >= 1; k--) {
+            const uint8_t *r = p + (size_t)k * 16 + 4;
+            entry_ref e = {get64(r), get32(r + 8)};
+            if (!refers_back(e, cur))
+                goto forward;
+            suffix->v[suffix->n++] = e;
+        }
+        *next = (entry_ref){get64(p + 4), get32(p + 12)};
+    }
+    if (refers_back(*next, cur))
+        return 0;
+forward:
+    dkv__set_error(log, "entry at lsn %llu idx %u refers forward", (unsigned long long)cur.lsn,
+                   cur.idx);
+    return DKV_ECORRUPT;
+}
+
+/* Follow the references from (lsn, idx) back to the channel's FULL base: *base and its
+ * flags; suffix gets the entries whose items follow the base's. */
+static int walk_to_base(dkv_log *log, frame_cache *cache, uint64_t lsn, uint32_t idx,
+                        ref_stack *suffix, entry_ref *base, uint32_t *flags)
+{
+    entry_ref cur = {lsn, idx};
+    for (uint32_t steps = 0;; steps++) {
+        if (steps > MAX_WALK) {
+            dkv__set_error(log, "channel chain from lsn %llu is too long", (unsigned long long)lsn);
+            return DKV_ECORRUPT;
+        }
+        frame_ref *f;
+        dkv_entry_desc d;
+        uint32_t io;
+        int rc = cache_get(log, cache, cur.lsn, &f);
+        if (rc)
+            return rc;
+        if ((rc = dkv_commit_entry(f->buf, f->len, cur.idx, &d, &io))) {
+            dkv__set_error(log, "lsn %llu has no channel entry %u", (unsigned long long)cur.lsn, cur.idx);
+            /* A bad (lsn, idx) from the caller is not found; a reference to nothing is damage. */
+            return rc == DKV_EINVAL && steps == 0 ? DKV_ENOLSN : DKV_ECORRUPT;
+        }
+        if (d.kind == DKV_ENTRY_FULL) {
+            *base = cur;
+            *flags = d.flags;
+            return 0;
+        }
+        if ((rc = hop_back(log, f, &d, io, cur, suffix, &cur)))
+            return rc;
+    }
+}
+
+/* The base's items, then each suffix entry's own, oldest first. out NULL: only count them
+ * (*total bytes, *count items); else copy them into out. */
+static int gather_items(dkv_log *log, frame_cache *cache, entry_ref base, const ref_stack *suffix,
+                        uint8_t *out, size_t *total, uint32_t *count)
+{
+    size_t w = 0;
+    for (size_t s = suffix->n + 1; s-- > 0;) {
+        entry_ref e = s == suffix->n ? base : suffix->v[s];
+        frame_ref *f;
+        dkv_entry_desc d;
+        uint32_t io;
+        int rc;
+        if ((rc = cache_get(log, cache, e.lsn, &f)) ||
+            (rc = dkv_commit_entry(f->buf, f->len, e.idx, &d, &io)))
+            return rc == DKV_ENOMEM ? rc : DKV_ECORRUPT;
+        if (s != suffix->n && d.kind != DKV_ENTRY_DELTA) {
+            dkv__set_error(log, "SNAP at or before lsn %llu refers to a non-DELTA entry",
+                           (unsigned long long)e.lsn);
+            return DKV_ECORRUPT;
+        }
+        size_t o = io;
+        for (uint32_t i = 0; i < d.n_items; i++) {
+            size_t l = 4 + (size_t)get32(f->buf + o);
+            if (out) {
+                memcpy(out + w, f->buf + o, l);
+                w += l;
+            } else {
+                *total += l;
+                (*count)++;
+            }
+            o += l;
+        }
+    }
+    return 0;
+}
+
 int dkv_read_channel(dkv_log *log, uint64_t lsn, uint32_t idx, uint8_t **buf_out,
                      size_t *len_out, uint32_t *n_items_out, uint32_t *flags_out)
 {
     frame_cache cache = {0};
-    entry_ref *suffix = NULL;       /* entries whose own items follow the base, pushed newest first */
-    size_t ns = 0, cs = 0;
-    entry_ref cur = {lsn, idx};
-    int rc = 0;
-    frame_ref *f;
-    dkv_entry_desc d;
-    uint32_t io;
-    uint8_t *out = NULL;
-    for (uint32_t steps = 0;; steps++) {
-        if (steps > MAX_WALK) {
-            rc = DKV_ECORRUPT;
-            dkv__set_error(log, "channel chain from lsn %llu is too long", (unsigned long long)lsn);
-            goto done;
-        }
-        if ((rc = cache_get(log, &cache, cur.lsn, &f)))
-            goto done;
-        if ((rc = dkv_commit_entry(f->buf, f->len, cur.idx, &d, &io))) {
-            dkv__set_error(log, "lsn %llu has no channel entry %u", (unsigned long long)cur.lsn, cur.idx);
-            /* A bad (lsn, idx) from the caller is not found; a reference to nothing is damage. */
-            rc = rc == DKV_EINVAL && steps == 0 ? DKV_ENOLSN : DKV_ECORRUPT;
-            goto done;
-        }
-        if (d.kind == DKV_ENTRY_FULL)
-            break;
-        /* Collect the next hops; each must point strictly back: that bounds the walk. */
-        size_t need = d.kind == DKV_ENTRY_DELTA ? 1 : (d.n_items ? d.n_items - 1 : 0);
-        if (ns + need > cs) {
-            size_t nc = cs ? cs : 64;
-            while (nc < ns + need)
-                nc *= 2;
-            entry_ref *p = realloc(suffix, nc * sizeof *p);
-            if (!p) {
-                rc = DKV_ENOMEM;
-                goto done;
-            }
-            suffix = p;
-            cs = nc;
-        }
-        entry_ref next;
-        if (d.kind == DKV_ENTRY_DELTA) {
-            suffix[ns++] = cur;
-            next = (entry_ref){d.prev_lsn, d.prev_idx};
-        } else {
-            if (!d.n_items) {
-                rc = DKV_ECORRUPT;
-                dkv__set_error(log, "SNAP entry at lsn %llu idx %u has no references",
-                               (unsigned long long)cur.lsn, cur.idx);
-                goto done;
-            }
-            const uint8_t *p = f->buf + io;
-            for (uint32_t k = d.n_items - 1; k >= 1; k--) {
-                const uint8_t *r = p + (size_t)k * 16 + 4;
-                entry_ref e = {get64(r), get32(r + 8)};
-                if (e.lsn > cur.lsn || (e.lsn == cur.lsn && e.idx >= cur.idx)) {
-                    rc = DKV_ECORRUPT;
-                    goto bad_ref;
-                }
-                suffix[ns++] = e;
-            }
-            next = (entry_ref){get64(p + 4), get32(p + 12)};
-        }
-        if (next.lsn > cur.lsn || (next.lsn == cur.lsn && next.idx >= cur.idx)) {
-            rc = DKV_ECORRUPT;
-            goto bad_ref;
-        }
-        cur = next;
-        continue;
-    bad_ref:
-        dkv__set_error(log, "entry at lsn %llu idx %u refers forward", (unsigned long long)cur.lsn, cur.idx);
-        goto done;
-    }
-    /* cur is the FULL base. Output its items, then each suffix entry's own, oldest first. */
-    *flags_out = d.flags;
+    ref_stack suffix = {0};
+    entry_ref base;
+    uint32_t flags = 0, count = 0;
     size_t total = 0;
-    uint32_t count = 0;
-    for (size_t pass = 0; pass < 2; pass++) {
-        size_t w = 0;
-        for (size_t s = ns + 1; s-- > 0;) {
-            entry_ref e = s == ns ? cur : suffix[s];
-            if ((rc = cache_get(log, &cache, e.lsn, &f)) ||
-                (rc = dkv_commit_entry(f->buf, f->len, e.idx, &d, &io))) {
-                rc = rc == DKV_ENOMEM ? rc : DKV_ECORRUPT;
-                goto done;
-            }
-            if (s != ns && d.kind != DKV_ENTRY_DELTA) {
-                rc = DKV_ECORRUPT;
-                dkv__set_error(log, "SNAP at or before lsn %llu refers to a non-DELTA entry",
-                               (unsigned long long)e.lsn);
-                goto done;
-            }
-            size_t o = io;
-            for (uint32_t i = 0; i < d.n_items; i++) {
-                uint32_t l = get32(f->buf + o);
-                if (pass == 0) {
-                    total += 4 + (size_t)l;
-                    count++;
-                } else {
-                    memcpy(out + w, f->buf + o, 4 + (size_t)l);
-                    w += 4 + (size_t)l;
-                }
-                o += 4 + (size_t)l;
-            }
-        }
-        if (pass == 0 && !(out = malloc(total ? total : 1))) {
-            rc = DKV_ENOMEM;
-            goto done;
-        }
+    uint8_t *out = NULL;
+    int rc = walk_to_base(log, &cache, lsn, idx, &suffix, &base, &flags);
+    if (!rc)
+        rc = gather_items(log, &cache, base, &suffix, NULL, &total, &count);
+    if (!rc && !(out = malloc(total ? total : 1)))
+        rc = DKV_ENOMEM;
+    if (!rc)
+        rc = gather_items(log, &cache, base, &suffix, out, &total, &count);
+    if (!rc) {
+        *flags_out = flags;
+        *buf_out = out;
+        *len_out = total;
+        *n_items_out = count;
+        out = NULL;
     }
-    *buf_out = out;
-    *len_out = total;
-    *n_items_out = count;
-    out = NULL;
-done:
     free(out);
     for (size_t i = 0; i < cache.n; i++)
         free(cache.v[i].buf);
     free(cache.v);
-    free(suffix);
+    free(suffix.v);
     return rc;
 }

@@ -9,6 +9,11 @@
 #include "seglog.h"
 
 #define HDR_LEN 64
+/* Offsets of the segment header's chain fields (FORMAT.md section 2): damage names them. */
+#define HDR_OFF_UUID 16
+#define HDR_OFF_SEGMENT_NO 32
+#define HDR_OFF_BASE_LSN 40
+#define HDR_OFF_PREV_DIGEST 56
 #define FRAME_HDR 24
 #define FORMAT_VERSION 1
 #define SYNC_GAP_UNKNOWN 0xFFFFFFFFu   /* saturated sync_gap: durable watermark unknown */
@@ -107,8 +112,6 @@ int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, 
 int dkv__list_segments(const char *dir, uint64_t **bases, size_t *n);
 void dkv__seg_name(char out[64], uint64_t base);
 int dkv__mkdir_fsync(const char *dir, const char *sub);   /* mkdir dir/sub + fsync dir */
-/* Copy buf to quarantine/<seg>.<off>.torn (fsync file + quarantine dir). 0 or -errno. */
-int dkv__quarantine(const char *dir, const char *seg, uint64_t off, const uint8_t *buf, size_t n);
 int dkv__random_bytes(uint8_t *out, size_t n);
 
 /* ---- HEAD (head.c, FORMAT.md section 2a) ---- */
@@ -120,6 +123,12 @@ typedef struct {
 /* 0 and *h; DKV_ENOENT if there is no HEAD; DKV_ECORRUPT (why says what) if it does not
  * verify; DKV_EIO if it cannot be read. */
 int dkv__head_read(const char *dir, log_head *h, const char **why);
+/* (damage.c) HEAD (as read) against the log's uuid (NULL: unknown) and its newest segment file
+ * (have_segments 0: none): DKV_DAMAGE_FOREIGN or DKV_DAMAGE_MISSING (HEAD names a newer
+ * segment: the newest files are gone) with where (name, off) and why, else NONE. */
+int dkv__check_head(const log_head *hd, const uint8_t *uuid, int have_segments,
+                    uint64_t newest_base, char name[64], uint64_t *off, char *detail, size_t cap);
+
 /* Replace HEAD atomically (HEAD.tmp, fdatasync, rename, directory fsync). 0 or -errno. */
 int dkv__head_write(const char *dir, const log_head *h);
 
@@ -133,7 +142,59 @@ void dkv__set_error(dkv_log *log, const char *fmt, ...) __attribute__((format(pr
  * Returns DKV_EIO. */
 int dkv__io_error(dkv_log *log, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* ---- damage (damage.c): one classifier, one record, one quarantine ---- */
+/* A segment header that does not decode: DKV_DAMAGE_TORN_TAIL for the newest segment cut
+ * off within its header (size <= HDR_LEN), else DKV_DAMAGE_BAD_HEADER. */
+int dkv__classify_header(int is_last, uint64_t size);
+/* The first bad frame a scan found (res->kind != 0): DKV_DAMAGE_TORN_TAIL in an active
+ * segment when no later valid frame vouches for it (FORMAT.md section 6), else the
+ * corruption kind. resync_is_data: salvage, which reads on at the next valid frame, so a
+ * hole followed by valid frames is corruption. detail (cap bytes) gets the lsn and why. */
+int dkv__classify_frame(const scan_result *res, int sealed, int resync_is_data, char *detail,
+                        size_t cap);
+
+/* What the previous segment fixes about the next (the chain, FORMAT.md section 5). */
+typedef struct {
+    const uint8_t *uuid;    /* the log's uuid; NULL: not known yet, any */
+    int known;              /* 0: no previous segment to check against */
+    uint64_t segment_no, base_lsn;
+    int next_known;         /* next_lsn is where the next segment must start */
+    uint64_t next_lsn;      /*   (else it only has to start above base_lsn) */
+    int digest_known;       /* digest: the previous segment's segment_digest */
+    uint32_t digest;
+} seg_link;
+/* Header h of the file named for `base` against the file name and the previous segment:
+ * DKV_DAMAGE_NONE, or the kind with the offending field's offset and a detail. */
+int dkv__check_link(const seg_header *h, uint64_t base, const seg_link *prev, uint64_t *off,
+                    char *detail, size_t cap);
+
+/* One disagreement between a sealed segment's trailer/index and its frames. */
+typedef struct {
+    int kind;
+    uint64_t off, lsn;
+    const char *why;
+} seal_finding;
+#define TRAILER_CRC_WHY "trailer checksum mismatch"
+#define NO_TRAILER_WHY "sealed segment has no valid trailer"
+/* A sealed segment (bytes b[0..size), trailer t whose crc verified) whose frame scan was
+ * clean, finding n frames at offs: frame_count, index entries, then segment_digest
+ * (digest_ok: it matched). Fills out[] in that order, returns how many. */
+size_t dkv__check_seal(const uint8_t *b, uint64_t size, const seg_trailer *t, uint64_t base,
+                       const uint64_t *offs, uint64_t n, int digest_ok, seal_finding out[3]);
+
+void dkv__damage_fill(dkv_damage *d, const char *seg, uint64_t off, int kind,
+                      uint64_t lost_first, uint64_t lost_last, const char *detail);
+/* Append a filled record to r->damage. 0 or DKV_ENOMEM. */
 int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kind,
                            uint64_t lost_first, uint64_t lost_last, const char *detail);
+
+/* Copy buf to quarantine/<seg>.<off>.torn (fsync file + quarantine dir). 0 or -errno. */
+int dkv__quarantine(const char *dir, const char *seg, uint64_t off, const uint8_t *buf, size_t n);
+/* Move segment file `name` whole to quarantine/<name>.0.torn (rename, fsync both dirs). */
+int dkv__quarantine_whole(const char *dir, const char *name);
+/* Copy bytes [off, size) of segment `name` (open as fd, its bytes in buf) to quarantine/,
+ * then truncate the file at off and fdatasync it. 0 or -errno. */
+int dkv__quarantine_tail(const char *dir, const char *name, int fd, const uint8_t *buf,
+                         uint64_t size, uint64_t off);
 
 #endif

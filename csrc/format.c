@@ -433,34 +433,6 @@ int dkv__mkdir_fsync(const char *dir, const char *sub)
     return errno == EEXIST ? 0 : -errno;
 }
 
-int dkv__quarantine(const char *dir, const char *seg, uint64_t off, const uint8_t *buf, size_t n)
-{
-    int rc = dkv__mkdir_fsync(dir, "quarantine");
-    if (rc)
-        return rc;
-    char q[4096], p[sizeof q + 128];
-    snprintf(q, sizeof q, "%s/quarantine", dir);
-    int fd = -1;
-    for (int i = 0; i < 1000 && fd < 0; i++) {
-        if (i == 0)
-            snprintf(p, sizeof p, "%s/%s.%llu.torn", q, seg, (unsigned long long)off);
-        else
-            snprintf(p, sizeof p, "%s/%s.%llu.torn.%d", q, seg, (unsigned long long)off, i);
-        fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd < 0 && errno != EEXIST)
-            return -errno;
-    }
-    if (fd < 0)
-        return -EEXIST;
-    rc = dkv__pwrite_all(fd, buf, n, 0);
-    if (!rc)
-        rc = dkv__fdatasync(fd);
-    close(fd);
-    if (!rc)
-        rc = dkv__dirfsync(q);
-    return rc;
-}
-
 int dkv__random_bytes(uint8_t *out, size_t n)
 {
     size_t got = 0;
@@ -473,24 +445,6 @@ int dkv__random_bytes(uint8_t *out, size_t n)
         }
         got += (size_t)r;
     }
-    return 0;
-}
-
-int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kind,
-                           uint64_t lost_first, uint64_t lost_last, const char *detail)
-{
-    dkv_damage *d = realloc(r->damage, (r->n_damage + 1) * sizeof *d);
-    if (!d)
-        return DKV_ENOMEM;
-    r->damage = d;
-    d += r->n_damage++;
-    memset(d, 0, sizeof *d);
-    snprintf(d->segment, sizeof d->segment, "%s", seg);
-    d->offset = off;
-    d->kind = kind;
-    d->lost_first_lsn = lost_first;
-    d->lost_last_lsn = lost_last;
-    snprintf(d->detail, sizeof d->detail, "%s", detail ? detail : "");
     return 0;
 }
 

@@ -78,6 +78,15 @@ struct dkv_log {
     int fd_readers;             /* readers between locate and the end of their pread (atomic) */
 };
 
+/* Record damage the handle found (dkv_last_damage) and say it in its error: "segment S
+ * offset O: kind (detail)". Returns DKV_ECORRUPT. */
+int dkv__damage_record(dkv_log *log, const char *seg, uint64_t off, int kind,
+                       uint64_t lost_first, uint64_t lost_last, const char *detail);
+/* The segment after the loaded ones, or segment 0 of a new log (seglog.c). */
+int dkv__create_next_segment(dkv_log *log);
+/* The async flusher thread (seglog.c). */
+void *dkv__flusher_main(void *arg);
+
 /* 0, or why the handle cannot take this call (closed, failed, read-only). mu held. */
 int dkv__usable(dkv_log *log, int write);
 int dkv__load_index(dkv_log *log, seg_t *s);

@@ -1,6 +1,7 @@
 /* Opening a log: the writer lock, loading segments (trailers of sealed ones, a scan of the
- * active one), the segment chain check, recovery modes at open (FORMAT.md section 6),
- * the lazy index load, and refresh for read-only handles. */
+ * active one), what each recovery mode does with damage (FORMAT.md section 6), the lazy
+ * index load, and refresh for read-only handles. What a finding IS (torn tail or which
+ * corruption) is decided in damage.c, the same code verify and recover use. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -11,26 +12,6 @@
 #include <unistd.h>
 
 #include "log_int.h"
-
-int dkv__create_next_segment(dkv_log *log);
-void *dkv__flusher_main(void *arg);
-
-static int damage(dkv_log *log, const char *seg, uint64_t off, int kind, uint64_t first,
-                  uint64_t last, const char *detail)
-{
-    dkv_damage *d = &log->damage;
-    memset(d, 0, sizeof *d);
-    snprintf(d->segment, sizeof d->segment, "%s", seg);
-    d->offset = off;
-    d->kind = kind;
-    d->lost_first_lsn = first;
-    d->lost_last_lsn = last;
-    snprintf(d->detail, sizeof d->detail, "%s", detail);
-    log->has_damage = 1;
-    dkv__set_error(log, "segment %s offset %llu: %s (%s)", seg, (unsigned long long)off,
-                   dkv_damage_name(kind), detail);
-    return DKV_ECORRUPT;
-}
 
 static int take_lock(dkv_log *log)
 {
@@ -91,8 +72,8 @@ int dkv__load_index(dkv_log *log, seg_t *s)
     }
     if (why) {
         free(b);
-        return damage(log, name, s->data_end, DKV_DAMAGE_BAD_SEAL, s->base_lsn,
-                      s->base_lsn + s->count - 1, why);
+        return dkv__damage_record(log, name, s->data_end, DKV_DAMAGE_BAD_SEAL, s->base_lsn,
+                                  s->base_lsn + s->count - 1, why);
     }
     free(s->index);
     s->index = malloc(ilen);
@@ -118,6 +99,17 @@ typedef struct {
     scan_result scan;
 } load_result;
 
+/* A point_in_time or salvage handle that found damage: read-only, no lock. */
+static void go_read_only(dkv_log *log)
+{
+    log->opt.read_only = 1;
+    if (log->lock_fd >= 0)
+        close(log->lock_fd);
+    log->lock_fd = -1;
+}
+
+/* ---- loading one segment ---- */
+
 /* strict, point_in_time and salvage check every byte of a sealed segment at open (they are
  * the careful modes; tolerate_tail keeps open O(segments) and checks frames on read). On
  * damage the segment is demoted to the prefix of good frames, and lr describes the damage. */
@@ -140,58 +132,44 @@ static int check_sealed(dkv_log *log, seg_t *s, load_result *lr, int have_traile
         free(b);
         return rc;
     }
-    int kind = 0;
-    uint64_t off = 0;
-    const char *why = "bad frame in a sealed segment";
+    seal_finding f[3];
+    size_t nf = 0;
     if (lr->scan.kind) {
-        kind = lr->scan.kind == DKV_DAMAGE_TORN_TAIL ? DKV_DAMAGE_CHECKSUM : lr->scan.kind;
-        off = lr->scan.bad_off;
+        lr->kind = dkv__classify_frame(&lr->scan, 1, 0, lr->detail, sizeof lr->detail);
+        lr->off = lr->scan.bad_off;
     } else if (!have_trailer) {
-        kind = DKV_DAMAGE_BAD_SEAL;
-        off = size >= TRAILER_LEN ? size - TRAILER_LEN : 0;
-        why = "sealed segment has no valid trailer";
+        f[nf++] = (seal_finding){DKV_DAMAGE_BAD_SEAL, size >= TRAILER_LEN ? size - TRAILER_LEN : 0,
+                                 0, NO_TRAILER_WHY};
     } else if (dkv__trailer_crc(seed, b + end, s->count, b + size - TRAILER_LEN) !=
                get32(b + size - 4)) {
-        kind = DKV_DAMAGE_BAD_SEAL;
-        off = end;
-        why = "trailer checksum mismatch";
-    } else if (s->n_index != s->count) {
-        kind = DKV_DAMAGE_BAD_SEAL;
-        off = size - TRAILER_LEN + 8;
-        why = "trailer frame_count differs from the frames found";
-    } else if (dkv_crc32c(seed, b, end) != s->digest) {
-        kind = DKV_DAMAGE_BAD_SEAL;
-        off = size - 8;
-        why = "segment_digest mismatch";
+        f[nf++] = (seal_finding){DKV_DAMAGE_BAD_SEAL, end, 0, TRAILER_CRC_WHY};
     } else {
-        for (uint64_t i = 0; i < s->count && !kind; i++)
-            if (get64(b + end + i * 8) != s->index[i]) {
-                kind = DKV_DAMAGE_BAD_SEAL;
-                off = end + i * 8;
-                why = "index entry differs from the frame's offset";
-            }
+        seg_trailer t = {.count = s->count, .data_end = end};
+        nf = dkv__check_seal(b, size, &t, s->base_lsn, s->index, s->n_index,
+                             dkv_crc32c(seed, b, end) == s->digest, f);
+    }
+    if (nf) {                       /* open reports the first finding */
+        lr->kind = f[0].kind;
+        lr->off = f[0].off;
+        snprintf(lr->detail, sizeof lr->detail, "%s", f[0].why);
     }
     s->index_loaded = 1;
-    if (!kind) {
+    if (!lr->kind) {
         free(b);
         return 0;
     }
     s->sealed = 0;
     s->count = s->n_index;
     s->data_end = lr->scan.end;
-    lr->kind = kind;
-    lr->off = off;
     lr->file = b;
     lr->size = size;
-    snprintf(lr->detail, sizeof lr->detail, "%s", why);
     return 0;
 }
 
-/* Read segment `base`'s header and trailer (or scan it if it is the last and unsealed) into
- * a new segs[] entry. Chain checks against the previous entry. Does not act on damage. */
-static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
+/* Open segment file `base` into a new (not yet counted) segs[] entry: its fd, size and
+ * identity. The active (last) segment of a writer opens for writing. */
+static int open_seg_file(dkv_log *log, uint64_t base, int is_last, seg_t **out)
 {
-    memset(lr, 0, sizeof *lr);
     if (dkv__segs_reserve(log))
         return DKV_ENOMEM;
     char name[64], path[4200];
@@ -199,115 +177,93 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     snprintf(path, sizeof path, "%s/%s", log->dir, name);
     int writer = !log->opt.read_only;
     int fd = open(path, (is_last && writer ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-    if (fd < 0) {
+    if (fd < 0)
         return dkv__io_error(log, errno, "cannot open segment %s", path);
-    }
     struct stat st;
     fstat(fd, &st);
-    uint64_t size = (uint64_t)st.st_size;
     seg_t *s = &log->segs[log->nsegs];
     memset(s, 0, sizeof *s);
     s->fd = fd;
     s->dev = (uint64_t)st.st_dev;
     s->ino = (uint64_t)st.st_ino;
     s->base_lsn = base;
-    s->file_size = size;
+    s->file_size = (uint64_t)st.st_size;
+    *out = s;
+    return 0;
+}
+
+/* The header of segment s and its link to the segment before (FORMAT.md section 5). A
+ * finding goes in lr (the caller closes the file), except under salvage, which reads on
+ * past a broken link in a file of this log and only reports it. */
+static void check_seg_header(dkv_log *log, seg_t *s, int is_last, seg_header *h, load_result *lr)
+{
     uint8_t hb[HDR_LEN];
-    seg_header h;
     const char *why = "";
-    int r = dkv__pread_all(fd, hb, HDR_LEN, 0);
-    if (dkv__header_decode(hb, r < 0 ? 0 : (size_t)r, &h, &why)) {
-        lr->kind = (is_last && size <= HDR_LEN) ? DKV_DAMAGE_TORN_TAIL : DKV_DAMAGE_BAD_HEADER;
+    int r = dkv__pread_all(s->fd, hb, HDR_LEN, 0);
+    if (dkv__header_decode(hb, r < 0 ? 0 : (size_t)r, h, &why)) {
+        lr->kind = dkv__classify_header(is_last, s->file_size);
         snprintf(lr->detail, sizeof lr->detail, "%s", why);
-        close(fd);
-        return 0;
+        return;
     }
     seg_t *p = log->nsegs ? &log->segs[log->nsegs - 1] : NULL;
-    if (h.base_lsn != base) {
-        lr->kind = DKV_DAMAGE_BAD_HEADER;
-        snprintf(lr->detail, sizeof lr->detail, "header base_lsn %llu does not match the file name",
-                 (unsigned long long)h.base_lsn);
-    } else if (p && memcmp(h.uuid, log->uuid, 16)) {
-        lr->kind = DKV_DAMAGE_FOREIGN;
-        snprintf(lr->detail, sizeof lr->detail, "segment belongs to another log (uuid differs)");
-    } else if (p && (h.segment_no != p->segment_no + 1 || base != p->base_lsn + p->count)) {
-        lr->kind = DKV_DAMAGE_MISSING;
-        snprintf(lr->detail, sizeof lr->detail,
-                 "expected segment_no %llu at lsn %llu, found segment_no %llu at lsn %llu",
-                 (unsigned long long)p->segment_no + 1, (unsigned long long)(p->base_lsn + p->count),
-                 (unsigned long long)h.segment_no, (unsigned long long)base);
-    } else if (p && p->sealed && h.prev_digest != p->digest) {
-        lr->kind = DKV_DAMAGE_FOREIGN;
-        snprintf(lr->detail, sizeof lr->detail, "prev_digest does not match the previous segment");
-    }
-    if (lr->kind && p && log->opt.recovery == DKV_RECOVER_SALVAGE && h.base_lsn == base &&
-        !memcmp(h.uuid, log->uuid, 16)) {
-        /* salvage reads on past a broken chain (a missing or replaced segment before this
-         * one), but reports it: the first finding is what recovery_damage shows. */
+    seg_link link = {0};
+    if (p)
+        link = (seg_link){log->uuid, 1, p->segment_no, p->base_lsn, 1, p->base_lsn + p->count,
+                          p->sealed, p->digest};
+    lr->kind = dkv__check_link(h, s->base_lsn, &link, &lr->off, lr->detail, sizeof lr->detail);
+    /* a file of this log in its place, after a missing or replaced segment */
+    int link_only = lr->off == HDR_OFF_SEGMENT_NO || lr->off == HDR_OFF_PREV_DIGEST;
+    if (lr->kind && link_only && log->opt.recovery == DKV_RECOVER_SALVAGE) {
+        /* the first finding is what recovery_damage shows */
         uint64_t from = p->base_lsn + p->count;
+        char name[64];
+        dkv__seg_name(name, s->base_lsn);
         if (!log->has_damage)
-            damage(log, name, lr->kind == DKV_DAMAGE_MISSING ? 32 : 56, lr->kind, from,
-                   base > from ? base - 1 : NO_LSN, lr->detail);
+            dkv__damage_record(log, name, lr->off, lr->kind, from,
+                               s->base_lsn > from ? s->base_lsn - 1 : NO_LSN, lr->detail);
         log->err[0] = 0;
         lr->kind = 0;
+        lr->off = 0;
     }
-    if (lr->kind) {
-        close(fd);
-        return 0;
-    }
-    if (!p)
-        memcpy(log->uuid, h.uuid, 16);
-    s->segment_no = h.segment_no;
-    s->start_lsn = h.start_lsn;
-    s->prev_digest = h.prev_digest;
-    uint8_t tb[TRAILER_LEN];
-    seg_trailer t;
-    int have_trailer = size >= HDR_LEN + FRAME_HDR + 8 + TRAILER_LEN &&
-                       dkv__pread_all(fd, tb, TRAILER_LEN, size - TRAILER_LEN) == TRAILER_LEN &&
-                       dkv__trailer_decode(tb, size, base, &t) == 0;
-    if (have_trailer) {
-        s->sealed = 1;
-        s->count = t.count;
-        s->data_end = t.data_end;
-        s->digest = t.digest;
-        log->nsegs++;
-        if (!is_last)
-            return log->opt.recovery == DKV_RECOVER_TOLERATE_TAIL ? 0 : check_sealed(log, s, lr, 1);
-        /* The newest segment looks sealed (a crash after sealing, before the next segment
-         * existed): believe it only if the trailer checksum verifies. */
-        int had = log->has_damage;
-        dkv_damage before = log->damage;
-        if (dkv__load_index(log, s) == 0)
-            return 0;
-        log->nsegs--;
-        s->sealed = 0;
-        log->has_damage = had;      /* not damage: the active segment's tail, scanned below */
-        log->damage = before;
-        log->err[0] = 0;
-    } else if (!is_last && log->opt.recovery != DKV_RECOVER_TOLERATE_TAIL &&
-               log->opt.recovery != DKV_RECOVER_STRICT) {
-        log->nsegs++;
-        return check_sealed(log, s, lr, 0);
-    } else if (!is_last) {
-        lr->kind = DKV_DAMAGE_BAD_SEAL;
-        lr->off = size >= TRAILER_LEN ? size - TRAILER_LEN : 0;
-        snprintf(lr->detail, sizeof lr->detail, "sealed segment has no valid trailer");
-        close(fd);
-        return 0;
-    }
-    /* The active segment: scan its frames. */
+}
+
+/* The newest segment has a trailer (a crash after sealing, before the next segment
+ * existed): believe it only if the trailer checksum verifies. 1: it is sealed. */
+static int newest_is_sealed(dkv_log *log, seg_t *s)
+{
+    int had = log->has_damage;
+    dkv_damage before = log->damage;
+    log->nsegs++;
+    if (dkv__load_index(log, s) == 0)
+        return 1;
+    log->nsegs--;
+    s->sealed = 0;
+    log->has_damage = had;          /* not damage: the active segment's tail, scanned next */
+    log->damage = before;
+    log->err[0] = 0;
+    return 0;
+}
+
+/* The active segment: read it whole and scan its frames. A bad frame is classified (torn
+ * tail or corruption) into lr; lr->file keeps the bytes for the caller. */
+static int scan_active(dkv_log *log, seg_t *s, const seg_header *h, load_result *lr)
+{
     uint8_t *buf;
-    int rc = dkv__read_file(fd, &buf, &size);
+    uint64_t size;
+    int rc = dkv__read_file(s->fd, &buf, &size);
     if (rc) {
-        close(fd);
-        return dkv__io_error(log, -rc, "cannot read %s", path);
+        char name[64];
+        dkv__seg_name(name, s->base_lsn);
+        close(s->fd);
+        return dkv__io_error(log, -rc, "cannot read %s/%s", log->dir, name);
     }
     s->file_size = size;
-    uint32_t seed = dkv__seed(h.uuid, h.segment_no);
-    rc = dkv__scan(buf, HDR_LEN, size, seed, base, &s->index, &s->n_index, &s->cap_index, &lr->scan);
+    uint32_t seed = dkv__seed(h->uuid, h->segment_no);
+    rc = dkv__scan(buf, HDR_LEN, size, seed, s->base_lsn, &s->index, &s->n_index, &s->cap_index,
+                   &lr->scan);
     if (rc) {
         free(buf);
-        close(fd);
+        close(s->fd);
         return rc;
     }
     s->count = s->n_index;
@@ -317,19 +273,65 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     lr->size = size;
     if (lr->scan.kind) {
         /* salvage resyncs on any valid frame after the damage, torn or not (section 6). */
-        int torn = lr->scan.torn && (log->opt.recovery != DKV_RECOVER_SALVAGE ||
-                                     lr->scan.resync_off == NO_LSN);
-        lr->kind = torn ? DKV_DAMAGE_TORN_TAIL : lr->scan.kind;
+        lr->kind = dkv__classify_frame(&lr->scan, 0, log->opt.recovery == DKV_RECOVER_SALVAGE,
+                                       lr->detail, sizeof lr->detail);
         lr->off = lr->scan.bad_off;
-        snprintf(lr->detail, sizeof lr->detail, "%s",
-                 !torn ? (lr->scan.torn ? "bad frame followed by valid (unsynced) frames"
-                                        : "bad frame that a later valid frame shows was synced")
-                 : lr->scan.resync_off == NO_LSN ? "incomplete frame at the end of the active segment"
-                 : "unsynced tail of the active segment with holes (no later frame vouches for it)");
     }
     log->nsegs++;
     return 0;
 }
+
+/* Read segment `base`'s header and trailer (or scan it if it is the last and unsealed) into
+ * a new segs[] entry. Chain checks against the previous entry. Does not act on damage. */
+static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
+{
+    memset(lr, 0, sizeof *lr);
+    seg_t *s;
+    seg_header h;
+    int rc = open_seg_file(log, base, is_last, &s);
+    if (rc)
+        return rc;
+    check_seg_header(log, s, is_last, &h, lr);
+    if (lr->kind) {
+        close(s->fd);
+        return 0;
+    }
+    if (!log->nsegs)
+        memcpy(log->uuid, h.uuid, 16);
+    s->segment_no = h.segment_no;
+    s->start_lsn = h.start_lsn;
+    s->prev_digest = h.prev_digest;
+    uint64_t size = s->file_size;
+    uint8_t tb[TRAILER_LEN];
+    seg_trailer t;
+    int have_trailer = size >= HDR_LEN + FRAME_HDR + 8 + TRAILER_LEN &&
+                       dkv__pread_all(s->fd, tb, TRAILER_LEN, size - TRAILER_LEN) == TRAILER_LEN &&
+                       dkv__trailer_decode(tb, size, base, &t) == 0;
+    int mode = log->opt.recovery;
+    if (have_trailer) {
+        s->sealed = 1;
+        s->count = t.count;
+        s->data_end = t.data_end;
+        s->digest = t.digest;
+        if (is_last)
+            return newest_is_sealed(log, s) ? 0 : scan_active(log, s, &h, lr);
+        log->nsegs++;
+        return mode == DKV_RECOVER_TOLERATE_TAIL ? 0 : check_sealed(log, s, lr, 1);
+    }
+    if (is_last)
+        return scan_active(log, s, &h, lr);
+    if (mode != DKV_RECOVER_TOLERATE_TAIL && mode != DKV_RECOVER_STRICT) {
+        log->nsegs++;
+        return check_sealed(log, s, lr, 0);
+    }
+    lr->kind = DKV_DAMAGE_BAD_SEAL;
+    lr->off = size >= TRAILER_LEN ? size - TRAILER_LEN : 0;
+    snprintf(lr->detail, sizeof lr->detail, NO_TRAILER_WHY);
+    close(s->fd);
+    return 0;
+}
+
+/* ---- acting on damage at open, by recovery mode (FORMAT.md section 6) ---- */
 
 /* salvage: index the valid frames after damage in the active segment, leaving 0 for lost LSNs. */
 static int salvage_rest(dkv_log *log, seg_t *s, load_result *lr)
@@ -374,110 +376,95 @@ static uint64_t last_lsn_on_disk(dkv_log *log, const uint64_t *bases, size_t n)
     return last;
 }
 
+/* A torn tail in segment `name`: strict refuses; the other modes report it and a writer
+ * moves it to quarantine/ (the whole file when its header was torn). */
+static int on_torn_tail(dkv_log *log, const char *name, const load_result *lr, uint64_t expect)
+{
+    int mode = log->opt.recovery;
+    int whole = !lr->file;          /* a torn segment header: the file never got going */
+    uint64_t off = whole ? 0 : lr->off;
+    if (mode == DKV_RECOVER_STRICT)
+        return dkv__damage_record(log, name, off, lr->kind, expect, NO_LSN, lr->detail);
+    if (!log->has_damage || mode != DKV_RECOVER_SALVAGE)
+        dkv__damage_record(log, name, off, lr->kind, expect, NO_LSN, lr->detail);
+    log->err[0] = 0;
+    if (log->opt.read_only)
+        return 0;
+    int rc;
+    if (whole) {
+        rc = dkv__quarantine_whole(log->dir, name);
+    } else {
+        seg_t *s = &log->segs[log->nsegs - 1];
+        rc = dkv__quarantine_tail(log->dir, name, s->fd, lr->file, lr->size, off);
+        s->file_size = off;
+    }
+    if (rc)
+        return dkv__io_error(log, -rc, "cannot repair the torn tail of %s/%s", log->dir, name);
+    return 0;
+}
+
+/* Corruption in segment i: strict and tolerate_tail refuse; salvage reports it and reads
+ * on; point_in_time reports it and ends the log before it, read-only (*stop). */
+static int on_corruption(dkv_log *log, const char *name, load_result *lr,
+                         const uint64_t *bases, size_t n, size_t i, uint64_t expect, int *stop)
+{
+    int mode = log->opt.recovery;
+    if (mode == DKV_RECOVER_SALVAGE && lr->file) {
+        seg_t *s = &log->segs[log->nsegs - 1];
+        if (!log->has_damage)
+            dkv__damage_record(log, name, lr->off, lr->kind, s->base_lsn + s->count, NO_LSN,
+                               lr->detail);
+        return salvage_rest(log, s, lr);
+    }
+    if (mode == DKV_RECOVER_SALVAGE) {     /* an unreadable header: skip the file */
+        if (!log->has_damage)
+            dkv__damage_record(log, name, lr->off, lr->kind, bases[i], NO_LSN, lr->detail);
+        return 0;
+    }
+    int rc = dkv__damage_record(log, name, lr->off, lr->kind, expect,
+                                mode == DKV_RECOVER_POINT_IN_TIME ? last_lsn_on_disk(log, bases, n)
+                                                                  : NO_LSN,
+                                lr->detail);
+    if (mode != DKV_RECOVER_POINT_IN_TIME)
+        return rc;
+    /* point_in_time: the log ends at the last good frame before the damage, and the
+     * handle is read-only until `durkv recover --skip-corrupt` cuts it. */
+    log->cut = 1;
+    go_read_only(log);
+    *stop = 1;
+    return 0;
+}
+
 /* Load every segment, applying the recovery mode to whatever damage is found. */
 static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
 {
-    int mode = log->opt.recovery, writer = !log->opt.read_only;
-    for (size_t i = 0; i < n; i++) {
+    int writer = !log->opt.read_only;
+    int stop = 0;
+    for (size_t i = 0; i < n && !stop; i++) {
         load_result lr;
-        int last = i + 1 == n;
-        int rc = load_seg(log, bases[i], last, &lr);
+        int rc = load_seg(log, bases[i], i + 1 == n, &lr);
         dkv__seg_retire(log);
         if (rc)
             return rc;
         char name[64];
         dkv__seg_name(name, bases[i]);
-        uint64_t expect = log->nsegs ? log->segs[log->nsegs - 1].base_lsn + log->segs[log->nsegs - 1].count : 0;
-        if (lr.kind == DKV_DAMAGE_TORN_TAIL) {
-            seg_t *s = lr.file ? &log->segs[log->nsegs - 1] : NULL;
-            int whole = !lr.file;           /* a torn segment header: the file never got going */
-            uint64_t off = whole ? 0 : lr.off;
-            if (mode == DKV_RECOVER_STRICT) {
-                free(lr.file);
-                return damage(log, name, off, lr.kind, expect, NO_LSN, lr.detail);
-            }
-            if (!log->has_damage || mode != DKV_RECOVER_SALVAGE)
-                damage(log, name, off, lr.kind, expect, NO_LSN, lr.detail);
-            log->err[0] = 0;
-            if (writer) {
-                char path[4200];
-                snprintf(path, sizeof path, "%s/%s", log->dir, name);
-                if (whole) {
-                    uint8_t *b = NULL;
-                    uint64_t sz = 0;
-                    int fd = open(path, O_RDONLY | O_CLOEXEC);
-                    rc = fd < 0 ? -errno : dkv__read_file(fd, &b, &sz);
-                    if (fd >= 0)
-                        close(fd);
-                    if (!rc)
-                        rc = dkv__quarantine(log->dir, name, 0, b, sz);
-                    free(b);
-                    if (!rc)
-                        rc = unlink(path) ? -errno : dkv__dirfsync(log->dir);
-                } else {
-                    rc = dkv__quarantine(log->dir, name, off, lr.file + off, lr.size - off);
-                    if (!rc)
-                        rc = ftruncate(s->fd, (off_t)off) ? -errno : dkv__fdatasync(s->fd);
-                    s->file_size = off;
-                }
-                if (rc) {
-                    free(lr.file);
-                    return dkv__io_error(log, -rc, "cannot repair the torn tail of %s", path);
-                }
-            }
-        } else if (lr.kind) {
-            uint64_t off = lr.off;
-            if (mode == DKV_RECOVER_SALVAGE && lr.file) {
-                seg_t *s = &log->segs[log->nsegs - 1];
-                if (!log->has_damage)
-                    damage(log, name, off, lr.kind, s->base_lsn + s->count, NO_LSN, lr.detail);
-                rc = salvage_rest(log, s, &lr);
-                free(lr.file);
-                if (rc)
-                    return rc;
-                continue;
-            }
-            if (mode == DKV_RECOVER_SALVAGE) {     /* an unreadable header: skip the file */
-                if (!log->has_damage)
-                    damage(log, name, off, lr.kind, bases[i], NO_LSN, lr.detail);
-                continue;
-            }
-            if (lr.file)
-                expect = log->segs[log->nsegs - 1].base_lsn + log->segs[log->nsegs - 1].count;
-            rc = damage(log, name, off, lr.kind, expect,
-                        mode == DKV_RECOVER_POINT_IN_TIME ? last_lsn_on_disk(log, bases, n) : NO_LSN,
-                        lr.detail);
-            free(lr.file);
-            if (mode != DKV_RECOVER_POINT_IN_TIME && mode != DKV_RECOVER_SALVAGE)
-                return rc;
-            /* point_in_time: the log ends at the last good frame before the damage, and
-             * the handle is read-only until `durkv recover --skip-corrupt` cuts it. */
-            log->cut = 1;
-            if (writer) {
-                log->opt.read_only = 1;
-                if (log->lock_fd >= 0)
-                    close(log->lock_fd);
-                log->lock_fd = -1;
-            }
-            return 0;
-        }
-        if (lr.file && writer && !log->opt.read_only) {
-            seg_t *s = &log->segs[log->nsegs - 1];
-            log->seed = dkv__seed(log->uuid, s->segment_no);
-            log->run_digest = dkv_crc32c(log->seed, lr.file, s->data_end);
+        seg_t *last = log->nsegs ? &log->segs[log->nsegs - 1] : NULL;
+        uint64_t expect = last ? last->base_lsn + last->count : 0;
+        if (lr.kind == DKV_DAMAGE_TORN_TAIL)
+            rc = on_torn_tail(log, name, &lr, expect);
+        else if (lr.kind)
+            rc = on_corruption(log, name, &lr, bases, n, i, expect, &stop);
+        int corrupt = lr.kind && lr.kind != DKV_DAMAGE_TORN_TAIL;
+        if (!rc && !corrupt && lr.file && writer && !log->opt.read_only) {
+            /* the active segment's running digest, for its seal (FORMAT.md section 4) */
+            log->seed = dkv__seed(log->uuid, last->segment_no);
+            log->run_digest = dkv_crc32c(log->seed, lr.file, last->data_end);
         }
         free(lr.file);
+        if (rc)
+            return rc;
     }
     return 0;
-}
-
-/* A point_in_time or salvage handle that found damage: read-only, no lock. */
-static void go_read_only(dkv_log *log)
-{
-    log->opt.read_only = 1;
-    if (log->lock_fd >= 0)
-        close(log->lock_fd);
-    log->lock_fd = -1;
 }
 
 /* HEAD against the segment files (FORMAT.md 2a). hd/rc/why: HEAD as read BEFORE the
@@ -498,57 +485,39 @@ static int check_head(dkv_log *log, const uint64_t *bases, size_t n, log_head hd
     if (log->repair)
         return 0;                   /* recover rewrites HEAD */
     seg_t *a = &log->segs[log->nsegs - 1];
-    char name[64];
-    int kind = 0;
-    uint64_t first = NO_LSN;
-    char detail[160];
+    char name[64], detail[160];
+    uint64_t off = 0;
+    int kind;
     if (rc) {
         kind = DKV_DAMAGE_BAD_HEADER;
         snprintf(name, sizeof name, "HEAD");
         snprintf(detail, sizeof detail, "%s", why);
-    } else if (memcmp(hd.uuid, log->uuid, 16)) {
-        kind = DKV_DAMAGE_FOREIGN;
-        snprintf(name, sizeof name, "HEAD");
-        snprintf(detail, sizeof detail, "HEAD belongs to another log (uuid differs)");
-    } else if (hd.base_lsn > bases[n - 1]) {
-        kind = DKV_DAMAGE_MISSING;
-        dkv__seg_name(name, hd.base_lsn);
-        first = a->base_lsn + a->count;
-        snprintf(detail, sizeof detail,
-                 "HEAD names segment_no %llu at lsn %llu as the newest: the newest segments "
-                 "are missing", (unsigned long long)hd.segment_no,
-                 (unsigned long long)hd.base_lsn);
+    } else {
+        kind = dkv__check_head(&hd, log->uuid, 1, bases[n - 1], name, &off, detail, sizeof detail);
     }
     if (!kind)
         return 0;
+    uint64_t first = kind == DKV_DAMAGE_MISSING ? a->base_lsn + a->count : NO_LSN;
     int mode = log->opt.recovery;
-    if (mode == DKV_RECOVER_SALVAGE) {
-        if (!log->has_damage)
-            damage(log, name, 0, kind, first, NO_LSN, detail);
-        log->err[0] = 0;
-        return 0;
-    }
+    if (mode != DKV_RECOVER_SALVAGE && mode != DKV_RECOVER_POINT_IN_TIME)
+        return dkv__damage_record(log, name, off, kind, first, NO_LSN, detail);
+    if (!log->has_damage)
+        dkv__damage_record(log, name, off, kind, first, NO_LSN, detail);
+    log->err[0] = 0;
     if (mode == DKV_RECOVER_POINT_IN_TIME) {
-        if (!log->has_damage)
-            damage(log, name, 0, kind, first, NO_LSN, detail);
-        log->err[0] = 0;
         log->cut = 1;
         go_read_only(log);
-        return 0;
     }
-    return damage(log, name, 0, kind, first, NO_LSN, detail);
+    return 0;
 }
 
-static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int repair,
-                     dkv_log **out)
+/* ---- dkv_open: named steps ---- */
+
+static dkv_log *new_handle(const char *dir, const dkv_options *opt, int lock_fd, int repair)
 {
-    *out = NULL;
     dkv_log *log = calloc(1, sizeof *log);
-    if (!log) {
-        if (lock_fd >= 0)
-            close(lock_fd);
-        return DKV_ENOMEM;
-    }
+    if (!log)
+        return NULL;
     pthread_mutex_init(&log->mu, NULL);
     pthread_cond_init(&log->cv, NULL);
     pthread_cond_init(&log->flush_cv, NULL);
@@ -558,9 +527,12 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
     log->dir = strdup(dir);
     log->opt = *opt;
     log->broken = 1;            /* until open succeeds */
-    *out = log;
-    if (!log->dir)
-        return DKV_ENOMEM;
+    return log;
+}
+
+/* Defaults for the zero options, then the ones no default can fix. */
+static int check_options(dkv_log *log, const dkv_options *opt)
+{
     if (!log->opt.segment_bytes)
         log->opt.segment_bytes = 64u << 20;
     if (!log->opt.flush_interval_ms)
@@ -575,132 +547,194 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
     }
     if (log->opt.recovery == DKV_RECOVER_SALVAGE)
         log->opt.read_only = 1;
-    int rc;
+    return 0;
+}
+
+/* The store directory: there (a reader needs it), or created durably (a writer). */
+static int ensure_dir(dkv_log *log, const char *dir)
+{
     struct stat st;
     if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
         dkv__set_error(log, "no log at %s: it is a file, not a store directory", dir);
         return log->opt.read_only ? DKV_ENOENT : DKV_EINVAL;
     }
-    if (stat(dir, &st)) {
-        if (log->opt.read_only) {
-            dkv__set_error(log, "no log at %s", dir);
-            return DKV_ENOENT;
-        }
-        if (mkdir(dir, 0755) && errno != EEXIST) {
-            int e = errno;
-            rc = dkv__io_error(log, e, "cannot create %s", dir);
-            return e == ENOENT ? DKV_ENOENT : rc;
-        }
-        char parent[4200];
-        snprintf(parent, sizeof parent, "%s/..", dir);
-        if ((rc = dkv__dirfsync(parent)))
-            return dkv__io_error(log, -rc, "cannot fsync the parent directory of %s", dir);
+    if (stat(dir, &st) == 0)
+        return 0;
+    if (log->opt.read_only) {
+        dkv__set_error(log, "no log at %s", dir);
+        return DKV_ENOENT;
     }
-    if (!log->opt.read_only && log->lock_fd < 0 && (rc = take_lock(log)))
-        return rc;
-    log_head head0;
-    const char *head_why = "";
-    int head_rc = dkv__head_read(dir, &head0, &head_why);
-    uint64_t *bases = NULL;
-    size_t n = 0;
-    if ((rc = dkv__list_segments(dir, &bases, &n))) {
-        return dkv__io_error(log, -rc, "cannot list %s", dir);
+    if (mkdir(dir, 0755) && errno != EEXIST) {
+        int e = errno;
+        int rc = dkv__io_error(log, e, "cannot create %s", dir);
+        return e == ENOENT ? DKV_ENOENT : rc;
     }
-    if (n == 0) {
-        free(bases);
-        if (!repair && head_rc != DKV_ENOENT) {
-            /* HEAD says there was a log: every segment is gone, which is not a new store */
-            return damage(log, "HEAD", 0, DKV_DAMAGE_MISSING, 0, NO_LSN,
-                          "HEAD exists but the directory holds no segment file");
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s/..", dir);
+    int rc = dkv__dirfsync(parent);
+    return rc ? dkv__io_error(log, -rc, "cannot fsync the parent directory of %s", dir) : 0;
+}
+
+/* A log with no segment yet: a new uuid and segment 0 (a writer only). */
+static int start_new_log(dkv_log *log)
+{
+    if (log->opt.read_only) {
+        dkv__set_error(log, "no log at %s", log->dir);
+        return DKV_ENOENT;
+    }
+    int rc = dkv__random_bytes(log->uuid, 16);
+    if (rc)
+        return dkv__io_error(log, -rc, "cannot draw a log uuid");
+    return dkv__create_next_segment(log);
+}
+
+/* The segments below start_lsn are gone: strict and tolerate_tail refuse; salvage and
+ * point_in_time read what remains (from the first segment on) and report the lost prefix;
+ * `recover --skip-corrupt` makes it permanent. */
+static int on_missing_prefix(dkv_log *log)
+{
+    char name[64];
+    uint64_t first = log->segs[0].base_lsn;
+    dkv__seg_name(name, first);
+    int mode = log->opt.recovery;
+    if (mode != DKV_RECOVER_SALVAGE && mode != DKV_RECOVER_POINT_IN_TIME)
+        return dkv__damage_record(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn, first - 1,
+                                  "segments below it are missing");
+    if (!log->has_damage)
+        dkv__damage_record(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn, first - 1,
+                           "segments below it are missing");
+    log->err[0] = 0;
+    log->start_lsn = first;
+    go_read_only(log);
+    return 0;
+}
+
+/* Dead segments left by a crash between a roll and the unlink (section 7). */
+static void drop_dead_segments(dkv_log *log)
+{
+    int removed = 0;
+    for (size_t i = 0; i + 1 < log->nsegs; i++) {
+        seg_t *s = &log->segs[i];
+        if (s->base_lsn + s->count <= log->start_lsn) {
+            char name[64], path[4200];
+            dkv__seg_name(name, s->base_lsn);
+            snprintf(path, sizeof path, "%s/%s", log->dir, name);
+            unlink(path);
+            s->removed = removed = 1;
         }
-        if (log->opt.read_only) {
-            dkv__set_error(log, "no log at %s", dir);
-            return DKV_ENOENT;
-        }
-        if ((rc = dkv__random_bytes(log->uuid, 16))) {
-            return dkv__io_error(log, -rc, "cannot draw a log uuid");
-        }
+    }
+    if (removed)
+        dkv__dirfsync(log->dir);
+}
+
+/* A writer takes the newest segment as its active one (or starts a new one after a
+ * sealed newest). */
+static int become_writer(dkv_log *log)
+{
+    seg_t *a = &log->segs[log->nsegs - 1];
+    log->written_lsn = log->durable_lsn = log->next_lsn;
+    int rc = 0;
+    if (a->sealed) {
         rc = dkv__create_next_segment(log);
     } else {
-        rc = load_all(log, bases, n);
-        if (!rc && log->nsegs == 0) {
-            free(bases);
-            if (log->opt.read_only) {
-                dkv__set_error(log, "no readable log at %s", dir);
-                return log->has_damage ? DKV_ECORRUPT : DKV_ENOENT;
-            }
-            if ((rc = dkv__random_bytes(log->uuid, 16)) == 0)
-                rc = dkv__create_next_segment(log);
-        } else {
-            if (!rc && !log->cut)
-                rc = check_head(log, bases, n, head0, head_rc, head_why);
-            free(bases);
-        }
-        if (!rc) {
-            seg_t *a = &log->segs[log->nsegs - 1];
-            log->next_lsn = a->base_lsn + a->count;
-            log->start_lsn = a->start_lsn;
-            if (log->segs[0].base_lsn > log->start_lsn && log->segs[0].base_lsn > 0 && !repair) {
-                char name[64];
-                dkv__seg_name(name, log->segs[0].base_lsn);
-                int mode = log->opt.recovery;
-                if (mode != DKV_RECOVER_SALVAGE && mode != DKV_RECOVER_POINT_IN_TIME)
-                    return damage(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn,
-                                  log->segs[0].base_lsn - 1, "segments below it are missing");
-                /* salvage and point_in_time read what remains (from the first segment on)
-                 * and report the lost prefix; `recover --skip-corrupt` makes it permanent. */
-                if (!log->has_damage)
-                    damage(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn,
-                           log->segs[0].base_lsn - 1, "segments below it are missing");
-                log->err[0] = 0;
-                log->start_lsn = log->segs[0].base_lsn;
-                go_read_only(log);
-            }
-            if (!log->opt.read_only) {
-                log->written_lsn = log->durable_lsn = log->next_lsn;
-                if (a->sealed)
-                    rc = dkv__create_next_segment(log);
-                else {
-                    log->wfd = a->fd;
-                    log->pend_off = a->data_end;
-                    /* Whatever the last writer left in the page cache becomes durable before
-                     * the first append records D = next_lsn in its sync_gap (FORMAT.md 3). */
-                    if ((rc = dkv__fdatasync(a->fd)))
-                        rc = dkv__io_error(log, -rc, "cannot fdatasync the active segment of %s",
-                                           dir);
-                }
-                /* Dead segments left by a crash between a roll and the unlink (section 7). */
-                int removed = 0;
-                for (size_t i = 0; !rc && i + 1 < log->nsegs; i++) {
-                    seg_t *s = &log->segs[i];
-                    if (s->base_lsn + s->count <= log->start_lsn) {
-                        char name[64], path[4200];
-                        dkv__seg_name(name, s->base_lsn);
-                        snprintf(path, sizeof path, "%s/%s", dir, name);
-                        unlink(path);
-                        s->removed = removed = 1;
-                    }
-                }
-                if (removed)
-                    dkv__dirfsync(dir);
-            }
-        }
+        log->wfd = a->fd;
+        log->pend_off = a->data_end;
+        /* Whatever the last writer left in the page cache becomes durable before the
+         * first append records D = next_lsn in its sync_gap (FORMAT.md 3). */
+        if ((rc = dkv__fdatasync(a->fd)))
+            rc = dkv__io_error(log, -rc, "cannot fdatasync the active segment of %s", log->dir);
     }
+    if (!rc)
+        drop_dead_segments(log);
+    return rc;
+}
+
+/* The segments are loaded: the log's LSN range, the prefix check, and a writer's setup. */
+static int adopt_segments(dkv_log *log)
+{
+    seg_t *a = &log->segs[log->nsegs - 1];
+    log->next_lsn = a->base_lsn + a->count;
+    log->start_lsn = a->start_lsn;
+    int rc = 0;
+    if (log->segs[0].base_lsn > log->start_lsn && log->segs[0].base_lsn > 0 && !log->repair)
+        rc = on_missing_prefix(log);
+    if (!rc && !log->opt.read_only)
+        rc = become_writer(log);
+    return rc;
+}
+
+/* Load the segment files (or start a new log), applying the recovery mode to damage. */
+static int open_segments(dkv_log *log, const log_head *head, int head_rc, const char *head_why)
+{
+    uint64_t *bases = NULL;
+    size_t n = 0;
+    int rc = dkv__list_segments(log->dir, &bases, &n);
+    if (rc)
+        return dkv__io_error(log, -rc, "cannot list %s", log->dir);
+    if (n == 0) {
+        free(bases);
+        if (!log->repair && head_rc != DKV_ENOENT)
+            /* HEAD says there was a log: every segment is gone, which is not a new store */
+            return dkv__damage_record(log, "HEAD", 0, DKV_DAMAGE_MISSING, 0, NO_LSN,
+                                      "HEAD exists but the directory holds no segment file");
+        return start_new_log(log);
+    }
+    rc = load_all(log, bases, n);
+    if (!rc && log->nsegs > 0 && !log->cut)
+        rc = check_head(log, bases, n, *head, head_rc, head_why);
+    free(bases);
+    if (!rc && log->nsegs == 0) {   /* every file was damage a mode read past */
+        if (log->opt.read_only) {
+            dkv__set_error(log, "no readable log at %s", log->dir);
+            return log->has_damage ? DKV_ECORRUPT : DKV_ENOENT;
+        }
+        rc = start_new_log(log);
+    }
+    return rc ? rc : adopt_segments(log);
+}
+
+/* A store from before HEAD, or a crash between creating a segment and naming it in HEAD:
+ * a writer names the active segment now (FORMAT.md 2a). */
+static int name_active_in_head(dkv_log *log)
+{
+    log_head hd;
+    seg_t *a = &log->segs[log->nsegs - 1];
+    if (dkv__head_read(log->dir, &hd, NULL) == 0 && hd.segment_no == a->segment_no &&
+        hd.base_lsn == a->base_lsn && hd.epoch == log->epoch)
+        return 0;
+    int rc = dkv__head_update(log);
+    if (rc) {
+        dkv__set_error(log, "cannot write %s/HEAD: %s", log->dir, strerror(-rc));
+        return DKV_EIO;
+    }
+    return 0;
+}
+
+static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int repair,
+                     dkv_log **out)
+{
+    dkv_log *log = *out = new_handle(dir, opt, lock_fd, repair);
+    if (!log) {
+        if (lock_fd >= 0)
+            close(lock_fd);
+        return DKV_ENOMEM;
+    }
+    if (!log->dir)
+        return DKV_ENOMEM;
+    int rc = check_options(log, opt);
+    if (!rc)
+        rc = ensure_dir(log, dir);
+    if (!rc && !log->opt.read_only && log->lock_fd < 0)
+        rc = take_lock(log);
     if (rc)
         return rc;
-    if (!log->opt.read_only && !repair) {
-        /* A store from before HEAD, or a crash between creating a segment and naming it in
-         * HEAD: name the active segment now (FORMAT.md 2a). */
-        log_head hd;
-        seg_t *a = &log->segs[log->nsegs - 1];
-        if (dkv__head_read(dir, &hd, NULL) || hd.segment_no != a->segment_no ||
-            hd.base_lsn != a->base_lsn || hd.epoch != log->epoch) {
-            if ((rc = dkv__head_update(log))) {
-                dkv__set_error(log, "cannot write %s/HEAD: %s", dir, strerror(-rc));
-                return DKV_EIO;
-            }
-        }
-    }
+    log_head head;
+    const char *head_why = "";
+    int head_rc = dkv__head_read(dir, &head, &head_why);
+    if ((rc = open_segments(log, &head, head_rc, head_why)))
+        return rc;
+    if (!log->opt.read_only && !repair && (rc = name_active_in_head(log)))
+        return rc;
     log->written_lsn = log->durable_lsn = log->next_lsn;
     if (!log->opt.read_only) {
         if (pthread_create(&log->flusher, NULL, dkv__flusher_main, log)) {
@@ -726,7 +760,79 @@ int dkv__open_repair(const char *dir, int lock_fd, dkv_log **out)
     return open_impl(dir, &opt, lock_fd, 1, out);
 }
 
-/* Read-only handles: pick up what a writer appended (frames, new segments) since. */
+/* ---- refresh: read-only handles pick up what a writer appended ---- */
+
+/* Frames appended to the active segment since the handle last looked. */
+static void refresh_active_tail(dkv_log *log, seg_t *a)
+{
+    struct stat st;
+    if (fstat(a->fd, &st) || (uint64_t)st.st_size <= a->data_end)
+        return;
+    uint64_t n = (uint64_t)st.st_size - a->data_end;
+    uint8_t *b = malloc(n);
+    int r = b ? dkv__pread_all(a->fd, b, n, a->data_end) : -ENOMEM;
+    if (r > 0) {
+        scan_result sr;
+        uint64_t *offs = NULL, cnt = 0, cap = 0;
+        dkv__scan(b, 0, (uint64_t)r, dkv__seed(log->uuid, a->segment_no), a->base_lsn + a->count,
+                  &offs, &cnt, &cap, &sr);
+        for (uint64_t i = 0; i < cnt; i++)
+            dkv__index_push(a, offs[i] + a->data_end);
+        a->count = a->n_index;
+        a->data_end += sr.end;
+        free(offs);
+    }
+    free(b);
+}
+
+/* The writer rolled past the active segment: it is sealed now. 0 if its seal is not
+ * complete yet (try again next time). */
+static int refresh_seal(seg_t *a)
+{
+    uint8_t tb[TRAILER_LEN];
+    seg_trailer t;
+    struct stat st;
+    if (fstat(a->fd, &st) ||
+        dkv__pread_all(a->fd, tb, TRAILER_LEN, (uint64_t)st.st_size - TRAILER_LEN) != TRAILER_LEN ||
+        dkv__trailer_decode(tb, (uint64_t)st.st_size, a->base_lsn, &t))
+        return 0;
+    a->sealed = 1;
+    a->count = t.count;
+    a->data_end = t.data_end;
+    a->digest = t.digest;
+    a->file_size = (uint64_t)st.st_size;
+    a->index_loaded = 0;
+    return 1;
+}
+
+/* Segments the writer created since (after a, the handle's newest). */
+static void refresh_new_segments(dkv_log *log, seg_t *a)
+{
+    uint64_t *bases = NULL;
+    size_t n = 0;
+    if (dkv__list_segments(log->dir, &bases, &n))
+        return;
+    size_t first_new = n;
+    for (size_t i = 0; i < n; i++)
+        if (bases[i] > a->base_lsn) {
+            first_new = i;
+            break;
+        }
+    if (first_new < n && !a->sealed && !refresh_seal(a))
+        first_new = n;
+    for (size_t i = first_new; i < n; i++) {
+        load_result lr;
+        size_t before = log->nsegs;
+        int rc_load = load_seg(log, bases[i], i + 1 == n, &lr);
+        dkv__seg_retire(log);
+        free(lr.file);
+        if (rc_load || log->nsegs == before)
+            break;
+        STORE_LSN(log->start_lsn, log->segs[log->nsegs - 1].start_lsn);
+    }
+    free(bases);
+}
+
 int dkv_refresh(dkv_log *log)
 {
     pthread_mutex_lock(&log->mu);
@@ -749,66 +855,9 @@ int dkv_refresh(dkv_log *log)
         return DKV_ESTALE;
     }
     seg_t *a = &log->segs[log->nsegs - 1];
-    if (!a->sealed) {
-        struct stat st;
-        if (fstat(a->fd, &st) == 0 && (uint64_t)st.st_size > a->data_end) {
-            uint64_t n = (uint64_t)st.st_size - a->data_end;
-            uint8_t *b = malloc(n);
-            int r = b ? dkv__pread_all(a->fd, b, n, a->data_end) : -ENOMEM;
-            if (r > 0) {
-                scan_result sr;
-                uint64_t *offs = NULL, cnt = 0, cap = 0;
-                dkv__scan(b, 0, (uint64_t)r, dkv__seed(log->uuid, a->segment_no),
-                          a->base_lsn + a->count, &offs, &cnt, &cap, &sr);
-                for (uint64_t i = 0; i < cnt; i++)
-                    dkv__index_push(a, offs[i] + a->data_end);
-                a->count = a->n_index;
-                a->data_end += sr.end;
-                free(offs);
-            }
-            free(b);
-        }
-    }
-    uint64_t *bases = NULL;
-    size_t n = 0;
-    if (dkv__list_segments(log->dir, &bases, &n) == 0) {
-        size_t first_new = n;
-        for (size_t i = 0; i < n; i++)
-            if (bases[i] > a->base_lsn) {
-                first_new = i;
-                break;
-            }
-        if (first_new < n && !a->sealed) {
-            uint8_t tb[TRAILER_LEN];
-            seg_trailer t;
-            struct stat st;
-            if (fstat(a->fd, &st) == 0 &&
-                dkv__pread_all(a->fd, tb, TRAILER_LEN, (uint64_t)st.st_size - TRAILER_LEN) == TRAILER_LEN &&
-                dkv__trailer_decode(tb, (uint64_t)st.st_size, a->base_lsn, &t) == 0) {
-                a->sealed = 1;
-                a->count = t.count;
-                a->data_end = t.data_end;
-                a->digest = t.digest;
-                a->file_size = (uint64_t)st.st_size;
-                a->index_loaded = 0;
-            } else {
-                first_new = n;      /* the seal is not complete yet: try again next time */
-            }
-        }
-        for (size_t i = first_new; i < n; i++) {
-            load_result lr;
-            size_t before = log->nsegs;
-            int rc_load = load_seg(log, bases[i], i + 1 == n, &lr);
-            dkv__seg_retire(log);
-            if (rc_load || log->nsegs == before) {
-                free(lr.file);
-                break;
-            }
-            free(lr.file);
-            STORE_LSN(log->start_lsn, log->segs[log->nsegs - 1].start_lsn);
-        }
-        free(bases);
-    }
+    if (!a->sealed)
+        refresh_active_tail(log, a);
+    refresh_new_segments(log, a);
     a = &log->segs[log->nsegs - 1];
     log->written_lsn = a->base_lsn + a->count;
     STORE_LSN(log->durable_lsn, log->written_lsn);

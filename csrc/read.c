@@ -121,18 +121,10 @@ int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, ui
         free(f);
         if (!k)
             k = DKV_DAMAGE_BAD_HEADER;
+        char detail[64];
+        snprintf(detail, sizeof detail, "frame of lsn %llu", (unsigned long long)lsn);
         pthread_mutex_lock(&log->mu);
-        memset(&log->damage, 0, sizeof log->damage);
-        snprintf(log->damage.segment, sizeof log->damage.segment, "%s", seg);
-        log->damage.offset = off;
-        log->damage.kind = k;
-        log->damage.lost_first_lsn = lsn;
-        log->damage.lost_last_lsn = lsn;
-        snprintf(log->damage.detail, sizeof log->damage.detail, "frame of lsn %llu",
-                 (unsigned long long)lsn);
-        log->has_damage = 1;
-        dkv__set_error(log, "segment %s offset %llu: %s (frame of lsn %llu)", seg,
-                       (unsigned long long)off, dkv_damage_name(k), (unsigned long long)lsn);
+        dkv__damage_record(log, seg, off, k, lsn, lsn, detail);
         pthread_mutex_unlock(&log->mu);
         return DKV_ECORRUPT;
     }

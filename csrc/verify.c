@@ -4,7 +4,8 @@
  * Every byte of a segment is covered by some check: the header by header_crc, frames by
  * their seeded crc (and LSN continuity), the index and trailer by trailer_crc and by the
  * comparison of the index with the frame scan, the whole segment by segment_digest, and
- * the order of files by the chain (uuid, segment_no, base_lsn, prev_digest).
+ * the order of files by the chain (uuid, segment_no, base_lsn, prev_digest). What each
+ * finding is, and moving bytes to quarantine/, is damage.c's (shared with open).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -138,18 +139,20 @@ static const char *check_commit(ventries *es, uint64_t lsn, const uint8_t *p, ui
     return bad;
 }
 
-/* Verify one segment file. prev: the previous segment's facts (NULL for the first or after
- * a header we could not read). */
-static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev, const uint8_t *uuid0,
-                      int deep, ventries *es, dkv_report *r, dkv_segment_report *sr, vseg *vs)
+/* One segment's bytes: mapped (a sealed segment) or read (the active one). */
+typedef struct {
+    uint8_t *b;
+    uint64_t size;
+    size_t mapped;          /* 0: b is malloc'd */
+} seg_bytes;
+
+/* A sealed (not last) segment is mapped rather than copied: verify reads it once, straight
+ * from the page cache. Only sealed files are: nothing truncates them while a writer runs
+ * (only `recover --skip-corrupt`, which a concurrent verify must not race), whereas the
+ * active segment may be cut by a writer's open under us. */
+static int read_seg(const char *path, int last, seg_bytes *m)
 {
-    char name[64], path[4200];
-    dkv__seg_name(name, base);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(sr->segment, sizeof sr->segment, "%s", name);
-    sr->base_lsn = base;
-    memset(vs, 0, sizeof *vs);
-    vs->good_end = HDR_LEN;
+    memset(m, 0, sizeof *m);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT)
         return dkv__io_error(NULL, errno, "segment %s is gone since verify listed the directory "
@@ -157,141 +160,188 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
                              "cannot open it", path);
     if (fd < 0)
         return dkv__io_error(NULL, errno, "cannot open segment %s", path);
-    uint8_t *b = NULL;
-    uint64_t size = 0, *offs = NULL, n = 0, cap = 0;
-    int rc = 0;
-    /* A sealed (not last) segment is mapped rather than copied: verify reads it once,
-     * straight from the page cache. Only sealed files are: nothing truncates them while a
-     * writer runs (only `recover --skip-corrupt`, which a concurrent verify must not race),
-     * whereas the active segment may be cut by a writer's open under us. */
-    size_t mapped = 0;
     struct stat st;
     if (!last && fstat(fd, &st) == 0 && st.st_size > 0 && (uint64_t)st.st_size <= SIZE_MAX) {
-        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m != MAP_FAILED) {
-            madvise(m, (size_t)st.st_size, MADV_SEQUENTIAL);
-            b = m;
-            size = (uint64_t)st.st_size;
-            mapped = (size_t)st.st_size;
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p != MAP_FAILED) {
+            madvise(p, (size_t)st.st_size, MADV_SEQUENTIAL);
+            m->b = p;
+            m->size = m->mapped = (size_t)st.st_size;
         }
     }
-    if (!mapped)
-        rc = dkv__read_file(fd, &b, &size);
+    int rc = m->mapped ? 0 : dkv__read_file(fd, &m->b, &m->size);
     close(fd);
-    if (rc)
-        return dkv__io_error(NULL, -rc, "cannot read segment %s", path);
-    sr->bytes = vs->size = size;
-    uint64_t expect = prev ? prev->h.base_lsn + prev->count : base;
+    return rc ? dkv__io_error(NULL, -rc, "cannot read segment %s", path) : 0;
+}
+
+static void release_seg(seg_bytes *m)
+{
+    if (m->mapped)
+        munmap(m->b, m->mapped);
+    else
+        free(m->b);
+}
+
+/* Verifying one segment: where findings go. */
+typedef struct {
+    char name[64];
+    uint64_t base;
+    uint64_t expect;        /* the LSN this segment should start at: what damage here loses */
+    dkv_report *r;
+    dkv_segment_report *sr;
+    vseg *vs;
+} vctx;
+
+static int found(vctx *c, uint64_t off, int kind, uint64_t lost_first, const char *detail)
+{
+    return add(c->r, c->sr, c->name, off, kind, lost_first, detail);
+}
+
+/* The header and its link to the previous segment. 1: nothing in the file can be placed
+ * (no header, or a copy of another segment under this name); *rc: a report failure. */
+static int check_header(vctx *c, const seg_bytes *m, int last, const vseg *prev,
+                        const uint8_t *uuid0, int *rc)
+{
+    vseg *vs = c->vs;
     const char *why = "";
-    if (dkv__header_decode(b, size, &vs->h, &why)) {
+    if (dkv__header_decode(m->b, m->size, &vs->h, &why)) {
         vs->good_end = 0;
-        rc = add(r, sr, name, 0, last && size <= HDR_LEN ? DKV_DAMAGE_TORN_TAIL : DKV_DAMAGE_BAD_HEADER,
-                 expect, why);
-        goto out;
+        *rc = found(c, 0, dkv__classify_header(last, m->size), c->expect, why);
+        return 1;
     }
     vs->header_ok = 1;
-    sr->segment_no = vs->h.segment_no;
-    if (vs->h.base_lsn != base) {
+    c->sr->segment_no = vs->h.segment_no;
+    seg_link link = {.uuid = uuid0};
+    if (prev)
+        link = (seg_link){uuid0, 1, prev->h.segment_no, prev->h.base_lsn, prev->next_known,
+                          prev->next_lsn, prev->digest_known, prev->digest};
+    uint64_t off;
+    char detail[160];
+    int kind = dkv__check_link(&vs->h, c->base, &link, &off, detail, sizeof detail);
+    if (kind)
+        found(c, off, kind, c->expect, detail);
+    if (kind && off == HDR_OFF_BASE_LSN) {
         /* a copy of another segment under this name: nothing in it can be placed, and the
          * next file is checked against what precedes this one (not blamed for it) */
-        add(r, sr, name, 40, DKV_DAMAGE_BAD_HEADER, expect, "header base_lsn does not match the file name");
         vs->header_ok = 0;
         vs->good_end = 0;
-        goto out;
-    } else if (uuid0 && memcmp(vs->h.uuid, uuid0, 16))
-        add(r, sr, name, 16, DKV_DAMAGE_FOREIGN, expect, "segment belongs to another log (uuid differs)");
-    else if (prev && prev->header_ok && (vs->h.segment_no != prev->h.segment_no + 1 ||
-                                         (prev->next_known ? base != prev->next_lsn : base <= prev->h.base_lsn)))
-        add(r, sr, name, 32, DKV_DAMAGE_MISSING, expect, "segment_no or base_lsn does not follow the previous segment");
-    else if (prev && prev->header_ok && prev->digest_known && vs->h.prev_digest != prev->digest)
-        add(r, sr, name, 56, DKV_DAMAGE_FOREIGN, expect, "prev_digest does not match the previous segment");
-    uint32_t seed = dkv__seed(vs->h.uuid, vs->h.segment_no);
-    seg_trailer t;
-    int tr = size >= HDR_LEN + FRAME_HDR + 8 + TRAILER_LEN ?
-             dkv__trailer_decode(b + size - TRAILER_LEN, size, base, &t) : -1;
-    int tcrc_ok = tr == 0 && dkv__trailer_crc(seed, b + t.data_end, t.count, b + size - TRAILER_LEN) == t.crc;
-    vs->sealed = !last || (tr == 0 && tcrc_ok);
-    sr->sealed = vs->sealed;
-    uint64_t end = size;
-    if (vs->sealed && tr != 0) {
-        /* reported after the scan below, which tells where the readable frames stop */
-    } else if (vs->sealed) {
-        end = t.data_end;
-        vs->digest = t.digest;
-        if (!tcrc_ok)
-            add(r, sr, name, t.data_end, DKV_DAMAGE_BAD_SEAL, expect, "trailer checksum mismatch");
+        return 1;
     }
+    return 0;
+}
+
+/* What the trailer says: tr 0 if it decodes, tcrc_ok if its checksum verifies. */
+typedef struct {
+    seg_trailer t;
+    int tr, tcrc_ok;
+} vtrailer;
+
+static void read_trailer(vctx *c, const seg_bytes *m, int last, uint32_t seed, vtrailer *vt)
+{
+    uint64_t size = m->size;
+    vt->tr = size >= HDR_LEN + FRAME_HDR + 8 + TRAILER_LEN ?
+             dkv__trailer_decode(m->b + size - TRAILER_LEN, size, c->base, &vt->t) : -1;
+    vt->tcrc_ok = vt->tr == 0 && dkv__trailer_crc(seed, m->b + vt->t.data_end, vt->t.count,
+                                                  m->b + size - TRAILER_LEN) == vt->t.crc;
+    c->vs->sealed = c->sr->sealed = !last || (vt->tr == 0 && vt->tcrc_ok);
+    if (c->vs->sealed && vt->tr == 0) {
+        c->vs->digest = vt->t.digest;
+        if (!vt->tcrc_ok)
+            found(c, vt->t.data_end, DKV_DAMAGE_BAD_SEAL, c->expect, TRAILER_CRC_WHY);
+    }
+}
+
+/* After the frame scan: what it found, against the trailer. */
+static void report_scan(vctx *c, const seg_bytes *m, const vtrailer *vt, const scan_result *res,
+                        const uint64_t *offs, uint64_t n, int digest_ok)
+{
+    vseg *vs = c->vs;
+    int no_trailer = vs->sealed && vt->tr != 0;
+    if (no_trailer)         /* reported once, where the readable frames stop */
+        found(c, res->kind ? res->bad_off : (m->size >= TRAILER_LEN ? m->size - TRAILER_LEN : 0),
+              DKV_DAMAGE_BAD_SEAL, res->next_lsn, NO_TRAILER_WHY);
+    if (res->kind && !no_trailer) {
+        char d[160];
+        int kind = dkv__classify_frame(res, vs->sealed, 0, d, sizeof d);
+        found(c, res->bad_off, kind, res->next_lsn, d);
+    } else if (!res->kind && vs->sealed && vt->tr == 0 && vt->tcrc_ok) {
+        seal_finding f[3];
+        size_t nf = dkv__check_seal(m->b, m->size, &vt->t, c->base, offs, n, digest_ok, f);
+        for (size_t i = 0; i < nf; i++)
+            found(c, f[i].off, f[i].kind, f[i].lsn, f[i].why);
+    }
+}
+
+/* Deep: every COMMIT frame's channel references resolve to earlier entries. */
+static int check_commits(vctx *c, const seg_bytes *m, const uint64_t *offs, uint64_t n,
+                         ventries *es)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        const uint8_t *f = m->b + offs[i];
+        if (f[16] != DKV_FRAME_COMMIT)
+            continue;
+        int oom = 0;
+        const char *bad = check_commit(es, c->base + i, f + FRAME_HDR, get32(f + 4), &oom);
+        if (oom)
+            return DKV_ENOMEM;
+        if (bad)
+            found(c, offs[i], DKV_DAMAGE_BROKEN_CHAIN, c->base + i, bad);
+    }
+    return 0;
+}
+
+/* Verify one segment file. prev: the previous segment's facts (NULL for the first or after
+ * a header we could not read); uuid0: the log's uuid (the first readable header's). */
+static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev, const uint8_t *uuid0,
+                      int deep, ventries *es, dkv_report *r, dkv_segment_report *sr, vseg *vs)
+{
+    vctx c = {.base = base, .expect = prev ? prev->h.base_lsn + prev->count : base, .r = r,
+              .sr = sr, .vs = vs};
+    char path[4200];
+    dkv__seg_name(c.name, base);
+    snprintf(path, sizeof path, "%s/%s", dir, c.name);
+    snprintf(sr->segment, sizeof sr->segment, "%s", c.name);
+    sr->base_lsn = base;
+    memset(vs, 0, sizeof *vs);
+    vs->good_end = HDR_LEN;
+    seg_bytes m;
+    int rc = read_seg(path, last, &m);
+    if (rc)
+        return rc;
+    sr->bytes = vs->size = m.size;
+    uint64_t *offs = NULL, n = 0, cap = 0;
+    if (check_header(&c, &m, last, prev, uuid0, &rc))
+        goto out;
+    uint32_t seed = dkv__seed(vs->h.uuid, vs->h.segment_no);
+    vtrailer vt;
+    read_trailer(&c, &m, last, seed, &vt);
+    int trusted = vs->sealed && vt.tr == 0;     /* a trailer that decodes bounds the frames */
     /* One pass over the data for a sealed segment (FORMAT.md section 4): check
      * segment_digest first; when it matches, the header and frames are the bytes the writer
      * sealed, so the frame scan only checks structure (lengths, fields, LSN continuity) and
      * skips the per-frame crcs. A mismatch (or deep) runs the per-frame crcs, which locate
      * the damage. The active segment has no digest: its frames are always crc-checked. */
-    int digest_ok = 0;
-    if (vs->sealed && tr == 0 && tcrc_ok && t.data_end <= size)
-        digest_ok = dkv_crc32c(seed, b, t.data_end) == t.digest;
+    int digest_ok = trusted && vt.tcrc_ok && vt.t.data_end <= m.size &&
+                    dkv_crc32c(seed, m.b, vt.t.data_end) == vt.t.digest;
     scan_result res;
-    if ((rc = dkv__scan_ex(b, HDR_LEN, end, seed, base, &offs, &n, &cap, &res, deep || !digest_ok)))
+    if ((rc = dkv__scan_ex(m.b, HDR_LEN, trusted ? vt.t.data_end : m.size, seed, base, &offs, &n,
+                           &cap, &res, deep || !digest_ok)))
         goto out;
-    vs->count = n;
+    vs->count = sr->frames_ok = n;
     vs->good_end = res.end;
-    if (vs->sealed && tr != 0)
-        add(r, sr, name, res.kind ? res.bad_off : (size >= TRAILER_LEN ? size - TRAILER_LEN : 0),
-            DKV_DAMAGE_BAD_SEAL, res.next_lsn, "sealed segment has no valid trailer");
     /* What the next segment is checked against: a damaged segment must not get its intact
      * successor blamed, so a valid trailer (or a clean scan) is trusted, else only order. */
-    if (vs->sealed && tr == 0) {
+    if (trusted || !res.kind) {
         vs->next_known = 1;
-        vs->next_lsn = t.last_lsn + 1;
-        vs->digest_known = 1;
-    } else if (!res.kind) {
-        vs->next_known = 1;
-        vs->next_lsn = res.next_lsn;
+        vs->next_lsn = trusted ? vt.t.last_lsn + 1 : res.next_lsn;
+        vs->digest_known = trusted;
     }
-    sr->frames_ok = n;
-    if (res.kind && !(vs->sealed && tr != 0)) {     /* an undecodable trailer is reported once */
-        int k = res.torn && !vs->sealed ? DKV_DAMAGE_TORN_TAIL
-                : res.kind == DKV_DAMAGE_TORN_TAIL ? DKV_DAMAGE_CHECKSUM : res.kind;
-        char d[96];
-        snprintf(d, sizeof d, "frame of lsn %llu: %s", (unsigned long long)res.next_lsn,
-                 vs->sealed ? "bad frame in a sealed segment"
-                 : !res.torn ? "bad frame that a later valid frame shows was synced"
-                 : res.resync_off == NO_LSN ? "incomplete write at the end of the active segment"
-                 : "unsynced tail of the active segment with holes");
-        add(r, sr, name, res.bad_off, k, res.next_lsn, d);
-    } else if (vs->sealed && tr == 0 && tcrc_ok) {
-        if (n != t.count)
-            add(r, sr, name, size - TRAILER_LEN + 8, DKV_DAMAGE_BAD_SEAL, res.next_lsn,
-                "trailer frame_count differs from the frames found");
-        for (uint64_t i = 0; i < n && i < t.count; i++)
-            if (get64(b + t.data_end + i * 8) != offs[i]) {
-                add(r, sr, name, t.data_end + i * 8, DKV_DAMAGE_BAD_SEAL, base + i,
-                    "index entry differs from the frame's offset");
-                break;
-            }
-        if (!digest_ok)
-            add(r, sr, name, size - 8, DKV_DAMAGE_BAD_SEAL, base, "segment_digest mismatch");
-    }
-    if (deep) {
-        for (uint64_t i = 0; i < n; i++) {
-            const uint8_t *f = b + offs[i];
-            if (f[16] != DKV_FRAME_COMMIT)
-                continue;
-            int oom = 0;
-            const char *bad = check_commit(es, base + i, f + FRAME_HDR, get32(f + 4), &oom);
-            if (oom) {
-                rc = DKV_ENOMEM;
-                goto out;
-            }
-            if (bad)
-                add(r, sr, name, offs[i], DKV_DAMAGE_BROKEN_CHAIN, base + i, bad);
-        }
-    }
+    report_scan(&c, &m, &vt, &res, offs, n, digest_ok);
+    if (deep)
+        rc = check_commits(&c, &m, offs, n, es);
 out:
     free(offs);
-    if (mapped)
-        munmap(b, mapped);
-    else
-        free(b);
+    release_seg(&m);
     return rc;
 }
 
@@ -312,6 +362,26 @@ static void report_misnamed(const char *dir, dkv_report *r)
             "durkv does not read it");
     }
     closedir(d);
+}
+
+/* HEAD (as read, hr/why, before the listing) against the segment files verify found. */
+static void verify_head(dkv_report *r, vdir_info *info, int hr, const char *why,
+                        const uint8_t *uuid0, const uint64_t *bases, size_t n, const vseg *vs)
+{
+    if (hr == DKV_ECORRUPT || hr == DKV_EIO) {
+        info->head_state = 2;
+        add(r, NULL, "HEAD", 0, DKV_DAMAGE_BAD_HEADER, NO_LSN, hr == DKV_EIO ? "cannot read HEAD" : why);
+    } else if (hr == 0) {
+        char name[64], detail[160];
+        uint64_t off;
+        int kind = dkv__check_head(&info->head, uuid0, n > 0, n ? bases[n - 1] : 0, name, &off,
+                                   detail, sizeof detail);
+        info->head_state = kind == DKV_DAMAGE_FOREIGN ? 3 : kind == DKV_DAMAGE_MISSING ? 4 : 1;
+        /* the newest segments missing lose everything after what is there */
+        uint64_t end = !n ? 0 : vs[n - 1].header_ok ? bases[n - 1] + vs[n - 1].count : bases[n - 1];
+        if (kind)
+            add(r, NULL, name, off, kind, kind == DKV_DAMAGE_MISSING ? end : NO_LSN, detail);
+    }
 }
 
 static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_out,
@@ -371,27 +441,7 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
                   bases[0] - 1, "segments holding lsns from start_lsn are missing");
     }
     /* HEAD (FORMAT.md 2a): the newest segment it names must be there */
-    if (rc)
-        hr = DKV_ENOENT;
-    if (hr == DKV_ECORRUPT || hr == DKV_EIO) {
-        info->head_state = 2;
-        add(r, NULL, "HEAD", 0, DKV_DAMAGE_BAD_HEADER, NO_LSN, hr == DKV_EIO ? "cannot read HEAD" : why);
-    } else if (hr == 0 && uuid0 && memcmp(info->head.uuid, uuid0, 16)) {
-        info->head_state = 3;
-        add(r, NULL, "HEAD", 16, DKV_DAMAGE_FOREIGN, NO_LSN, "HEAD belongs to another log (uuid differs)");
-    } else if (hr == 0 && (n == 0 || info->head.base_lsn > bases[n - 1])) {
-        info->head_state = 4;
-        uint64_t end = !n ? 0 : vs[n - 1].header_ok ? bases[n - 1] + vs[n - 1].count : bases[n - 1];
-        char name[64], detail[160];
-        dkv__seg_name(name, info->head.base_lsn);
-        snprintf(detail, sizeof detail,
-                 "HEAD names segment_no %llu at lsn %llu as the newest: the newest segments "
-                 "are missing", (unsigned long long)info->head.segment_no,
-                 (unsigned long long)info->head.base_lsn);
-        add(r, NULL, name, 0, DKV_DAMAGE_MISSING, end, detail);
-    } else if (hr == 0) {
-        info->head_state = 1;
-    }
+    verify_head(r, info, rc ? DKV_ENOENT : hr, why, uuid0, bases, n, vs);
     if (!rc && n == 0 && info->head_state == 0)
         report_misnamed(dir, r);
     free(es.v);
@@ -415,30 +465,6 @@ int dkv_verify(const char *dir, int deep, dkv_report **out)
     return verify_dir(dir, deep, out, NULL, NULL);
 }
 
-/* Move a whole segment into quarantine/ (as <name>.0.torn). */
-static int quarantine_file(const char *dir, const char *name)
-{
-    int rc = dkv__mkdir_fsync(dir, "quarantine");
-    if (rc)
-        return rc;
-    char from[4200], to[4400];
-    snprintf(from, sizeof from, "%s/%s", dir, name);
-    for (int i = 0; i < 1000; i++) {
-        if (i)
-            snprintf(to, sizeof to, "%s/quarantine/%s.0.torn.%d", dir, name, i);
-        else
-            snprintf(to, sizeof to, "%s/quarantine/%s.0.torn", dir, name);
-        if (access(to, F_OK) == 0)
-            continue;
-        if (rename(from, to))
-            return -errno;
-        snprintf(to, sizeof to, "%s/quarantine", dir);
-        rc = dkv__dirfsync(to);
-        return rc ? rc : dkv__dirfsync(dir);
-    }
-    return -EEXIST;
-}
-
 /* Copy [off, end) of a segment to quarantine/, then truncate it there and fsync. */
 static int cut_file(const char *dir, const char *name, uint64_t off)
 {
@@ -450,11 +476,8 @@ static int cut_file(const char *dir, const char *name, uint64_t off)
     uint8_t *b = NULL;
     uint64_t size;
     int rc = dkv__read_file(fd, &b, &size);
-    if (!rc && off < size) {
-        rc = dkv__quarantine(dir, name, off, b + off, size - off);
-        if (!rc)
-            rc = ftruncate(fd, (off_t)off) ? -errno : dkv__fdatasync(fd);
-    }
+    if (!rc)
+        rc = dkv__quarantine_tail(dir, name, fd, b, size, off);
     free(b);
     close(fd);
     return rc;
@@ -482,114 +505,181 @@ static int finish_repair(const char *dir, int lfd, uint64_t epoch, int raise_sta
     return rc ? rc : crc;
 }
 
-int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out)
+/* recover takes the writer lock: no writer may run while it moves files. */
+static int take_writer_lock(const char *dir, int *lfd)
 {
-    *out = NULL;
-    dkv__set_error(NULL, "%s", "");
+    struct stat st;
+    if (stat(dir, &st)) {
+        dkv__set_error(NULL, "no log at %s: %s", dir, strerror(errno));
+        return DKV_ENOENT;
+    }
     char lp[4200];
     snprintf(lp, sizeof lp, "%s/LOCK", dir);
-    int lfd = -1;
-    if (!dry_run) {
-        struct stat st;
-        if (stat(dir, &st)) {
-            dkv__set_error(NULL, "no log at %s: %s", dir, strerror(errno));
-            return DKV_ENOENT;
-        }
-        lfd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (lfd < 0)
-            return dkv__io_error(NULL, errno, "cannot open %s (recover takes the writer lock)", lp);
-        if (flock(lfd, LOCK_EX | LOCK_NB)) {
-            int e = errno;
-            close(lfd);
-            return e == EWOULDBLOCK ? DKV_ELOCKED : dkv__io_error(NULL, e, "cannot lock %s", lp);
-        }
+    *lfd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*lfd < 0)
+        return dkv__io_error(NULL, errno, "cannot open %s (recover takes the writer lock)", lp);
+    if (flock(*lfd, LOCK_EX | LOCK_NB)) {
+        int e = errno;
+        close(*lfd);
+        *lfd = -1;
+        return e == EWOULDBLOCK ? DKV_ELOCKED : dkv__io_error(NULL, e, "cannot lock %s", lp);
     }
-    vseg *vs = NULL;
-    dkv_report *r;
-    vdir_info vi;
-    int rc = verify_dir(dir, 0, &r, &vs, &vi);
-    if (rc)
-        goto done;
-    *out = r;
-    if (!r->n_damage)
-        goto done;
-    /* Findings outside the segment files: a missing prefix, a bad HEAD or the newest
-     * segments missing. Only --skip-corrupt accepts them (raising start_lsn, rewriting HEAD). */
-    int outside = vi.prefix_missing || vi.head_state >= 2;
-    if (r->n_segments == 0 && vi.head_state == 0) {
-        rc = DKV_ENOENT;            /* misnamed *.seg files only: no log, nothing ours to move */
-        goto done;
-    }
-    /* Where the log gets cut: the first damage in file order. */
-    size_t si = 0;
-    while (si < r->n_segments && !r->segments[si].kind)
-        si++;
-    int seg_damage = si < r->n_segments;
-    dkv_segment_report *sr = seg_damage ? &r->segments[si] : NULL;
-    int torn = seg_damage && sr->kind == DKV_DAMAGE_TORN_TAIL && si + 1 == r->n_segments;
-    if ((!torn || outside) && !skip_corrupt) {
-        rc = DKV_ECORRUPT;
-        goto done;
-    }
+    return 0;
+}
+
+/* Where recover cuts the log: at the first damage in file order. */
+typedef struct {
+    size_t si;              /* the first damaged segment (n_segments: none) */
+    dkv_segment_report *sr; /*   its report, NULL if none */
+    int torn;               /* it is a torn tail of the newest segment */
+    int whole;              /* the whole segment goes (else cut at `cut`) */
+    uint64_t cut;
+    uint64_t lost;          /* first LSN the cut loses */
+} cut_plan;
+
+/* Plan the cut, and exactly what it loses: from the end of what stays (a whole segment
+ * cut loses from the end of the previous one: a missing segment before it is lost too). */
+static void plan_cut(const dkv_report *r, const vseg *vs, cut_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    while (p->si < r->n_segments && !r->segments[p->si].kind)
+        p->si++;
+    p->lost = r->next_lsn;
+    if (p->si == r->n_segments)
+        return;
+    size_t si = p->si;
+    dkv_segment_report *sr = p->sr = &r->segments[si];
+    p->torn = sr->kind == DKV_DAMAGE_TORN_TAIL && si + 1 == r->n_segments;
     /* Whole segment goes when its header cannot be trusted, or when nothing good is left in
      * it; otherwise cut after its last good frame (which drops a damaged seal too). */
-    int whole = 0;
-    uint64_t cut = 0, lost = r->next_lsn;
-    if (seg_damage) {
-        whole = !vs[si].header_ok || sr->bad_offset < HDR_LEN ||
-                (!torn && vs[si].good_end <= HDR_LEN);
-        cut = whole ? 0 : vs[si].good_end;
-        /* Exactly what the cut loses: from the end of what stays (a whole segment cut loses
-         * from the end of the previous one: a missing segment before it is lost too). */
-        if (!whole)
-            lost = sr->base_lsn + vs[si].count;
-        else if (si && vs[si - 1].header_ok)
-            lost = r->segments[si - 1].base_lsn + vs[si - 1].count;
-        else
-            lost = sr->base_lsn;
-        for (size_t i = 0; i < r->n_damage; i++)
-            if (!strcmp(r->damage[i].segment, sr->segment)) {
-                r->damage[i].lost_first_lsn = lost;
-                break;
-            }
-        r->next_lsn = lost;
-    }
-    if (dry_run)
-        goto done;
-    if (torn && !outside && !whole) {    /* a torn tail: cut in place, nothing else changes */
-        if ((rc = cut_file(dir, sr->segment, cut)))
-            rc = dkv__io_error(NULL, -rc, "cannot move the damaged part of %s/%s to "
-                               "%s/quarantine/", dir, sr->segment, dir);
-        goto done;
-    }
-    /* HEAD first: it must never name a segment this repair moves away (FORMAT.md 2a). */
+    p->whole = !vs[si].header_ok || sr->bad_offset < HDR_LEN ||
+               (!p->torn && vs[si].good_end <= HDR_LEN);
+    p->cut = p->whole ? 0 : vs[si].good_end;
+    if (!p->whole)
+        p->lost = sr->base_lsn + vs[si].count;
+    else if (si && vs[si - 1].header_ok)
+        p->lost = r->segments[si - 1].base_lsn + vs[si - 1].count;
+    else
+        p->lost = sr->base_lsn;
+}
+
+/* The report of a repair (or its plan) says what the cut loses. */
+static void report_loss(dkv_report *r, const cut_plan *p)
+{
+    if (!p->sr)
+        return;
+    for (size_t i = 0; i < r->n_damage; i++)
+        if (!strcmp(r->damage[i].segment, p->sr->segment)) {
+            r->damage[i].lost_first_lsn = p->lost;
+            break;
+        }
+    r->next_lsn = p->lost;
+}
+
+/* A repair's new epoch (FORMAT.md 2a): one above HEAD's, or a random one if HEAD was
+ * unreadable (a reader's epoch must not match by chance). */
+static uint64_t next_epoch(const vdir_info *vi)
+{
     uint64_t epoch = 1;
-    if (vi.head_state == 1 || vi.head_state == 4)
-        epoch = vi.head.epoch + 1;
-    else if (vi.head_state >= 2 && dkv__random_bytes((uint8_t *)&epoch, sizeof epoch))
+    if (vi->head_state == 1 || vi->head_state == 4)
+        epoch = vi->head.epoch + 1;
+    else if (vi->head_state >= 2 && dkv__random_bytes((uint8_t *)&epoch, sizeof epoch))
         epoch = (uint64_t)time(NULL);
-    size_t keep = seg_damage ? (whole ? si : si + 1) : r->n_segments;   /* files that stay */
+    return epoch;
+}
+
+/* HEAD first: it must never name a segment this repair moves away (FORMAT.md 2a). It names
+ * the newest of the first `keep` files with a readable header, with `epoch`; with none,
+ * it goes too. */
+static int rewrite_head(const char *dir, const dkv_report *r, const vseg *vs,
+                        const vdir_info *vi, size_t keep, uint64_t epoch)
+{
     while (keep && !vs[keep - 1].header_ok)
         keep--;
-    const char *moving = "HEAD";
     if (keep) {
         log_head h;
         memcpy(h.uuid, vs[keep - 1].h.uuid, 16);
         h.segment_no = vs[keep - 1].h.segment_no;
         h.base_lsn = r->segments[keep - 1].base_lsn;
         h.epoch = epoch;
-        rc = dkv__head_write(dir, &h);
-    } else if (vi.head_state) {
-        rc = quarantine_file(dir, "HEAD");      /* nothing of this log stays */
+        return dkv__head_write(dir, &h);
     }
-    if (seg_damage) {
-        for (size_t i = r->n_segments; !rc && i-- > si + 1;)
-            rc = quarantine_file(dir, moving = r->segments[i].segment);
-        if (!rc) {
-            moving = sr->segment;
-            rc = whole ? quarantine_file(dir, sr->segment) : cut_file(dir, sr->segment, cut);
-        }
+    return vi->head_state ? dkv__quarantine_whole(dir, "HEAD") : 0;   /* nothing stays */
+}
+
+/* A torn tail: cut in place, nothing else changes. A torn segment header (the newest file
+ * never got going) goes whole, as open moves it; if HEAD named that file it names the one
+ * before again, what it held before the file was created (same epoch: no LSN changes). */
+static int repair_torn_tail(const char *dir, const dkv_report *r, const vseg *vs,
+                            const vdir_info *vi, const cut_plan *p)
+{
+    if (!p->whole)
+        return cut_file(dir, p->sr->segment, p->cut);
+    int rc = 0;
+    if (vi->head_state == 1 && vi->head.base_lsn == p->sr->base_lsn)
+        rc = rewrite_head(dir, r, vs, vi, p->si, vi->head.epoch);
+    return rc ? rc : dkv__quarantine_whole(dir, p->sr->segment);
+}
+
+/* Every segment after the cut goes whole (newest first), then the damaged one is cut or
+ * goes. *moving: the file a failure was about. 0 or -errno. */
+static int move_damaged(const char *dir, const dkv_report *r, const cut_plan *p,
+                        const char **moving)
+{
+    int rc = 0;
+    for (size_t i = r->n_segments; !rc && i-- > p->si + 1;)
+        rc = dkv__quarantine_whole(dir, *moving = r->segments[i].segment);
+    if (rc)
+        return rc;
+    *moving = p->sr->segment;
+    return p->whole ? dkv__quarantine_whole(dir, p->sr->segment)
+                    : cut_file(dir, p->sr->segment, p->cut);
+}
+
+int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out)
+{
+    *out = NULL;
+    dkv__set_error(NULL, "%s", "");
+    int lfd = -1;
+    int rc = dry_run ? 0 : take_writer_lock(dir, &lfd);
+    if (rc)
+        return rc;
+    vseg *vs = NULL;
+    dkv_report *r;
+    vdir_info vi;
+    if ((rc = verify_dir(dir, 0, &r, &vs, &vi)))
+        goto done;
+    *out = r;
+    if (!r->n_damage)
+        goto done;
+    if (r->n_segments == 0 && vi.head_state == 0) {
+        rc = DKV_ENOENT;            /* misnamed *.seg files only: no log, nothing ours to move */
+        goto done;
     }
+    /* Findings outside the segment files: a missing prefix, a bad HEAD or the newest
+     * segments missing. Only --skip-corrupt accepts them (raising start_lsn, rewriting HEAD). */
+    int outside = vi.prefix_missing || vi.head_state >= 2;
+    cut_plan p;
+    plan_cut(r, vs, &p);
+    if ((!p.torn || outside) && !skip_corrupt) {
+        rc = DKV_ECORRUPT;
+        goto done;
+    }
+    report_loss(r, &p);
+    if (dry_run)
+        goto done;
+    if (p.torn && !outside) {
+        if ((rc = repair_torn_tail(dir, r, vs, &vi, &p)))
+            rc = dkv__io_error(NULL, -rc, "cannot move the damaged part of %s/%s to "
+                               "%s/quarantine/", dir, p.sr->segment, dir);
+        goto done;
+    }
+    uint64_t epoch = next_epoch(&vi);
+    const char *moving = "HEAD";
+    size_t keep = p.sr ? (p.whole ? p.si : p.si + 1) : r->n_segments;   /* files that stay */
+    rc = rewrite_head(dir, r, vs, &vi, keep, epoch);
+    if (!rc && p.sr)
+        rc = move_damaged(dir, r, &p, &moving);
     if (rc) {
         rc = strcmp(moving, "HEAD")
              ? dkv__io_error(NULL, -rc, "cannot move the damaged part of %s/%s to %s/quarantine/",
@@ -597,7 +687,7 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out
              : dkv__io_error(NULL, -rc, "cannot rewrite %s/HEAD", dir);
         goto done;
     }
-    rc = finish_repair(dir, lfd, epoch, vi.prefix_missing, seg_damage && !whole);
+    rc = finish_repair(dir, lfd, epoch, vi.prefix_missing, p.sr && !p.whole);
     lfd = -1;
 done:
     free(vs);
