@@ -12,8 +12,9 @@ from setuptools import Extension, setup
 _warn = ["-O2", "-Wall", "-Wextra"] + (["-Werror"] if os.environ.get("DURKV_WERROR") else [])
 
 setup(
-    packages=["durkv", "durkv.backends", "durkv.cli"],
-    package_dir={"durkv": "kernel", "durkv.backends": "backends", "durkv.cli": "cli"},
+    packages=["durkv", "durkv.runtime", "durkv.backends", "durkv.cli"],
+    package_dir={"durkv": "kernel", "durkv.runtime": "kernel/runtime",
+                 "durkv.backends": "backends", "durkv.cli": "cli"},
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
     ext_modules=[Extension("durkv._listprefix", ["csrc/listprefix.c"],
                            extra_compile_args=_warn)],
