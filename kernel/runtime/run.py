@@ -562,7 +562,7 @@ class Run:
         for sid, spec, result in reversed(todo):
             undo = spec.compensate
             uspec = tool_spec(undo) or ToolSpec(
-                f"{undo.__module__}.{getattr(undo, '__qualname__', repr(undo))}", None, False,
+                getattr(undo, "__qualname__", repr(undo)), None, False,
                 None, inspect.iscoroutinefunction(undo))
             p = self._plan_tool(self._sid(None), uspec, (result,), {}, False, comp_of=sid)
             out.append(self._call_tool(p, undo, (result,), {}, None))

@@ -56,7 +56,8 @@ def tool(fn: Callable | None = None, *, version: Any = None, at_most_once: bool 
             intent and receipt is reported in doubt (``InDoubtError``) instead of retried.
         compensate: an undo, called by ``run.compensate()`` as ``undo(result, *,
             idempotency_key)`` for each completed call, newest first.
-        name: the name journaled (default: the function's qualified name).
+        name: the name journaled (default: the function's ``__qualname__``; not its module,
+            which differs between ``python script.py`` and an import).
 
     Raises:
         ConfigError: at decoration, when ``fn`` takes no ``idempotency_key`` parameter.
@@ -75,7 +76,7 @@ def tool(fn: Callable | None = None, *, version: Any = None, at_most_once: bool 
             raise ConfigError(f"the compensation {compensate!r} takes no idempotency_key "
                               "parameter; define it as undo(result, *, idempotency_key)")
         f.__durkv_tool__ = ToolSpec(
-            name or f"{f.__module__}.{f.__qualname__}", None if version is None else str(version),
+            name or getattr(f, "__qualname__", repr(f)), None if version is None else str(version),
             bool(at_most_once), compensate, inspect.iscoroutinefunction(f))
         return f
 
