@@ -596,6 +596,11 @@ class Store(ChannelState, Reads):
             read = self._b.read
             return [_head_of(read(lsn))[2] for lsn in lsns]
 
+    def journal_length(self, run_id: str) -> int:
+        """How many journal records ``run_id`` has (O(1): a reader's staleness check)."""
+        lsns = self._ix.journals.get(run_id)
+        return len(lsns) if lsns is not None else 0
+
     def journal_runs(self) -> list[str]:
         """Ids of the runs that have a journal, sorted."""
         with self._lock:

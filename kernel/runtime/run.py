@@ -155,6 +155,7 @@ class Run:
         self._n = count()
         self._compensable: list[tuple[str, ToolSpec, Any]] = []
         self._st: Any = None
+        self._seen = 0          # journal records folded into _st
         self._opened = False
         self.status: str | None = None
         self.interrupt: Interrupted | None = None
@@ -196,8 +197,25 @@ class Run:
             raise
         self._opened = True
 
+    def attach(self) -> "Run":
+        """Use the run's journal without claiming it: for code whose driver is someone
+        else (LangGraph nodes, several of which may run at once on one thread id).
+        Nothing is written at close; :meth:`refresh` rereads what others appended."""
+        self._open_journal()
+        self._opened = True
+        return self
+
+    def refresh(self) -> None:
+        """Reread the journal if records were appended by anyone else (``decide``,
+        ``resolve``, a delete)."""
+        if self.store.journal_length(self.run_id) != self._seen:
+            with self._lock:
+                self._st = fold(self.run_id, self.store.journal(self.run_id))
+                self._seen = self.store.journal_length(self.run_id)
+
     def _open_journal(self) -> None:
         st = self._st = fold(self.run_id, self.store.journal(self.run_id))
+        self._seen = self.store.journal_length(self.run_id)
         fp = in_b = None
         if self._input is not _UNSET:
             try:
@@ -265,6 +283,7 @@ class Run:
         self.store.append_journal(self.run_id, rec, durable=durable)
         with self._lock:
             apply(self._st, rec)
+            self._seen += 1
 
     def _status(self, status: str, step: str | None = None, msg: str | None = None,
                 until: float | None = None) -> None:
