@@ -50,7 +50,7 @@ from .journal import (
 )
 from .tools import Retry, ToolSpec, tool_spec
 
-__all__ = ["Run", "Decision", "DRIFT_POLICIES", "fingerprint", "describe"]
+__all__ = ["Run", "Decision", "DRIFT_POLICIES", "fingerprint", "describe", "Opaque"]
 
 log = logging.getLogger("durkv")
 
@@ -770,6 +770,31 @@ async def _asleep(sleep: Callable[[float], Any], seconds: float) -> None:
             await r
 
 
+class Opaque:
+    """A journaled value this store handle's serde cannot decode (e.g. a LangGraph
+    object read through a store opened without the LangGraph serde)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"<{len(self.data)} bytes this serde cannot decode>"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Opaque) and other.data == self.data
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _decode(loads: Callable[[bytes], Any], b: bytes) -> Any:
+    try:
+        return loads(b)
+    except Exception:
+        return Opaque(b)
+
+
 def describe(store: Any, run_id: str) -> list[JournalEntry]:
     """A run's journal as :class:`JournalEntry` values (decoded; newest state per entry)."""
     st = fold(run_id, store.journal(run_id))
@@ -787,15 +812,10 @@ def describe(store: Any, run_id: str) -> list[JournalEntry]:
             state = "in_doubt"
         else:
             state = "pending"
-        inputs = None
-        if e.inputs is not None:
-            try:
-                inputs = loads(e.inputs)
-            except Exception:
-                inputs = None
+        inputs = None if e.inputs is None else _decode(loads, e.inputs)
         result = None
         if e.result is not None:
-            result = loads(e.result)
+            result = _decode(loads, e.result)
         elif e.kind == "approval" and e.decision is not None:
             result = bool(e.decision.get("ok"))
         out.append(JournalEntry(

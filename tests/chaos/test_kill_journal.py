@@ -153,3 +153,66 @@ def test_kill_agent_at_random_instants(tmp_path, mode):
     assert report.ok, report
     print(f"{mode}: {kills} kills in {elapsed:.1f}s over {exe} executions; "
           f"{dup_effects} raw duplicate effects, {sum(seen.values()) - 300} repeated model calls")
+
+
+LG_CHILD = Path(__file__).with_name("journal_lg_child.py")
+
+
+def test_kill_langgraph_agent_at_random_instants(tmp_path):
+    """The same for a LangGraph graph whose node calls durkv.langgraph.step/tool: a node
+    that LangGraph re-runs after a kill meets its recorded receipt."""
+    pytest.importorskip("langgraph")
+    import journal_lg_child as lg
+
+    kills_wanted = 200 if SLOW else 12
+    rnd = random.Random(f"journal-lg-{os.getpid()}")
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    from durkv.langgraph import DurkvSaver
+
+    with DurkvSaver.open("memory://") as saver:
+        digest_ref = lg.drive(saver, str(ref), 0)
+    path, work = tmp_path / "lg.durkv", tmp_path / "work"
+    work.mkdir()
+    kills, killed_execs, exe, digest = 0, set(), 0, None
+    while digest is None:
+        exe += 1
+        proc = subprocess.Popen([sys.executable, str(LG_CHILD), str(path), str(work), str(exe)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        buf = bytearray()
+        fd = proc.stdout.fileno()
+        try:
+            if not read_until(fd, buf, b"READY", time.monotonic() + 60):
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"child never became ready: {proc.stderr.read().decode()[-3000:]}")
+            wait = rnd.uniform(0, 0.05) if kills < kills_wanted else 120
+            if read_until(fd, buf, b"END ", time.monotonic() + wait):
+                tail = bytearray(buf[buf.index(b"END "):])
+                read_until(fd, tail, b"\n", time.monotonic() + 5)
+                buf[buf.index(b"END "):] = tail
+        finally:
+            lines, err = kill_and_collect(proc, buf)
+        end = [ln for ln in lines if ln.startswith("END ")]
+        if not end:
+            assert kills < kills_wanted, f"the child did not finish:\n{err[-3000:]}"
+            kills += 1
+            killed_execs.add(exe)
+            continue
+        digest = end[0].split()[2]
+    assert kills == kills_wanted, f"the graph finished after only {kills} kills"
+    assert digest == digest_ref
+    raw = Counter((work / "effects.log").read_text().split())
+    with DurkvSaver.open(str(path)) as saver:      # journal values use LangGraph's serde
+        journal = describe(saver.store, lg.THREAD)
+    retries = {e.idempotency_key: e.retry_count for e in journal if e.kind == "tool"}
+    # one logical effect per superstep (keys carry LangGraph's task ids), each in the journal
+    done = [e for e in journal if e.kind == "tool" and e.state == "done"]
+    assert sorted(e.result_receipt for e in done) == sorted(f"r{i}" for i in range(lg.STEPS))
+    # keys of node attempts whose checkpoint never landed may exist too: each is journaled
+    for key, n in raw.items():
+        assert key in retries, f"effect {key} has no journal entry"
+        assert n - 1 <= retries[key], f"{key} happened {n} times, journal retried {retries[key]}"
+    print(f"langgraph: {kills} kills over {exe} executions; "
+          f"{sum(n - 1 for n in raw.values())} raw duplicate effects")
