@@ -85,14 +85,18 @@ class RunState:
 
 def _entry(st: RunState, r: dict, kind: str) -> Entry:
     sid, gen = r["s"], r.get("g", 0)
-    gens = st.entries.setdefault(sid, [])
-    for e in gens:
-        if e.gen == gen:
-            return e
+    gens = st.entries.get(sid)
+    if gens is None:
+        gens = st.entries[sid] = []
+    else:
+        for e in gens:
+            if e.gen == gen:
+                return e
     e = Entry(sid, gen, kind, r.get("n", ""), r.get("fp", 0))
     e.started = r.get("t0", r.get("t"))
     gens.append(e)
-    gens.sort(key=lambda x: x.gen)
+    if len(gens) > 1 and gens[-2].gen > gen:
+        gens.sort(key=lambda x: x.gen)
     st.order.append(e)
     return e
 
