@@ -563,21 +563,23 @@ class Store(ChannelState, Reads):
         """
         if type(run_id) is not str or not run_id:
             _check_id("run_id", run_id)
-        try:
-            payload = encode_commit(_packb([K_JOURNAL, run_id, record]), ())
-        except Exception as e:
-            raise SerializationError(f"cannot encode a journal record of run {run_id!r}: {e}",
-                                     run_id=run_id) from e
-        if len(payload) > self.max_commit_bytes:
-            raise FrameTooLargeError(
-                f"a journal record of run {run_id!r} is {len(payload)} bytes, over "
-                f"max_commit_bytes={self.max_commit_bytes}; keep big values elsewhere and "
-                "journal a reference, or raise max_commit_bytes", run_id=run_id,
-                size=len(payload))
         wait = durable or self.durability == "sync"
         with self._lock:
             if self._closed or self.read_only:
                 self._check_write()
+            try:
+                hb = self._hpack.pack([K_JOURNAL, run_id, record])
+            except Exception as e:
+                raise SerializationError(f"cannot encode a journal record of run {run_id!r}: "
+                                         f"{e}", run_id=run_id) from e
+            # a COMMIT payload with no entries: head_len head n_entries=0 (FORMAT.md 5)
+            payload = b"".join((len(hb).to_bytes(4, "little"), hb, b"\0\0\0\0"))
+            if len(payload) > self.max_commit_bytes:
+                raise FrameTooLargeError(
+                    f"a journal record of run {run_id!r} is {len(payload)} bytes, over "
+                    f"max_commit_bytes={self.max_commit_bytes}; keep big values elsewhere and "
+                    "journal a reference, or raise max_commit_bytes", run_id=run_id,
+                    size=len(payload))
             lsn = self._append(payload, "sync" if wait else self.durability)
             self._ix.add_journal(run_id, lsn)
             if self._index_every and lsn - self._index_lsn >= self._index_every:
