@@ -19,8 +19,9 @@ import click
 from .. import __version__
 from ..errors import CorruptionError, DurkvError, NotFoundError
 from . import output, reports
-from .browse import history, ls, show
+from .browse import history, ls
 from .demo import demo
+from .journal_view import show   # browse.show plus the run journal
 from .output import EXIT_CORRUPT, EXIT_OK, JSON_KEY
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
