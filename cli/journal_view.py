@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from ..runtime.control import runs
-from ..runtime.run import describe
+from ..runtime.view import describe
 from . import output
 from .browse import ns_option, open_reader, serde_option
 from .browse import show as show_checkpoint

@@ -439,3 +439,12 @@ def test_intent_is_durable_before_the_call_under_exit_policy(tmp_path):
         with s.run("r") as run:
             run.tool(check)
     assert E_INTENT in seen
+
+
+def test_a_block_error_is_not_masked_by_a_closed_store(url):
+    s = durkv.open(url)
+    with pytest.raises(ZeroDivisionError):
+        with s.run("r") as run:
+            run.step("x", lambda: 1)
+            s.close()
+            1 / 0

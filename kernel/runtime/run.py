@@ -24,7 +24,6 @@ before ``tool`` returns. Operator signals go to the ``durkv`` logger.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import inspect
 import logging
@@ -40,23 +39,25 @@ from typing import Any, Callable
 import xxhash
 
 from ..errors import (
-    ApprovalMismatchError, ConfigError, IdempotencyConflictError, InDoubtError, Interrupted,
+    ApprovalMismatchError, ConfigError, DurkvError, IdempotencyConflictError, InDoubtError, Interrupted,
     NonDeterminismError, RunBusyError, RunConflictError, SerializationError, StepFailedError,
     VersionDriftError,
 )
+from .aio import AsyncVerbs
 from .journal import (
     E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_WARN, Entry, JournalEntry,
     apply, fold,
 )
+from .plan import ONCE, Plan, err_type
 from .tools import Retry, ToolSpec, tool_spec
+from .view import describe
 
-__all__ = ["Run", "Decision", "DRIFT_POLICIES", "fingerprint", "describe", "Opaque"]
+__all__ = ["Run", "Decision", "DRIFT_POLICIES", "fingerprint"]
 
 log = logging.getLogger("durkv")
 
 DRIFT_POLICIES = ("warn", "fail", "rerun")
 MAX_INLINE_INPUTS = 64 << 10     # inputs larger than this are journaled by fingerprint only
-_ONCE = Retry(1)
 _UNSET: Any = object()
 
 # runs open in this process, per store (a second driver gets RunBusyError)
@@ -77,31 +78,6 @@ class Decision:
     by: Any = None
     note: Any = None
     decided_at: float | None = None
-
-
-class _Plan:
-    """What one durable call will do: replay a recorded entry, or call and record."""
-
-    __slots__ = ("sid", "gen", "kind", "name", "fp", "inputs", "version", "entry", "replay",
-                 "rc", "key", "t0", "comp_of", "spec")
-
-    def __init__(self, sid: str, kind: str, name: str, fp: int, inputs: Any,
-                 version: Any) -> None:
-        self.sid, self.kind, self.name, self.fp = sid, kind, name, fp
-        self.inputs, self.version = inputs, version
-        self.gen = 0
-        self.entry: Entry | None = None
-        self.replay = False
-        self.rc = 0
-        self.key: str | None = None
-        self.t0 = 0.0
-        self.comp_of: str | None = None
-        self.spec: ToolSpec | None = None
-
-
-def _err_type(exc: BaseException) -> str:
-    t = type(exc)
-    return f"{t.__module__}.{t.__qualname__}"
 
 
 def _rebuild(err: list) -> BaseException:
@@ -129,7 +105,7 @@ def _rebuild(err: list) -> BaseException:
     return StepFailedError(f"{tname}: {msg}", error_type=tname)
 
 
-class Run:
+class Run(AsyncVerbs):
     """One run of an agent over a store's journal. Create with ``store.run(...)``."""
 
     def __init__(self, store: Any, run_id: str, input: Any = _UNSET, *,  # noqa: A002
@@ -252,19 +228,28 @@ class Run:
             return False
         self._opened = False
         try:
-            if isinstance(exc, Interrupted):
-                self.interrupt = exc
-                self._status("waiting", exc.step_id, f"waiting for approval of {exc.action!r}")
-                return True
-            if isinstance(exc, InDoubtError):
-                return False     # the in-doubt status is already journaled
+            return self._record_end(exc)
+        except DurkvError as e:
             if exc is None:
-                self._status("finished")
-            else:
-                self._status("failed", None, f"{_err_type(exc)}: {exc}")
-            return False
+                raise
+            # the block's own exception matters more than a status record that failed
+            log.warning("durkv: run %r: could not record its end (%s)", self.run_id, e)
+            return isinstance(exc, Interrupted)
         finally:
             self._release()
+
+    def _record_end(self, exc: BaseException | None) -> bool:
+        if isinstance(exc, Interrupted):
+            self.interrupt = exc
+            self._status("waiting", exc.step_id, f"waiting for approval of {exc.action!r}")
+            return True
+        if isinstance(exc, InDoubtError):
+            return False     # the in-doubt status is already journaled
+        if exc is None:
+            self._status("finished")
+        else:
+            self._status("failed", None, f"{err_type(exc)}: {exc}")
+        return False
 
     def _release(self) -> None:
         with _open_lock:
@@ -306,12 +291,14 @@ class Run:
                               f"are the automatic step ids), got {key!r}")
         return key
 
-    def _inputs(self, what: str, args: tuple, kwargs: dict, secret: bool) -> tuple[Any, int]:
+    def _inputs(self, kind: str, name: str, args: tuple, kwargs: dict,
+                 secret: bool) -> tuple[Any, int]:
         try:
             b = self._dumps([list(args), kwargs])
         except Exception as e:
             raise SerializationError(
-                f"the inputs of {what} in run {self.run_id!r} cannot be serialized ({e}); "
+                f"the inputs of {kind} {name!r} in run {self.run_id!r} cannot be serialized "
+                f"({e}); "
                 "pass plain data (a client object belongs in the function, not its "
                 "arguments)", run_id=self.run_id) from e
         keep = None if secret or len(b) > MAX_INLINE_INPUTS else b
@@ -364,17 +351,18 @@ class Run:
             args_b = self._dumps(list(exc.args))
         except Exception:
             args_b = None
-        return [_err_type(exc), str(exc), args_b]
+        return [err_type(exc), str(exc), args_b]
 
     # -- steps -------------------------------------------------------------------------------
 
     def _plan_step(self, sid: str, kind: str, name: str, fp: int | None, inputs: Any,
-                   version: Any, retry_failed: bool = False) -> _Plan:
-        p = _Plan(sid, kind, name, fp or 0, inputs, version)
+                   version: Any, retry_failed: bool = False) -> Plan:
+        p = Plan(sid, kind, name, fp or 0, inputs, version)
         e = self._check(sid, kind, name, fp)
-        p.t0 = self._clock()
         if e is None:
+            p.t0 = self._clock()
             return p
+        p.t0 = self._clock()
         p.gen = e.gen
         if e.err is not None and retry_failed:
             p.gen = e.gen + 1
@@ -388,7 +376,7 @@ class Run:
         p.entry, p.replay = e, True
         return p
 
-    def _record_step(self, p: _Plan, result: Any = None, exc: BaseException | None = None,
+    def _record_step(self, p: Plan, result: Any = None, exc: BaseException | None = None,
                      tries: list | None = None) -> None:
         rec: dict = {"e": E_STEP, "t": self._clock(), "s": p.sid, "k": p.kind, "n": p.name,
                      "fp": p.fp, "t0": p.t0}
@@ -428,18 +416,18 @@ class Run:
             retry_failed: call again even if a final failure is recorded.
         """
         sid = self._sid(key)
-        inputs, fp = self._inputs(f"step {name!r}", args, kwargs, secret)
+        inputs, fp = self._inputs("step", name, args, kwargs, secret)
         p = self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
         if p.replay:
             return self._outcome(p.entry)
-        r = retry or _ONCE
+        r = retry or ONCE
         tries: list = []
         for i in count():
             try:
                 result = fn(*args, **kwargs)
                 break
             except Exception as exc:
-                tries.append([_err_type(exc), str(exc)])
+                tries.append([err_type(exc), str(exc)])
                 if not r.retries(exc, i):
                     self._record_step(p, exc=exc, tries=tries)
                     raise
@@ -460,9 +448,9 @@ class Run:
         return spec
 
     def _plan_tool(self, sid: str, spec: ToolSpec, args: tuple, kwargs: dict, secret: bool,
-                   comp_of: str | None = None, retry_failed: bool = False) -> _Plan:
-        inputs, fp = self._inputs(f"tool {spec.name!r}", args, kwargs, secret)
-        p = _Plan(sid, "tool", spec.name, fp, inputs, spec.version)
+                   comp_of: str | None = None, retry_failed: bool = False) -> Plan:
+        inputs, fp = self._inputs("tool", spec.name, args, kwargs, secret)
+        p = Plan(sid, "tool", spec.name, fp, inputs, spec.version)
         p.spec, p.comp_of = spec, comp_of
         base = f"{self.run_id}:{sid}"
         p.key = base
@@ -500,7 +488,7 @@ class Run:
                     "the same key %s (retry %d)", self.run_id, sid, spec.name, p.key, p.rc)
         return p
 
-    def _intent(self, p: _Plan) -> None:
+    def _intent(self, p: Plan) -> None:
         rec: dict = {"e": E_INTENT, "t": self._clock(), "s": p.sid, "n": p.name, "fp": p.fp,
                      "key": p.key, "rc": p.rc}
         if p.gen:
@@ -515,7 +503,7 @@ class Run:
             rec["comp"] = p.comp_of
         self._append(rec, durable=True)
 
-    def _receipt(self, p: _Plan, result: Any = None, exc: BaseException | None = None,
+    def _receipt(self, p: Plan, result: Any = None, exc: BaseException | None = None,
                  tries: list | None = None) -> None:
         rec: dict = {"e": E_RECEIPT, "t": self._clock(), "s": p.sid}
         if p.gen:
@@ -535,7 +523,7 @@ class Run:
                     "data", run_id=self.run_id, step_id=p.sid) from e
         self._append(rec, durable=True)
 
-    def _done(self, p: _Plan, result: Any) -> Any:
+    def _done(self, p: Plan, result: Any) -> Any:
         if p.spec is not None and p.spec.compensate is not None and p.comp_of is None:
             self._compensable.append((p.sid, p.spec, result))
         return result
@@ -551,11 +539,11 @@ class Run:
                             retry_failed=retry_failed)
         return self._call_tool(p, fn, args, kwargs, retry)
 
-    def _call_tool(self, p: _Plan, fn: Callable, args: tuple, kwargs: dict,
+    def _call_tool(self, p: Plan, fn: Callable, args: tuple, kwargs: dict,
                    retry: Retry | None) -> Any:
         if p.replay:
             return self._done(p, self._outcome(p.entry))
-        r = retry or _ONCE
+        r = retry or ONCE
         tries: list = []
         for i in count():
             self._intent(p)
@@ -563,7 +551,7 @@ class Run:
                 result = fn(*args, idempotency_key=p.key, **kwargs)
                 break
             except Exception as exc:
-                tries.append([_err_type(exc), str(exc)])
+                tries.append([err_type(exc), str(exc)])
                 if not r.retries(exc, i):
                     self._receipt(p, exc=exc, tries=tries)
                     raise
@@ -669,91 +657,6 @@ class Run:
             self._sleep(left)
             self._status("running")
 
-    # -- async forms -------------------------------------------------------------------------
-    # Each claims its step id when called (not when awaited), so calls issued together
-    # (asyncio.gather) get ids in the order they were issued.
-
-    def astep(self, name: str, fn: Callable, *args: Any, prompt_version: Any = None,
-              retry: Retry | None = None, key: str | None = None, secret: bool = False,
-              retry_failed: bool = False, **kwargs: Any):
-        """Awaitable :meth:`step`; ``fn`` may be a coroutine function."""
-        sid = self._sid(key)
-        inputs, fp = self._inputs(f"step {name!r}", args, kwargs, secret)
-        p = self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
-        return self._astep(p, fn, args, kwargs, retry)
-
-    async def _astep(self, p: _Plan, fn: Callable, args: tuple, kwargs: dict,
-                     retry: Retry | None) -> Any:
-        if p.replay:
-            return self._outcome(p.entry)
-        r = retry or _ONCE
-        tries: list = []
-        for i in count():
-            try:
-                result = fn(*args, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-                break
-            except Exception as exc:
-                tries.append([_err_type(exc), str(exc)])
-                if not r.retries(exc, i):
-                    self._record_step(p, exc=exc, tries=tries)
-                    raise
-                await _asleep(r.sleep, r.delay(i))
-        self._record_step(p, result, tries=tries)
-        return result
-
-    def atool(self, fn: Callable, *args: Any, retry: Retry | None = None,
-              key: str | None = None, secret: bool = False, retry_failed: bool = False,
-              **kwargs: Any):
-        """Awaitable :meth:`tool`; ``fn`` may be a coroutine function. The intent and
-        receipt fsyncs run in a worker thread (concurrent calls share them)."""
-        spec = self._spec(fn)
-        p = self._plan_tool(self._sid(key), spec, args, kwargs, secret,
-                            retry_failed=retry_failed)
-        return self._atool(p, fn, args, kwargs, retry)
-
-    async def _atool(self, p: _Plan, fn: Callable, args: tuple, kwargs: dict,
-                     retry: Retry | None) -> Any:
-        if p.replay:
-            return self._done(p, self._outcome(p.entry))
-        r = retry or _ONCE
-        tries: list = []
-        for i in count():
-            await asyncio.to_thread(self._intent, p)
-            try:
-                result = fn(*args, idempotency_key=p.key, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-                break
-            except Exception as exc:
-                tries.append([_err_type(exc), str(exc)])
-                if not r.retries(exc, i):
-                    await asyncio.to_thread(self._receipt, p, None, exc, tries)
-                    raise
-                await _asleep(r.sleep, r.delay(i))
-                p.rc += 1
-        await asyncio.to_thread(self._receipt, p, result, None, tries)
-        return self._done(p, result)
-
-    def aapprove(self, action: str, payload: Any = None, *, key: str | None = None):
-        """Awaitable :meth:`approve`."""
-        sid = self._sid(key)
-
-        async def go() -> Decision:
-            return self._approve_at(sid, action, payload)
-        return go()
-
-    def asleep(self, seconds: float):
-        """Awaitable :meth:`sleep`."""
-        left, slept = self._plan_sleep(seconds)
-
-        async def go() -> None:
-            if slept:
-                await _asleep(self._sleep, left)
-                self._status("running")
-        return go()
-
     # -- reading -----------------------------------------------------------------------------
 
     def journal(self) -> list[JournalEntry]:
@@ -761,67 +664,3 @@ class Run:
         return describe(self.store, self.run_id)
 
 
-async def _asleep(sleep: Callable[[float], Any], seconds: float) -> None:
-    if sleep is time.sleep:
-        await asyncio.sleep(seconds)
-    else:
-        r = sleep(seconds)      # an injected (fake) sleep
-        if inspect.isawaitable(r):
-            await r
-
-
-class Opaque:
-    """A journaled value this store handle's serde cannot decode (e.g. a LangGraph
-    object read through a store opened without the LangGraph serde)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def __repr__(self) -> str:
-        return f"<{len(self.data)} bytes this serde cannot decode>"
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, Opaque) and other.data == self.data
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def _decode(loads: Callable[[bytes], Any], b: bytes) -> Any:
-    try:
-        return loads(b)
-    except Exception:
-        return Opaque(b)
-
-
-def describe(store: Any, run_id: str) -> list[JournalEntry]:
-    """A run's journal as :class:`JournalEntry` values (decoded; newest state per entry)."""
-    st = fold(run_id, store.journal(run_id))
-    loads = store.serde.loads
-    out = []
-    for e in st.order:
-        if e.kind == "approval":
-            d = e.decision
-            approval = "pending" if d is None else ("approved" if d.get("ok") else "rejected")
-        else:
-            approval = None
-        if e.done or e.decision is not None:
-            state = "failed" if e.err is not None else "done"
-        elif e.kind == "tool":
-            state = "in_doubt"
-        else:
-            state = "pending"
-        inputs = None if e.inputs is None else _decode(loads, e.inputs)
-        result = None
-        if e.result is not None:
-            result = _decode(loads, e.result)
-        elif e.kind == "approval" and e.decision is not None:
-            result = bool(e.decision.get("ok"))
-        out.append(JournalEntry(
-            e.step_id, e.gen, e.kind, e.name, f"{e.fp:016x}", inputs, e.prompt_version,
-            e.tool_version, e.key, approval, result, e.retry_count,
-            None if e.err is None else f"{e.err[0]}: {e.err[1]}",
-            [list(t) for t in e.tries], state, e.started, e.ended, tuple(e.warnings),
-            e.comp_of))
-    return out

@@ -31,7 +31,7 @@ from chaos.harness import kill_and_collect, read_until
 import durkv
 import durkv.log
 from durkv.runtime.journal import E_APPROVAL, E_DECISION
-from durkv.runtime.run import describe
+from durkv.runtime.view import describe
 
 pytestmark = pytest.mark.chaos
 
