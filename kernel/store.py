@@ -580,7 +580,9 @@ class Store(ChannelState, Reads):
                     f"max_commit_bytes={self.max_commit_bytes}; keep big values elsewhere and "
                     "journal a reference, or raise max_commit_bytes", run_id=run_id,
                     size=len(payload))
-            lsn = self._append(payload, "sync" if wait else self.durability)
+            self._next_lsn = -1      # as _append(), inline: this is a running agent's hot path
+            lsn = self._b.append(payload, "async" if wait else self.durability)
+            self._next_lsn = lsn + 1
             self._ix.add_journal(run_id, lsn)
             if self._index_every and lsn - self._index_lsn >= self._index_every:
                 self._write_index()

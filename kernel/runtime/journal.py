@@ -85,19 +85,21 @@ class RunState:
 
 
 def _entry(st: RunState, r: dict, kind: str) -> Entry:
-    sid, gen = r["s"], r.get("g", 0)
+    sid = r["s"]
+    gen = r.get("g", 0)
     gens = st.entries.get(sid)
     if gens is None:
-        gens = st.entries[sid] = []
+        e = Entry(sid, gen, kind, r.get("n", ""), r.get("fp", 0))
+        st.entries[sid] = [e]
     else:
         for e in gens:
             if e.gen == gen:
                 return e
-    e = Entry(sid, gen, kind, r.get("n", ""), r.get("fp", 0))
-    e.started = r.get("t0", r.get("t"))
-    gens.append(e)
-    if len(gens) > 1 and gens[-2].gen > gen:
-        gens.sort(key=lambda x: x.gen)
+        e = Entry(sid, gen, kind, r.get("n", ""), r.get("fp", 0))
+        gens.append(e)
+        if gens[-2].gen > gen:
+            gens.sort(key=lambda x: x.gen)
+    e.started = r.get("t0") or r.get("t")
     st.order.append(e)
     return e
 

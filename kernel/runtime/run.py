@@ -266,9 +266,10 @@ class Run(AsyncVerbs):
 
     def _append(self, rec: dict, durable: bool = False) -> None:
         self.store.append_journal(self.run_id, rec, durable=durable)
-        with self._lock:
-            apply(self._st, rec)
-            self._seen += 1
+        # no lock: concurrent callers (threads with key=, async tools) fold different
+        # entries, and each step of apply() is atomic under the GIL
+        apply(self._st, rec)
+        self._seen += 1
 
     def _status(self, status: str, step: str | None = None, msg: str | None = None,
                 until: float | None = None) -> None:
@@ -415,8 +416,25 @@ class Run(AsyncVerbs):
             secret: journal only the inputs' fingerprint, not the inputs.
             retry_failed: call again even if a final failure is recorded.
         """
-        sid = self._sid(key)
+        sid = str(next(self._n)) if key is None and self._opened else self._sid(key)
         inputs, fp = self._inputs("step", name, args, kwargs, secret)
+        gens = self._st.entries.get(sid)
+        if gens is None:
+            if retry is None:       # the hot path of a live run: a new step, no retry policy
+                p = Plan(sid, "step", name, fp, inputs, prompt_version)
+                p.t0 = self._clock()
+                try:
+                    result = fn(*args, **kwargs)
+                except Exception as exc:
+                    self._record_step(p, exc=exc, tries=[[err_type(exc), str(exc)]])
+                    raise
+                self._record_step(p, result)
+                return result
+        else:
+            e = gens[-1]
+            if (e.err is None and e.done and e.kind == "step" and e.name == name
+                    and e.fp == fp and e.prompt_version == prompt_version):
+                return self._loads(e.result)     # the hot path of a replay: recorded, no call
         p = self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
         if p.replay:
             return self._outcome(p.entry)
