@@ -46,7 +46,7 @@ from ..errors import (
 from .aio import AsyncVerbs
 from .journal import (
     E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_WARN, Entry, JournalEntry,
-    apply, fold,
+    apply, bulk_load, fold,
 )
 from .plan import ONCE, Plan, err_type
 from .tools import Retry, ToolSpec, tool_spec
@@ -185,12 +185,13 @@ class Run(AsyncVerbs):
         """Reread the journal if records were appended by anyone else (``decide``,
         ``resolve``, a delete)."""
         if self.store.journal_length(self.run_id) != self._seen:
-            with self._lock:
+            with self._lock, bulk_load():
                 self._st = fold(self.run_id, self.store.journal(self.run_id))
                 self._seen = self.store.journal_length(self.run_id)
 
     def _open_journal(self) -> None:
-        st = self._st = fold(self.run_id, self.store.journal(self.run_id))
+        with bulk_load():
+            st = self._st = fold(self.run_id, self.store.journal(self.run_id))
         self._seen = self.store.journal_length(self.run_id)
         fp = in_b = None
         if self._input is not _UNSET:
