@@ -6,7 +6,7 @@ Each step makes a recorded model call (it appends ``EXEC i`` to WORKDIR/models.l
 when it really runs), asks for an approval every 50 steps, sleeps once (step 150)
 and calls a mutating tool that appends its idempotency key to WORKDIR/effects.log
 and fsyncs (``async``: two tools at once with asyncio.gather). Prints ``READY``
-after opening the store, then at the end ``END DONE <digest>`` or ``END WAITING
+after opening the store and ``GO`` once the run's journal is read, then at the end ``END DONE <digest>`` or ``END WAITING
 <step_id>``, and waits to be killed (the parent kills every child, so a child that
 ends never races the parent's kill).
 """
@@ -77,18 +77,22 @@ def decision_for(payload: dict) -> bool:
     return payload["i"] != 99
 
 
-def drive(store, work: str, exe: int, mode: str, steps: int = STEPS) -> tuple[str, str]:
-    """One execution: ("DONE", digest) or ("WAITING", step_id)."""
+def drive(store, work: str, exe: int, mode: str, steps: int = STEPS,
+          opened=lambda: None) -> tuple[str, str]:
+    """One execution: ("DONE", digest) or ("WAITING", step_id). ``opened()`` is called
+    once the run's journal is read (the parent's kill clock starts there)."""
     plain, concurrent = make_agent(work, exe, steps)
     digest = ""
     if mode == "plain":
         with store.run(RUN, input={"agent": mode}) as run:
+            opened()
             digest = plain(run)
     else:
         run = store.arun(RUN, input={"agent": mode})
 
         async def main():
             async with run:
+                opened()
                 return await concurrent(run)     # None when the run paused
         digest = asyncio.run(main())
     if run.status == "waiting":
@@ -100,7 +104,7 @@ def main() -> None:
     path, work, exe, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     with durkv.open(path, durability="async") as store:
         print("READY", flush=True)
-        what, arg = drive(store, work, exe, mode)
+        what, arg = drive(store, work, exe, mode, opened=lambda: print("GO", flush=True))
     print(f"END {what} {arg}", flush=True)
     time.sleep(600)
 
