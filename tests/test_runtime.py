@@ -448,3 +448,23 @@ def test_a_block_error_is_not_masked_by_a_closed_store(url):
             run.step("x", lambda: 1)
             s.close()
             1 / 0
+
+
+class QuotaError(Exception):
+    pass
+
+
+def test_recorded_failure_types_are_rebuilt_only_from_loaded_modules(url):
+    from durkv.runtime.run import _rebuild
+
+    def quota():
+        raise QuotaError("over quota", 3)
+
+    with durkv.open(url) as s:
+        for _ in range(2):
+            with pytest.raises(QuotaError) as ei, s.run("r") as run:
+                run.step("q", quota)
+            assert ei.value.args == ("over quota", 3)
+    loads = durkv.open("memory://").serde.loads
+    e = _rebuild(["not_imported_anywhere.Boom", "boom", None], loads)
+    assert isinstance(e, durkv.StepFailedError) and "boom" in str(e)

@@ -24,10 +24,10 @@ before ``tool`` returns. Operator signals go to the ``durkv`` logger.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 import random as _random
+import sys
 import threading
 import time
 import uuid as _uuid
@@ -80,28 +80,27 @@ class Decision:
     decided_at: float | None = None
 
 
-def _rebuild(err: list) -> BaseException:
-    """The recorded exception again: its class (an Exception subclass found by module and
-    qualified name) with its recorded args; else a StepFailedError with its message."""
-    tname, msg, args_b, loads = err[0], err[1], err[2], err[3] if len(err) > 3 else None
-    try:
-        mod, _, qual = tname.rpartition(".")
-        obj: Any = importlib.import_module(mod)
-        while True:
-            try:
-                for part in qual.split("."):
-                    obj = getattr(obj, part)
+def _rebuild(err: list, loads: Callable[[bytes], Any]) -> BaseException:
+    """The recorded exception again: its class (an Exception subclass of a module this
+    process has already imported: a journal never makes us import code) with its
+    recorded args; else a StepFailedError with its type and message."""
+    tname, msg, args_b = err[0], err[1], err[2]
+    mod, _, qual = tname.rpartition(".")
+    obj: Any = None
+    while mod and obj is None:
+        obj = sys.modules.get(mod)
+        for part in qual.split(".") if obj is not None else ():
+            obj = getattr(obj, part, None)
+            if obj is None:
                 break
-            except AttributeError:   # a nested module path: module.sub.Class
-                mod, _, head = mod.rpartition(".")
-                if not mod:
-                    raise
-                obj = importlib.import_module(mod)
-                qual = f"{head}.{qual}"
-        if isinstance(obj, type) and issubclass(obj, Exception) and args_b is not None:
+        if obj is None:          # a class nested in a module path: module.sub.Class
+            mod, _, head = mod.rpartition(".")
+            qual = f"{head}.{qual}"
+    if isinstance(obj, type) and issubclass(obj, Exception) and args_b is not None:
+        try:
             return obj(*loads(args_b))
-    except Exception:
-        pass
+        except Exception:
+            pass
     return StepFailedError(f"{tname}: {msg}", error_type=tname)
 
 
@@ -345,7 +344,7 @@ class Run(AsyncVerbs):
 
     def _outcome(self, e: Entry) -> Any:
         if e.err is not None:
-            raise _rebuild([*e.err[:3], self._loads])
+            raise _rebuild(e.err, self._loads)
         return self._loads(e.result)
 
     def _err(self, exc: BaseException) -> list:
