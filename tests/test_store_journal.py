@@ -142,3 +142,19 @@ def test_durable_record_survives_kill_under_exit_policy(tmp_path):
     with durkv.open(path) as s:
         assert _steps(s, "r") == [0]
     assert os.path.isdir(path)
+
+
+def test_verify_covers_journal_frames(tmp_path):
+    import durkv.log
+
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path) as s:
+        _fill(s, "a", 20)
+    assert durkv.log.verify(path, deep=True).ok
+    seg = sorted(p for p in os.listdir(path) if p.endswith(".seg"))[-1]
+    with open(os.path.join(path, seg), "r+b") as f:     # a flipped byte in a journal record
+        f.seek(200)
+        b = f.read(1)
+        f.seek(200)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert not durkv.log.verify(path, deep=True).ok
