@@ -468,3 +468,14 @@ def test_recorded_failure_types_are_rebuilt_only_from_loaded_modules(url):
     loads = durkv.open("memory://").serde.loads
     e = _rebuild(["not_imported_anywhere.Boom", "boom", None], loads)
     assert isinstance(e, durkv.StepFailedError) and "boom" in str(e)
+
+
+def test_one_run_object_executed_twice(url):
+    model = Model()
+    with durkv.open(url) as s:
+        run = s.run("r")
+        for _ in range(2):
+            with run:
+                run.step("a", model, 1)
+                run.step("b", model, 2)
+        assert model.calls == [1, 2]

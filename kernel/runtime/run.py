@@ -165,6 +165,9 @@ class Run(AsyncVerbs):
                     "other `with store.run(...)` finish first (one driver per run)",
                     run_id=self.run_id)
             busy.add(self.run_id)
+        self._n = count()          # an execution numbers its calls from 0
+        self._compensable = []
+        self.interrupt = None
         try:
             self._open_journal()
         except BaseException:
