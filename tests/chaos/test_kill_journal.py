@@ -33,10 +33,10 @@ import durkv.log
 from durkv.runtime.journal import E_APPROVAL, E_DECISION
 from durkv.runtime.view import describe
 
-pytestmark = pytest.mark.chaos
+SLOW = os.environ.get("DURKV_SLOW_TESTS") == "1"
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(3600 if SLOW else 300)]
 
 CHILD = Path(__file__).with_name("journal_child.py")
-SLOW = os.environ.get("DURKV_SLOW_TESTS") == "1"
 
 sys.path.insert(0, str(CHILD.parent))
 from journal_child import RUN, decision_for, drive  # noqa: E402
