@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .channels import DELTA, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref
 from .errors import BackendError
+from .records import K_COPY_JOURNAL
 
 if TYPE_CHECKING:
     from .store import Store
@@ -57,8 +58,7 @@ class _Frames:
 
 def compact(store: "Store") -> dict[str, Any]:
     from .store import (
-        K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL, K_COPY_WRITES, _head_of,
-        _packb,
+        K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_WRITES, _head_of, _packb,
     )
 
     b = store._b

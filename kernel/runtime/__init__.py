@@ -24,13 +24,13 @@ from typing import Any
 from ..store import Store
 from .control import decide, resolve, runs
 from .journal import JournalEntry, RunInfo
-from .run import _UNSET, Decision, Run
+from .run import NO_INPUT, Decision, Run
 from .tools import Retry, tool
 
 __all__ = ["Run", "Decision", "Retry", "tool", "JournalEntry", "RunInfo"]
 
 
-def _run(self: Store, run_id: str, *, input: Any = _UNSET,  # noqa: A002
+def _run(self: Store, run_id: str, *, input: Any = NO_INPUT,  # noqa: A002
          on_drift: str = "warn", secret_input: bool = False, clock: Any = None,
          sleep: Any = None) -> Run:
     """Open (or resume) run ``run_id``: ``with store.run(...) as run:`` (``async with

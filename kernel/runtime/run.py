@@ -52,13 +52,13 @@ from .plan import ONCE, Plan, err_type
 from .tools import Retry, ToolSpec, tool_spec
 from .view import describe
 
-__all__ = ["Run", "Decision", "DRIFT_POLICIES", "fingerprint"]
+__all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "fingerprint"]
 
 log = logging.getLogger("durkv")
 
 DRIFT_POLICIES = ("warn", "fail", "rerun")
 MAX_INLINE_INPUTS = 64 << 10     # inputs larger than this are journaled by fingerprint only
-_UNSET: Any = object()
+NO_INPUT: Any = object()     # store.run() without input=: no input fingerprint check
 
 # runs open in this process, per store (a second driver gets RunBusyError)
 _open_runs: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
@@ -107,7 +107,7 @@ def _rebuild(err: list, loads: Callable[[bytes], Any]) -> BaseException:
 class Run(AsyncVerbs):
     """One run of an agent over a store's journal. Create with ``store.run(...)``."""
 
-    def __init__(self, store: Any, run_id: str, input: Any = _UNSET, *,  # noqa: A002
+    def __init__(self, store: Any, run_id: str, input: Any = NO_INPUT, *,  # noqa: A002
                  on_drift: str = "warn", secret_input: bool = False,
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], Any] | None = None) -> None:
@@ -196,7 +196,7 @@ class Run(AsyncVerbs):
             st = self._st = fold(self.run_id, self.store.journal(self.run_id))
         self._seen = self.store.journal_length(self.run_id)
         fp = in_b = None
-        if self._input is not _UNSET:
+        if self._input is not NO_INPUT:
             try:
                 b = self._dumps(self._input)
             except Exception as e:
