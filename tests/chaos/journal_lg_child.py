@@ -2,7 +2,8 @@
 makes a recorded model call (``durkv.langgraph.step``) and a mutating tool call
 (``durkv.langgraph.tool``: appends its key to WORKDIR/effects.log and fsyncs).
 
-Usage: journal_lg_child.py STORE WORKDIR EXEC   (prints READY, then END DONE <digest>)
+Usage: journal_lg_child.py STORE WORKDIR EXEC   (prints READY, GO once the graph is
+built and about to run, then END DONE <digest>)
 """
 
 from __future__ import annotations
@@ -60,10 +61,11 @@ def build(saver, work: str, exe: int):
     return g.compile(checkpointer=saver)
 
 
-def drive(saver, work: str, exe: int) -> str:
+def drive(saver, work: str, exe: int, ready=lambda: None) -> str:
     graph = build(saver, work, exe)
     cfg = {"configurable": {"thread_id": THREAD}, "recursion_limit": STEPS + 10}
     started = saver.get_tuple(cfg) is not None
+    ready()
     out = graph.invoke(None if started else {"n": 0, "log": []}, cfg)
     return xxhash.xxh3_64_hexdigest(repr(out["log"]).encode())
 
@@ -72,7 +74,7 @@ def main() -> None:
     path, work, exe = sys.argv[1], sys.argv[2], int(sys.argv[3])
     with DurkvSaver.open(path, durability="sync") as saver:
         print("READY", flush=True)
-        digest = drive(saver, work, exe)
+        digest = drive(saver, work, exe, ready=lambda: print("GO", flush=True))
     print(f"END DONE {digest}", flush=True)
     time.sleep(600)
 
