@@ -22,8 +22,9 @@ from .. import __version__
 from ..errors import CorruptionError, DurkvError
 from . import output, reports
 from .archive import archive, restore
-from .browse import history, ls, show
+from .browse import history, ls
 from .demo import demo
+from .journal_view import show   # browse.show plus the run journal
 from .output import EXIT_CORRUPT, EXIT_OK, JSON_KEY
 from .stores import log_dir, log_module
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import (
-    BackendError, ConfigError, CorruptionError, DurkvError, FencedError, FrameTooLargeError,
-    IdempotencyConflictError, LogFailedError, NonDeterminismError, NotFoundError,
-    ReadOnlyError, SerializationError, StoreLockedError,
+    ApprovalMismatchError, BackendError, ConfigError, CorruptionError, DurkvError,
+    FencedError, FrameTooLargeError, IdempotencyConflictError, InDoubtError, Interrupted,
+    LogFailedError, NonDeterminismError, NotFoundError, ReadOnlyError, RunBusyError,
+    RunConflictError, SerializationError, StepFailedError, StoreLockedError,
+    VersionDriftError,
 )
+from .runtime import Decision, JournalEntry, Retry, Run, RunInfo, tool
 
 __version__ = "0.1.0"
 
@@ -34,4 +37,7 @@ __all__ = [
     "open", "__version__", "DurkvError", "CorruptionError", "StoreLockedError", "FencedError",
     "LogFailedError", "ReadOnlyError", "IdempotencyConflictError", "NonDeterminismError",
     "ConfigError", "NotFoundError", "SerializationError", "FrameTooLargeError", "BackendError",
+    "InDoubtError", "VersionDriftError", "ApprovalMismatchError", "RunConflictError",
+    "RunBusyError", "StepFailedError", "Interrupted", "tool", "Retry", "Run", "Decision",
+    "JournalEntry", "RunInfo",
 ]

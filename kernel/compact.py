@@ -6,6 +6,7 @@ Protocol (a replay at open follows the same records, see ``Store._apply``):
 2. for each live checkpoint (per thread and namespace, oldest first) append a
    ``COPY_CKPT`` frame, then one ``COPY_WRITES`` frame with its pending writes
    merged (idempotency already resolved);
+   then, per run, a ``COPY_JOURNAL`` frame for each journal record;
 3. flush, append ``COMPACT_END(B)`` durably;
 4. ``remove_prefix(B)``: the log records ``start_lsn = B`` and unlinks the old
    segments.
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .channels import DELTA, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref
 from .errors import BackendError
+from .records import K_COPY_JOURNAL
 
 if TYPE_CHECKING:
     from .store import Store
@@ -122,6 +124,12 @@ def compact(store: "Store") -> dict[str, Any]:
             writes = store._read_writes(lane, -1, cid, raw=True)
             if writes:
                 _copy_writes(store, b, t, n, cid, writes, K_COPY_WRITES, _packb)
+    for run_id, lsns in list(store._ix.journals.items()):
+        # each record again, under the run it is indexed by (a copied journal's frames
+        # may name the source run)
+        for lsn in lsns:
+            h = _head_of(frames(lsn))
+            b.append(encode_commit(_packb([K_COPY_JOURNAL, run_id, h[2]]), ()), "exit")
     b.flush()
     b.append(encode_commit(_packb([K_COMPACT_END, begin]), ()), "sync")
     b.flush()
@@ -141,7 +149,8 @@ def compact(store: "Store") -> dict[str, Any]:
     if store._index_every:
         store._write_index()      # open then replays nothing of the copies
     return {"bytes_before": bytes_before, "bytes_after": b.size_bytes(),
-            "checkpoints_kept": kept}
+            "checkpoints_kept": kept, "journal_records_kept": sum(
+                len(v) for v in store._ix.journals.values())}
 
 
 def _copy_writes(store, b, t, n, cid, writes, kind, packb) -> None:

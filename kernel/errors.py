@@ -78,6 +78,57 @@ class NonDeterminismError(DurkvError):
     code = "non_determinism"
 
 
+class InDoubtError(DurkvError):
+    """An at-most-once tool was interrupted between its intent and its receipt: nobody
+    knows whether it happened. An operator records what did with ``Store.resolve``."""
+
+    code = "in_doubt"
+
+
+class VersionDriftError(DurkvError):
+    """A recorded prompt/tool version differs from the running one (``on_drift="fail"``)."""
+
+    code = "version_drift"
+
+
+class ApprovalMismatchError(DurkvError):
+    """An approval was decided for another (action, payload) than the code now asks about."""
+
+    code = "approval_mismatch"
+
+
+class RunConflictError(DurkvError):
+    """A run id was opened with another input than the run was created with."""
+
+    code = "run_conflict"
+
+
+class RunBusyError(DurkvError):
+    """The run is already being driven by another ``store.run`` in this process."""
+
+    code = "run_busy"
+
+
+class StepFailedError(DurkvError):
+    """A recorded step failure whose exception type cannot be rebuilt on replay."""
+
+    code = "step_failed"
+
+
+class Interrupted(BaseException):
+    """A run paused for an approval (not an error: a ``BaseException``, so that a bare
+    ``except Exception`` in user code cannot swallow the pause). ``with store.run()``
+    ends quietly on it and reports the run as waiting."""
+
+    def __init__(self, run_id: str, step_id: str, action: str, payload: Any = None) -> None:
+        super().__init__(f"run {run_id!r} waits for approval of {action!r} at step {step_id}; "
+                         f"decide with store.decide({run_id!r}, {step_id!r}, approved=...)")
+        self.run_id = run_id
+        self.step_id = step_id
+        self.action = action
+        self.payload = payload
+
+
 class ConfigError(DurkvError, ValueError):
     """Bad configuration or arguments (missing thread_id, unknown URL scheme...)."""
 
@@ -146,4 +197,6 @@ __all__ = [
     "NotFoundError", "SerializationError", "FrameTooLargeError", "BackendError",
     "StaleReaderError",
     "ArchiveConflictError", "AccessDeniedError", "NoSuchBucketError",
+    "InDoubtError", "VersionDriftError", "ApprovalMismatchError", "RunConflictError",
+    "RunBusyError", "StepFailedError", "Interrupted",
 ]

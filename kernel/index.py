@@ -26,7 +26,7 @@ from itertools import islice
 from operator import le, lt
 from typing import Any, Iterable
 
-__all__ = ["Lane", "Index", "dump_index", "load_index"]
+__all__ = ["Lane", "Index", "dump_index", "load_index", "dump_journals", "load_journals"]
 
 _SWAP = sys.byteorder != "little"    # K_INDEX arrays are little-endian u64
 
@@ -166,12 +166,27 @@ class Lane:
 
 
 class Index:
-    """thread id -> namespace -> :class:`Lane`."""
+    """thread id -> namespace -> :class:`Lane`; run id -> its journal records' LSNs."""
 
-    __slots__ = ("threads",)
+    __slots__ = ("threads", "journals")
 
     def __init__(self) -> None:
         self.threads: dict[str, dict[str, Lane]] = {}
+        self.journals: dict[str, array] = {}
+
+    def add_journal(self, run_id: str, lsn: int) -> None:
+        lsns = self.journals.get(run_id)
+        if lsns is None:
+            lsns = self.journals[run_id] = array("Q")
+        lsns.append(lsn)
+
+    def copy_journal(self, src: str, dst: str) -> None:
+        """The target's journal becomes the union of both (a copy shares the frames)."""
+        lsns = self.journals.get(src)
+        if not lsns or src == dst:
+            return
+        have = self.journals.get(dst)
+        self.journals[dst] = array("Q", sorted(set(have) | set(lsns)) if have else lsns)
 
     def lane(self, thread_id: str, ns: str, create: bool = False) -> Lane | None:
         nss = self.threads.get(thread_id)
@@ -196,8 +211,10 @@ class Index:
 
     def delete_thread(self, thread_id: str) -> None:
         self.threads.pop(thread_id, None)
+        self.journals.pop(thread_id, None)
 
     def copy_thread(self, src: str, dst: str) -> None:
+        self.copy_journal(src, dst)
         nss = self.threads.get(src)
         if not nss or src == dst:
             return
@@ -296,3 +313,22 @@ def load_index(state: Any, lo: int, hi: int) -> Index:
             lane.orphans = orphans
             nss[n] = lane
     return ix
+
+
+def dump_journals(ix: Index) -> list:
+    """The journals' LSNs as ``[[run_id, lsns], ...]`` (little-endian u64 bytes): the sixth
+    element of a version 2 ``K_INDEX`` record."""
+    return [[r, _abytes(lsns)] for r, lsns in ix.journals.items()]
+
+
+def load_journals(ix: Index, state: Any, lo: int, hi: int) -> None:
+    """Restore :func:`dump_journals` output into ``ix``; raises ValueError on anything
+    malformed (every LSN in ``[lo, hi)``, ascending, one list per run)."""
+    journals = ix.journals
+    for r, b in state:
+        if type(r) is not str or r in journals:
+            raise ValueError("bad journal run id")
+        lsns = _aload(b, lo, hi)
+        if not all(map(lt, lsns, islice(lsns, 1, None))):
+            raise ValueError("journal LSNs are not ascending")
+        journals[r] = lsns

@@ -613,3 +613,8 @@ class DurkvSaver(BaseCheckpointSaver[int]):
             self, *, config: RunnableConfig,
             channels: Sequence[str]) -> Mapping[str, DeltaChannelHistory]:
         return self.get_delta_channel_history(config=config, channels=channels)
+
+
+# durable steps and tools inside nodes (kept in the runtime; re-exported here: the public
+# names are durkv.langgraph.step / tool)
+from .runtime.langgraph_steps import astep, atool, step, tool  # noqa: E402,F401

@@ -27,6 +27,7 @@ and the orphan writes; no channel values), the LSN it was written at and the
 last compaction's BEGIN LSN (-1: none). The writer appends one at close, after a
 compaction and every ``index_every`` frames; open reads the frames backwards for
 the newest one that decodes and checks, and replays only the frames after it.
+Version 2 adds the run journals' LSNs (``journals`` = :func:`durkv.index.dump_journals`).
 It changes nothing when replayed (like any record, it abandons an unfinished
 compaction). It is only a shortcut: a bad one is skipped for an older one or a
 full replay.
@@ -55,8 +56,11 @@ K_COMPACT_BEGIN = 6  # [6]
 K_COMPACT_END = 7   # [7, begin_lsn]
 K_COPY_CKPT = 8     # as K_CKPT, written by compact() between BEGIN and END
 K_COPY_WRITES = 9   # as K_WRITES, written by compact()
-K_INDEX = 10        # [10, 1, own_lsn, compacted_at, state]  (index snapshot, see above)
-INDEX_VERSION = 1
+K_INDEX = 10        # [10, 2, own_lsn, compacted_at, state, journals]  (index snapshot)
+K_JOURNAL = 11      # [11, run_id, rec]  (one run-journal event, opaque to the store)
+K_COPY_JOURNAL = 12  # as K_JOURNAL, written by compact()
+K_DEL_JOURNAL = 13  # [13, [run_id, ...]]  (delete_runs)
+INDEX_VERSION = 2   # 1 had no journals: passed over (docs/FORMAT.md section 5)
 
 # LangGraph's WRITES_IDX_MAP channels: a put_writes made only of these overwrites
 SPECIAL_WRITE_CHANNELS = frozenset(("__error__", "__scheduled__", "__interrupt__", "__resume__"))

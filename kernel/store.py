@@ -34,11 +34,12 @@ from .durability import STRENGTH
 from .errors import (
     ConfigError, CorruptionError, FrameTooLargeError, ReadOnlyError, SerializationError,
 )
-from .index import Index, dump_index, load_index
+from .index import Index, dump_index, dump_journals, load_index, load_journals
 from .reads import Reads
 from .records import (  # noqa: F401 - re-exported: the store's public types and record kinds
     DURABILITIES, INDEX_VERSION, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT,
-    K_COPY_THREAD, K_COPY_WRITES, K_DEL_THREAD, K_INDEX, K_REMOVE, K_WRITES,
+    K_COPY_JOURNAL, K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX,
+    K_JOURNAL, K_REMOVE, K_WRITES,
     SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, check_id, check_ids,
     _head_of, _packb,
 )
@@ -219,9 +220,10 @@ class Store(ChannelState, Reads):
                 if len(p) > 5 and 0x91 <= p[4] <= 0x9f and p[5] == K_INDEX:
                     h = _head_of(p)
                     if (h[0] != K_INDEX or h[1] != INDEX_VERSION or h[2] != lsn
-                            or type(h[3]) is not int or not -1 <= h[3] < lsn):
+                            or type(h[3]) is not int or not -1 <= h[3] < lsn or len(h) < 6):
                         raise ValueError("bad K_INDEX header")
                     ix = load_index(h[4], lo, lsn)
+                    load_journals(ix, h[5], lo, lsn)
                 else:
                     lsn -= 1
                     continue
@@ -244,7 +246,7 @@ class Store(ChannelState, Reads):
         try:
             lsn = self._next_lsn if self._next_lsn >= 0 else self._b.next_lsn
             payload = encode_commit(_packb([K_INDEX, INDEX_VERSION, lsn, self._compacted_at,
-                                            dump_index(self._ix)]), ())
+                                            dump_index(self._ix), dump_journals(self._ix)]), ())
             if len(payload) > self.max_commit_bytes:
                 self._index_lsn = lsn      # too big to keep: try again index_every frames later
                 return
@@ -260,7 +262,11 @@ class Store(ChannelState, Reads):
 
     def _apply(self, lsn: int, h: list) -> None:
         kind = h[0]
-        if kind in (K_COPY_CKPT, K_COPY_WRITES):
+        if kind == K_JOURNAL:    # the hot record of a running agent: first, and no shadow
+            if self._shadow is None:
+                self._ix.add_journal(h[1], lsn)
+                return
+        if kind in (K_COPY_CKPT, K_COPY_WRITES, K_COPY_JOURNAL):
             ix = self._shadow
             if ix is None:
                 return     # copies of an abandoned compaction: dead
@@ -288,6 +294,11 @@ class Store(ChannelState, Reads):
         elif kind == K_REMOVE:
             for t, n, cids in h[1]:
                 ix.remove(t, n, cids)
+        elif kind == K_JOURNAL or kind == K_COPY_JOURNAL:
+            ix.add_journal(h[1], lsn)
+        elif kind == K_DEL_JOURNAL:
+            for r in h[1]:
+                ix.journals.pop(r, None)
         # K_INDEX (a snapshot of what was replayed so far) changes nothing, and unknown
         # kinds are skipped: a newer writer's record this reader does not know
 
@@ -528,7 +539,7 @@ class Store(ChannelState, Reads):
         check_id("thread_id", thread_id)
         with self._lock:
             self._check_write()
-            if thread_id not in self._ix.threads:
+            if thread_id not in self._ix.threads and thread_id not in self._ix.journals:
                 return
             lsn = self._commit_record([K_DEL_THREAD, thread_id])
             self._ix.delete_thread(thread_id)
@@ -542,7 +553,9 @@ class Store(ChannelState, Reads):
         check_id("thread_id", target_thread_id)
         with self._lock:
             self._check_write()
-            if source_thread_id not in self._ix.threads or source_thread_id == target_thread_id:
+            if source_thread_id == target_thread_id or (
+                    source_thread_id not in self._ix.threads
+                    and source_thread_id not in self._ix.journals):
                 return
             lsn = self._commit_record([K_COPY_THREAD, source_thread_id, target_thread_id])
             self._ix.copy_thread(source_thread_id, target_thread_id)
@@ -576,6 +589,12 @@ class Store(ChannelState, Reads):
                 if cids:
                     doomed.append([t, n, cids])
             self._remove(doomed)
+            gone = sorted(r for r in runs if r in self._ix.journals)
+            if gone:     # the runs' journals go too (a run id is also a journal's key)
+                lsn = self._commit_record([K_DEL_JOURNAL, gone])
+                for r in gone:
+                    del self._ix.journals[r]
+                self._maybe_index(lsn)
 
     def prune(self, thread_ids: Sequence[str], *, keep_last: int = 1) -> None:
         """Per (thread, ns) of the given threads keep only the newest ``keep_last``
@@ -593,6 +612,65 @@ class Store(ChannelState, Reads):
                     if cut > 0:
                         doomed.append([t, n, lane.ids[:cut]])
             self._remove(doomed)
+
+    # -- run journals (the records of durkv.runtime; docs/FORMAT.md section 5a) -------------
+
+    def append_journal(self, run_id: str, record: dict, *, durable: bool = False) -> int:
+        """Append one journal record of ``run_id``; return its LSN.
+
+        ``record`` is a msgpack-able dict (user values already serde bytes). With
+        ``durable=True`` it is fdatasync'd before this returns whatever the store's
+        policy (concurrent callers share one fsync); otherwise the store's policy applies.
+        """
+        if type(run_id) is not str or not run_id:
+            check_id("run_id", run_id)
+        wait = durable or self.durability == "sync"
+        with self._lock:
+            if self._closed or self.read_only:
+                self._check_write()
+            try:
+                hb = self._hpack.pack([K_JOURNAL, run_id, record])
+            except Exception as e:
+                raise SerializationError(f"cannot encode a journal record of run {run_id!r}: "
+                                         f"{e}", run_id=run_id) from e
+            # a COMMIT payload with no entries: head_len head n_entries=0 (FORMAT.md 5)
+            payload = b"".join((len(hb).to_bytes(4, "little"), hb, b"\0\0\0\0"))
+            if len(payload) > self.max_commit_bytes:
+                raise FrameTooLargeError(
+                    f"a journal record of run {run_id!r} is {len(payload)} bytes, over "
+                    f"max_commit_bytes={self.max_commit_bytes}; keep big values elsewhere and "
+                    "journal a reference, or raise max_commit_bytes", run_id=run_id,
+                    size=len(payload))
+            self._next_lsn = -1      # as _append(), inline: this is a running agent's hot path
+            lsn = self._b.append(payload, "async" if wait else self.durability)
+            self._next_lsn = lsn + 1
+            self._ix.add_journal(run_id, lsn)
+            if self._index_every and lsn - self._index_lsn >= self._index_every:
+                self._write_index()
+        if wait:
+            self._b.wait_durable(lsn)      # outside the lock: group commit
+        return lsn
+
+    def journal(self, run_id: str) -> list[dict]:
+        """The journal records of ``run_id`` in log order (read by LSN, no scan)."""
+        with self._lock:
+            self._check_open()
+            lsns = self._ix.journals.get(run_id)
+            if not lsns:
+                return []
+            read = self._b.read
+            return [_head_of(read(lsn))[2] for lsn in lsns]
+
+    def journal_length(self, run_id: str) -> int:
+        """How many journal records ``run_id`` has (O(1): a reader's staleness check)."""
+        lsns = self._ix.journals.get(run_id)
+        return len(lsns) if lsns is not None else 0
+
+    def journal_runs(self) -> list[str]:
+        """Ids of the runs that have a journal, sorted."""
+        with self._lock:
+            self._check_open()
+            return sorted(self._ix.journals)
 
     def compact(self) -> dict:
         """Copy live data to the tail and drop everything older (crash-safe).

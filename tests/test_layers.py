@@ -61,11 +61,22 @@ RANKS = {
     "durkv.reads": 32,
     "durkv.compact": 33,
     "durkv.store": 34,
-    "durkv": 35,                    # the package: durkv.open(), the errors
     # langgraph: the checkpointer over the store
     "durkv.langgraph_serde": 50,
-    "durkv.langgraph": 51,
-    # runtime (kernel/runtime/): ranks 60-69, when it lands
+    # runtime (kernel/runtime/): the run journal, over the store's public API
+    "durkv.runtime.journal": 60,
+    "durkv.runtime.tools": 60,
+    "durkv.runtime.plan": 61,
+    "durkv.runtime.view": 61,
+    "durkv.runtime.aio": 62,
+    "durkv.runtime.run": 63,
+    "durkv.runtime.control": 64,
+    "durkv.runtime.langgraph_steps": 64,
+    "durkv.runtime": 65,            # attaches Store.run/arun/decide/resolve/runs
+    # facades: the package (durkv.open, durkv.tool, the errors) and durkv.langgraph
+    # (DurkvSaver, plus the runtime's step/tool re-exported: the public names)
+    "durkv": 66,
+    "durkv.langgraph": 67,
     # cli: the durkv command
     "durkv.cli.strict_json": 70,
     "durkv.cli.output": 71,
@@ -74,9 +85,10 @@ RANKS = {
     "durkv.cli.browse": 73,
     "durkv.cli.archive": 73,
     "durkv.cli.demo": 73,
-    "durkv.cli.main": 74,
-    "durkv.cli": 75,
-    "durkv.cli.__main__": 76,
+    "durkv.cli.journal_view": 74,
+    "durkv.cli.main": 75,
+    "durkv.cli": 76,
+    "durkv.cli.__main__": 77,
 }
 
 # compiled module -> the one module that wraps it

@@ -1,0 +1,99 @@
+"""``durkv show STORE RUN``: a run's journal (and, without a journal, a checkpoint).
+
+``show`` of :mod:`durkv.cli.browse` prints a thread's checkpoint; this command
+takes its place with the same arguments and, when RUN has a run journal (and no
+CHECKPOINT_ID is given), prints the journal after the checkpoint: one line per
+durable call with its state, retries and result. ``--json`` then prints the run
+(status and entries) as one document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..runtime.control import runs
+from ..runtime.view import describe
+from . import output, strict_json
+from .browse import ns_option, open_reader, serde_option
+from .browse import show as show_checkpoint
+from .output import JSON_KEY
+
+
+def _brief(value: Any, width: int) -> str:
+    text = strict_json.dumps(value, separators=(", ", ": "))
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def journal_doc(store: Any, run_id: str) -> dict[str, Any] | None:
+    """The run's status and journal entries as plain data (None: no journal)."""
+    if not store.journal_length(run_id):
+        return None
+    info = next(r for r in runs(store) if r.run_id == run_id)
+    return {"run": dataclasses.asdict(info),
+            "journal": [dataclasses.asdict(e) for e in describe(store, run_id)]}
+
+
+def print_journal(doc: dict[str, Any]) -> None:
+    run = doc["run"]
+    where = f" (step {run['step']})" if run["step"] else ""
+    until = f" until {run['until']:.3f}" if run["until"] else ""
+    click.echo(f"run {run['run_id']}: {run['status']}{where}{until}, "
+               f"{len(doc['journal'])} journal entries")
+    if run["message"]:
+        click.echo(f"  {run['message']}")
+    click.echo(f"  {'STEP':<10} {'KIND':<8} {'ACTION':<22} {'STATE':<9} {'TRIES':>5}  RESULT")
+    for e in doc["journal"]:
+        step = e["step_id"] + (f"#{e['generation']}" if e["generation"] else "")
+        what = e["error_state"] or (e["approval_status"] if e["kind"] == "approval"
+                                    else _brief(e["result_receipt"], 60))
+        click.echo(f"  {step:<10} {e['kind']:<8} {e['planned_action'][:22]:<22} "
+                   f"{e['state']:<9} {e['retry_count']:>5}  {what}")
+        for w in e["warnings"]:
+            click.echo(f"  {'':<10} warning: {w}")
+
+
+@click.command("show")
+@click.argument("path", type=output.STORE_PATH)
+@click.argument("thread")
+@click.argument("checkpoint_id", required=False)
+@ns_option
+@serde_option
+@output.json_option
+@click.pass_context
+def show(ctx: click.Context, path: Path, thread: str, checkpoint_id: str | None, ns: str,
+         serde: str, as_json: bool) -> None:
+    """Print a checkpoint of THREAD, and the journal of the run THREAD (durable steps,
+    tools, approvals: their state, retries and results).
+
+    Without CHECKPOINT_ID, the newest checkpoint (if the thread has any) and the
+    run's journal (if it has one). With --json and a journal: the run and its
+    entries as one document.
+
+    \b
+    Example:
+        durkv show ./agent.durkv ticket-42
+        durkv show --json ./agent.durkv ticket-42
+        durkv show ./agent.durkv t1 1ef4f797-8335-6428-8001-8a1503f9b875
+    """
+    ctx.meta[JSON_KEY] = as_json
+    doc = None
+    has_checkpoint = True
+    if checkpoint_id is None:
+        with open_reader(path, serde) as store:
+            doc = journal_doc(store, thread)
+            has_checkpoint = store.get(thread, ns) is not None
+    if doc is None or (has_checkpoint and not as_json):
+        ctx.invoke(show_checkpoint, path=path, thread=thread, checkpoint_id=checkpoint_id,
+                   ns=ns, serde=serde, as_json=as_json)
+    if doc is None:
+        return
+    if as_json:
+        output.emit_json(doc)
+        return
+    if has_checkpoint:
+        click.echo("")
+    print_journal(doc)

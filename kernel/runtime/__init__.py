@@ -1,0 +1,58 @@
+"""durkv's runtime: durable steps, mutating tools, approvals and the run journal.
+
+It uses only the store's public API (``append_journal``, ``journal``,
+``journal_runs``, ``serde``), so every backend inherits it. The store's runtime
+verbs -- ``Store.run``/``arun``, ``decide``, ``resolve``, ``runs`` -- are defined
+here and attached to :class:`durkv.store.Store` when this package is imported
+(``import durkv`` does): the store module never imports the runtime, so imports
+keep pointing down.
+
+>>> import durkv
+>>> @durkv.tool(version="1")
+... def send(to, *, idempotency_key):
+...     return idempotency_key
+>>> with durkv.open("memory://") as store:
+...     with store.run("t-1", input={"n": 1}) as run:
+...         run.tool(send, "a@b")
+'t-1:0'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..store import Store
+from .control import decide, resolve, runs
+from .journal import JournalEntry, RunInfo
+from .run import NO_INPUT, Decision, Run
+from .tools import Retry, tool
+
+__all__ = ["Run", "Decision", "Retry", "tool", "JournalEntry", "RunInfo"]
+
+
+def _run(self: Store, run_id: str, *, input: Any = NO_INPUT,  # noqa: A002
+         on_drift: str = "warn", secret_input: bool = False, clock: Any = None,
+         sleep: Any = None) -> Run:
+    """Open (or resume) run ``run_id``: ``with store.run(...) as run:`` (``async with
+    store.arun(...)``).
+
+    Args:
+        input: the run's input; its fingerprint is recorded at creation, and opening the
+            run again with another input raises :class:`durkv.RunConflictError`.
+        on_drift: ``warn`` (default), ``fail`` or ``rerun``: what a recorded step of
+            another prompt/tool version does (see :meth:`Run.step`).
+        secret_input: journal only the input's fingerprint.
+        clock, sleep: injectable ``time.time`` / ``time.sleep`` (tests).
+
+    Raises:
+        RunConflictError, RunBusyError (a second driver in this process).
+    """
+    return Run(self, run_id, input, on_drift=on_drift, secret_input=secret_input,
+               clock=clock, sleep=sleep)
+
+
+Store.run = _run
+Store.arun = _run      # the same object is also an async context manager
+Store.decide = decide
+Store.resolve = resolve
+Store.runs = runs

@@ -1,0 +1,85 @@
+"""The operator's verbs over runs: list them, decide approvals, resolve in-doubt steps.
+
+They only append journal records (durably) and read journals: a run that is
+not open anywhere picks the decision up when it is executed again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import ConfigError, NotFoundError, SerializationError
+from .journal import E_DECISION, E_RESOLVE, RunInfo, fold
+from .run import Decision
+
+__all__ = ["runs", "decide", "resolve"]
+
+
+def runs(store: Any) -> list[RunInfo]:
+    """Every run with a journal and its status: ``running``, ``waiting`` (for approval,
+    ``step`` says which), ``sleeping`` (``until``), ``in_doubt`` (``step``), ``finished``,
+    ``failed`` (``message``)."""
+    out = []
+    for rid in store.journal_runs():
+        st = fold(rid, store.journal(rid))
+        out.append(RunInfo(rid, st.status or "running", st.until, st.status_step,
+                           len(st.order), st.message, st.created, st.updated))
+    return out
+
+
+def _entry(store: Any, run_id: str, step_id: str, kind: str):
+    st = fold(run_id, store.journal(run_id))
+    e = st.latest(step_id)
+    if e is None or e.kind != kind:
+        have = "nothing" if e is None else f"a {e.kind} ({e.name!r})"
+        raise NotFoundError(f"run {run_id!r} has {have} at step {step_id!r}, not a {kind}; "
+                            f"see `durkv show STORE {run_id}` for its steps",
+                            run_id=run_id, step_id=step_id)
+    return e
+
+
+def decide(store: Any, run_id: str, step_id: str, approved: bool, *, by: Any = None,
+           note: Any = None) -> Decision:
+    """Record the decision on the approval pending at ``step_id`` (durably, before it
+    returns). Deciding again the same way is a no-op; the other way is refused."""
+    if type(approved) is not bool:
+        raise ConfigError(f"approved must be True or False, got {approved!r}")
+    e = _entry(store, run_id, step_id, "approval")
+    d = e.decision
+    if d is not None:
+        if bool(d.get("ok")) != approved:
+            raise ConfigError(f"run {run_id!r} step {step_id}: approval of {e.name!r} was "
+                              f"already {'approved' if d.get('ok') else 'rejected'} by "
+                              f"{d.get('by')!r}; a decision is final")
+        return Decision(step_id, approved, d.get("by"), d.get("note"), d.get("t"))
+    t = time.time()
+    rec = {"e": E_DECISION, "t": t, "s": step_id, "g": e.gen, "fp": e.fp, "ok": approved,
+           "by": by, "note": note}
+    try:
+        store.append_journal(run_id, rec, durable=True)
+    except SerializationError as exc:
+        raise ConfigError(f"by= and note= must be plain data (str, numbers): {exc}") from exc
+    return Decision(step_id, approved, by, note, t)
+
+
+def resolve(store: Any, run_id: str, step_id: str, *, done: bool, result: Any = None,
+            by: Any = None, note: Any = None) -> None:
+    """Record what really happened to an in-doubt tool call (intent, no receipt):
+    ``done=True`` with the call's ``result`` (replayed as its receipt), or ``done=False``
+    (the next execution calls it, with the same key)."""
+    if type(done) is not bool:
+        raise ConfigError(f"done must be True or False, got {done!r}")
+    e = _entry(store, run_id, step_id, "tool")
+    if e.done:
+        raise ConfigError(f"run {run_id!r} step {step_id}: tool {e.name!r} has a receipt; "
+                          "only an in-doubt call (intent without receipt) can be resolved")
+    rec: dict = {"e": E_RESOLVE, "t": time.time(), "s": step_id, "g": e.gen, "done": done,
+                 "by": by, "note": note}
+    if done:
+        try:
+            rec["r"] = store.serde.dumps(result)
+        except Exception as exc:
+            raise SerializationError(f"the result given to resolve cannot be serialized: "
+                                     f"{exc}", run_id=run_id, step_id=step_id) from exc
+    store.append_journal(run_id, rec, durable=True)

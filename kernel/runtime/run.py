@@ -1,0 +1,687 @@
+"""A run: durable steps, mutating tools, approvals, sleeps -- each a replay boundary.
+
+``with store.run(run_id, input=...) as run:`` opens (or resumes) the run's
+journal. The n-th durable call of an execution gets step id ``str(n)`` (or the
+caller's ``key=``); a re-execution of the same code meets the same ids and gets
+the recorded results back without calling anything:
+
+>>> import durkv
+>>> calls = []
+>>> def model(prompt):
+...     calls.append(prompt)
+...     return prompt.upper()
+>>> with durkv.open("memory://") as store:
+...     for _ in range(2):
+...         with store.run("r1", input={"q": 1}) as run:
+...             out = run.step("plan", model, "hi")
+...     (out, calls)
+('HI', ['hi'])
+
+Protocol of ``run.tool`` (docs/FORMAT.md 5a): an INTENT record, fsync'd whatever
+the store's policy; the call with ``idempotency_key``; a RECEIPT record, fsync'd
+before ``tool`` returns. Operator signals go to the ``durkv`` logger.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import random as _random
+import sys
+import threading
+import time
+import uuid as _uuid
+import weakref
+from dataclasses import dataclass
+from itertools import count
+from typing import Any, Callable
+
+import xxhash
+
+from ..errors import (
+    ApprovalMismatchError, ConfigError, DurkvError, IdempotencyConflictError, InDoubtError, Interrupted,
+    NonDeterminismError, RunBusyError, RunConflictError, SerializationError, StepFailedError,
+    VersionDriftError,
+)
+from .aio import AsyncVerbs
+from .journal import (
+    E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_WARN, Entry, JournalEntry,
+    apply, bulk_load, fold,
+)
+from .plan import ONCE, Plan, err_type
+from .tools import Retry, ToolSpec, tool_spec
+from .view import describe
+
+__all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "fingerprint"]
+
+log = logging.getLogger("durkv")
+
+DRIFT_POLICIES = ("warn", "fail", "rerun")
+MAX_INLINE_INPUTS = 64 << 10     # inputs larger than this are journaled by fingerprint only
+NO_INPUT: Any = object()     # store.run() without input=: no input fingerprint check
+
+# runs open in this process, per store (a second driver gets RunBusyError)
+_open_runs: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+_open_lock = threading.Lock()
+
+
+def fingerprint(b: bytes) -> int:
+    return xxhash.xxh3_64_intdigest(b)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An approval's decision, as ``run.approve`` returns it."""
+
+    step_id: str
+    approved: bool
+    by: Any = None
+    note: Any = None
+    decided_at: float | None = None
+
+
+def _rebuild(err: list, loads: Callable[[bytes], Any]) -> BaseException:
+    """The recorded exception again: its class (an Exception subclass of a module this
+    process has already imported: a journal never makes us import code) with its
+    recorded args; else a StepFailedError with its type and message."""
+    tname, msg, args_b = err[0], err[1], err[2]
+    mod, _, qual = tname.rpartition(".")
+    obj: Any = None
+    while mod and obj is None:
+        obj = sys.modules.get(mod)
+        for part in qual.split(".") if obj is not None else ():
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if obj is None:          # a class nested in a module path: module.sub.Class
+            mod, _, head = mod.rpartition(".")
+            qual = f"{head}.{qual}"
+    if isinstance(obj, type) and issubclass(obj, Exception) and args_b is not None:
+        try:
+            return obj(*loads(args_b))
+        except Exception:
+            pass
+    return StepFailedError(f"{tname}: {msg}", error_type=tname)
+
+
+class Run(AsyncVerbs):
+    """One run of an agent over a store's journal. Create with ``store.run(...)``."""
+
+    def __init__(self, store: Any, run_id: str, input: Any = NO_INPUT, *,  # noqa: A002
+                 on_drift: str = "warn", secret_input: bool = False,
+                 clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], Any] | None = None) -> None:
+        if type(run_id) is not str or not run_id:
+            raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}; "
+                              "pass e.g. store.run('ticket-42')")
+        if on_drift not in DRIFT_POLICIES:
+            raise ConfigError(f"on_drift must be one of {', '.join(DRIFT_POLICIES)}, "
+                              f"got {on_drift!r}")
+        self.store = store
+        self.run_id = run_id
+        self.on_drift = on_drift
+        self._input = input
+        self._secret_input = secret_input
+        self._clock = clock or time.time
+        self._sleep = sleep or time.sleep
+        self._dumps = store.serde.dumps
+        self._loads = store.serde.loads
+        self._lock = threading.RLock()
+        self._n = count()
+        self._compensable: list[tuple[str, ToolSpec, Any]] = []
+        self._st: Any = None
+        self._seen = 0          # journal records folded into _st
+        self._opened = False
+        self.status: str | None = None
+        self.interrupt: Interrupted | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return f"<durkv.Run {self.run_id!r} {self.status or 'new'}>"
+
+    def __enter__(self) -> "Run":
+        self.open()
+        return self
+
+    def __exit__(self, et: Any, exc: Any, tb: Any) -> bool:
+        return self.close(exc)
+
+    async def __aenter__(self) -> "Run":
+        self.open()
+        return self
+
+    async def __aexit__(self, et: Any, exc: Any, tb: Any) -> bool:
+        return self.close(exc)
+
+    def open(self) -> None:
+        """Claim the run in this process and read its journal (``with`` does this)."""
+        key = self.store
+        with _open_lock:
+            busy = _open_runs.setdefault(key, set())
+            if self.run_id in busy:
+                raise RunBusyError(
+                    f"run {self.run_id!r} is already being driven in this process; let the "
+                    "other `with store.run(...)` finish first (one driver per run)",
+                    run_id=self.run_id)
+            busy.add(self.run_id)
+        self._n = count()          # an execution numbers its calls from 0
+        self._compensable = []
+        self.interrupt = None
+        try:
+            self._open_journal()
+        except BaseException:
+            self._release()
+            raise
+        self._opened = True
+
+    def attach(self) -> "Run":
+        """Use the run's journal without claiming it: for code whose driver is someone
+        else (LangGraph nodes, several of which may run at once on one thread id).
+        Nothing is written at close; :meth:`refresh` rereads what others appended."""
+        self._open_journal()
+        self._opened = True
+        return self
+
+    def refresh(self) -> None:
+        """Reread the journal if records were appended by anyone else (``decide``,
+        ``resolve``, a delete)."""
+        if self.store.journal_length(self.run_id) != self._seen:
+            with self._lock, bulk_load():
+                self._st = fold(self.run_id, self.store.journal(self.run_id))
+                self._seen = self.store.journal_length(self.run_id)
+
+    def _open_journal(self) -> None:
+        with bulk_load():
+            st = self._st = fold(self.run_id, self.store.journal(self.run_id))
+        self._seen = self.store.journal_length(self.run_id)
+        fp = in_b = None
+        if self._input is not NO_INPUT:
+            try:
+                b = self._dumps(self._input)
+            except Exception as e:
+                raise SerializationError(f"the input of run {self.run_id!r} cannot be "
+                                         f"serialized: {e}", run_id=self.run_id) from e
+            fp = fingerprint(b)
+            in_b = None if self._secret_input or len(b) > MAX_INLINE_INPUTS else b
+        if st.fp is None and not st.order:
+            rec = {"e": E_RUN, "t": self._clock(), "fp": fp}
+            if in_b is not None:
+                rec["in"] = in_b
+            self._append(rec)
+            self.status = "running"
+            return
+        if fp is not None and st.fp is not None and fp != st.fp:
+            raise RunConflictError(
+                f"run {self.run_id!r} exists with another input (fingerprint {st.fp:016x}, "
+                f"now {fp:016x}); two jobs must not share a run id: use a new run id, or the "
+                "original input", run_id=self.run_id, recorded=f"{st.fp:016x}",
+                given=f"{fp:016x}")
+        n = len(st.order)
+        log.info("durkv: resuming run %r (status %s): %d recorded steps will replay",
+                 self.run_id, st.status, n)
+        self._append({"e": E_STATUS, "t": self._clock(), "st": "running",
+                      "msg": f"resumed; {n} recorded steps"})
+        self.status = "running"
+
+    def close(self, exc: BaseException | None = None) -> bool:
+        """Record how the execution ended; returns True when ``exc`` is the approval pause
+        (``with`` then ends quietly and ``run.status == "waiting"``)."""
+        if not self._opened:
+            return False
+        self._opened = False
+        try:
+            return self._record_end(exc)
+        except DurkvError as e:
+            if exc is None:
+                raise
+            # the block's own exception matters more than a status record that failed
+            log.warning("durkv: run %r: could not record its end (%s)", self.run_id, e)
+            return isinstance(exc, Interrupted)
+        finally:
+            self._release()
+
+    def _record_end(self, exc: BaseException | None) -> bool:
+        if isinstance(exc, Interrupted):
+            self.interrupt = exc
+            self._status("waiting", exc.step_id, f"waiting for approval of {exc.action!r}")
+            return True
+        if isinstance(exc, InDoubtError):
+            return False     # the in-doubt status is already journaled
+        if exc is None:
+            self._status("finished")
+        else:
+            self._status("failed", None, f"{err_type(exc)}: {exc}")
+        return False
+
+    def _release(self) -> None:
+        with _open_lock:
+            busy = _open_runs.get(self.store)
+            if busy is not None:
+                busy.discard(self.run_id)
+
+    # -- journal plumbing --------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if not self._opened:
+            raise ConfigError(f"run {self.run_id!r} is not open; use `with store.run(...) "
+                              "as run:`")
+
+    def _append(self, rec: dict, durable: bool = False) -> None:
+        self.store.append_journal(self.run_id, rec, durable=durable)
+        # no lock: concurrent callers (threads with key=, async tools) fold different
+        # entries, and each step of apply() is atomic under the GIL
+        apply(self._st, rec)
+        self._seen += 1
+
+    def _status(self, status: str, step: str | None = None, msg: str | None = None,
+                until: float | None = None) -> None:
+        rec: dict = {"e": E_STATUS, "t": self._clock(), "st": status}
+        if step is not None:
+            rec["s"] = step
+        if msg is not None:
+            rec["msg"] = msg
+        if until is not None:
+            rec["until"] = until
+        self._append(rec)
+        self.status = status
+
+    def _sid(self, key: str | None) -> str:
+        self._check_open()
+        if key is None:
+            return str(next(self._n))      # count() is atomic under the GIL
+        if type(key) is not str or not key or key.isdigit():
+            raise ConfigError(f"key= must be a non-empty string that is not a number (numbers "
+                              f"are the automatic step ids), got {key!r}")
+        return key
+
+    def _inputs(self, kind: str, name: str, args: tuple, kwargs: dict,
+                 secret: bool) -> tuple[Any, int]:
+        try:
+            b = self._dumps([list(args), kwargs])
+        except Exception as e:
+            raise SerializationError(
+                f"the inputs of {kind} {name!r} in run {self.run_id!r} cannot be serialized "
+                f"({e}); "
+                "pass plain data (a client object belongs in the function, not its "
+                "arguments)", run_id=self.run_id) from e
+        keep = None if secret or len(b) > MAX_INLINE_INPUTS else b
+        return keep, fingerprint(b)
+
+    def _check(self, sid: str, kind: str, name: str, fp: int | None) -> Entry | None:
+        e = self._st.latest(sid)
+        if e is None:
+            return None
+        if e.kind != kind or e.name != name:
+            raise NonDeterminismError(
+                f"run {self.run_id!r} step {sid}: the journal holds {e.kind} {e.name!r} at this "
+                f"position, the code now asks for {kind} {name!r}; the code changed under a "
+                "recorded run: run it with the code that started it, or use a new run id",
+                run_id=self.run_id, step_id=sid, recorded=f"{e.kind} {e.name}",
+                requested=f"{kind} {name}")
+        if fp is not None and e.fp != fp:
+            raise IdempotencyConflictError(
+                f"run {self.run_id!r} step {sid} ({name!r}) was recorded with inputs "
+                f"{e.fp:016x}, now called with {fp:016x}; the same step must get the same "
+                "input (pass key= to name a different call)", run_id=self.run_id,
+                step_id=sid, recorded=f"{e.fp:016x}", given=f"{fp:016x}")
+        return e
+
+    def _drift(self, e: Entry, what: str, recorded: Any, running: Any) -> bool:
+        """Version drift at a recorded entry: True means call again (``rerun``)."""
+        msg = (f"run {self.run_id!r} step {e.step_id} ({e.name!r}): recorded {what} version "
+               f"{recorded!r}, running {running!r}")
+        if self.on_drift == "fail":
+            raise VersionDriftError(msg + "; on_drift='fail' (use 'warn' to replay the "
+                                    "recorded result, 'rerun' to call again)",
+                                    run_id=self.run_id, step_id=e.step_id)
+        if self.on_drift == "rerun":
+            log.warning("durkv: %s; re-running (on_drift='rerun')", msg)
+            return True
+        log.warning("durkv: %s; replaying the recorded result (on_drift='warn')", msg)
+        note = f"version drift: {what} {recorded!r} -> {running!r}; recorded result used"
+        if note not in e.warnings:
+            self._append({"e": E_WARN, "t": self._clock(), "s": e.step_id, "g": e.gen,
+                          "msg": note})
+        return False
+
+    def _outcome(self, e: Entry) -> Any:
+        if e.err is not None:
+            raise _rebuild(e.err, self._loads)
+        return self._loads(e.result)
+
+    def _err(self, exc: BaseException) -> list:
+        try:
+            args_b = self._dumps(list(exc.args))
+        except Exception:
+            args_b = None
+        return [err_type(exc), str(exc), args_b]
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _plan_step(self, sid: str, kind: str, name: str, fp: int | None, inputs: Any,
+                   version: Any, retry_failed: bool = False) -> Plan:
+        p = Plan(sid, kind, name, fp or 0, inputs, version)
+        e = self._check(sid, kind, name, fp)
+        if e is None:
+            p.t0 = self._clock()
+            return p
+        p.t0 = self._clock()
+        p.gen = e.gen
+        if e.err is not None and retry_failed:
+            p.gen = e.gen + 1
+            log.info("durkv: run %r step %s: retrying a recorded failure (retry_failed=True)",
+                     self.run_id, sid)
+            return p
+        if e.err is None and version != e.prompt_version and self._drift(
+                e, "prompt", e.prompt_version, version):
+            p.gen = e.gen + 1
+            return p
+        p.entry, p.replay = e, True
+        return p
+
+    def _record_step(self, p: Plan, result: Any = None, exc: BaseException | None = None,
+                     tries: list | None = None) -> None:
+        rec: dict = {"e": E_STEP, "t": self._clock(), "s": p.sid, "k": p.kind, "n": p.name,
+                     "fp": p.fp, "t0": p.t0}
+        if p.gen:
+            rec["g"] = p.gen
+        if p.inputs is not None:
+            rec["in"] = p.inputs
+        if p.version is not None:
+            rec["pv"] = p.version
+        if tries:
+            rec["tries"] = tries
+        if exc is not None:
+            rec["err"] = self._err(exc)
+        else:
+            try:
+                rec["r"] = self._dumps(result)
+            except Exception as e:
+                raise SerializationError(
+                    f"the result of step {p.sid} ({p.name!r}) of run {self.run_id!r} cannot be "
+                    f"serialized ({e}); nothing was recorded and the step will run again: "
+                    "return plain data", run_id=self.run_id, step_id=p.sid) from e
+        self._append(rec)
+
+    def step(self, name: str, fn: Callable, *args: Any, prompt_version: Any = None,
+             retry: Retry | None = None, key: str | None = None, secret: bool = False,
+             retry_failed: bool = False, **kwargs: Any) -> Any:
+        """Call ``fn(*args, **kwargs)`` once per run: a recorded result (or final error) is
+        returned (raised) without calling ``fn``.
+
+        Args:
+            name: the planned action journaled (a replay asking for another name at this
+                position is a NonDeterminismError).
+            prompt_version: recorded; a different one on replay follows ``on_drift``.
+            retry: a :class:`durkv.Retry`; every failed attempt is journaled.
+            key: an explicit step id (threads: where the call order is not deterministic).
+            secret: journal only the inputs' fingerprint, not the inputs.
+            retry_failed: call again even if a final failure is recorded.
+        """
+        sid = str(next(self._n)) if key is None and self._opened else self._sid(key)
+        inputs, fp = self._inputs("step", name, args, kwargs, secret)
+        gens = self._st.entries.get(sid)
+        if gens is None:
+            if retry is None:       # the hot path of a live run: a new step, no retry policy
+                p = Plan(sid, "step", name, fp, inputs, prompt_version)
+                p.t0 = self._clock()
+                try:
+                    result = fn(*args, **kwargs)
+                except Exception as exc:
+                    self._record_step(p, exc=exc, tries=[[err_type(exc), str(exc)]])
+                    raise
+                self._record_step(p, result)
+                return result
+        else:
+            e = gens[-1]
+            if (e.err is None and e.done and e.kind == "step" and e.name == name
+                    and e.fp == fp and e.prompt_version == prompt_version):
+                return self._loads(e.result)     # the hot path of a replay: recorded, no call
+        p = self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
+        if p.replay:
+            return self._outcome(p.entry)
+        r = retry or ONCE
+        tries: list = []
+        for i in count():
+            try:
+                result = fn(*args, **kwargs)
+                break
+            except Exception as exc:
+                tries.append([err_type(exc), str(exc)])
+                if not r.retries(exc, i):
+                    self._record_step(p, exc=exc, tries=tries)
+                    raise
+                log.info("durkv: run %r step %s attempt %d failed: %s", self.run_id, sid, i + 1,
+                         exc)
+                r.sleep(r.delay(i))
+        self._record_step(p, result, tries=tries)
+        return result
+
+    # -- tools -------------------------------------------------------------------------------
+
+    def _spec(self, fn: Any) -> ToolSpec:
+        spec = tool_spec(fn)
+        if spec is None:
+            raise ConfigError(f"run.tool({getattr(fn, '__qualname__', fn)!r}): not a "
+                              "@durkv.tool; decorate it (it gets an idempotency_key), or use "
+                              "run.step for calls without side effects")
+        return spec
+
+    def _plan_tool(self, sid: str, spec: ToolSpec, args: tuple, kwargs: dict, secret: bool,
+                   comp_of: str | None = None, retry_failed: bool = False) -> Plan:
+        inputs, fp = self._inputs("tool", spec.name, args, kwargs, secret)
+        p = Plan(sid, "tool", spec.name, fp, inputs, spec.version)
+        p.spec, p.comp_of = spec, comp_of
+        base = f"{self.run_id}:{sid}"
+        p.key = base
+        e = self._check(sid, "tool", spec.name, fp)
+        if e is None:
+            return p
+        p.gen = e.gen
+        p.key = e.key or base
+        if e.done:
+            if (e.err is not None and retry_failed) or (
+                    e.err is None and spec.version != e.tool_version
+                    and self._drift(e, "tool", e.tool_version, spec.version)):
+                p.gen = e.gen + 1
+                p.key = f"{base}#{p.gen}"      # a new call: a new key; both stay journaled
+                return p
+            p.entry, p.replay = e, True
+            return p
+        # an intent without a receipt: the call may or may not have happened
+        if e.resolved is not None and not e.resolved.get("done"):
+            p.rc = e.retry_count + 1
+            log.warning("durkv: run %r step %s (%r): resolved as not done; calling it (key %s)",
+                        self.run_id, sid, spec.name, p.key)
+            return p
+        if e.at_most_once or spec.at_most_once:
+            msg = (f"run {self.run_id!r} step {sid}: at-most-once tool {spec.name!r} "
+                   f"(key {p.key}) was interrupted between intent and receipt; whether it "
+                   "happened is unknown. Check the service, then record it with "
+                   f"store.resolve({self.run_id!r}, {sid!r}, done=True, result=...) or "
+                   "done=False (call it again)")
+            log.error("durkv: in-doubt step: %s", msg)
+            self._status("in_doubt", sid, msg)
+            raise InDoubtError(msg, run_id=self.run_id, step_id=sid, key=p.key)
+        p.rc = e.retry_count + 1
+        log.warning("durkv: run %r step %s (%r): intent without receipt; calling again with "
+                    "the same key %s (retry %d)", self.run_id, sid, spec.name, p.key, p.rc)
+        return p
+
+    def _intent(self, p: Plan) -> None:
+        rec: dict = {"e": E_INTENT, "t": self._clock(), "s": p.sid, "n": p.name, "fp": p.fp,
+                     "key": p.key, "rc": p.rc}
+        if p.gen:
+            rec["g"] = p.gen
+        if p.inputs is not None:
+            rec["in"] = p.inputs
+        if p.version is not None:
+            rec["tv"] = p.version
+        if p.spec is not None and p.spec.at_most_once:
+            rec["amo"] = True
+        if p.comp_of is not None:
+            rec["comp"] = p.comp_of
+        self._append(rec, durable=True)
+
+    def _receipt(self, p: Plan, result: Any = None, exc: BaseException | None = None,
+                 tries: list | None = None) -> None:
+        rec: dict = {"e": E_RECEIPT, "t": self._clock(), "s": p.sid}
+        if p.gen:
+            rec["g"] = p.gen
+        if tries:
+            rec["tries"] = tries
+        if exc is not None:
+            rec["err"] = self._err(exc)
+        else:
+            try:
+                rec["r"] = self._dumps(result)
+            except Exception as e:
+                raise SerializationError(
+                    f"the result of tool {p.name!r} (step {p.sid} of run {self.run_id!r}, key "
+                    f"{p.key}) cannot be serialized ({e}); the call happened but has no "
+                    "receipt: a re-execution calls it again with the same key. Return plain "
+                    "data", run_id=self.run_id, step_id=p.sid) from e
+        self._append(rec, durable=True)
+
+    def _done(self, p: Plan, result: Any) -> Any:
+        if p.spec is not None and p.spec.compensate is not None and p.comp_of is None:
+            self._compensable.append((p.sid, p.spec, result))
+        return result
+
+    def tool(self, fn: Callable, *args: Any, retry: Retry | None = None, key: str | None = None,
+             secret: bool = False, retry_failed: bool = False, **kwargs: Any) -> Any:
+        """Call a ``@durkv.tool`` at most once per step id (see the module docstring): a
+        recorded receipt is returned without a call; an intent without a receipt is
+        called again with the same key (``retry_count + 1``), or, for an at-most-once
+        tool, raises :class:`durkv.InDoubtError`."""
+        spec = self._spec(fn)
+        p = self._plan_tool(self._sid(key), spec, args, kwargs, secret,
+                            retry_failed=retry_failed)
+        return self._call_tool(p, fn, args, kwargs, retry)
+
+    def _call_tool(self, p: Plan, fn: Callable, args: tuple, kwargs: dict,
+                   retry: Retry | None) -> Any:
+        if p.replay:
+            return self._done(p, self._outcome(p.entry))
+        r = retry or ONCE
+        tries: list = []
+        for i in count():
+            self._intent(p)
+            try:
+                result = fn(*args, idempotency_key=p.key, **kwargs)
+                break
+            except Exception as exc:
+                tries.append([err_type(exc), str(exc)])
+                if not r.retries(exc, i):
+                    self._receipt(p, exc=exc, tries=tries)
+                    raise
+                r.sleep(r.delay(i))
+                p.rc += 1
+        self._receipt(p, result, tries=tries)
+        return self._done(p, result)
+
+    def compensate(self) -> list:
+        """Run the undos of this run's completed tools that declared ``compensate=``,
+        newest first; each is a durable tool call with its own key. Returns their results."""
+        self._check_open()
+        out = []
+        todo, self._compensable = self._compensable, []
+        for sid, spec, result in reversed(todo):
+            undo = spec.compensate
+            uspec = tool_spec(undo) or ToolSpec(
+                getattr(undo, "__qualname__", repr(undo)), None, False,
+                None, inspect.iscoroutinefunction(undo))
+            p = self._plan_tool(self._sid(None), uspec, (result,), {}, False, comp_of=sid)
+            out.append(self._call_tool(p, undo, (result,), {}, None))
+        return out
+
+    # -- approvals ---------------------------------------------------------------------------
+
+    def approve(self, action: str, payload: Any = None, *, key: str | None = None) -> Decision:
+        """Ask for a human decision on ``(action, payload)``.
+
+        The first time: a durable pending request, then :class:`durkv.Interrupted` (the
+        run pauses; ``store.decide`` records the decision). On re-execution after the
+        decision: the :class:`Decision` (a rejection is a result, not an error).
+
+        Raises:
+            ApprovalMismatchError: the decision (or request) was for another payload.
+        """
+        return self._approve_at(self._sid(key), action, payload)
+
+    def _approve_at(self, sid: str, action: str, payload: Any) -> Decision:
+        try:
+            pb = self._dumps(payload)
+            fp = fingerprint(self._dumps([action, payload]))
+        except Exception as e:
+            raise SerializationError(f"the payload of approval {action!r} cannot be serialized: "
+                                     f"{e}", run_id=self.run_id) from e
+        e = self._check(sid, "approval", action, None)
+        if e is None:
+            self._append({"e": E_APPROVAL, "t": self._clock(), "s": sid, "n": action,
+                          "fp": fp, "in": pb}, durable=True)
+            log.info("durkv: run %r step %s waits for approval of %r", self.run_id, sid, action)
+            raise Interrupted(self.run_id, sid, action, payload)
+        d = e.decision
+        if d is not None and d.get("fp") != fp or d is None and e.fp != fp:
+            what = "decided" if d is not None else "requested"
+            raise ApprovalMismatchError(
+                f"run {self.run_id!r} step {sid}: approval of {action!r} was {what} for "
+                f"payload {(d or {}).get('fp', e.fp):016x}, the code now asks about {fp:016x}: "
+                "the payload changed after the request; start a new run id or restore the "
+                "payload", run_id=self.run_id, step_id=sid)
+        if d is None:
+            raise Interrupted(self.run_id, sid, action, payload)
+        return Decision(sid, bool(d.get("ok")), d.get("by"), d.get("note"), d.get("t"))
+
+    # -- time and chance ---------------------------------------------------------------------
+
+    def _recorded(self, kind: str, make: Callable[[], Any]) -> Any:
+        p = self._plan_step(self._sid(None), kind, kind, None, None, None)
+        if p.replay:
+            return self._outcome(p.entry)
+        v = make()
+        self._record_step(p, v)
+        return v
+
+    def now(self) -> float:
+        """The wall clock (unix seconds), recorded: a re-execution gets the same time."""
+        return self._recorded("now", self._clock)
+
+    def random(self) -> float:
+        """``random.random()``, recorded."""
+        return self._recorded("random", _random.random)
+
+    def uuid(self) -> _uuid.UUID:
+        """A new ``uuid4``, recorded."""
+        return self._recorded("uuid", _uuid.uuid4)
+
+    def _plan_sleep(self, seconds: float) -> tuple[float, bool]:
+        if not isinstance(seconds, (int, float)) or seconds < 0:
+            raise ConfigError(f"sleep seconds must be a number >= 0, got {seconds!r}")
+        p = self._plan_step(self._sid(None), "sleep", "sleep", None, None, None)
+        if p.replay:
+            wake = self._outcome(p.entry)
+        else:
+            wake = self._clock() + seconds
+            self._record_step(p, wake)
+        left = wake - self._clock()
+        if left > 0:
+            self._status("sleeping", p.sid, until=wake)
+        return left, left > 0
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep durably: the wake-up time is recorded, a re-execution sleeps what is left."""
+        left, slept = self._plan_sleep(seconds)
+        if slept:
+            self._sleep(left)
+            self._status("running")
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def journal(self) -> list[JournalEntry]:
+        """The run's journal entries in call order, read from the store."""
+        return describe(self.store, self.run_id)
+
+

@@ -1,0 +1,83 @@
+"""Child process of test_kill_journal.py's LangGraph case: a looping graph whose node
+makes a recorded model call (``durkv.langgraph.step``) and a mutating tool call
+(``durkv.langgraph.tool``: appends its key to WORKDIR/effects.log and fsyncs).
+
+Usage: journal_lg_child.py STORE WORKDIR EXEC   (prints READY, GO once the graph is
+built and about to run, then END DONE <digest>)
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import sys
+import time
+from typing import Annotated
+
+import xxhash
+from langgraph.graph import END, START, StateGraph
+from typing_extensions import TypedDict
+
+import durkv
+from durkv.langgraph import DurkvSaver, step, tool
+
+THREAD = "lg-agent"
+STEPS = 60
+
+
+class State(TypedDict):
+    n: int
+    log: Annotated[list, operator.add]
+
+
+def build(saver, work: str, exe: int):
+    def model(i):
+        time.sleep(0.003)
+        with open(os.path.join(work, "models.log"), "a") as f:
+            f.write(f"{exe} {i}\n")
+        return f"m{i}"
+
+    @durkv.tool(version="1", name="effect")
+    def effect(i, *, idempotency_key):
+        fd = os.open(os.path.join(work, "effects.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                     0o644)
+        try:
+            os.write(fd, f"{idempotency_key}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return f"r{i}"
+
+    def act(state):
+        i = state["n"]
+        m = step("model", model, i)
+        r = tool(effect, i)
+        return {"n": i + 1, "log": [f"{m}{r}"]}
+
+    g = StateGraph(State)
+    g.add_node("act", act)
+    g.add_edge(START, "act")
+    g.add_conditional_edges("act", lambda s: END if s["n"] >= STEPS else "act")
+    return g.compile(checkpointer=saver)
+
+
+def drive(saver, work: str, exe: int, ready=lambda: None) -> str:
+    graph = build(saver, work, exe)
+    cfg = {"configurable": {"thread_id": THREAD}, "recursion_limit": STEPS + 10}
+    started = saver.get_tuple(cfg) is not None
+    ready()
+    out = graph.invoke(None if started else {"n": 0, "log": []}, cfg)
+    return xxhash.xxh3_64_hexdigest(repr(out["log"]).encode())
+
+
+def main() -> None:
+    path, work, exe = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    with DurkvSaver.open(path, durability="sync") as saver:
+        print("READY", flush=True)
+        digest = drive(saver, work, exe, ready=lambda: print("GO", flush=True))
+    print(f"END DONE {digest}", flush=True)
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,481 @@
+"""The run journal's semantics (durkv.runtime): one test per promise in issue 9.
+
+Real stores (memory and the local C log); crashes are simulated by abandoning a
+run between two records where a kill -9 would (the chaos suite kills for real).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+import durkv
+from durkv.runtime.journal import E_INTENT
+
+
+class Model:
+    """A 'model call' that counts how often it really ran."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prompt):
+        self.calls.append(prompt)
+        return f"answer to {prompt}"
+
+
+class Outbox:
+    def __init__(self):
+        self.keys = []
+
+    def tool(self, **kw):
+        @durkv.tool(**kw)
+        def send(to, body, *, idempotency_key):
+            self.keys.append(idempotency_key)
+            return {"id": len(self.keys), "to": to}
+        return send
+
+
+def test_step_records_once_and_replays(url):
+    model = Model()
+    with durkv.open(url) as s:
+        with s.run("r", input={"q": 1}) as run:
+            a = run.step("plan", model, "p1", prompt_version="v1")
+            b = run.step("plan", model, "p2", prompt_version="v1")
+        assert run.status == "finished"
+    with durkv.open(url) as s:
+        with s.run("r", input={"q": 1}) as run:
+            assert run.step("plan", model, "p1", prompt_version="v1") == a
+            assert run.step("plan", model, "p2", prompt_version="v1") == b
+            c = run.step("more", model, "p3")
+        assert model.calls == ["p1", "p2", "p3"] and c == "answer to p3"
+        j = run.journal()
+        assert [(e.step_id, e.planned_action, e.inputs, e.result_receipt) for e in j] == [
+            ("0", "plan", [["p1"], {}], a), ("1", "plan", [["p2"], {}], b),
+            ("2", "more", [["p3"], {}], c)]
+        assert j[0].prompt_version == "v1" and j[0].state == "done"
+        assert j[0].started_at <= j[0].ended_at
+
+
+def test_replayed_result_is_a_fresh_value(url):
+    with durkv.open(url) as s:
+        for _ in range(2):
+            with s.run("r") as run:
+                v = run.step("x", lambda: {"items": [1]})
+                v["items"].append(2)       # the caller's mutation is not the journal's value
+        with s.run("r") as run:
+            assert run.step("x", lambda: None) == {"items": [1]}
+
+
+def test_tool_intent_receipt_and_key(url):
+    box = Outbox()
+    send = box.tool(version="3")
+    with durkv.open(url) as s:
+        for _ in range(3):
+            with s.run("t") as run:
+                r = run.tool(send, to="a@b", body="hi")
+        assert box.keys == ["t:0"] and r == {"id": 1, "to": "a@b"}
+        (e,) = run.journal()
+        assert (e.kind, e.idempotency_key, e.tool_version, e.retry_count, e.state) == (
+            "tool", "t:0", "3", 0, "done")
+
+
+def _crash_after_intent(s, run_id, fn, **kw):
+    """What a kill -9 between the call and its receipt leaves: a durable intent only."""
+    with s.run(run_id) as run:
+        real = run._receipt
+        run._receipt = lambda *a, **k: (_ for _ in ()).throw(SystemExit("killed"))
+        with pytest.raises(SystemExit):
+            run.tool(fn, **kw)
+        run._receipt = real
+
+
+def test_intent_without_receipt_is_called_again_with_the_same_key(url, caplog):
+    box = Outbox()
+    send = box.tool()
+    with durkv.open(url) as s:
+        _crash_after_intent(s, "t", send, to="a", body="b")
+        assert box.keys == ["t:0"]
+        with caplog.at_level(logging.WARNING, logger="durkv"), s.run("t") as run:
+            run.tool(send, to="a", body="b")
+        assert box.keys == ["t:0", "t:0"]       # a duplicate by key, deduplicated by it
+        assert "intent without receipt" in caplog.text
+        (e,) = run.journal()
+        assert e.retry_count == 1 and e.state == "done"
+
+
+def test_at_most_once_in_doubt_then_resolve(url):
+    box = Outbox()
+    pay = box.tool(at_most_once=True)
+    with durkv.open(url) as s:
+        _crash_after_intent(s, "p", pay, to="a", body="b")
+        with pytest.raises(durkv.InDoubtError, match="store.resolve"):
+            with s.run("p") as run:
+                run.tool(pay, to="a", body="b")
+        assert box.keys == ["p:0"]
+        assert [(r.status, r.step) for r in s.runs()] == [("in_doubt", "0")]
+        assert run.journal()[0].state == "in_doubt"
+        s.resolve("p", "0", done=True, result={"id": 99})
+        with s.run("p") as run:
+            assert run.tool(pay, to="a", body="b") == {"id": 99}
+        assert box.keys == ["p:0"] and s.runs()[0].status == "finished"
+        # resolved as not done: the next execution calls it, same key
+        _crash_after_intent(s, "q", pay, to="a", body="b")
+        s.resolve("q", "0", done=False, by="ops")
+        with s.run("q") as run:
+            run.tool(pay, to="a", body="b")
+        assert box.keys == ["p:0", "q:0", "q:0"]
+        with pytest.raises(durkv.ConfigError, match="has a receipt"):
+            s.resolve("q", "0", done=True)
+
+
+def test_same_step_different_input_conflicts(url):
+    box = Outbox()
+    send = box.tool()
+    model = Model()
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            run.step("plan", model, "a")
+            run.tool(send, to="x", body="1")
+        with s.run("r") as run, pytest.raises(durkv.IdempotencyConflictError) as ei:
+            run.step("plan", model, "CHANGED")
+        assert "run 'r' step 0" in str(ei.value) and ei.value.context["recorded"] != \
+            ei.value.context["given"]
+        with s.run("r") as run:
+            run.step("plan", model, "a")
+            with pytest.raises(durkv.IdempotencyConflictError):
+                run.tool(send, to="y", body="1")
+        assert model.calls == ["a"] and box.keys == ["r:1"]
+
+
+def test_non_determinism(url):
+    model = Model()
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            run.step("plan", model, "a")
+        with s.run("r") as run, pytest.raises(durkv.NonDeterminismError) as ei:
+            run.step("search", model, "a")
+        msg = str(ei.value)
+        assert "step 0" in msg and "'plan'" in msg and "'search'" in msg
+        assert model.calls == ["a"]
+
+
+@pytest.mark.parametrize("policy", ["warn", "fail", "rerun"])
+def test_version_drift(url, policy, caplog):
+    box = Outbox()
+    model = Model()
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            run.step("plan", model, "a", prompt_version="p1")
+            run.tool(box.tool(version="1"), to="x", body="b")
+        with caplog.at_level(logging.WARNING, logger="durkv"):
+            run = s.run("r", on_drift=policy)
+            with run:
+                if policy == "fail":
+                    with pytest.raises(durkv.VersionDriftError, match="'p1', running 'p2'"):
+                        run.step("plan", model, "a", prompt_version="p2")
+                    return
+                run.step("plan", model, "a", prompt_version="p2")
+                run.tool(box.tool(version="2"), to="x", body="b")
+        j = run.journal()
+        if policy == "warn":
+            assert model.calls == ["a"] and box.keys == ["r:1"]
+            assert "version drift" in j[0].warnings[0] and "warn" in caplog.text
+            assert len(j) == 2
+        else:
+            assert model.calls == ["a", "a"] and box.keys == ["r:1", "r:1#1"]
+            assert [(e.step_id, e.generation) for e in j] == [("0", 0), ("1", 0), ("0", 1),
+                                                                ("1", 1)]
+            with s.run("r", on_drift="fail") as run:    # the rerun is now the record
+                run.step("plan", model, "a", prompt_version="p2")
+                run.tool(box.tool(version="2"), to="x", body="b")
+
+
+def test_retries_with_backoff_on_a_fake_clock(url):
+    slept = []
+    fails = {"n": 2}
+
+    def flaky(x):
+        if fails["n"]:
+            fails["n"] -= 1
+            raise ConnectionError(f"down {fails['n']}")
+        return x * 2
+
+    retry = durkv.Retry(5, backoff=1.0, max_delay=1.5, jitter=0.5, sleep=slept.append,
+                        random=lambda: 0.5)
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            assert run.step("f", flaky, 21, retry=retry) == 42
+        assert slept == [0.75, 1.5 * 0.75]       # 1*2^0, then capped at 1.5; jitter 0.5*0.5
+        (e,) = run.journal()
+        assert e.retry_count == 2 and [t[0] for t in e.attempt_errors] == [
+            "builtins.ConnectionError"] * 2
+
+
+def test_recorded_final_failure_replays_as_the_same_exception(url):
+    model = Model()
+
+    def boom(x):
+        model.calls.append(x)
+        raise KeyError(x)
+
+    with durkv.open(url) as s:
+        for _ in range(2):
+            with pytest.raises(KeyError, match="k1"), s.run("r") as run:
+                run.step("b", boom, "k1", retry=durkv.Retry(2, backoff=0, jitter=0))
+        assert model.calls == ["k1", "k1"]           # two attempts, once
+        assert s.runs()[0].status == "failed"
+        with s.run("r") as run:
+            assert run.step("b", lambda x: "ok", "k1", retry_failed=True) == "ok"
+        e = run.journal()
+        assert [x.state for x in e] == ["failed", "done"]
+        assert e[0].error_state == "builtins.KeyError: 'k1'"
+
+
+def test_compensation_runs_undos_newest_first(url):
+    undone = []
+
+    @durkv.tool
+    def release(receipt, *, idempotency_key):
+        undone.append((receipt, idempotency_key))
+
+    @durkv.tool(compensate=release)
+    def reserve(what, *, idempotency_key):
+        return f"res-{what}"
+
+    @durkv.tool
+    def notify(*, idempotency_key):
+        return None
+
+    with durkv.open(url) as s:
+        for _ in range(2):          # the second execution replays every undo
+            with s.run("r") as run:
+                run.tool(reserve, "a")
+                run.tool(notify)
+                run.tool(reserve, "b")
+                run.compensate()
+        assert undone == [("res-b", "r:3"), ("res-a", "r:4")]
+        j = run.journal()
+        assert [e.compensates for e in j[3:]] == ["2", "0"]
+
+
+def test_approval_pause_decide_resume(url):
+    box = Outbox()
+    send = box.tool()
+
+    def agent(s):
+        with s.run("r", input={"t": 1}) as run:
+            if run.approve("send", {"to": "a"}).approved:
+                run.tool(send, to="a", body="x")
+        return run
+
+    with durkv.open(url) as s:
+        run = agent(s)
+        assert run.status == "waiting" and run.interrupt.step_id == "0"
+        assert [(r.status, r.step) for r in s.runs()] == [("waiting", "0")]
+        run = agent(s)                      # not decided yet: still waiting, nothing sent
+        assert run.status == "waiting" and box.keys == []
+        d = s.decide("r", "0", True, by="ann", note="ok")
+        assert d.approved and s.decide("r", "0", True).by == "ann"    # idempotent
+        with pytest.raises(durkv.ConfigError, match="already approved"):
+            s.decide("r", "0", False)
+    with durkv.open(url) as s:
+        agent(s)
+        agent(s)
+        assert box.keys == ["r:1"]
+        j = s.run("r").journal()
+        assert (j[0].approval_status, j[0].result_receipt) == ("approved", True)
+
+
+def test_interrupted_is_not_swallowed_by_except_exception(url):
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            try:
+                run.approve("x", 1)
+            except Exception:      # user code that catches everything
+                pytest.fail("Interrupted was caught as an Exception")
+        assert run.status == "waiting"
+        assert issubclass(durkv.Interrupted, BaseException)
+
+
+def test_rejection_is_a_result_and_mismatch_is_refused(url):
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            run.approve("send", {"body": "v1"})
+        s.decide("r", "0", False, by="bob")
+        with s.run("r") as run:
+            d = run.approve("send", {"body": "v1"})
+        assert d.approved is False and d.by == "bob"
+        with s.run("r") as run, pytest.raises(durkv.ApprovalMismatchError, match="decided"):
+            run.approve("send", {"body": "v2 edited after the human looked"})
+        with pytest.raises(durkv.NotFoundError):
+            s.decide("r", "9", True)
+
+
+def test_run_id_conflict_and_two_drivers(url):
+    with durkv.open(url) as s:
+        with s.run("r", input={"job": 1}):
+            pass
+        with pytest.raises(durkv.RunConflictError, match="another input"):
+            with s.run("r", input={"job": 2}):
+                pass
+        with s.run("r", input={"job": 1}) as run:
+            with pytest.raises(durkv.RunBusyError):
+                with s.run("r"):
+                    pass
+            run.step("x", lambda: 1)
+        with s.run("r"):       # released after the block
+            pass
+
+
+def test_sleep_records_its_wake_time():
+    now = [1000.0]
+    slept = []
+
+    def sleep(d):
+        slept.append(d)
+        now[0] += d
+
+    with durkv.open("memory://") as s:
+        with s.run("r", clock=lambda: now[0], sleep=lambda d: None) as run:
+            run.sleep(60)         # "killed" during the sleep: nothing advanced
+        assert s.runs()[0].status == "finished"
+        now[0] += 45
+        with s.run("r", clock=lambda: now[0], sleep=sleep) as run:
+            run.sleep(60)
+        assert slept == [15.0]
+        with s.run("r", clock=lambda: now[0], sleep=sleep) as run:
+            run.sleep(60)
+        assert slept == [15.0]
+
+
+def test_now_random_uuid_are_recorded(url):
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            first = (run.now(), run.random(), run.uuid())
+        with s.run("r") as run:
+            assert (run.now(), run.random(), run.uuid()) == first
+
+
+def test_explicit_keys_for_threads(url):
+    box = Outbox()
+    send = box.tool()
+    with durkv.open(url) as s:
+        for _ in range(2):
+            with s.run("r") as run:
+                ts = [threading.Thread(target=run.tool, args=(send,),
+                                       kwargs=dict(to=str(i), body="b", key=f"mail-{i}"))
+                      for i in range(4)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+        assert sorted(box.keys) == [f"r:mail-{i}" for i in range(4)]
+        with s.run("r") as run, pytest.raises(durkv.ConfigError, match="not a number"):
+            run.step("x", lambda: 1, key="7")
+
+
+def test_tool_without_idempotency_key_fails_at_decoration():
+    with pytest.raises(durkv.ConfigError, match="idempotency_key"):
+        @durkv.tool(version="1")
+        def send(to, body):
+            pass
+    with durkv.open("memory://") as s, s.run("r") as run:
+        with pytest.raises(durkv.ConfigError, match="not a @durkv.tool"):
+            run.tool(print, "x")
+
+
+def test_unencodable_result_records_nothing_and_runs_again(url):
+    model = Model()
+
+    def bad(p):
+        model.calls.append(p)
+        return object()
+
+    with durkv.open(url) as s:
+        with pytest.raises(durkv.SerializationError, match="nothing was recorded"):
+            with s.run("r") as run:
+                run.step("b", bad, "x")
+        assert run.journal() == []
+        with s.run("r") as run:
+            assert run.step("b", lambda p: "fine", "x") == "fine"
+        with pytest.raises(durkv.SerializationError, match="plain data"):
+            with s.run("r2") as run:
+                run.step("b", bad, object())
+    assert model.calls == ["x"]
+
+
+def test_oversized_and_secret_inputs(url):
+    big = "x" * (200 << 10)
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            run.step("big", len, big)
+            run.step("pw", len, "hunter2", secret=True)
+        with s.run("r") as run:
+            assert run.step("big", len, big) == len(big)
+            with pytest.raises(durkv.IdempotencyConflictError):
+                run.step("pw", len, "hunter3", secret=True)
+        j = run.journal()
+        assert j[0].inputs is None and j[1].inputs is None     # fingerprints only
+        assert j[0].inputs_fingerprint != j[1].inputs_fingerprint
+    with durkv.open("memory://", max_commit_bytes=4096) as s, s.run("r") as run:
+        with pytest.raises(durkv.FrameTooLargeError, match="max_commit_bytes"):
+            run.step("huge", lambda: "y" * 10_000)
+        assert run.journal() == []
+
+
+def test_intent_is_durable_before_the_call_under_exit_policy(tmp_path):
+    """Under `exit` everything else is buffered, but the intent reaches the disk first."""
+    path = str(tmp_path / "s.durkv")
+    seen = []
+
+    with durkv.open(path, durability="exit") as s:
+        @durkv.tool
+        def check(*, idempotency_key):
+            with durkv.open(path, read_only=True) as r:      # what a crash would leave
+                seen.extend(rec["e"] for rec in r.journal("r"))
+        with s.run("r") as run:
+            run.tool(check)
+    assert E_INTENT in seen
+
+
+def test_a_block_error_is_not_masked_by_a_closed_store(url):
+    s = durkv.open(url)
+    with pytest.raises(ZeroDivisionError):
+        with s.run("r") as run:
+            run.step("x", lambda: 1)
+            s.close()
+            1 / 0
+
+
+class QuotaError(Exception):
+    pass
+
+
+def test_recorded_failure_types_are_rebuilt_only_from_loaded_modules(url):
+    from durkv.runtime.run import _rebuild
+
+    def quota():
+        raise QuotaError("over quota", 3)
+
+    with durkv.open(url) as s:
+        for _ in range(2):
+            with pytest.raises(QuotaError) as ei, s.run("r") as run:
+                run.step("q", quota)
+            assert ei.value.args == ("over quota", 3)
+    loads = durkv.open("memory://").serde.loads
+    e = _rebuild(["not_imported_anywhere.Boom", "boom", None], loads)
+    assert isinstance(e, durkv.StepFailedError) and "boom" in str(e)
+
+
+def test_one_run_object_executed_twice(url):
+    model = Model()
+    with durkv.open(url) as s:
+        run = s.run("r")
+        for _ in range(2):
+            with run:
+                run.step("a", model, 1)
+                run.step("b", model, 2)
+        assert model.calls == [1, 2]

@@ -1,0 +1,82 @@
+"""The awaitable forms: astep/atool/aapprove/asleep and `async with store.arun(...)`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import durkv
+
+
+def test_gather_gets_step_ids_in_issue_order(url):
+    done = []
+
+    @durkv.tool(name="slow")
+    async def slow(tag, delay, *, idempotency_key):
+        await asyncio.sleep(delay)
+        done.append((tag, idempotency_key))
+        return tag
+
+    async def agent(store):
+        async with store.arun("r", input=1) as run:
+            # the first finishes last: ids follow the order of issue, not of completion
+            a, b = await asyncio.gather(run.atool(slow, "a", 0.05), run.atool(slow, "b", 0.0))
+            c = await run.astep("model", _amodel, "q")
+            return a, b, c
+
+    with durkv.open(url) as s:
+        assert asyncio.run(agent(s)) == ("a", "b", "Q")
+        assert done == [("b", "r:1"), ("a", "r:0")]
+        assert asyncio.run(agent(s)) == ("a", "b", "Q")       # replayed, nothing called
+        assert len(done) == 2
+        j = durkv.Run(s, "r").journal()
+        assert [(e.step_id, e.planned_action, e.inputs[0][0]) for e in j] == [
+            ("0", "slow", "a"), ("1", "slow", "b"), ("2", "model", "q")]
+
+
+async def _amodel(p):
+    await asyncio.sleep(0)
+    return p.upper()
+
+
+def test_aapprove_and_asleep(url):
+    naps = []
+    now = [100.0]
+
+    async def nap(d):
+        naps.append(d)
+        now[0] += d
+
+    async def agent(store):
+        run = store.arun("r", clock=lambda: now[0], sleep=nap)
+        async with run:
+            await run.asleep(5)
+            d = await run.aapprove("go", {"x": 1})
+            return d.approved
+        return run
+
+    with durkv.open(url) as s:
+        r = asyncio.run(agent(s))
+        assert isinstance(r, durkv.Run) and r.status == "waiting"
+        s.decide("r", r.interrupt.step_id, True)
+        assert asyncio.run(agent(s)) is True
+        assert naps == [5.0]          # the recorded wake time: no second sleep
+
+
+def test_astep_retries_and_records_failure(url):
+    calls = []
+
+    async def flaky():
+        calls.append(1)
+        raise TimeoutError("slow model")
+
+    async def agent(store):
+        async with store.arun("r") as run:
+            await run.astep("m", flaky, retry=durkv.Retry(3, backoff=0, jitter=0))
+
+    with durkv.open(url) as s:
+        for _ in range(2):
+            with pytest.raises(TimeoutError):
+                asyncio.run(agent(s))
+        assert len(calls) == 3

@@ -1,0 +1,160 @@
+"""The store side of the run journal: K_JOURNAL records indexed by run (docs/FORMAT.md 5a).
+
+Reads by LSN without a scan, restored from index snapshots, carried by delete,
+copy, delete_runs and compaction, and durable=True fsync'd under any policy.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import msgpack
+import pytest
+
+import durkv
+from durkv.backends.local import LocalBackend
+from durkv.backends.memory import MemoryBackend
+from durkv.channels import encode_commit
+from durkv.records import K_INDEX
+
+
+def _fill(s, run, n, start=0):
+    for i in range(start, start + n):
+        s.append_journal(run, {"e": 2, "s": str(i), "i": i})
+
+
+def _steps(s, run):
+    return [r["i"] for r in s.journal(run)]
+
+
+def test_records_read_back_in_order_and_after_reopen(url):
+    with durkv.open(url) as s:
+        _fill(s, "a", 5)
+        _fill(s, "b", 3)
+        s.put("a", "", "1", checkpoint={}, metadata={}, values={}, versions={})
+        _fill(s, "a", 2, 5)
+        assert _steps(s, "a") == list(range(7))
+        assert s.journal_runs() == ["a", "b"]
+        assert s.journal("nobody") == []
+    for every in (0, 10 ** 6):      # a full replay, and from the close snapshot
+        with durkv.open(url, index_every=every) as s:
+            assert _steps(s, "a") == list(range(7)) and _steps(s, "b") == [0, 1, 2]
+
+
+def test_journal_reads_by_lsn_without_a_scan(url, monkeypatch):
+    with durkv.open(url) as s:
+        _fill(s, "a", 50)
+        _fill(s, "b", 50)
+    cls = MemoryBackend if url.startswith("memory") else LocalBackend
+    with durkv.open(url) as s:
+        reads = []
+        real = cls.read
+        monkeypatch.setattr(cls, "read", lambda self, lsn: reads.append(lsn) or real(self, lsn))
+        monkeypatch.setattr(cls, "scan", lambda self, f=0: pytest.fail("journal() scanned"))
+        assert _steps(s, "b") == list(range(50))
+        assert len(reads) == 50
+
+
+def test_snapshot_restores_journals(url):
+    with durkv.open(url, index_every=7) as s:
+        _fill(s, "a", 40)
+        _fill(s, "b", 3)
+        last = s._index_lsn
+    assert last > 0
+    with durkv.open(url) as s:
+        assert s._index_lsn >= last      # opened from a snapshot
+        assert _steps(s, "a") == list(range(40)) and _steps(s, "b") == [0, 1, 2]
+
+
+def test_version_1_snapshot_is_passed_over(url):
+    """An older durkv's snapshot knows no journals: trusting it would hide them."""
+    with durkv.open(url, index_every=0) as s:
+        _fill(s, "a", 4)
+        head = msgpack.packb([K_INDEX, 1, s._b.next_lsn, -1, []], use_bin_type=True)
+        s._b.append(encode_commit(head, ()), "sync")
+    with durkv.open(url, index_every=0) as s:
+        assert _steps(s, "a") == [0, 1, 2, 3]
+
+
+def test_delete_thread_copy_thread_delete_runs(url):
+    with durkv.open(url) as s:
+        _fill(s, "a", 3)
+        _fill(s, "b", 2)
+        _fill(s, "c", 2)
+        s.copy_thread("a", "a2")           # a run with a journal and no checkpoint
+        s.delete_thread("b")
+        s.delete_runs(["c"])
+        want = {"a": [0, 1, 2], "a2": [0, 1, 2], "b": [], "c": []}
+        assert {r: _steps(s, r) for r in want} == want
+        _fill(s, "a2", 1, 3)              # the copy goes on alone
+        assert _steps(s, "a") == [0, 1, 2]
+        want["a2"] = [0, 1, 2, 3]
+    for every in (0, 10 ** 6):
+        with durkv.open(url, index_every=every) as s:
+            assert {r: _steps(s, r) for r in want} == want
+            assert s.journal_runs() == ["a", "a2"]
+
+
+def test_compaction_carries_journals(url):
+    with durkv.open(url) as s:
+        _fill(s, "a", 5)
+        s.copy_thread("a", "z")
+        _fill(s, "gone", 5)
+        s.delete_thread("gone")
+        report = s.compact()
+        assert report["journal_records_kept"] == 10
+        assert _steps(s, "a") == _steps(s, "z") == list(range(5))
+        _fill(s, "a", 1, 5)
+    for every in (0, 10 ** 6):
+        with durkv.open(url, index_every=every) as s:
+            assert _steps(s, "a") == list(range(6)) and _steps(s, "z") == list(range(5))
+            assert s.journal("gone") == []
+
+
+def test_bad_run_id_and_unencodable_record(url):
+    with durkv.open(url) as s:
+        with pytest.raises(durkv.ConfigError, match="run_id"):
+            s.append_journal("", {"e": 1})
+        with pytest.raises(durkv.SerializationError, match="run 'a'"):
+            s.append_journal("a", {"e": object()})
+        with pytest.raises(durkv.FrameTooLargeError, match="max_commit_bytes"):
+            durkv.open("memory://", max_commit_bytes=100).append_journal("a", {"x": b"0" * 200})
+        assert s.journal("a") == []
+
+
+CHILD = textwrap.dedent("""
+    import os, sys
+    import durkv
+    s = durkv.open(sys.argv[1], durability="exit")
+    s.append_journal("r", {"e": 3, "i": 0}, durable=True)   # an INTENT: fsync'd anyway
+    s.append_journal("r", {"e": 2, "i": 1})                 # buffered under exit
+    os.kill(os.getpid(), 9)
+""")
+
+
+def test_durable_record_survives_kill_under_exit_policy(tmp_path):
+    path = str(tmp_path / "s.durkv")
+    p = subprocess.run([sys.executable, "-c", CHILD, path], capture_output=True)
+    assert p.returncode == -9, p.stderr.decode()
+    with durkv.open(path) as s:
+        assert _steps(s, "r") == [0]
+    assert os.path.isdir(path)
+
+
+def test_verify_covers_journal_frames(tmp_path):
+    import durkv.log
+
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path) as s:
+        _fill(s, "a", 20)
+    assert durkv.log.verify(path, deep=True).ok
+    seg = sorted(p for p in os.listdir(path) if p.endswith(".seg"))[-1]
+    with open(os.path.join(path, seg), "r+b") as f:     # a flipped byte in a journal record
+        f.seek(200)
+        b = f.read(1)
+        f.seek(200)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert not durkv.log.verify(path, deep=True).ok
