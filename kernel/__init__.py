@@ -12,24 +12,24 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import (
-    ApprovalMismatchError, BackendError, ConfigError, CorruptionError, DurkvError,
-    FencedError, FrameTooLargeError, IdempotencyConflictError, InDoubtError, Interrupted,
-    LogFailedError, NonDeterminismError, NotFoundError, ReadOnlyError, RunBusyError,
-    RunConflictError, SerializationError, StepFailedError, StoreLockedError,
-    VersionDriftError,
+    AccessDeniedError, ApprovalMismatchError, ArchiveConflictError, BackendError, ConfigError,
+    CorruptionError, DurkvError, FencedError, FrameTooLargeError, IdempotencyConflictError,
+    InDoubtError, Interrupted, LogFailedError, NonDeterminismError, NoSuchBucketError,
+    NotFoundError, ReadOnlyError, RunBusyError, RunConflictError, SerializationError,
+    StaleReaderError, StepFailedError, StoreLockedError, VersionDriftError,
 )
 from .runtime import Decision, JournalEntry, Retry, Run, RunInfo, tool
+from .store import open_store
 
 __version__ = "0.1.0"
 
 
 def open(url: str, **options: Any):  # noqa: A001 - the public verb is durkv.open
-    """Open a store by URL: a path or ``file://`` (local C log), ``memory://``.
+    """Open a store by URL: a path or ``file://`` (local C log), ``memory://``, or
+    ``s3://bucket/prefix`` (a live store on S3; needs ``durkv[s3]``).
 
     See :func:`durkv.store.open_store` for the options.
     """
-    from .store import open_store
-
     return open_store(url, **options)
 
 
@@ -38,6 +38,7 @@ __all__ = [
     "LogFailedError", "ReadOnlyError", "IdempotencyConflictError", "NonDeterminismError",
     "ConfigError", "NotFoundError", "SerializationError", "FrameTooLargeError", "BackendError",
     "InDoubtError", "VersionDriftError", "ApprovalMismatchError", "RunConflictError",
-    "RunBusyError", "StepFailedError", "Interrupted", "tool", "Retry", "Run", "Decision",
+    "RunBusyError", "StepFailedError", "Interrupted", "StaleReaderError",
+    "ArchiveConflictError", "AccessDeniedError", "NoSuchBucketError", "tool", "Retry", "Run", "Decision",
     "JournalEntry", "RunInfo",
 ]
