@@ -28,7 +28,10 @@ static size_t entry_end(const uint8_t *b, size_t len, size_t off, dkv_entry_desc
     d->prev_lsn = get64(p + 8);
     d->prev_idx = get32(p + 16);
     d->n_items = get32(p + 20);
-    if (d->kind < DKV_ENTRY_FULL || d->kind > DKV_ENTRY_SNAP || get16(p + 2) || (d->flags & ~3u))
+    if (d->kind < DKV_ENTRY_FULL || d->kind > DKV_ENTRY_SNAP || get16(p + 2) || (d->flags & ~7u))
+        return 0;
+    int refs = d->kind == DKV_ENTRY_SNAP || (d->flags & DKV_ENTRY_F_REFS);
+    if ((d->flags & DKV_ENTRY_F_REFS) && (d->kind != DKV_ENTRY_DELTA || (d->flags & DKV_ENTRY_F_VALUE)))
         return 0;
     off += ENTRY_HDR;
     for (uint32_t i = 0; i < d->n_items; i++) {
@@ -37,7 +40,7 @@ static size_t entry_end(const uint8_t *b, size_t len, size_t off, dkv_entry_desc
         uint32_t l = get32(b + off);
         if (len - off - 4 < l)
             return 0;
-        if (d->kind == DKV_ENTRY_SNAP && l != 12)
+        if (refs && l != 12)
             return 0;
         off += 4 + (size_t)l;
     }
@@ -146,6 +149,23 @@ typedef struct {
     uint32_t idx;
 } entry_ref;
 
+/* Count (pass 0) or copy (pass 1) the n items at buf + io, each len:u32 bytes. */
+static void emit_items(const uint8_t *buf, size_t io, uint32_t n, size_t pass, uint8_t *out,
+                       size_t *w, size_t *total, uint32_t *count)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t l = get32(buf + io);
+        if (pass == 0) {
+            *total += 4 + (size_t)l;
+            (*count)++;
+        } else {
+            memcpy(out + *w, buf + io, 4 + (size_t)l);
+            *w += 4 + (size_t)l;
+        }
+        io += 4 + (size_t)l;
+    }
+}
+
 int dkv_read_channel(dkv_log *log, uint64_t lsn, uint32_t idx, uint8_t **buf_out,
                      size_t *len_out, uint32_t *n_items_out, uint32_t *flags_out)
 {
@@ -240,17 +260,40 @@ int dkv_read_channel(dkv_log *log, uint64_t lsn, uint32_t idx, uint8_t **buf_out
                                (unsigned long long)e.lsn);
                 goto done;
             }
-            size_t o = io;
-            for (uint32_t i = 0; i < d.n_items; i++) {
-                uint32_t l = get32(f->buf + o);
-                if (pass == 0) {
-                    total += 4 + (size_t)l;
-                    count++;
-                } else {
-                    memcpy(out + w, f->buf + o, 4 + (size_t)l);
-                    w += 4 + (size_t)l;
+            if (!(d.flags & DKV_ENTRY_F_REFS)) {
+                emit_items(f->buf, io, d.n_items, pass, out, &w, &total, &count);
+                continue;
+            }
+            /* A DELTA whose items are refs: each names an earlier FULL list entry (a pending
+             * write's) whose items it appends. The frame buffers stay put while the cache's
+             * array may move, so keep this entry's buffer, not f. */
+            const uint8_t *eb = f->buf;
+            uint32_t nrefs = d.n_items;
+            for (uint32_t k = 0; k < nrefs; k++) {
+                const uint8_t *r = eb + io + (size_t)k * 16 + 4;
+                entry_ref t = {get64(r), get32(r + 8)};
+                frame_ref *tf;
+                uint32_t tio;
+                if (t.lsn > e.lsn || (t.lsn == e.lsn && t.idx >= e.idx)) {
+                    rc = DKV_ECORRUPT;
+                    dkv__set_error(log, "item reference at lsn %llu does not point back",
+                                   (unsigned long long)e.lsn);
+                    goto done;
                 }
-                o += 4 + (size_t)l;
+                if ((rc = cache_get(log, &cache, t.lsn, &tf)) ||
+                    (rc = dkv_commit_entry(tf->buf, tf->len, t.idx, &d, &tio))) {
+                    rc = rc == DKV_ENOMEM ? rc : DKV_ECORRUPT;
+                    dkv__set_error(log, "item reference at lsn %llu names no entry",
+                                   (unsigned long long)e.lsn);
+                    goto done;
+                }
+                if (d.kind != DKV_ENTRY_FULL || (d.flags & DKV_ENTRY_F_VALUE)) {
+                    rc = DKV_ECORRUPT;
+                    dkv__set_error(log, "item reference at lsn %llu is not a FULL list entry",
+                                   (unsigned long long)e.lsn);
+                    goto done;
+                }
+                emit_items(tf->buf, tio, d.n_items, pass, out, &w, &total, &count);
             }
         }
         if (pass == 0 && !(out = malloc(total ? total : 1))) {

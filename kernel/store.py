@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import msgpack
 import xxhash
 
-from .channels import Codec, encode_commit
+from .channels import F_ZSTD, FULL, Codec, encode_commit
 from .delta import ChannelState, _Chan, _Head
 from .durability import STRENGTH
 from .errors import (
@@ -96,6 +96,9 @@ class Store(ChannelState, Reads):
         self._lock = threading.RLock()
         self._next_lsn = -1       # LSN of the next append when known (saves a call per put)
         self._wfp: dict[int, tuple[int, int]] = {}   # xxh3 of recent write frames -> lsn, rank
+        # list values of recent pending writes, by (thread, ns, checkpoint): {channel:
+        # [((lsn, entry idx), serialized items)]}, for the next checkpoint to refer to
+        self._wpend: dict[tuple[str, str, str], dict[str, list]] = {}
         self._closed = False
         self._index_every = index_every   # frames between K_INDEX snapshots (0: never write one)
         self._load_index()
@@ -369,8 +372,11 @@ class Store(ChannelState, Reads):
             chans: dict[str, _Chan] = {}
             refs: dict[str, tuple[int, int]] = {}
             encode = self._encode
+            # list items the parent's pending writes stored (FORMAT.md section 5)
+            pend = self._wpend.pop((thread_id, checkpoint_ns, head.cid), None) if fast else None
             for ch, v in values.items():
-                c = encode(ch, v, base.get(ch) if fast else None, lsn, entries)
+                c = encode(ch, v, base.get(ch) if fast else None, lsn, entries,
+                           pend.get(ch) if pend else None)
                 chans[ch] = c
                 refs[ch] = c.ref
             for ch in versions:
@@ -460,8 +466,9 @@ class Store(ChannelState, Reads):
         if not writes:
             return
         recs = []
+        lists = []      # (rec, channel, stored items, serialized items, flags) of list values
         replace = True
-        codec = self._codec
+        pack = self._codec.pack
         dumps = self._dumps
         for w in writes:
             if not (type(w) is tuple and len(w) == 3 and type(w[0]) is int
@@ -470,24 +477,41 @@ class Store(ChannelState, Reads):
                 _check_write(w)
             idx, ch, v = w
             try:
-                b = dumps(v)
+                if type(v) is list:
+                    # element by element: the items a channel delta of the next checkpoint
+                    # can refer to instead of storing them again (FORMAT.md section 5)
+                    raws = [dumps(x) for x in v]
+                    rec = [idx, ch, 0]
+                    items = []
+                    zc = 0
+                    for r in raws:
+                        b, z = pack(r)
+                        items.append(b)
+                        zc += z
+                    lists.append((rec, ch, items, raws, F_ZSTD if zc and zc == len(raws) else 0))
+                else:
+                    rec = [idx, ch, pack(dumps(v))[0]]
             except Exception as e:
                 raise SerializationError(f"cannot serialize pending write to channel {ch!r} "
                                          f"of task {task_id!r}: {e}", channel=ch) from e
-            recs.append([idx, ch, codec.pack(b)[0]])
+            recs.append(rec)
             if ch not in SPECIAL_WRITE_CHANNELS:
                 replace = False
+        rank = STRENGTH[dur]
+        entries = []
+        for rec, ch, items, raws, flags in lists:
+            rec[2] = len(entries)          # the value is the items of this entry
+            entries.append((FULL, items, flags, 0, 0, 0))
         hb = _packb([K_WRITES, thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
                      replace, recs])
-        payload = encode_commit(hb, ())
+        payload = encode_commit(hb, entries)
         if len(payload) > self.max_commit_bytes:
             raise FrameTooLargeError(f"pending writes of task {task_id!r} are {len(payload)} "
                                      f"bytes, over max_commit_bytes={self.max_commit_bytes}",
                                      thread_id=thread_id, size=len(payload))
         # a retried identical call (LangGraph re-puts writes on resume) is a no-op in
         # ignore mode: skip the frame when an identical one was appended at least as durably
-        fp = None if replace else xxhash.xxh3_64_intdigest(hb)
-        rank = STRENGTH[dur]
+        fp = None if replace else xxhash.xxh3_64_intdigest(payload)
         with self._lock:
             self._check_write()
             seen = self._wfp.get(fp) if fp is not None else None
@@ -496,6 +520,14 @@ class Store(ChannelState, Reads):
             else:
                 lsn = self._append(payload, dur)
                 self._ix.add_write(thread_id, checkpoint_ns, checkpoint_id, lsn)
+                if lists:
+                    # the next checkpoint refers to these items instead of storing them again
+                    wpend = self._wpend
+                    if len(wpend) >= 4096:
+                        wpend.clear()
+                    pend = wpend.setdefault((thread_id, checkpoint_ns, checkpoint_id), {})
+                    for rec, ch, _items, raws, _flags in lists:
+                        pend.setdefault(ch, []).append(((lsn, rec[2]), raws))
                 self._maybe_index(lsn)
                 if fp is not None:
                     if len(self._wfp) >= 4096:
@@ -605,6 +637,7 @@ class Store(ChannelState, Reads):
             self._check_write()
             self._next_lsn = -1
             self._wfp.clear()
+            self._wpend.clear()     # their LSNs are about to move
             return compact(self)
 
     def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:
