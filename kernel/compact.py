@@ -118,15 +118,12 @@ def compact(store: "Store") -> dict[str, Any]:
             recs = []
             for w in ws:
                 v = w.value
-                if type(v) is tuple:      # (lsn, idx) of the FULL entry holding the list
+                if type(v) is tuple:      # (lsn, idx) of the entry whose items are the list
                     if v not in mapped:
                         copy_entries([v], new_lsn, entries)
-                    if mapped[v][0] == new_lsn:
-                        v = mapped[v][1]
-                    else:     # copied into another frame already (a copied thread's)
-                        e = entry_at(frames(v[0]), v[1])
-                        entries.append(Entry(FULL, e.items, e.flags))
-                        v = len(entries) - 1
+                    # in this frame: its index; copied into an earlier one already (the
+                    # checkpoint's, a copied thread's writes): its reference
+                    v = mapped[v][1] if mapped[v][0] == new_lsn else list(mapped[v])
                 recs.append([w.idx, w.channel, v])
             got = b.append(encode_commit(_packb([K_COPY_WRITES, t, n, cid, task, path, False,
                                                  recs]), entries), "exit")

@@ -85,6 +85,8 @@ class _Chan:
     vbytes = b""               # non-list channels: the serialized value
     base = b""                 # packed ref of the chain's FULL/SNAP
     deltas: list[bytes] = []   # packed refs of the DELTAs since base (never mutated in place)
+    fresh: tuple | None = None  # ((lsn, idx), serialized items) of the DELTA of own items
+    #                             this put wrote (a pending write arriving late refers to it)
 
     def __init__(self, ref: tuple[int, int], loaded: bool = True) -> None:
         self.ref = ref              # (lsn, idx) of the entry holding the value
@@ -199,6 +201,8 @@ class ChannelState:
                         deltas = deltas + [pack_ref(lsn, idx)]
                         c.ref = (lsn, idx)
                         entries.append((DELTA, items, flags, len(deltas), pl, pi))
+                        if items:
+                            c.fresh = ((lsn, idx), raws[start + m:])
                     if len(deltas) >= self.snapshot_every:
                         idx = len(entries)
                         entries.append((SNAP, [prev.base] + deltas, 0, 0, 0, 0))

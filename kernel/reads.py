@@ -136,6 +136,10 @@ class Reads:
                     if type(vb) is int:
                         # a list held as entry vb of this frame (FORMAT.md section 5)
                         vb = (w, vb) if raw else _WriteItems(entry_at(payload, vb).items)
+                    elif type(vb) is list:
+                        # ... or as the items of an entry of an earlier frame
+                        vb = (vb[0], vb[1]) if raw else _WriteItems(
+                            entry_at(self._b.read(vb[0]), vb[1]).items)
                     merged[key] = PendingWrite(task, ch, vb, idx, path)
         out = sorted(merged.values(), key=lambda p: (p.task_path, p.task_id, p.idx))
         if raw:

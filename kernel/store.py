@@ -99,6 +99,9 @@ class Store(ChannelState, Reads):
         # list values of recent pending writes, by (thread, ns, checkpoint): {channel:
         # [((lsn, entry idx), serialized items)]}, for the next checkpoint to refer to
         self._wpend: dict[tuple[str, str, str], dict[str, list]] = {}
+        # the reverse, for a pending write that arrives after the checkpoint that folded
+        # it in: (thread, ns, parent checkpoint) -> {channel: ((lsn, idx), serialized items)}
+        self._cpend: dict[tuple[str, str, str], dict[str, tuple]] = {}
         self._closed = False
         self._index_every = index_every   # frames between K_INDEX snapshots (0: never write one)
         self._load_index()
@@ -427,6 +430,21 @@ class Store(ChannelState, Reads):
                     lane.add_orphans(checkpoint_id, lsn)
             else:
                 lane.add(checkpoint_id, lsn)
+            if fast and parent_id is not None:
+                # a pending write of the parent that arrives after this commit (LangGraph's
+                # async executor may run it later) refers to these items, FORMAT.md s. 5
+                fresh = None
+                for ch in values:
+                    c = chans[ch]
+                    if c.fresh is not None:
+                        if fresh is None:
+                            fresh = {}
+                        fresh[ch] = c.fresh
+                        c.fresh = None
+                if fresh is not None:
+                    if len(self._cpend) >= 4096:
+                        self._cpend.clear()
+                    self._cpend[(thread_id, checkpoint_ns, parent_id)] = fresh
             if fast or head is None or checkpoint_id > head.cid:
                 lane.head = _Head(checkpoint_id, lsn, parent_id, ckpt_b, meta_b, dict(versions),
                                   chans)
@@ -498,22 +516,36 @@ class Store(ChannelState, Reads):
             if ch not in SPECIAL_WRITE_CHANNELS:
                 replace = False
         rank = STRENGTH[dur]
-        entries = []
-        for rec, ch, items, raws, flags in lists:
-            rec[2] = len(entries)          # the value is the items of this entry
-            entries.append((FULL, items, flags, 0, 0, 0))
-        hb = _packb([K_WRITES, thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
-                     replace, recs])
-        payload = encode_commit(hb, entries)
-        if len(payload) > self.max_commit_bytes:
-            raise FrameTooLargeError(f"pending writes of task {task_id!r} are {len(payload)} "
-                                     f"bytes, over max_commit_bytes={self.max_commit_bytes}",
-                                     thread_id=thread_id, size=len(payload))
-        # a retried identical call (LangGraph re-puts writes on resume) is a no-op in
-        # ignore mode: skip the frame when an identical one was appended at least as durably
-        fp = None if replace else xxhash.xxh3_64_intdigest(payload)
         with self._lock:
             self._check_write()
+            # under the lock: a checkpoint committing concurrently either registered the
+            # items it stored (then this write refers to them) or will find this write's
+            entries = []
+            if lists:
+                late = self._cpend.get((thread_id, checkpoint_ns, checkpoint_id))
+                kept = []
+                for x in lists:
+                    rec, ch, items, raws, flags = x
+                    got = late.get(ch) if late else None
+                    if got is not None and got[1] == raws:
+                        rec[2] = list(got[0])   # stored by the checkpoint already: refer to it
+                        continue
+                    rec[2] = len(entries)       # the value is the items of this entry
+                    entries.append((FULL, items, flags, 0, 0, 0))
+                    kept.append(x)
+                lists = kept
+            hb = _packb([K_WRITES, thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
+                         replace, recs])
+            payload = encode_commit(hb, entries)
+            if len(payload) > self.max_commit_bytes:
+                raise FrameTooLargeError(f"pending writes of task {task_id!r} are "
+                                         f"{len(payload)} bytes, over max_commit_bytes="
+                                         f"{self.max_commit_bytes}", thread_id=thread_id,
+                                         size=len(payload))
+            # a retried identical call (LangGraph re-puts writes on resume) is a no-op in
+            # ignore mode: skip the frame when an identical one was appended at least as
+            # durably
+            fp = None if replace else xxhash.xxh3_64_intdigest(payload)
             seen = self._wfp.get(fp) if fp is not None else None
             if seen is not None and seen[1] >= rank:
                 lsn = seen[0]
@@ -638,6 +670,7 @@ class Store(ChannelState, Reads):
             self._next_lsn = -1
             self._wfp.clear()
             self._wpend.clear()     # their LSNs are about to move
+            self._cpend.clear()
             return compact(self)
 
     def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:
