@@ -47,7 +47,8 @@ __all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
 
 # record kinds: the first element of every frame head (part of the format: never renumber)
 K_CKPT = 1          # [1, thread, ns, cid, parent, ckpt_b, meta_b, versions, {ch: [lsn, idx]}]
-K_WRITES = 2        # [2, thread, ns, cid, task_id, task_path, replace, [[idx, ch, value_b | k]...]]
+K_WRITES = 2        # [2, thread, ns, cid, task_id, task_path, replace, [[idx, ch, value]...]]
+#                     value: bytes | entry k of this frame | [lsn, idx] (FORMAT.md s. 5)
 K_DEL_THREAD = 3    # [3, thread]
 K_COPY_THREAD = 4   # [4, src, dst]
 K_REMOVE = 5        # [5, [[thread, ns, [cid, ...]], ...]]   (delete_runs, prune)
