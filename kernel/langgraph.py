@@ -316,6 +316,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         record = dict(checkpoint)  # the record: all but values and versions (stored apart)
         del record["channel_values"]
         record.pop("channel_versions", None)
+        del record["id"]           # the frame head holds it (checkpoint_id): not twice
         metadata = get_checkpoint_metadata(config, metadata)
         versions = checkpoint["channel_versions"]
         parent_id = conf.get("checkpoint_id")
@@ -354,6 +355,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     def _tuple(self, ck: Any, config: RunnableConfig | None = None) -> CheckpointTuple:
         thread_id, ns = ck.thread_id, ck.checkpoint_ns
         checkpoint: dict[str, Any] = dict(ck.checkpoint)
+        checkpoint["id"] = ck.checkpoint_id    # older stores kept it in the record too
         checkpoint["channel_versions"] = dict(ck.versions)
         seen = checkpoint.get("versions_seen")
         if seen:
