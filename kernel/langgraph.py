@@ -9,7 +9,10 @@ What it adds over them:
 - **Bytes that grow with the change, not the state.** A checkpoint stores
   only the channels whose version moved (LangGraph's ``new_versions``); the
   store writes an ``operator.add`` list as the items appended since the
-  parent, so N supersteps of an agent loop cost O(N) bytes, not O(N^2).
+  parent, so N supersteps of an agent loop cost O(N) bytes, not O(N^2). And
+  each message is stored once: the checkpoint that appends it refers to the
+  bytes of the task's pending write that carried it (or the write to the
+  checkpoint's, whichever was committed first; docs/FORMAT.md section 5).
 - **Durability that follows LangGraph's ``durability=``.** LangGraph decides
   when ``put`` is called; durkv decides when the bytes are safe:
 
