@@ -16,8 +16,12 @@ and NullSaver (stores nothing: LangGraph's own checkpointing cost).
 | get-state-{N}           | graph.get_state latency                | <= 0.2x sqlite; flat in N      |
 | history-{N}             | full get_state_history listing         | >= 5x sqlite                   |
 | threads-8               | 8 threads, 8 graphs, "sync", one store | >= 3x sqlite aggregate         |
+| bytes-raw-{msg}-{N}     | durkv bytes / raw appended payload,    | <= 1.5x at N=2,000; N=4,000    |
+|                         | dict messages and AIMessages           | <= 2.1x N=2,000                |
 
-Env: DURKV_BENCH_N (default "500,2000"; quick "100"), DURKV_BENCH_QUICK=1
+"Raw appended payload" is the sum of each message's serialized size (the bytes
+LangGraph's serde makes of it), i.e. what storing each message once, as is,
+would cost. Env: DURKV_BENCH_N (default "500,2000"; quick "100"), DURKV_BENCH_QUICK=1
 (bounded smoke: small N, one round), DURKV_BENCH_DIR (disk to measure).
 """
 
@@ -33,6 +37,7 @@ import time
 from typing import Annotated
 
 import benchlib
+import msgpack
 import pytest
 from benchlib import QUICK, record
 
@@ -40,12 +45,15 @@ pytest.importorskip("langgraph.checkpoint.sqlite")
 
 from langgraph.channels import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langchain_core.messages import AIMessage  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
+from langgraph.graph.message import add_messages  # noqa: E402
 from nullsaver import NullSaver  # noqa: E402
 from typing_extensions import TypedDict  # noqa: E402
 
 from durkv.langgraph import DurkvSaver  # noqa: E402
+from durkv.channels import decode_head  # noqa: E402
 
 N_LIST = [int(x) for x in os.environ.get("DURKV_BENCH_N", "100" if QUICK else "500,2000").split(",")]
 N_MAX = max(N_LIST)
@@ -355,3 +363,73 @@ def test_threads(benchmark, savers, kind):
         ratio = MEDIANS[("threads", "sqlite")] / secs
         record(benchmark, "8 threads sync aggregate vs sqlite", ratio=ratio,
                target=">= 3x sqlite", ok=ratio >= 3)
+
+
+# ---- bytes vs the raw appended payload -----------------------------------------------------
+
+
+class MessagesState(TypedDict):
+    n: int
+    messages: Annotated[list, add_messages]
+
+
+def ai_message(i: int) -> AIMessage:
+    return AIMessage(content=_TEXTS[i % 64], id=f"msg-{i}")
+
+
+def message_graph(n: int, msg: str):
+    if msg == "dict":
+        return agent_graph(n)
+
+    def agent(s) -> dict:
+        return {"n": s["n"] + 1, "messages": [ai_message(s["n"])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < n else END)
+    return g
+
+
+RAW_N = (100, 200) if QUICK else (2000, 4000)
+
+
+def raw_ratio(savers, msg: str, n: int) -> tuple[float, dict]:
+    """durkv's bytes on disk / the serialized messages, and the split by frame kind."""
+    key = ("raw", msg, n)
+    if key not in SIZES:
+        saver, paths = savers.open("durkv")
+        message_graph(n, msg).compile(checkpointer=saver).invoke(
+            {"n": 0, "messages": []}, cfg(f"raw-{msg}-{n}", n), durability="async")
+        saver.flush()
+        dumps = saver.serde.dumps_typed
+        make = message if msg == "dict" else ai_message
+        raw = sum(len(dumps(make(i))[1]) for i in range(n))
+        split: dict[str, list[int]] = {}
+        b = saver.store._b
+        for _lsn, p in b.scan(b.start_lsn):
+            head = msgpack.unpackb(decode_head(p), raw=False, strict_map_key=False)
+            kind = {1: "checkpoint", 2: "pending-write"}.get(head[0], "other")
+            got = split.setdefault(kind, [0, 0])
+            got[0] += 1
+            got[1] += len(p)
+        SIZES[key] = (disk_bytes(paths) / raw, {
+            "disk_bytes": disk_bytes(paths), "raw_bytes": raw,
+            **{f"{k}_frames": v[0] for k, v in split.items()},
+            **{f"{k}_bytes_per_frame": round(v[1] / v[0]) for k, v in split.items()}})
+    return SIZES[key]
+
+
+@pytest.mark.parametrize("n", RAW_N)
+@pytest.mark.parametrize("msg", ("dict", "aimessage"))
+def test_bytes_vs_raw(benchmark, savers, msg, n):
+    benchmark.group = f"bytes-raw-{msg}"
+    ratio, info = benchmark.pedantic(raw_ratio, args=(savers, msg, n), rounds=1, iterations=1)
+    benchmark.extra_info.update(info)
+    record(benchmark, f"bytes N={n} {msg} / raw payload", ratio=ratio, target="<= 1.5x raw",
+           ok=ratio <= 1.5)
+    small = min(RAW_N)
+    if n != small and ("raw", msg, small) in SIZES:
+        growth = info["disk_bytes"] / SIZES[("raw", msg, small)][1]["disk_bytes"]
+        record(benchmark, f"bytes N={n} / N={small} {msg}", ratio=growth,
+               target=f"<= {2.1 * n / small / 2:.2f}x", ok=growth <= 2.1 * n / small / 2)

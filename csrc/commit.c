@@ -28,7 +28,10 @@ static size_t entry_end(const uint8_t *b, size_t len, size_t off, dkv_entry_desc
     d->prev_lsn = get64(p + 8);
     d->prev_idx = get32(p + 16);
     d->n_items = get32(p + 20);
-    if (d->kind < DKV_ENTRY_FULL || d->kind > DKV_ENTRY_SNAP || get16(p + 2) || (d->flags & ~3u))
+    if (d->kind < DKV_ENTRY_FULL || d->kind > DKV_ENTRY_SNAP || get16(p + 2) || (d->flags & ~7u))
+        return 0;
+    int refs = d->kind == DKV_ENTRY_SNAP || (d->flags & DKV_ENTRY_F_REFS);
+    if ((d->flags & DKV_ENTRY_F_REFS) && (d->kind != DKV_ENTRY_DELTA || (d->flags & DKV_ENTRY_F_VALUE)))
         return 0;
     off += ENTRY_HDR;
     for (uint32_t i = 0; i < d->n_items; i++) {
@@ -37,7 +40,7 @@ static size_t entry_end(const uint8_t *b, size_t len, size_t off, dkv_entry_desc
         uint32_t l = get32(b + off);
         if (len - off - 4 < l)
             return 0;
-        if (d->kind == DKV_ENTRY_SNAP && l != 12)
+        if (refs && l != 12)
             return 0;
         off += 4 + (size_t)l;
     }
@@ -240,6 +243,60 @@ static int walk_to_base(dkv_log *log, frame_cache *cache, uint64_t lsn, uint32_t
     }
 }
 
+/* Count (out NULL: *total bytes, *count items) or copy into out at *w the n items at
+ * buf + io, each len:u32 bytes. */
+static void emit_items(const uint8_t *buf, size_t io, uint32_t n, uint8_t *out, size_t *w,
+                       size_t *total, uint32_t *count)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        size_t l = 4 + (size_t)get32(buf + io);
+        if (out) {
+            memcpy(out + *w, buf + io, l);
+            *w += l;
+        } else {
+            *total += l;
+            (*count)++;
+        }
+        io += l;
+    }
+}
+
+/* A DELTA whose items are refs (DKV_ENTRY_F_REFS): each names an earlier FULL list entry
+ * (a pending write's) whose items it appends. e is the DELTA; its refs are at eb + io. */
+static int emit_refs(dkv_log *log, frame_cache *cache, entry_ref e, const uint8_t *eb,
+                     size_t io, uint32_t nrefs, uint8_t *out, size_t *w, size_t *total,
+                     uint32_t *count)
+{
+    for (uint32_t k = 0; k < nrefs; k++) {
+        const uint8_t *r = eb + io + (size_t)k * 16 + 4;
+        entry_ref t = {get64(r), get32(r + 8)};
+        frame_ref *tf;
+        dkv_entry_desc d;
+        uint32_t tio;
+        int rc;
+        if (!refers_back(t, e)) {
+            dkv__set_error(log, "item reference at lsn %llu does not point back",
+                           (unsigned long long)e.lsn);
+            return DKV_ECORRUPT;
+        }
+        if ((rc = cache_get(log, cache, t.lsn, &tf)) ||
+            (rc = dkv_commit_entry(tf->buf, tf->len, t.idx, &d, &tio))) {
+            if (rc == DKV_ENOMEM)
+                return rc;
+            dkv__set_error(log, "item reference at lsn %llu names no entry",
+                           (unsigned long long)e.lsn);
+            return DKV_ECORRUPT;
+        }
+        if (d.kind != DKV_ENTRY_FULL || (d.flags & DKV_ENTRY_F_VALUE)) {
+            dkv__set_error(log, "item reference at lsn %llu is not a FULL list entry",
+                           (unsigned long long)e.lsn);
+            return DKV_ECORRUPT;
+        }
+        emit_items(tf->buf, tio, d.n_items, out, w, total, count);
+    }
+    return 0;
+}
+
 /* The base's items, then each suffix entry's own, oldest first. out NULL: only count them
  * (*total bytes, *count items); else copy them into out. */
 static int gather_items(dkv_log *log, frame_cache *cache, entry_ref base, const ref_stack *suffix,
@@ -260,18 +317,13 @@ static int gather_items(dkv_log *log, frame_cache *cache, entry_ref base, const 
                            (unsigned long long)e.lsn);
             return DKV_ECORRUPT;
         }
-        size_t o = io;
-        for (uint32_t i = 0; i < d.n_items; i++) {
-            size_t l = 4 + (size_t)get32(f->buf + o);
-            if (out) {
-                memcpy(out + w, f->buf + o, l);
-                w += l;
-            } else {
-                *total += l;
-                (*count)++;
-            }
-            o += l;
+        if (!(d.flags & DKV_ENTRY_F_REFS)) {
+            emit_items(f->buf, io, d.n_items, out, &w, total, count);
+            continue;
         }
+        /* the frame buffers stay put while the cache's array may move: keep f->buf */
+        if ((rc = emit_refs(log, cache, e, f->buf, io, d.n_items, out, &w, total, count)))
+            return rc;
     }
     return 0;
 }

@@ -49,6 +49,7 @@
 #define DKV_ENTRY_SNAP 3
 #define DKV_ENTRY_F_ZSTD 1
 #define DKV_ENTRY_F_VALUE 2
+#define DKV_ENTRY_F_REFS 4    /* a DELTA whose items are 12-byte refs to FULL list entries */
 
 /* damage kinds */
 #define DKV_DAMAGE_NONE 0

@@ -107,6 +107,16 @@ static const char *check_commit(ventries *es, uint64_t lsn, const uint8_t *p, ui
                 bad = "DELTA prev does not resolve to an earlier entry";
             else if (!bad && t->kind == DKV_ENTRY_FULL && (t->flags & DKV_ENTRY_F_VALUE))
                 bad = "DELTA prev is a non-list VALUE entry";
+            for (uint32_t k = 0; (d.flags & DKV_ENTRY_F_REFS) && k < d.n_items && !bad; k++) {
+                const uint8_t *r = p + io + (size_t)k * 16 + 4;
+                uint64_t rl = get64(r);
+                uint32_t ri = get32(r + 8);
+                const ventry *u = ventry_find(es, rl, ri);
+                if (!(rl < lsn || (rl == lsn && ri < i)) || !u)
+                    bad = "DELTA item reference does not resolve to an earlier entry";
+                else if (u->kind != DKV_ENTRY_FULL || (u->flags & DKV_ENTRY_F_VALUE))
+                    bad = "DELTA item reference is not a FULL list entry";
+            }
         } else if (d.kind == DKV_ENTRY_SNAP) {
             if (!d.n_items && !bad)
                 bad = "SNAP without references";

@@ -35,13 +35,13 @@ import zstandard
 from .errors import CorruptionError
 
 __all__ = [
-    "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "Entry", "encode_commit", "decode_commit",
+    "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "F_REFS", "Entry", "encode_commit", "decode_commit",
     "decode_head", "entry_at", "entry_header", "snap_ref_at", "snap_refs", "resolve_channel",
     "pack_ref", "unpack_ref", "Codec",
 ]
 
 FULL, DELTA, SNAP = 1, 2, 3
-F_ZSTD, F_VALUE = 1, 2
+F_ZSTD, F_VALUE, F_REFS = 1, 2, 4    # F_REFS: a DELTA whose items are 12-byte refs
 
 _U32 = struct.Struct("<I")
 _ENTRY = struct.Struct("<BBHIQII")   # kind flags reserved depth prev_lsn prev_idx n_items
@@ -107,7 +107,8 @@ def _entries_offset(payload: bytes) -> tuple[int, int]:
 
 
 def _check_entry(kind: int, flags: int, reserved: int) -> None:
-    if kind not in (FULL, DELTA, SNAP) or reserved or flags & ~(F_ZSTD | F_VALUE):
+    if (kind not in (FULL, DELTA, SNAP) or reserved or flags & ~(F_ZSTD | F_VALUE | F_REFS)
+            or (flags & F_REFS and (kind != DELTA or flags & F_VALUE))):
         raise _bad(f"bad entry header (kind {kind}, flags {flags}, reserved {reserved})")
 
 
@@ -202,6 +203,20 @@ def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
             p = cache[ref_lsn] = read_payload(ref_lsn)
         return entry_at(p, ref_idx)
 
+    def own_items(e: Entry, ref_lsn: int, ref_idx: int) -> list[bytes]:
+        """A DELTA's own items: with F_REFS, those of the FULL list entries it names."""
+        if not e.flags & F_REFS:
+            return e.items
+        out: list[bytes] = []
+        for r in snap_refs(e):
+            if r >= (ref_lsn, ref_idx):
+                raise _bad("item reference does not point backwards", ref_lsn)
+            t = entry(*r)
+            if t.kind != FULL or t.flags & F_VALUE:
+                raise _bad("item reference is not a FULL list entry", ref_lsn)
+            out.extend(t.items)
+        return out
+
     def value(ref_lsn: int, ref_idx: int) -> tuple[list[bytes], int]:
         tails: list[list[bytes]] = []
         steps = 0
@@ -214,7 +229,7 @@ def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
                 base, flags = list(e.items), e.flags
                 break
             if e.kind == DELTA:
-                tails.append(e.items)
+                tails.append(own_items(e, ref_lsn, ref_idx))
                 if (e.prev_lsn, e.prev_idx) >= (ref_lsn, ref_idx):
                     raise _bad("DELTA reference does not point backwards", ref_lsn)
                 ref_lsn, ref_idx = e.prev_lsn, e.prev_idx
@@ -228,7 +243,7 @@ def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
                         raise _bad("SNAP reference does not point backwards", ref_lsn)
                 base, flags = value(*refs[0])
                 for r in refs[1:]:
-                    base.extend(entry(*r).items)
+                    base.extend(own_items(entry(*r), *r))
                 break
             raise _bad(f"unknown entry kind {e.kind}", ref_lsn)
         for t in reversed(tails):

@@ -4,8 +4,9 @@ Protocol (a replay at open follows the same records, see ``Store._apply``):
 
 1. roll the backend to a new segment, append ``COMPACT_BEGIN`` at LSN ``B``;
 2. for each live checkpoint (per thread and namespace, oldest first) append a
-   ``COPY_CKPT`` frame, then one ``COPY_WRITES`` frame with its pending writes
-   merged (idempotency already resolved);
+   ``COPY_CKPT`` frame, then one ``COPY_WRITES`` frame per task with its pending
+   writes merged (idempotency already resolved; a list value held as an entry is
+   copied as an entry, which the next checkpoint's copy then refers to);
    then, per run, a ``COPY_JOURNAL`` frame for each journal record;
 3. flush, append ``COMPACT_END(B)`` durably;
 4. ``remove_prefix(B)``: the log records ``start_lsn = B`` and unlinks the old
@@ -29,7 +30,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .channels import DELTA, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref
+from .channels import (
+    DELTA, F_REFS, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref,
+)
 from .errors import BackendError
 from .records import K_COPY_JOURNAL
 
@@ -82,6 +85,8 @@ def compact(store: "Store") -> dict[str, Any]:
             e = seen[r] = entry_at(frames(r[0]), r[1])
             if e.kind == DELTA:
                 todo.append((e.prev_lsn, e.prev_idx))
+                if e.flags & F_REFS:
+                    todo.extend(unpack_ref(x) for x in e.items)
             elif e.kind == SNAP:
                 todo.extend(unpack_ref(x) for x in e.items)
         return sorted(seen.items())
@@ -93,11 +98,41 @@ def compact(store: "Store") -> dict[str, Any]:
                 entries.append(Entry(FULL, e.items, e.flags))
             elif e.kind == DELTA:
                 p = mapped[(e.prev_lsn, e.prev_idx)]
-                entries.append(Entry(DELTA, e.items, e.flags, e.depth, p[0], p[1]))
+                items = e.items
+                if e.flags & F_REFS:
+                    items = [pack_ref(*mapped[unpack_ref(x)]) for x in items]
+                entries.append(Entry(DELTA, items, e.flags, e.depth, p[0], p[1]))
             else:
                 items = [pack_ref(*mapped[unpack_ref(x)]) for x in e.items]
                 entries.append(Entry(SNAP, items, e.flags))
             mapped[r] = new
+
+    def copy_writes(t, n, cid, writes) -> None:
+        """One frame per (task, path) with the merged writes (values copied as stored).
+        A list value held as an entry is copied as the entry, so that a copied checkpoint
+        referring to it (F_REFS) finds it copied already and refers to the copy."""
+        by_task: dict[tuple[str, str], list] = {}
+        for w in writes:
+            by_task.setdefault((w.task_id, w.task_path), []).append(w)
+        for (task, path), ws in by_task.items():
+            new_lsn = b.next_lsn
+            entries: list[Entry] = []
+            recs = []
+            for w in ws:
+                v = w.value
+                if type(v) is tuple:      # (lsn, idx) of the entry whose items are the list
+                    if v not in mapped:
+                        copy_entries([v], new_lsn, entries)
+                    # in this frame: its index; copied into an earlier one already (the
+                    # checkpoint's, a copied thread's writes): its reference
+                    v = mapped[v][1] if mapped[v][0] == new_lsn else list(mapped[v])
+                recs.append([w.idx, w.channel, v])
+            got = b.append(encode_commit(_packb([K_COPY_WRITES, t, n, cid, task, path, False,
+                                                 recs]), entries), "exit")
+            if got != new_lsn:
+                raise BackendError(f"compaction of {store.url}: frame landed at LSN {got}, "
+                                   f"expected {new_lsn}; nothing was lost, the copies are "
+                                   "ignored")
 
     old_heads = {}
     for t, n, lane in list(store._ix.lanes()):
@@ -119,11 +154,11 @@ def compact(store: "Store") -> dict[str, Any]:
             kept += 1
             writes = store._read_writes(lane, lsn, raw=True)
             if writes:
-                _copy_writes(store, b, t, n, cid, writes, K_COPY_WRITES, _packb)
+                copy_writes(t, n, cid, writes)
         for cid in lane.orphan_writes():
             writes = store._read_writes(lane, -1, cid, raw=True)
             if writes:
-                _copy_writes(store, b, t, n, cid, writes, K_COPY_WRITES, _packb)
+                copy_writes(t, n, cid, writes)
     for run_id, lsns in list(store._ix.journals.items()):
         # each record again, under the run it is indexed by (a copied journal's frames
         # may name the source run)
@@ -151,15 +186,6 @@ def compact(store: "Store") -> dict[str, Any]:
     return {"bytes_before": bytes_before, "bytes_after": b.size_bytes(),
             "checkpoints_kept": kept, "journal_records_kept": sum(
                 len(v) for v in store._ix.journals.values())}
-
-
-def _copy_writes(store, b, t, n, cid, writes, kind, packb) -> None:
-    """One frame per (task, path) with the merged writes (values copied as stored)."""
-    by_task: dict[tuple[str, str], list] = {}
-    for w in writes:
-        by_task.setdefault((w.task_id, w.task_path), []).append([w.idx, w.channel, w.value])
-    for (task, path), recs in by_task.items():
-        b.append(encode_commit(packb([kind, t, n, cid, task, path, False, recs]), ()), "exit")
 
 
 def _keep_heads(store, old_heads, mapped) -> None:

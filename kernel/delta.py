@@ -62,7 +62,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._listprefix import has_prefix, join_tagged
-from .channels import DELTA, F_VALUE, F_ZSTD, FULL, SNAP, entry_at, pack_ref
+from .channels import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, entry_at, pack_ref
 from .errors import SerializationError
 from .index import Lane
 from .records import _head_of
@@ -85,6 +85,8 @@ class _Chan:
     vbytes = b""               # non-list channels: the serialized value
     base = b""                 # packed ref of the chain's FULL/SNAP
     deltas: list[bytes] = []   # packed refs of the DELTAs since base (never mutated in place)
+    fresh: tuple | None = None  # ((lsn, idx), serialized items) of the DELTA of own items
+    #                             this put wrote (a pending write arriving late refers to it)
 
     def __init__(self, ref: tuple[int, int], loaded: bool = True) -> None:
         self.ref = ref              # (lsn, idx) of the entry holding the value
@@ -99,6 +101,25 @@ class _Head:
         self.ckpt_b, self.meta_b, self.versions, self.chans = ckpt_b, meta_b, versions, chans
 
 
+def _match_writes(pend: list, raws: list) -> tuple[list, int]:
+    """Pending-write entries whose items, one after another, are a prefix of ``raws``
+    (compared byte for byte, each used once): ``(their refs, items covered)``."""
+    refs: list = []
+    m = 0
+    left = list(pend)
+    while left and m < len(raws):
+        for j, (wref, wraws) in enumerate(left):
+            k = len(wraws)
+            if k and m + k <= len(raws) and wraws == raws[m:m + k]:
+                refs.append(wref)
+                m += k
+                del left[j]
+                break
+        else:
+            break
+    return refs, m
+
+
 class ChannelState:
     """Mixin of :class:`durkv.store.Store`: encode a put's channels, keep/load the newest state.
 
@@ -107,10 +128,14 @@ class ChannelState:
     store's lock.
     """
 
-    def _encode(self, ch: str, v: Any, prev: _Chan | None, lsn: int, entries: list) -> _Chan:
+    def _encode(self, ch: str, v: Any, prev: _Chan | None, lsn: int, entries: list,
+                pend: list | None = None) -> _Chan:
         """Append the entries of channel ``ch`` = ``v`` to ``entries``; return its new state.
 
         Entries are plain tuples ``(kind, items, flags, depth, prev_lsn, prev_idx)``.
+        ``pend``: ``[(entry ref, serialized items)]`` of the list values the parent's
+        pending writes stored to ``ch`` (FORMAT.md section 5): a delta whose items begin
+        with theirs refers to those entries (an F_REFS DELTA) instead of storing them again.
         """
         dumps = self._dumps
         minb = self._minb
@@ -124,24 +149,21 @@ class ChannelState:
                 if prev is not None and prev.is_list:
                     start = self._delta_start(prev, v)
                 n = len(v)
-                zc = 0
                 if start is not None and n - start == 1:     # the agent loop: one new item
-                    r = b = dumps(v[start])
+                    raws = [dumps(v[start])]
+                else:
+                    raws = [dumps(v[i]) for i in range(start or 0, n)]
+                wrefs: list = []     # pending-write entries holding raws[:m]
+                m = 0
+                if pend and start is not None:
+                    wrefs, m = _match_writes(pend, raws)
+                items = []
+                zc = 0
+                for b in (raws[m:] if m else raws):
                     if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
                         b = self._compress(b)
-                        zc = 1
-                    items = [b]
-                    raws = [r]
-                else:
-                    items = []
-                    raws = []
-                    for i in range(start or 0, n):
-                        r = b = dumps(v[i])
-                        if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
-                            b = self._compress(b)
-                            zc += 1
-                        items.append(b)
-                        raws.append(r)
+                        zc += 1
+                    items.append(b)
                 flags = F_ZSTD if zc and zc == len(items) else 0
                 c.is_list = True
                 # the store's own item arrays, never the caller's list: a later in-place
@@ -166,13 +188,26 @@ class ChannelState:
                     c.last = v[n - 1]
                     c.mid = v[n >> 1]
                 if start is not None:
-                    deltas = prev.deltas + [pack_ref(lsn, idx)]
                     pl, pi = prev.ref
-                    entries.append((DELTA, items, flags, len(deltas), pl, pi))
+                    deltas = prev.deltas
+                    if wrefs:
+                        # the items the parent's pending writes stored: referred to, not copied
+                        deltas = deltas + [pack_ref(lsn, idx)]
+                        entries.append((DELTA, [pack_ref(*r) for r in wrefs], F_REFS,
+                                        len(deltas), pl, pi))
+                        pl, pi = c.ref = (lsn, idx)
+                        idx += 1
+                    if items or not wrefs:
+                        deltas = deltas + [pack_ref(lsn, idx)]
+                        c.ref = (lsn, idx)
+                        entries.append((DELTA, items, flags, len(deltas), pl, pi))
+                        if items:
+                            c.fresh = ((lsn, idx), raws[start + m:])
                     if len(deltas) >= self.snapshot_every:
+                        idx = len(entries)
                         entries.append((SNAP, [prev.base] + deltas, 0, 0, 0, 0))
-                        c.ref = (lsn, idx + 1)
-                        c.base = pack_ref(lsn, idx + 1)
+                        c.ref = (lsn, idx)
+                        c.base = pack_ref(lsn, idx)
                     else:
                         c.base = prev.base
                         c.deltas = deltas

@@ -9,7 +9,10 @@ What it adds over them:
 - **Bytes that grow with the change, not the state.** A checkpoint stores
   only the channels whose version moved (LangGraph's ``new_versions``); the
   store writes an ``operator.add`` list as the items appended since the
-  parent, so N supersteps of an agent loop cost O(N) bytes, not O(N^2).
+  parent, so N supersteps of an agent loop cost O(N) bytes, not O(N^2). And
+  each message is stored once: the checkpoint that appends it refers to the
+  bytes of the task's pending write that carried it (or the write to the
+  checkpoint's, whichever was committed first; docs/FORMAT.md section 5).
 - **Durability that follows LangGraph's ``durability=``.** LangGraph decides
   when ``put`` is called; durkv decides when the bytes are safe:
 
@@ -316,6 +319,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         record = dict(checkpoint)  # the record: all but values and versions (stored apart)
         del record["channel_values"]
         record.pop("channel_versions", None)
+        del record["id"]           # the frame head holds it (checkpoint_id): not twice
         metadata = get_checkpoint_metadata(config, metadata)
         versions = checkpoint["channel_versions"]
         parent_id = conf.get("checkpoint_id")
@@ -354,6 +358,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     def _tuple(self, ck: Any, config: RunnableConfig | None = None) -> CheckpointTuple:
         thread_id, ns = ck.thread_id, ck.checkpoint_ns
         checkpoint: dict[str, Any] = dict(ck.checkpoint)
+        checkpoint["id"] = ck.checkpoint_id    # older stores kept it in the record too
         checkpoint["channel_versions"] = dict(ck.versions)
         seen = checkpoint.get("versions_seen")
         if seen:

@@ -31,7 +31,7 @@ from ._seglog import ffi, lib
 # The COMMIT payload codec (FORMAT.md section 5) lives in durkv.channels, pure Python so
 # that backends without the compiled log share it; the log re-exports it.
 from .channels import (  # noqa: F401  (re-exported)
-    DELTA, F_VALUE, F_ZSTD, FULL, SNAP, Entry, decode_commit, encode_commit, pack_ref,
+    DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Entry, decode_commit, encode_commit, pack_ref,
     resolve_channel, snap_refs,
 )
 from .durability import ASYNC, DURABILITIES, EXIT, SYNC
@@ -729,7 +729,7 @@ def fault_inject(op: str | None, nth: int = 1, err: int = _errno.EIO) -> None:
 
 
 __all__ = [
-    "FRAME_DATA", "FRAME_COMMIT", "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE",
+    "FRAME_DATA", "FRAME_COMMIT", "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "F_REFS",
     "SegmentLog", "SegmentInfo", "Report", "SegmentReport", "Damage", "Entry",
     "verify", "recover", "encode_commit", "decode_commit", "resolve_channel",
     "pack_ref", "snap_refs", "crc32c", "crc32c_portable", "crc32c_hw", "fault_inject",

@@ -27,7 +27,9 @@ import struct
 from bisect import bisect_left
 from typing import Any, Iterator
 
-from .channels import DELTA, F_VALUE, FULL, SNAP, entry_at, entry_header, snap_ref_at
+from .channels import (
+    DELTA, F_REFS, F_VALUE, FULL, SNAP, entry_at, entry_header, snap_ref_at, snap_refs,
+)
 from .errors import ConfigError, CorruptionError, DurkvError, NotFoundError
 from .index import Lane
 from .records import (
@@ -103,6 +105,15 @@ class _Memo:
         seen.add(ref)
 
 
+class _WriteItems:
+    """A pending write's list value as its stored items (decoded after the merge)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+
 class Reads:
     """Mixin: the read side of :class:`durkv.store.Store`."""
 
@@ -116,17 +127,29 @@ class Reads:
         unpack = self._codec.unpack
         loads = self._loads
         for w in wl:
-            h = _head_of(self._b.read(w))
+            payload = self._b.read(w)
+            h = _head_of(payload)
             task, path, replace = h[4], h[5], h[6]
             for idx, ch, vb in h[7]:
                 key = (task, idx)
                 if replace or key not in merged:
+                    if type(vb) is int:
+                        # a list held as entry vb of this frame (FORMAT.md section 5)
+                        vb = (w, vb) if raw else _WriteItems(entry_at(payload, vb).items)
+                    elif type(vb) is list:
+                        # ... or as the items of an entry of an earlier frame
+                        vb = (vb[0], vb[1]) if raw else _WriteItems(
+                            entry_at(self._b.read(vb[0]), vb[1]).items)
                     merged[key] = PendingWrite(task, ch, vb, idx, path)
         out = sorted(merged.values(), key=lambda p: (p.task_path, p.task_id, p.idx))
         if raw:
             return out
         for p in out:
-            p.value = loads(unpack(p.value))
+            v = p.value
+            if type(v) is _WriteItems:
+                p.value = [loads(unpack(x)) for x in v.items]
+            else:
+                p.value = loads(unpack(v))
         return out
 
     # -- reads -------------------------------------------------------------------------------
@@ -380,13 +403,23 @@ class Reads:
                 kind, _f, _d, pl, pi, k, _off = entry_header(q, last[1])
                 if kind != DELTA or (pl, pi) != before:
                     return
+                if _f & F_REFS:
+                    k = self._refs_count(q, _off, k)
             elif kind != DELTA:
                 return
+            elif _f & F_REFS:
+                k = self._refs_count(p, off, k)
             prev = (pl, pi)
             if k <= n and prev < r:
                 memo.put_list(prev, master, n - k)
         except (DurkvError, struct.error, IndexError):
             return
+
+    def _refs_count(self, payload: bytes, items_offset: int, n_refs: int) -> int:
+        """How many items an F_REFS DELTA appends: those of the entries it names."""
+        read = self._b.read
+        return sum(entry_header(read(rl), ri)[5] for rl, ri in
+                   (snap_ref_at(payload, items_offset, j) for j in range(n_refs)))
 
     def channel_entries(self, thread_id: str, checkpoint_ns: str, channel: str, *,
                         before: str | None = None,
@@ -432,14 +465,33 @@ class Reads:
                     last = e.items[-1]
                     rl, ri = int.from_bytes(last[:8], "little"), int.from_bytes(last[8:], "little")
                     e = entry_at(payload if rl == lsn else self._b.read(rl), ri)
+                    ref = (rl, ri)
                 if e.kind == DELTA:
-                    out = ChannelEntry(cid, "append", [loads(unpack(x)) for x in e.items])
+                    # this commit's DELTAs (items of its own, or F_REFS naming the items
+                    # the parent's pending writes stored) chain within its frame
+                    items = self._own_items(e, ref[0])
+                    while e.prev_lsn == lsn and ref[0] == lsn:
+                        e = entry_at(payload, e.prev_idx)
+                        if e.kind != DELTA:
+                            break
+                        items = self._own_items(e, lsn) + items
+                    out = ChannelEntry(cid, "append", [loads(unpack(x)) for x in items])
                 elif e.flags & F_VALUE:
                     out = ChannelEntry(cid, "value", loads(unpack(e.items[0])))
                 else:
                     out = ChannelEntry(cid, "full", [loads(unpack(x)) for x in e.items])
             yield out
             count += 1
+
+    def _own_items(self, e: Any, lsn: int) -> list[bytes]:
+        """A DELTA's own items; with F_REFS, the items of the entries it names."""
+        if not e.flags & F_REFS:
+            return e.items
+        read = self._b.read
+        out: list[bytes] = []
+        for rl, ri in snap_refs(e):
+            out.extend(entry_at(read(rl), ri).items)
+        return out
 
     def threads(self) -> list[str]:
         """Ids of the threads that have at least one checkpoint, sorted."""

@@ -2,7 +2,9 @@
 
 Every store frame is a COMMIT frame (docs/FORMAT.md section 5) whose head is a
 msgpack list; its first element is the record kind below. Checkpoint frames
-carry the channel entries; every other record has none. A reader skips kinds
+carry the channel entries, pending-write frames one entry per list value (a
+checkpoint's delta then refers to those items rather than storing them again:
+FORMAT.md section 5); every other record has none. A reader skips kinds
 it does not know. Item bytes (values, pending-write values) are serde output,
 zstd-compressed when large (see :mod:`durkv.channels`).
 
@@ -14,7 +16,10 @@ for a changed channel, of an earlier frame for an unchanged one (so unchanged
 channels cost a reference, and any checkpoint reads each channel with one
 ``read_channel``). Pending-write records resolve in log order: ``replace``
 false = a key (task_id, idx) already present keeps its first value (LangGraph's
-INSERT OR IGNORE), true = it is overwritten (special channels only).
+INSERT OR IGNORE), true = it is overwritten (special channels only). A write's
+value is its serde bytes, or (a list) the int index of the entry of this frame
+holding its elements, or the ``[lsn, idx]`` of an earlier frame's entry holding
+them (a checkpoint that stored them first).
 
 Compaction writes ``COMPACT_BEGIN``, copies (``COPY_*``), then ``COMPACT_END``;
 replay applies copies to a fresh index and switches to it at END, and ignores
@@ -48,7 +53,8 @@ __all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
 
 # record kinds: the first element of every frame head (part of the format: never renumber)
 K_CKPT = 1          # [1, thread, ns, cid, parent, ckpt_b, meta_b, versions, {ch: [lsn, idx]}]
-K_WRITES = 2        # [2, thread, ns, cid, task_id, task_path, replace, [[idx, ch, value_b]...]]
+K_WRITES = 2        # [2, thread, ns, cid, task_id, task_path, replace, [[idx, ch, value]...]]
+#                     value: bytes | entry k of this frame | [lsn, idx] (FORMAT.md s. 5)
 K_DEL_THREAD = 3    # [3, thread]
 K_COPY_THREAD = 4   # [4, src, dst]
 K_REMOVE = 5        # [5, [[thread, ns, [cid, ...]], ...]]   (delete_runs, prune)

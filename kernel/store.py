@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import msgpack
 import xxhash
 
-from .channels import Codec, encode_commit
+from .channels import F_ZSTD, FULL, Codec, encode_commit
 from .delta import ChannelState, _Chan, _Head
 from .durability import STRENGTH
 from .errors import (
@@ -97,6 +97,12 @@ class Store(ChannelState, Reads):
         self._lock = threading.RLock()
         self._next_lsn = -1       # LSN of the next append when known (saves a call per put)
         self._wfp: dict[int, tuple[int, int]] = {}   # xxh3 of recent write frames -> lsn, rank
+        # list values of recent pending writes, by (thread, ns, checkpoint): {channel:
+        # [((lsn, entry idx), serialized items)]}, for the next checkpoint to refer to
+        self._wpend: dict[tuple[str, str, str], dict[str, list]] = {}
+        # the reverse, for a pending write that arrives after the checkpoint that folded
+        # it in: (thread, ns, parent checkpoint) -> {channel: ((lsn, idx), serialized items)}
+        self._cpend: dict[tuple[str, str, str], dict[str, tuple]] = {}
         self._closed = False
         self._index_every = index_every   # frames between K_INDEX snapshots (0: never write one)
         self._load_index()
@@ -380,8 +386,11 @@ class Store(ChannelState, Reads):
             chans: dict[str, _Chan] = {}
             refs: dict[str, tuple[int, int]] = {}
             encode = self._encode
+            # list items the parent's pending writes stored (FORMAT.md section 5)
+            pend = self._wpend.pop((thread_id, checkpoint_ns, head.cid), None) if fast else None
             for ch, v in values.items():
-                c = encode(ch, v, base.get(ch) if fast else None, lsn, entries)
+                c = encode(ch, v, base.get(ch) if fast else None, lsn, entries,
+                           pend.get(ch) if pend else None)
                 chans[ch] = c
                 refs[ch] = c.ref
             for ch in versions:
@@ -432,6 +441,21 @@ class Store(ChannelState, Reads):
                     lane.add_orphans(checkpoint_id, lsn)
             else:
                 lane.add(checkpoint_id, lsn)
+            if fast and parent_id is not None:
+                # a pending write of the parent that arrives after this commit (LangGraph's
+                # async executor may run it later) refers to these items, FORMAT.md s. 5
+                fresh = None
+                for ch in values:
+                    c = chans[ch]
+                    if c.fresh is not None:
+                        if fresh is None:
+                            fresh = {}
+                        fresh[ch] = c.fresh
+                        c.fresh = None
+                if fresh is not None:
+                    if len(self._cpend) >= 4096:
+                        self._cpend.clear()
+                    self._cpend[(thread_id, checkpoint_ns, parent_id)] = fresh
             if fast or head is None or checkpoint_id > head.cid:
                 lane.head = _Head(checkpoint_id, lsn, parent_id, ckpt_b, meta_b, dict(versions),
                                   chans)
@@ -471,8 +495,9 @@ class Store(ChannelState, Reads):
         if not writes:
             return
         recs = []
+        lists = []      # (rec, channel, stored items, serialized items, flags) of list values
         replace = True
-        codec = self._codec
+        pack = self._codec.pack
         dumps = self._dumps
         for w in writes:
             if not (type(w) is tuple and len(w) == 3 and type(w[0]) is int
@@ -481,32 +506,71 @@ class Store(ChannelState, Reads):
                 _check_write(w)
             idx, ch, v = w
             try:
-                b = dumps(v)
+                if type(v) is list:
+                    # element by element: the items a channel delta of the next checkpoint
+                    # can refer to instead of storing them again (FORMAT.md section 5)
+                    raws = [dumps(x) for x in v]
+                    rec = [idx, ch, 0]
+                    items = []
+                    zc = 0
+                    for r in raws:
+                        b, z = pack(r)
+                        items.append(b)
+                        zc += z
+                    lists.append((rec, ch, items, raws, F_ZSTD if zc and zc == len(raws) else 0))
+                else:
+                    rec = [idx, ch, pack(dumps(v))[0]]
             except Exception as e:
                 raise SerializationError(f"cannot serialize pending write to channel {ch!r} "
                                          f"of task {task_id!r}: {e}", channel=ch) from e
-            recs.append([idx, ch, codec.pack(b)[0]])
+            recs.append(rec)
             if ch not in SPECIAL_WRITE_CHANNELS:
                 replace = False
-        hb = _packb([K_WRITES, thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
-                     replace, recs])
-        payload = encode_commit(hb, ())
-        if len(payload) > self.max_commit_bytes:
-            raise FrameTooLargeError(f"pending writes of task {task_id!r} are {len(payload)} "
-                                     f"bytes, over max_commit_bytes={self.max_commit_bytes}",
-                                     thread_id=thread_id, size=len(payload))
-        # a retried identical call (LangGraph re-puts writes on resume) is a no-op in
-        # ignore mode: skip the frame when an identical one was appended at least as durably
-        fp = None if replace else xxhash.xxh3_64_intdigest(hb)
         rank = STRENGTH[dur]
         with self._lock:
             self._check_write()
+            # under the lock: a checkpoint committing concurrently either registered the
+            # items it stored (then this write refers to them) or will find this write's
+            entries = []
+            if lists:
+                late = self._cpend.get((thread_id, checkpoint_ns, checkpoint_id))
+                kept = []
+                for x in lists:
+                    rec, ch, items, raws, flags = x
+                    got = late.get(ch) if late else None
+                    if got is not None and got[1] == raws:
+                        rec[2] = list(got[0])   # stored by the checkpoint already: refer to it
+                        continue
+                    rec[2] = len(entries)       # the value is the items of this entry
+                    entries.append((FULL, items, flags, 0, 0, 0))
+                    kept.append(x)
+                lists = kept
+            hb = _packb([K_WRITES, thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
+                         replace, recs])
+            payload = encode_commit(hb, entries)
+            if len(payload) > self.max_commit_bytes:
+                raise FrameTooLargeError(f"pending writes of task {task_id!r} are "
+                                         f"{len(payload)} bytes, over max_commit_bytes="
+                                         f"{self.max_commit_bytes}", thread_id=thread_id,
+                                         size=len(payload))
+            # a retried identical call (LangGraph re-puts writes on resume) is a no-op in
+            # ignore mode: skip the frame when an identical one was appended at least as
+            # durably
+            fp = None if replace else xxhash.xxh3_64_intdigest(payload)
             seen = self._wfp.get(fp) if fp is not None else None
             if seen is not None and seen[1] >= rank:
                 lsn = seen[0]
             else:
                 lsn = self._append(payload, dur)
                 self._ix.add_write(thread_id, checkpoint_ns, checkpoint_id, lsn)
+                if lists:
+                    # the next checkpoint refers to these items instead of storing them again
+                    wpend = self._wpend
+                    if len(wpend) >= 4096:
+                        wpend.clear()
+                    pend = wpend.setdefault((thread_id, checkpoint_ns, checkpoint_id), {})
+                    for rec, ch, _items, raws, _flags in lists:
+                        pend.setdefault(ch, []).append(((lsn, rec[2]), raws))
                 self._maybe_index(lsn)
                 if fp is not None:
                     if len(self._wfp) >= 4096:
@@ -683,6 +747,8 @@ class Store(ChannelState, Reads):
             self._check_write()
             self._next_lsn = -1
             self._wfp.clear()
+            self._wpend.clear()     # their LSNs are about to move
+            self._cpend.clear()
             return compact(self)
 
     def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:

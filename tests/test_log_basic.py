@@ -16,7 +16,7 @@ from durkv.errors import (
     ReadOnlyError, StoreLockedError,
 )
 from durkv.log import (
-    DELTA, F_VALUE, FRAME_COMMIT, FRAME_DATA, FULL, SNAP, Entry, SegmentLog, decode_commit,
+    DELTA, F_REFS, F_VALUE, FRAME_COMMIT, FRAME_DATA, FULL, SNAP, Entry, SegmentLog, decode_commit,
     encode_commit, fault_inject, pack_ref, recover, resolve_channel, verify,
 )
 
@@ -288,7 +288,21 @@ def _channel_log(log):
     s2 = commit([Entry(SNAP, [pack_ref(*snap), pack_ref(d1, 0), pack_ref(d2, 0)])])
     expect[(s2, 0)] = items
     d3 = commit([Entry(DELTA, [b"f"], depth=1, prev_lsn=s2, prev_idx=0)])
-    expect[(d3, 0)] = items + [b"f"]
+    items = items + [b"f"]
+    expect[(d3, 0)] = items
+    # FORMAT.md section 5: a REFS DELTA appends the items of the FULL entries it names (a
+    # pending write's), then a plain DELTA on it in the same frame, then a SNAP over both
+    w = commit([Entry(FULL, [b"w0"]), Entry(FULL, [b"w1", b"w2"], flags=0)])
+    expect[(w, 0)], expect[(w, 1)] = [b"w0"], [b"w1", b"w2"]
+    r = log.next_lsn
+    commit([Entry(DELTA, [pack_ref(w, 1), pack_ref(w, 0)], flags=F_REFS, depth=2,
+                  prev_lsn=d3, prev_idx=0),
+            Entry(DELTA, [b"g"], depth=3, prev_lsn=r, prev_idx=0)])
+    expect[(r, 0)] = items + [b"w1", b"w2", b"w0"]
+    expect[(r, 1)] = items + [b"w1", b"w2", b"w0", b"g"]
+    s3 = commit([Entry(SNAP, [pack_ref(s2, 0), pack_ref(d3, 0), pack_ref(r, 0),
+                              pack_ref(r, 1)])])
+    expect[(s3, 0)] = expect[(r, 1)]
     return expect, payloads
 
 
@@ -320,6 +334,32 @@ def test_deep_verify_finds_broken_references(log_dir):
     assert not rep.ok
     assert [(d.kind, d.lost_first_lsn) for d in rep.damage] == [
         ("broken_chain", 1), ("broken_chain", 2)]
+
+
+@pytest.mark.parametrize("target", ["delta", "value", "forward", "missing"])
+def test_refs_delta_must_name_an_earlier_full_list_entry(log_dir, target):
+    """A REFS DELTA (FORMAT.md section 5) naming anything but an earlier FULL list entry
+    is damage: read_channel (C and Python) refuses it and verify --deep reports it."""
+    payloads = {}
+    with SegmentLog.open(log_dir) as log:
+        def commit(entries):
+            p = encode_commit(b"h", entries)
+            lsn = log.append(p, frame_type=FRAME_COMMIT)
+            payloads[lsn] = p
+            return lsn
+
+        commit([Entry(FULL, [b"a"]), Entry(FULL, [b"v"], flags=F_VALUE),
+                Entry(DELTA, [b"d"], depth=1, prev_lsn=0, prev_idx=0)])
+        ref = {"delta": (0, 2), "value": (0, 1), "forward": (2, 0), "missing": (0, 7)}[target]
+        bad = commit([Entry(DELTA, [pack_ref(*ref)], flags=F_REFS, depth=1, prev_lsn=0,
+                            prev_idx=0)])
+        commit([Entry(FULL, [b"later"])])
+        with pytest.raises(CorruptionError):
+            log.read_channel(bad, 0)
+        with pytest.raises(CorruptionError):
+            resolve_channel(payloads.__getitem__, bad, 0)
+    rep = verify(log_dir, deep=True)
+    assert [(d.kind, d.lost_first_lsn) for d in rep.damage] == [("broken_chain", 1)]
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -26,6 +26,11 @@ op = st.one_of(
               st.sampled_from(["x", "y"]),
               st.lists(st.tuples(st.sampled_from([0, 1, 2, -1]), st.integers(0, 9)),
                        min_size=1, max_size=3)),
+    # the agent loop: a task's list write to "m", and the checkpoint that appends it (in
+    # either order: LangGraph's executor may commit the checkpoint first); the store keeps
+    # the items once, shared by the write and the checkpoint (FORMAT.md section 5)
+    st.tuples(st.just("step"), st.sampled_from(THREADS), st.sampled_from(NSS),
+              st.integers(0, 3), st.booleans(), st.booleans()),
     st.tuples(st.just("delete"), st.sampled_from(THREADS)),
     st.tuples(st.just("copy"), st.sampled_from(THREADS), st.sampled_from(THREADS)),
     st.tuples(st.just("prune"), st.sampled_from(THREADS), st.integers(0, 2)),
@@ -109,6 +114,31 @@ def run_ops(ops, snapshot_every):
                 for idx, ch, v in writes:
                     if replace or (task, idx) not in mw:
                         mw[(task, idx)] = (ch, v)
+            elif kind == "step":
+                _, t, ns, n_new, late, extra = o
+                lane = model.lane(t, ns)
+                if not lane:
+                    continue
+                parent = max(lane)
+                pv = lane[parent]["values"]
+                counter += 1
+                cid = f"{counter:06d}"
+                items = [f"{cid}-step-{k}" * (k + 2) for k in range(n_new)]
+                # extra: the reducer adds an item the write did not carry
+                new = pv["m"] + items + ([f"{cid}-extra"] if extra else [])
+                run = f"r{(counter * 7) % 3}"
+
+                def commit(t=t, ns=ns, cid=cid, new=new, run=run, parent=parent):
+                    store.put(t, ns, cid, checkpoint={"c": cid}, metadata={"run_id": run},
+                              values={"m": new}, versions={"m": cid, "s": 1}, parent_id=parent)
+
+                if late:
+                    commit()
+                store.put_writes(t, ns, parent, "agent", [(0, "m", items)])
+                if not late:
+                    commit()
+                lane[parent]["writes"].setdefault(("agent", 0), ("m", items))
+                lane[cid] = {"values": {"m": new, "s": pv["s"]}, "writes": {}, "run": run}
             elif kind == "delete":
                 store.delete_thread(o[1])
                 model.t.pop(o[1], None)
