@@ -83,7 +83,8 @@ class S3Backend:
     """The Backend protocol (backends/base.py) over create-only S3 objects."""
 
     def __init__(self, url: str, *, durability: str = "sync", read_only: bool = False,
-                 flush_interval_ms: int = 10, client: Any = None, **_options: Any) -> None:
+                 flush_interval_ms: int = 10, takeover: bool = False, client: Any = None,
+                 **_options: Any) -> None:
         query = parse_qs(url.partition("?")[2])
         unknown = set(query) - {"takeover", "endpoint_url", "region"}
         if unknown:
@@ -114,7 +115,8 @@ class S3Backend:
                                 url=self.url)
         self._flusher: threading.Thread | None = None
         if not read_only:
-            self._acquire(takeover=(query.get("takeover") or ["0"])[0] in ("1", "true", "yes"))
+            self._acquire(takeover=bool(takeover) or
+                          (query.get("takeover") or ["0"])[0] in ("1", "true", "yes"))
             if durability == "async":
                 self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
                                                  name="durkv-s3-flusher")
@@ -160,7 +162,7 @@ class S3Backend:
             raise StoreLockedError(
                 f"store {self.url} is held by {latest.get('owner')} (writer epoch "
                 f"{latest.get('writer_epoch')}); close it there, or if that writer is dead "
-                f"open {self.url}?takeover=1", url=self.url, owner=latest.get("owner"))
+                "open it with takeover=True", url=self.url, owner=latest.get("owner"))
         n = latest["epoch_no"] + 1 if latest else 0
         epoch = (latest["writer_epoch"] if latest else 0) + 1
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
