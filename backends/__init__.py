@@ -44,7 +44,7 @@ def open_backend(url: str, **options: Any) -> Backend:
         from .s3.live import S3Backend
 
         return S3Backend(url, **{k: v for k, v in options.items() if k in (
-            "durability", "read_only", "flush_interval_ms", "takeover")})
+            "durability", "read_only", "flush_interval_ms", "takeover", "segment_bytes")})
     if url.startswith("file://"):
         path = url[len("file://"):]
     elif "://" in url:
