@@ -59,7 +59,7 @@ class S3Backend:
                  flush_interval_ms: int = 10, takeover: bool = False,
                  segment_bytes: int | None = None, cache_dir: str | None = None,
                  merge_batches: int | None = None, lease_ms: int | None = None,
-                 client: Any = None, **_options: Any) -> None:
+                 memory_bytes: int = 64 << 20, client: Any = None, **_options: Any) -> None:
         query = {k: v[0] for k, v in parse_qs(url.partition("?")[2]).items()}
         unknown = set(query) - set(_OPTIONS)
         if unknown:
@@ -77,7 +77,8 @@ class S3Backend:
         self.lease_ms = _int_option("lease_ms", lease_ms, query.get("lease_ms"), 0)
         self.cache = LiveCache(cache_dir or query.get("cache_dir") or default_cache_dir(
             self.loc.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL"), self.loc.bucket, self.loc.prefix))
+            or os.environ.get("AWS_ENDPOINT_URL"), self.loc.bucket, self.loc.prefix),
+            budget=memory_bytes)
         self._pieces: list[Piece] = []    # durable frames, by first_lsn (segments, batches)
         self._starts: list[int] = []
         self._pending: list[bytes] = []   # frames [durable, next_lsn): not in S3 yet
@@ -88,6 +89,7 @@ class S3Backend:
         self.manifest = LiveManifest()
         self._cond = threading.Condition(threading.Lock())
         self._flushing = False
+        self._paused = False              # the merger is checking the next batch number
         self._gathering = False
         self._last_group = 1              # frames the last PUT carried (group commit)
         self._failed: DurkvError | None = None
@@ -391,7 +393,7 @@ class S3Backend:
             while self._durable < target:
                 if self._failed is not None:
                     raise self._failed
-                if self._flushing:
+                if self._flushing or self._paused:
                     self._cond.wait()
                     continue
                 self._flushing = True

@@ -210,9 +210,9 @@ class Merger:
         if not doomed:
             return
         with b._cond:           # no batch PUT of ours while the next number is checked
+            b._paused = True
             while b._flushing:
                 b._cond.wait()
-            b._flushing = True
             seq = b._seq
         try:
             b.head(num_key(WAL, seq, ".batch"))
@@ -221,7 +221,7 @@ class Merger:
             fenced = False
         finally:
             with b._cond:
-                b._flushing = False
+                b._paused = False
                 b._cond.notify_all()
         if fenced:
             raise FencedError(f"store {b.url}: writer epoch {b._epoch} was fenced (batch {seq} "
