@@ -146,7 +146,7 @@ def test_kill_9_mid_merge_leaves_a_readable_store_and_the_next_writer_finishes(
                           capture_output=True, text=True, env=os.environ.copy(), timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     acked = [int(x.split()[1]) for x in proc.stdout.split("\n")[:-1] if x.startswith("acked")]
-    assert len(acked) >= 4
+    assert len(acked) >= 3      # the merge starts after the 3rd batch: its kill may be next
     objs = live_objects(s3, bucket, "crash")
     if point == "manifest":     # the merge's segment object is there, no manifest lists it
         assert any(k.startswith("live/seg/") for k in objs)
