@@ -170,12 +170,16 @@ def restore(ctx: click.Context, url: str, dest: Path, to_lsn: int | None, to_tim
         return
     if quiet:
         return
-    last = plan.segments[-1]
     cut = (f", cut after lsn {plan.cut_after_lsn}" if plan.cut_after_lsn is not None else "")
-    what = (f"manifest {plan.manifest_no}: {len(plan.segments)} segment(s) "
-            f"{plan.segments[0].segment_no}..{last.segment_no}, "
-            f"{output.human_bytes(plan.bytes)}{cut}; the store resumes at lsn {plan.next_lsn} "
-            f"(last segment sealed {_when(last.sealed_at_ns)})")
+    if plan.segments:
+        last = plan.segments[-1]
+        what = (f"manifest {plan.manifest_no}: {len(plan.segments)} segment(s) "
+                f"{plan.segments[0].segment_no}..{last.segment_no}, "
+                f"{output.human_bytes(plan.bytes)}{cut}; the store resumes at lsn "
+                f"{plan.next_lsn} (last segment sealed {_when(last.sealed_at_ns)})")
+    else:       # a live s3:// store: its frames, not archived segments
+        what = (f"live store: {plan.next_lsn} frame(s), {output.human_bytes(plan.bytes)}{cut}; "
+                f"the store resumes at lsn {plan.next_lsn}")
     if dry_run:
         click.echo(f"dry run: would restore {plan.url} {what} into {dest}")
     else:

@@ -20,6 +20,7 @@ from durkv.errors import ConfigError, NotFoundError
 
 from .archiver import ENCODINGS, ArchiveResult, archive_dir, latest_manifest
 from .client import S3Location
+from .liverestore import is_live_store, restore_from_live
 from .restorer import RestorePlan, plan_restore, restore_dir
 
 __all__ = ["archive", "archive_backend", "restore", "S3Location", "ArchiveResult",
@@ -71,14 +72,25 @@ def restore(url: str, dest: str | os.PathLike, *, to_lsn: int | None = None,
             endpoint_url: str | None = None, region: str | None = None, client: Any = None,
             page_size: int = 1000, progress: Progress | None = None
             ) -> tuple[RestorePlan, seglog.Report | None]:
-    """Restore the archive at ``url`` into the new directory ``dest``.
+    """Restore the archive at ``url`` (or, when there is none, the live ``s3://`` store
+    there) into the new directory ``dest``.
 
     Returns the plan and the restored log's verify report (None with ``dry_run``,
     which downloads and changes nothing).
     """
     loc = S3Location.parse(url, endpoint_url=endpoint_url, region=region, client=client)
     to_time_ns = None if to_time is None else parse_time(to_time)
-    plan = plan_restore(loc, to_lsn=to_lsn, to_time_ns=to_time_ns, page_size=page_size)
+    try:
+        plan = plan_restore(loc, to_lsn=to_lsn, to_time_ns=to_time_ns, page_size=page_size)
+    except NotFoundError:
+        if not is_live_store(loc):
+            raise
+        # no archive here, but a live s3:// store: its log into a local directory
+        if to_time_ns is not None:
+            raise ConfigError(f"{url} is a live store: --to-time needs an archive "
+                              "(durkv archive); use --to-lsn") from None
+        return restore_from_live(loc, dest, to_lsn=to_lsn, dry_run=dry_run,
+                                 progress=progress)
     if dry_run:
         return plan, None
     return plan, restore_dir(loc, dest, plan, progress=progress)

@@ -241,3 +241,33 @@ def test_a_lease_lets_the_next_writer_in_once_the_holder_is_dead(s3_env, bucket)
             time.sleep(0.25)
     assert time.monotonic() - killed >= 0.9      # not before the lease ran out
     store.close()
+
+
+def test_restore_of_a_live_store_into_a_directory(s3_env, s3, bucket, tmp_path):
+    from click.testing import CliRunner
+
+    from durkv.backends import s3 as ds3
+    from durkv.cli import main
+
+    url = f"s3://{bucket}/tolocal?merge_batches=4"
+    with durkv.open(url) as store:
+        for i in range(20):
+            put(store, i)
+        want = (ids(store), store.get("t").values)
+    plan, report = ds3.restore(url, tmp_path / "here")
+    assert report.ok and plan.next_lsn == report.next_lsn
+    with durkv.open(str(tmp_path / "here")) as local:       # resumes: same LSNs, writable
+        assert (ids(local), local.get("t").values) == want
+        put(local, 20)
+        assert ids(local)[0] == "000020"
+    plan, _ = ds3.restore(url, tmp_path / "part", to_lsn=9)
+    with durkv.open(str(tmp_path / "part"), read_only=True) as part:
+        assert ids(part) == [f"{i:06d}" for i in range(9, -1, -1)]
+    res = CliRunner().invoke(main, ["restore", url.partition("?")[0], str(tmp_path / "cli")])
+    assert res.exit_code == 0 and "live store" in res.output, res.output
+    with durkv.open(url) as store:
+        store.prune(["t"], keep_last=1)
+        store.compact()
+    with pytest.raises(durkv.ConfigError, match="compacted"):
+        ds3.restore(url, tmp_path / "never")
+    assert not (tmp_path / "never").exists()
