@@ -247,7 +247,7 @@ def test_restore_of_a_live_store_into_a_directory(s3_env, s3, bucket, tmp_path):
     from click.testing import CliRunner
 
     from durkv.backends import s3 as ds3
-    from durkv.cli import main
+    from durkv.cli import cli
 
     url = f"s3://{bucket}/tolocal?merge_batches=4"
     with durkv.open(url) as store:
@@ -263,7 +263,7 @@ def test_restore_of_a_live_store_into_a_directory(s3_env, s3, bucket, tmp_path):
     plan, _ = ds3.restore(url, tmp_path / "part", to_lsn=9)
     with durkv.open(str(tmp_path / "part"), read_only=True) as part:
         assert ids(part) == [f"{i:06d}" for i in range(9, -1, -1)]
-    res = CliRunner().invoke(main, ["restore", url.partition("?")[0], str(tmp_path / "cli")])
+    res = CliRunner().invoke(cli, ["restore", url.partition("?")[0], str(tmp_path / "cli")])
     assert res.exit_code == 0 and "live store" in res.output, res.output
     with durkv.open(url) as store:
         store.prune(["t"], keep_last=1)
