@@ -39,7 +39,11 @@ class Merger:
         self._stopped = False
         self.merges = 0
         self.error: DurkvError | None = None
-        self.crash_before_manifest = False  # tests: stop between segment PUT and manifest
+        # The handle's manifest is the newest as far as this writer knows (it wrote it):
+        # the next publish PUTs n + 1 without listing; a 412 says otherwise.
+        self._current = False
+        self._swept = False                 # leftovers of earlier writers looked for
+        self._batches: list[Piece] = []     # the batches the last _merged took
 
     # -- the thread ---------------------------------------------------------------------
 
@@ -79,7 +83,7 @@ class Merger:
         epoch wrote the latest manifest: this writer was taken over."""
         b = self.b
         while True:
-            cur = b.latest_manifest()
+            cur = b.manifest if self._current else b.latest_manifest()
             if cur.writer_epoch > b._epoch:
                 raise FencedError(f"store {b.url}: writer epoch {b._epoch} was fenced "
                                   f"(manifest {cur.manifest_no} is writer epoch "
@@ -89,12 +93,12 @@ class Merger:
             if new is None:
                 return cur, None
             new.manifest_no, new.writer_epoch = cur.manifest_no + 1, b._epoch
-            if self.crash_before_manifest:
-                raise DurkvError("test: stopped between the segment PUTs and the manifest")
             if b.put(num_key(LIVE_MANIFESTS, new.manifest_no, ".json"), new.to_json(),
                      {"durkv-epoch": str(b._epoch)}):
                 b._adopt_manifest(new)
+                self._current = True
                 return cur, new
+            self._current = False
 
     # -- merging ------------------------------------------------------------------------
 
@@ -105,7 +109,7 @@ class Merger:
             old, new = self.publish(lambda cur: self._merged(cur, force))
             if new is not None:
                 self.merges += 1
-                self._cleanup(old, new)
+                self._cleanup(old, new, self._batches)
             return new is not None
 
     def _merged(self, cur: LiveManifest, force: bool) -> LiveManifest | None:
@@ -113,6 +117,7 @@ class Merger:
         with b._cond:
             seq, durable = b._seq, b._durable
             batches = [p for p in b._pieces if cur.next_batch <= p.batch_no < seq]
+        self._batches = batches
         if seq <= cur.next_batch or (not force and seq - cur.next_batch < b.merge_batches):
             return None
         segs = cur.segments
@@ -160,10 +165,10 @@ class Merger:
         with self._lock:
             old, new = self.publish(lambda cur: self._merged(cur, force=True))
             if new is not None:
-                self._cleanup(old, new)
+                self._cleanup(old, new, self._batches)
             old, new = self.publish(lambda cur: self._cut(cur, new_start))
             if new is not None:
-                self._cleanup(old, new)
+                self._cleanup(old, new, [])
 
     def _cut(self, cur: LiveManifest, new_start: int) -> LiveManifest | None:
         if new_start <= cur.start_lsn:
@@ -184,7 +189,25 @@ class Merger:
 
     # -- deleting what the current manifest no longer needs ------------------------------
 
-    def _cleanup(self, old: LiveManifest, new: LiveManifest) -> None:
+    def _leftovers(self, new: LiveManifest) -> list[tuple[str, str]]:
+        """What earlier writers left for deletion (a merge killed before its manifest or
+        its deletes): listed once per writer handle, the later merges know what they
+        replace."""
+        b = self.b
+        found: list[tuple[str, str]] = []
+        for rel, e in b.loc.list_objects(WAL):
+            n = num_of(WAL, rel, ".batch")
+            if n is not None and n >= new.next_batch:
+                break
+            if n is not None and e["Size"] != FENCE_BYTES:
+                found.append((rel, (e.get("ETag") or "").strip('"')))
+        keep = {s.key for s in new.segments}
+        found += [(rel, "") for rel in b.loc.list_keys(SEGS) if rel not in keep]
+        found += [(rel, "") for rel in b.loc.list_keys(LIVE_MANIFESTS)
+                  if (num_of(LIVE_MANIFESTS, rel, ".json") or 0) < new.manifest_no - 1]
+        return found
+
+    def _cleanup(self, old: LiveManifest, new: LiveManifest, merged: list[Piece]) -> None:
         """Delete merged batches (never a fence), segments ``new`` does not list (also
         those a merge killed before its manifest left) and manifests below ``n - 1``.
 
@@ -193,20 +216,13 @@ class Merger:
         so it builds on ``new`` and never on anything listed here (FORMAT.md section 11).
         """
         b = self.b
-        doomed: list[tuple[str, str]] = []
-        for rel, e in b.loc.list_objects(WAL):
-            n = num_of(WAL, rel, ".batch")
-            if n is None:
-                continue
-            if n >= new.next_batch:
-                break
-            if e["Size"] != FENCE_BYTES:
-                doomed.append((rel, (e.get("ETag") or "").strip('"')))
         keep = {s.key for s in new.segments}
-        tags = {s.key: f"{s.crc32c:08x}" for s in old.segments}
-        doomed += [(rel, tags.get(rel, "")) for rel in b.loc.list_keys(SEGS) if rel not in keep]
-        doomed += [(rel, "") for rel in b.loc.list_keys(LIVE_MANIFESTS)
-                   if (num_of(LIVE_MANIFESTS, rel, ".json") or 0) < new.manifest_no - 1]
+        doomed = [(s.key, f"{s.crc32c:08x}") for s in old.segments if s.key not in keep]
+        doomed += [(p.rel, p.tag) for p in merged]
+        if new.manifest_no >= 2:
+            doomed.append((num_key(LIVE_MANIFESTS, new.manifest_no - 2, ".json"), ""))
+        if not self._swept:
+            doomed += self._leftovers(new)
         if not doomed:
             return
         with b._cond:           # no batch PUT of ours while the next number is checked
@@ -226,7 +242,8 @@ class Merger:
         if fenced:
             raise FencedError(f"store {b.url}: writer epoch {b._epoch} was fenced (batch {seq} "
                               "exists); its merger stops", url=b.url)
-        b.delete([rel for rel, _ in doomed])
+        b.delete(sorted({rel for rel, _ in doomed}))
+        self._swept = True
         for rel, tag in doomed:
             if tag:
                 b.cache.drop(rel, tag)
