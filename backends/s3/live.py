@@ -265,17 +265,21 @@ class S3Backend:
                               segment=self.loc.key(WAL), kind="missing_segment")
 
     def latest_manifest(self) -> LiveManifest:
-        best = None
-        for rel in self.loc.list_keys(LIVE_MANIFESTS):
-            n = num_of(LIVE_MANIFESTS, rel, ".json")
-            if n is not None and (best is None or n > best[0]):
-                best = (n, rel)
-        if best is None:
-            return LiveManifest()
-        try:
-            return LiveManifest.from_json(self.get(best[1]), self.loc.key(best[1]))
-        except NoSuchKeyError:
-            raise _Moved() from None    # pruned right after a newer one: list again
+        for _ in range(8):
+            best = None
+            for rel in self.loc.list_keys(LIVE_MANIFESTS):
+                n = num_of(LIVE_MANIFESTS, rel, ".json")
+                if n is not None and (best is None or n > best[0]):
+                    best = (n, rel)
+            if best is None:
+                return LiveManifest()
+            try:
+                return LiveManifest.from_json(self.get(best[1]), self.loc.key(best[1]))
+            except NoSuchKeyError:
+                continue        # pruned right after a newer one was written: list again
+        raise CorruptionError(f"live store {self.url}: its newest manifest keeps vanishing "
+                              "while read", segment=self.loc.key(LIVE_MANIFESTS),
+                              kind="missing_segment")
 
     def _adopt_manifest(self, m: LiveManifest | None = None) -> None:
         m = m if m is not None else self.latest_manifest()
@@ -500,7 +504,12 @@ class S3Backend:
             except NoSuchKeyError:
                 if attempt == 2:
                     raise
-                self._load()    # a merge or a compaction replaced the object: re-read
+                # a merge or a compaction replaced the object: re-read the manifest (a
+                # writer knows its own batches; only a reader looks for new ones)
+                if self.read_only:
+                    self._load()
+                else:
+                    self._adopt_manifest()
         raise AssertionError("unreachable")
 
     def scan(self, from_lsn: int = 0) -> Iterator[tuple[int, bytes]]:

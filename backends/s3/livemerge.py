@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from durkv.errors import ConfigError, CorruptionError, DurkvError, FencedError
 from durkv.log import crc32c
@@ -23,16 +23,15 @@ from .livefmt import (
     num_key, num_of, seg_key,
 )
 
-if TYPE_CHECKING:       # the backend owns the merger; only its type is needed here
-    from .live import S3Backend
-
 __all__ = ["Merger"]
 
 
 class Merger:
     """The writer's background merger (one per writer handle)."""
 
-    def __init__(self, backend: S3Backend) -> None:
+    def __init__(self, backend: Any) -> None:
+        # backend: the live.S3Backend that owns this merger (live.py ranks above this
+        # module, so the type is not imported here)
         self.b = backend
         self._lock = threading.Lock()       # one merge/compaction at a time
         self._wake = threading.Event()
