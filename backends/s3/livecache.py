@@ -16,7 +16,7 @@ import uuid
 from collections import OrderedDict
 from typing import Callable
 
-from durkv.errors import CorruptionError
+from durkv.errors import ConfigError, CorruptionError
 
 from .livefmt import decode_batch
 
@@ -33,7 +33,12 @@ def default_cache_dir(endpoint: str | None, bucket: str, prefix: str) -> str:
 
 class LiveCache:
     def __init__(self, root: str, budget: int = 64 << 20) -> None:
-        os.makedirs(root, exist_ok=True)
+        try:
+            os.makedirs(root, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the s3:// cache directory {root}: {exc}; set "
+                              "DURKV_S3_CACHE_DIR or pass cache_dir= to a writable "
+                              "directory") from exc
         self.root = root
         self._budget = budget
         self._lru: OrderedDict[str, tuple[int, list[bytes]]] = OrderedDict()

@@ -277,3 +277,10 @@ def test_restore_of_a_live_store_into_a_directory(s3_env, s3, bucket, tmp_path):
     with pytest.raises(durkv.ConfigError, match="compacted"):
         ds3.restore(url, tmp_path / "never")
     assert not (tmp_path / "never").exists()
+
+
+def test_an_unwritable_cache_directory_is_one_clear_error(s3_env, bucket, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(durkv.ConfigError, match="DURKV_S3_CACHE_DIR"):
+        S3Backend(f"s3://{bucket}/c", cache_dir=str(blocker / "sub"))
