@@ -54,6 +54,7 @@ RANKS = {
     "durkv.backends.s3.live": 22,
     "durkv.backends.s3.restorer": 22,
     "durkv.backends.s3.liverestore": 23,
+    "durkv.backends.s3.livearchive": 23,
     "durkv.backends.s3": 24,
     "durkv.backends": 24,           # open_backend(url)
     # store: checkpoints, channels, history, compaction

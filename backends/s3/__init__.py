@@ -20,6 +20,8 @@ from durkv.errors import ConfigError, NotFoundError
 
 from .archiver import ENCODINGS, ArchiveResult, archive_dir, latest_manifest
 from .client import S3Location
+from .live import S3Backend
+from .livearchive import archive_live
 from .liverestore import is_live_store, restore_from_live
 from .restorer import RestorePlan, plan_restore, restore_dir
 
@@ -33,7 +35,8 @@ def archive(store: str | os.PathLike, url: str, *, seal: bool = False,
             encoding: str = "identity", endpoint_url: str | None = None,
             region: str | None = None, client: Any = None, page_size: int = 1000,
             progress: Progress | None = None) -> ArchiveResult:
-    """Archive the store directory ``store`` to ``url`` (``s3://bucket/prefix``).
+    """Archive the store directory ``store`` to ``url`` (``s3://bucket/prefix``); a live
+    ``s3://`` store as ``store`` is archived whole (every frame so far, ``seal`` or not).
 
     ``seal``: first seal the active segment (takes the writer lock briefly:
     StoreLockedError while another process writes the store; use ``Store.archive``
@@ -41,6 +44,13 @@ def archive(store: str | os.PathLike, url: str, *, seal: bool = False,
     """
     path = os.fspath(store)
     loc = S3Location.parse(url, endpoint_url=endpoint_url, region=region, client=client)
+    if path.startswith("s3://"):     # a live store: every frame so far (seal or not)
+        src = S3Backend(path, read_only=True, client=client)
+        try:
+            return archive_live(src, loc, encoding=encoding, page_size=page_size,
+                                progress=progress)
+        finally:
+            src.close()
     if not os.path.isdir(path) or not any(n.endswith(".seg") for n in os.listdir(path)):
         raise NotFoundError(f"no durkv store at {path}: no directory with segment files")
     if seal:
@@ -54,6 +64,13 @@ def archive_backend(backend: Any, url: str, *, seal: bool = False,
     """``Store.archive``: archive the store behind an open local backend; with ``seal``,
     flush and seal its active segment through the open handle first (under ``lock``, the
     store's; the upload runs without it: sealed segments never change)."""
+    if isinstance(backend, S3Backend):
+        loc = S3Location.parse(url, endpoint_url=options.get("endpoint_url"),
+                               region=options.get("region"), client=options.get("client"))
+        with lock:
+            backend.flush()     # every commit returned so far goes into the archive
+        return archive_live(backend, loc, **{k: v for k, v in options.items()
+                                             if k in ("encoding", "page_size", "progress")})
     path = getattr(backend, "path", None)
     if path is None:
         raise ConfigError(f"only a local store can be archived; {backend.url} is not one")

@@ -284,3 +284,43 @@ def test_an_unwritable_cache_directory_is_one_clear_error(s3_env, bucket, tmp_pa
     blocker.write_text("not a directory")
     with pytest.raises(durkv.ConfigError, match="DURKV_S3_CACHE_DIR"):
         S3Backend(f"s3://{bucket}/c", cache_dir=str(blocker / "sub"))
+
+
+def test_archive_of_a_live_store_continues_one_log_and_restores(s3_env, s3, bucket,
+                                                                tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from durkv.backends import s3 as ds3
+    from durkv.cli import cli
+
+    live, arch = f"s3://{bucket}/live-a", f"s3://{bucket}/arch"
+    with durkv.open(live) as store:
+        for i in range(8):
+            put(store, i)
+        first = store.archive(arch)             # the writer's own handle
+        assert first.manifest_written and first.uploaded
+        again = store.archive(arch)
+        assert not again.uploaded and not again.manifest_written     # nothing new
+        for i in range(8, 12):
+            put(store, i)
+    # another machine (no mirror in its cache) continues the same archive from the CLI
+    monkeypatch.setenv("DURKV_S3_CACHE_DIR", str(tmp_path / "machine-2"))
+    res = CliRunner().invoke(cli, ["archive", live, arch])
+    assert res.exit_code == 0, res.output
+    plan, report = ds3.restore(arch, tmp_path / "restored")
+    with durkv.open(str(tmp_path / "restored"), read_only=True) as local:
+        assert ids(local) == [f"{i:06d}" for i in range(11, -1, -1)]
+    # another live store into the same archive prefix is refused, nothing uploaded
+    other = f"s3://{bucket}/live-b"
+    with durkv.open(other) as store:
+        for i in range(14):
+            put(store, 100 + i)
+    def archived():
+        return {o["Key"]: o["ETag"] for o in s3.list_objects_v2(
+            Bucket=bucket, Prefix="arch/").get("Contents", ())}
+
+    before = archived()
+    assert any("/segments/" in k for k in before)
+    with pytest.raises(durkv.errors.ArchiveConflictError, match="another log"):
+        ds3.archive(other, arch)
+    assert archived() == before
