@@ -55,9 +55,11 @@ def moto(tmp_path_factory):
     server.start()
     host, port = server.get_host_and_port()
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                            "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")}
+                                            "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
+                                            "DURKV_S3_CACHE_DIR")}
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                      AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=f"http://{host}:{port}")
+                      AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=f"http://{host}:{port}",
+                      DURKV_S3_CACHE_DIR=str(tmp_path_factory.mktemp("s3cache")))
     client = boto3.client("s3")
     client.create_bucket(Bucket="bench")
     yield client
@@ -187,7 +189,7 @@ def test_archive_and_restore_vs_plain_boto3(benchmark, moto, store, bench_root):
            and second["ListObjectsV2"] == 0, first_call=first, one_segment_call=second)
 
 
-# ---- the live s3:// store (first version) ------------------------------------------------
+# ---- the live s3:// store ----------------------------------------------------------------------
 
 class LoopState(TypedDict):
     step: int
@@ -236,6 +238,7 @@ def test_live_commits_vs_raw_conditional_put(benchmark, moto):
     puts_before = backend.puts
     eight = _commits_per_s(backend, 8, n // 2, payload)
     eight_puts = backend.puts - puts_before
+    flushes, objects, merges = backend.puts, backend.object_count(), backend.merger.merges
     backend.close()
     async_backend = S3Backend(f"s3://bench/live{next(_prefixes)}", durability="async")
     many = 5_000 if QUICK else 50_000
@@ -244,7 +247,8 @@ def test_live_commits_vs_raw_conditional_put(benchmark, moto):
     lat_ratio = t_commit / t_raw
     print(f"\nlive sync commit {t_commit / n * 1e3:.2f} ms vs raw conditional PUT "
           f"{t_raw / n * 1e3:.2f} ms; 1 thread {one:.0f}/s, 8 threads {eight:.0f}/s "
-          f"({8 * (n // 2)} commits in {eight_puts} PUTs); async {async_rate:.0f}/s")
+          f"({8 * (n // 2)} commits in {eight_puts} PUTs); async {async_rate:.0f}/s; "
+          f"{flushes} batch PUTs left {objects} objects ({merges} merges)")
     record(benchmark, "live s3 sync commit latency / raw conditional PUT", ratio=lat_ratio,
            target="<= 1.3x", ok=lat_ratio <= 1.3, commit_ms=round(t_commit / n * 1e3, 2),
            raw_put_ms=round(t_raw / n * 1e3, 2))
@@ -253,6 +257,9 @@ def test_live_commits_vs_raw_conditional_put(benchmark, moto):
            eight_thread_puts=eight_puts)
     record(benchmark, "live s3 async commits/s (1 thread) / 20,000", ratio=async_rate / 20_000,
            target=">= 20,000/s", ok=async_rate >= 20_000, async_per_s=round(async_rate))
+    record(benchmark, "live s3 sync: objects left / batch PUTs made", ratio=objects / flushes,
+           target="bounded (merged)", ok=objects <= 64, objects=objects, batch_puts=flushes,
+           merges=merges)
 
 
 @pytest.mark.benchmark(group="s3-live")
@@ -291,9 +298,11 @@ def test_live_langgraph_run_puts_and_bytes(benchmark, moto, bench_root):
     for page in moto.get_paginator("list_objects_v2").paginate(Bucket="bench",
                                                                Prefix=prefix + "/"):
         s3_bytes += sum(o["Size"] for o in page.get("Contents", ()))
+    objects = sum(len(p.get("Contents", ())) for p in moto.get_paginator(
+        "list_objects_v2").paginate(Bucket="bench", Prefix=prefix + "/"))
     ratio = s3_bytes / local_bytes
     print(f"\nLangGraph {n} supersteps on live s3 (async): {counts['PutObject']} PUTs, "
-          f"{s3_bytes} bytes stored vs {local_bytes} bytes local")
+          f"{s3_bytes} bytes stored in {objects} objects vs {local_bytes} bytes local")
     record(benchmark, f"live s3 LangGraph {n} supersteps: bytes stored / local store",
            ratio=ratio, target="<= 1.5x", ok=ratio <= 1.5, puts=counts["PutObject"],
-           s3_bytes=s3_bytes, local_bytes=local_bytes)
+           s3_bytes=s3_bytes, local_bytes=local_bytes, objects=objects)

@@ -69,7 +69,7 @@ def _with_bar(label: str, enabled: bool, fn: Callable[[Callable[[int, int], None
 
 
 @click.command()
-@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("store", type=click.Path(path_type=str))
 @click.argument("url")
 @click.option("--seal", is_flag=True,
               help="Seal the active segment first, so that every commit so far is archived "
@@ -80,7 +80,7 @@ def _with_bar(label: str, enabled: bool, fn: Callable[[Callable[[int, int], None
 @output.json_option
 @output.quiet_option
 @click.pass_context
-def archive(ctx: click.Context, store: Path, url: str, seal: bool, compress: bool,
+def archive(ctx: click.Context, store: str, url: str, seal: bool, compress: bool,
             endpoint_url: str | None, region: str | None, as_json: bool, quiet: bool) -> None:
     """Copy a store's sealed segments to S3 (create-only, idempotent).
 
@@ -89,7 +89,8 @@ def archive(ctx: click.Context, store: Path, url: str, seal: bool, compress: boo
     object is created once and never overwritten: running it again adds nothing,
     a run cut short is completed by the next, and different content already at
     a key (another store, a fork) is refused with the original left as it is.
-    Without --seal the active segment (the newest commits) stays local.
+    Without --seal the active segment (the newest commits) stays local. STORE may
+    be a live s3://BUCKET/PREFIX store: every commit so far is archived.
 
     Exit status: 0 archived (or nothing to do), 1 S3 error or conflict,
     2 usage, 3 the local store is damaged.
@@ -170,12 +171,16 @@ def restore(ctx: click.Context, url: str, dest: Path, to_lsn: int | None, to_tim
         return
     if quiet:
         return
-    last = plan.segments[-1]
     cut = (f", cut after lsn {plan.cut_after_lsn}" if plan.cut_after_lsn is not None else "")
-    what = (f"manifest {plan.manifest_no}: {len(plan.segments)} segment(s) "
-            f"{plan.segments[0].segment_no}..{last.segment_no}, "
-            f"{output.human_bytes(plan.bytes)}{cut}; the store resumes at lsn {plan.next_lsn} "
-            f"(last segment sealed {_when(last.sealed_at_ns)})")
+    if plan.segments:
+        last = plan.segments[-1]
+        what = (f"manifest {plan.manifest_no}: {len(plan.segments)} segment(s) "
+                f"{plan.segments[0].segment_no}..{last.segment_no}, "
+                f"{output.human_bytes(plan.bytes)}{cut}; the store resumes at lsn "
+                f"{plan.next_lsn} (last segment sealed {_when(last.sealed_at_ns)})")
+    else:       # a live s3:// store: its frames, not archived segments
+        what = (f"live store: {plan.next_lsn} frame(s), {output.human_bytes(plan.bytes)}{cut}; "
+                f"the store resumes at lsn {plan.next_lsn}")
     if dry_run:
         click.echo(f"dry run: would restore {plan.url} {what} into {dest}")
     else:

@@ -795,7 +795,7 @@ def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
                compress_min_bytes: int = 1024, segment_bytes: int | None = None,
                flush_interval_ms: int = 10, recovery: str = "tolerate_tail",
                max_commit_bytes: int = 256 << 20, delta_check: str = "prefix",
-               index_every: int = 50_000) -> Store:
+               index_every: int = 50_000, takeover: bool = False) -> Store:
     """Open (creating if needed) a store.
 
     Args:
@@ -819,6 +819,8 @@ def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
             at close and after a compaction when anything was committed since the last
             one, so that open replays only the frames after it. 0: write none (open
             still uses the snapshots already in the log).
+        takeover: ``s3://`` only: take the store over from a writer that died; that
+            writer is fenced (its next commit fails with ``FencedError``).
 
     >>> import durkv
     >>> store = durkv.open("memory://")
@@ -855,7 +857,7 @@ def open_store(url: str, *, durability: str = "sync", read_only: bool = False,
         raise ConfigError("serde must have dumps(obj) -> bytes and loads(bytes) -> obj")
     backend = open_backend(url, durability=durability, read_only=read_only,
                            segment_bytes=segment_bytes, flush_interval_ms=flush_interval_ms,
-                           recovery=recovery)
+                           recovery=recovery, takeover=takeover)
     try:
         return Store(backend, url=str(url), durability=durability, read_only=read_only,
                      serde=serde, snapshot_every=snapshot_every,

@@ -47,10 +47,15 @@ RANKS = {
     "durkv.backends.s3.manifest": 20,   # S3: archive layout, archive/restore, live s3://
     "durkv.backends.s3.segfile": 20,
     "durkv.backends.s3.client": 20,
+    "durkv.backends.s3.livefmt": 20,
     "durkv.backends.s3.archiver": 21,
-    "durkv.backends.s3.live": 21,
+    "durkv.backends.s3.livecache": 21,
+    "durkv.backends.s3.livemerge": 21,
+    "durkv.backends.s3.live": 22,
     "durkv.backends.s3.restorer": 22,
-    "durkv.backends.s3": 23,
+    "durkv.backends.s3.liverestore": 23,
+    "durkv.backends.s3.livearchive": 23,
+    "durkv.backends.s3": 24,
     "durkv.backends": 24,           # open_backend(url)
     # store: checkpoints, channels, history, compaction
     "durkv._listprefix": 30,        # compiled (CPython extension)

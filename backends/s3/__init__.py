@@ -20,6 +20,9 @@ from durkv.errors import ConfigError, NotFoundError
 
 from .archiver import ENCODINGS, ArchiveResult, archive_dir, latest_manifest
 from .client import S3Location
+from .live import S3Backend
+from .livearchive import archive_live
+from .liverestore import is_live_store, restore_from_live
 from .restorer import RestorePlan, plan_restore, restore_dir
 
 __all__ = ["archive", "archive_backend", "restore", "S3Location", "ArchiveResult",
@@ -32,7 +35,8 @@ def archive(store: str | os.PathLike, url: str, *, seal: bool = False,
             encoding: str = "identity", endpoint_url: str | None = None,
             region: str | None = None, client: Any = None, page_size: int = 1000,
             progress: Progress | None = None) -> ArchiveResult:
-    """Archive the store directory ``store`` to ``url`` (``s3://bucket/prefix``).
+    """Archive the store directory ``store`` to ``url`` (``s3://bucket/prefix``); a live
+    ``s3://`` store as ``store`` is archived whole (every frame so far, ``seal`` or not).
 
     ``seal``: first seal the active segment (takes the writer lock briefly:
     StoreLockedError while another process writes the store; use ``Store.archive``
@@ -40,6 +44,13 @@ def archive(store: str | os.PathLike, url: str, *, seal: bool = False,
     """
     path = os.fspath(store)
     loc = S3Location.parse(url, endpoint_url=endpoint_url, region=region, client=client)
+    if path.startswith("s3://"):     # a live store: every frame so far (seal or not)
+        src = S3Backend(path, read_only=True, client=client)
+        try:
+            return archive_live(src, loc, encoding=encoding, page_size=page_size,
+                                progress=progress)
+        finally:
+            src.close()
     if not os.path.isdir(path) or not any(n.endswith(".seg") for n in os.listdir(path)):
         raise NotFoundError(f"no durkv store at {path}: no directory with segment files")
     if seal:
@@ -53,6 +64,13 @@ def archive_backend(backend: Any, url: str, *, seal: bool = False,
     """``Store.archive``: archive the store behind an open local backend; with ``seal``,
     flush and seal its active segment through the open handle first (under ``lock``, the
     store's; the upload runs without it: sealed segments never change)."""
+    if isinstance(backend, S3Backend):
+        loc = S3Location.parse(url, endpoint_url=options.get("endpoint_url"),
+                               region=options.get("region"), client=options.get("client"))
+        with lock:
+            backend.flush()     # every commit returned so far goes into the archive
+        return archive_live(backend, loc, **{k: v for k, v in options.items()
+                                             if k in ("encoding", "page_size", "progress")})
     path = getattr(backend, "path", None)
     if path is None:
         raise ConfigError(f"only a local store can be archived; {backend.url} is not one")
@@ -71,14 +89,25 @@ def restore(url: str, dest: str | os.PathLike, *, to_lsn: int | None = None,
             endpoint_url: str | None = None, region: str | None = None, client: Any = None,
             page_size: int = 1000, progress: Progress | None = None
             ) -> tuple[RestorePlan, seglog.Report | None]:
-    """Restore the archive at ``url`` into the new directory ``dest``.
+    """Restore the archive at ``url`` (or, when there is none, the live ``s3://`` store
+    there) into the new directory ``dest``.
 
     Returns the plan and the restored log's verify report (None with ``dry_run``,
     which downloads and changes nothing).
     """
     loc = S3Location.parse(url, endpoint_url=endpoint_url, region=region, client=client)
     to_time_ns = None if to_time is None else parse_time(to_time)
-    plan = plan_restore(loc, to_lsn=to_lsn, to_time_ns=to_time_ns, page_size=page_size)
+    try:
+        plan = plan_restore(loc, to_lsn=to_lsn, to_time_ns=to_time_ns, page_size=page_size)
+    except NotFoundError:
+        if not is_live_store(loc):
+            raise
+        # no archive here, but a live s3:// store: its log into a local directory
+        if to_time_ns is not None:
+            raise ConfigError(f"{url} is a live store: --to-time needs an archive "
+                              "(durkv archive); use --to-lsn") from None
+        return restore_from_live(loc, dest, to_lsn=to_lsn, dry_run=dry_run,
+                                 progress=progress)
     if dry_run:
         return plan, None
     return plan, restore_dir(loc, dest, plan, progress=progress)

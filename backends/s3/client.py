@@ -108,6 +108,14 @@ class S3Location:
         """Every key under ``PREFIX/rel_prefix`` (after ``start_after``, relative to
         PREFIX too), in key order, relative to PREFIX (ListObjectsV2, ``page_size`` keys
         per request)."""
+        for rel, _ in self.list_objects(rel_prefix, page_size=page_size,
+                                        start_after=start_after):
+            yield rel
+
+    def list_objects(self, rel_prefix: str, *, page_size: int = 1000,
+                     start_after: str | None = None) -> Iterator[tuple[str, dict]]:
+        """``list_keys`` with each key's listing entry (``ETag``, ``Size``,
+        ``LastModified``; the page's ``Date`` answer, the server's clock, as ``_date``)."""
         full = self.key(rel_prefix)
         strip = len(self.key(""))
         token = None
@@ -119,8 +127,9 @@ class S3Location:
                 kw["ContinuationToken"] = token
             with translate(self, "list " + full):
                 page = self.s3().list_objects_v2(**kw)
+            date = page.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
             for obj in page.get("Contents", ()):
-                yield obj["Key"][strip:]
+                yield obj["Key"][strip:], {**obj, "_date": date}
             if not page.get("IsTruncated"):
                 return
             token = page.get("NextContinuationToken")

@@ -45,10 +45,12 @@ def s3_server():
 
 
 @pytest.fixture
-def s3_env(s3_server, monkeypatch):
-    """The standard AWS variables pointing at the moto server (boto3 reads them itself)."""
+def s3_env(s3_server, monkeypatch, tmp_path):
+    """The standard AWS variables pointing at the moto server (boto3 reads them itself),
+    and the live store's local cache in this test's own directory."""
     env = {"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-           "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
+           "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+           "DURKV_S3_CACHE_DIR": str(tmp_path / "s3-cache")}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):

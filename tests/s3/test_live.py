@@ -16,7 +16,7 @@ import pytest
 
 import durkv
 from durkv.backends.s3.live import S3Backend
-from durkv.errors import FencedError, StoreLockedError
+from durkv.errors import ConfigError, FencedError, StoreLockedError
 
 from .storetools import keys, put
 
@@ -43,7 +43,7 @@ def test_a_second_writer_is_refused_naming_the_holder(s3_env, bucket):
     url = f"s3://{bucket}/live"
     with durkv.open(url) as store:
         put(store, 0)
-        with pytest.raises(StoreLockedError, match="is held by .*takeover=1") as err:
+        with pytest.raises(StoreLockedError, match="is held by .*takeover=True") as err:
             durkv.open(url)
         assert err.value.context["owner"].split(":")[1] == str(os.getpid())
     with durkv.open(url) as store:      # closed: the next writer needs no takeover
@@ -76,7 +76,7 @@ def test_takeover_fences_the_zombie_and_its_write_is_invisible(s3_env, s3, bucke
     url = f"s3://{bucket}/live"
     zombie = durkv.open(url)
     put(zombie, 0)
-    with durkv.open(url + "?takeover=1") as heir:
+    with durkv.open(url, takeover=True) as heir:
         assert ids(heir) == ["000000"]
         put(heir, 1)
         with pytest.raises(FencedError, match="fenced"):
@@ -87,6 +87,31 @@ def test_takeover_fences_the_zombie_and_its_write_is_invisible(s3_env, s3, bucke
     zombie.close()
     with durkv.open(url, read_only=True) as reader:
         assert ids(reader) == ["000002", "000001", "000000"]
+
+
+def test_takeover_is_an_option_of_open_and_of_the_saver_and_a_url_query(s3_env, bucket):
+    url = f"s3://{bucket}/live"
+    zombie = durkv.open(url)
+    put(zombie, 0)
+    with durkv.open(url + "?takeover=1") as heir:      # the URL form still works
+        put(heir, 1)
+    zombie2 = durkv.open(url)
+    pytest.importorskip("langgraph")
+    from durkv.langgraph import DurkvSaver
+
+    with pytest.raises(StoreLockedError):
+        DurkvSaver.open(url)
+    with DurkvSaver.open(url, takeover=True):
+        pass
+    with pytest.raises(FencedError):
+        put(zombie2, 2)
+    with pytest.raises(FencedError):
+        zombie.close()      # its close writes an index snapshot: fenced too
+    zombie2.close()
+    with durkv.open(url, read_only=True) as reader:
+        assert ids(reader) == ["000001", "000000"]
+    with pytest.raises(ConfigError, match="s3:// stores only"):
+        durkv.open("memory://", takeover=True)
 
 
 def test_kill_9_of_a_sync_writer_keeps_every_acknowledged_commit(tmp_path, s3_env, bucket):
@@ -120,7 +145,7 @@ def test_kill_9_of_a_sync_writer_keeps_every_acknowledged_commit(tmp_path, s3_en
     assert len(acked) >= 15
     with pytest.raises(StoreLockedError):
         durkv.open(url)                             # the dead writer never closed
-    with durkv.open(url + "?takeover=1") as heir:
+    with durkv.open(url, takeover=True) as heir:
         have = set(ids(heir))
         assert {f"{i:06d}" for i in acked} <= have
         put(heir, 10_000)
