@@ -113,6 +113,14 @@ class MemoryBackend:
             yield lsn, payload
             lsn += 1
 
+    def read_heads(self, lsns: list[int]) -> bytes:
+        parts = [b"\xdd" + len(lsns).to_bytes(4, "big")]      # msgpack array 32
+        for lsn in lsns:
+            p = self.read(lsn)
+            hl = int.from_bytes(p[0:4], "little")
+            parts.append(p[4:4 + hl])
+        return b"".join(parts)
+
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         return resolve_channel(self.read, lsn, idx)
 

@@ -162,6 +162,11 @@ int dkv_read(dkv_log *log, uint64_t lsn, uint8_t *buf, uint32_t cap, uint32_t *l
 int dkv_read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf_out, uint32_t *len_out,
                    uint8_t *type_out);
 
+/* The heads of the COMMIT frames lsns[0..n) in that order, as one msgpack array (0xdd,
+ * count, then each head's bytes): a run's journal in one call. Free with dkv_free. */
+int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_out,
+                   size_t *len_out);
+
 /* Seal the active segment and start a new one (new_start_lsn: 0 keeps start_lsn;
  * otherwise sets it, see FORMAT.md section 7, and unlinks sealed segments below it). */
 int dkv_seal(dkv_log *log, uint64_t new_start_lsn);

@@ -574,6 +574,23 @@ class SegmentLog:
         for lsn, _, p in self.scan_frames(from_lsn):
             yield lsn, p
 
+    def read_heads(self, lsns: list[int]) -> bytes:
+        """The heads of the COMMIT frames ``lsns`` as one msgpack array, in one C call
+        (each frame crc-checked as :meth:`read_frame` does)."""
+        h = self._handle()
+        if self._batch:
+            self._drain()
+        want = array("Q", lsns)
+        buf = _new("uint8_t **")
+        ln = _new("size_t *")
+        rc = lib.dkv_read_heads(h, _from_buffer("uint64_t[]", want), len(want), buf, ln)
+        if rc:
+            raise _error(rc, h, self.path, "read")
+        try:
+            return _buffer(buf[0], ln[0])[:]
+        finally:
+            _free(buf[0])
+
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         """The materialized item list of channel entry (lsn, idx), in one C call."""
         h = self._handle()

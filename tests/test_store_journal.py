@@ -50,12 +50,13 @@ def test_journal_reads_by_lsn_without_a_scan(url, monkeypatch):
         _fill(s, "b", 50)
     cls = MemoryBackend if url.startswith("memory") else LocalBackend
     with durkv.open(url) as s:
-        reads = []
-        real = cls.read
-        monkeypatch.setattr(cls, "read", lambda self, lsn: reads.append(lsn) or real(self, lsn))
+        calls = []
+        real = cls.read_heads
+        monkeypatch.setattr(cls, "read_heads",
+                            lambda self, lsns: calls.append(list(lsns)) or real(self, lsns))
         monkeypatch.setattr(cls, "scan", lambda self, f=0: pytest.fail("journal() scanned"))
         assert _steps(s, "b") == list(range(50))
-        assert len(reads) == 50
+        assert len(calls) == 1 and len(calls[0]) == 50     # one batched read of b's records
 
 
 def test_snapshot_restores_journals(url):
@@ -158,3 +159,23 @@ def test_verify_covers_journal_frames(tmp_path):
         f.seek(200)
         f.write(bytes([b[0] ^ 0xFF]))
     assert not durkv.log.verify(path, deep=True).ok
+
+
+def test_batched_journal_read_checks_every_frame(tmp_path):
+    """journal() reads a run's records in one C call (dkv_read_heads); a damaged record
+    among them is a CorruptionError, not a wrong or short journal."""
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path) as s:
+        _fill(s, "a", 20)
+        _fill(s, "b", 1)         # the index snapshot at close follows; a's records precede
+    seg = sorted(p for p in os.listdir(path) if p.endswith(".seg"))[-1]
+    with durkv.open(path) as s:       # open checks the frames; this damage comes later
+        assert len(s.journal("a")) == 20
+        with open(os.path.join(path, seg), "r+b") as f:
+            f.seek(200)
+            b = f.read(1)
+            f.seek(200)
+            f.write(bytes([b[0] ^ 0xFF]))
+        with pytest.raises(durkv.CorruptionError):
+            s.journal("a")
+        assert s.journal("b")[0]["i"] == 0      # the other run's record still reads
