@@ -146,6 +146,8 @@ int dkv_flush(dkv_log *log);
 int dkv_wait_durable(dkv_log *log, uint64_t lsn);
 /* Number of frames known durable: frames with lsn < durable are durable. */
 uint64_t dkv_durable_lsn(dkv_log *log);
+/* fdatasyncs run by group-commit leaders of this handle (frames per sync: group size). */
+uint64_t dkv_commit_syncs(dkv_log *log);
 /* LSN the next append will get (= number of frames in the log incl. removed prefix). */
 uint64_t dkv_next_lsn(dkv_log *log);
 /* Lowest live LSN (start_lsn of FORMAT.md section 7). */

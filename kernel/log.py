@@ -489,6 +489,12 @@ class SegmentLog:
             raise _error(rc, h, self.path, "wait_durable")
 
     @property
+    def commit_syncs(self) -> int:
+        """How many fdatasyncs group-commit leaders ran on this handle: appended frames
+        per sync is the group size (concurrent durable appends share one)."""
+        return lib.dkv_commit_syncs(self._handle())
+
+    @property
     def durable_lsn(self) -> int:
         """Frames with lsn < durable_lsn are durable."""
         return lib.dkv_durable_lsn(self._handle())

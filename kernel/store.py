@@ -643,7 +643,12 @@ class Store(ChannelState, Reads):
                     "journal a reference, or raise max_commit_bytes", run_id=run_id,
                     size=len(payload))
             self._next_lsn = -1      # as _append(), inline: this is a running agent's hot path
-            lsn = self._b.append(payload, "async" if wait else self.durability)
+            # A record to be waited for is only queued here ("exit": no write, no wait):
+            # the wait below, outside the lock, writes and fdatasyncs it with whatever
+            # other threads queued meanwhile -- one write and one fsync per group. ("async"
+            # waited here for its own write, behind a running fsync and under this lock,
+            # so concurrent durable records each got a write and an fsync of their own.)
+            lsn = self._b.append(payload, "exit" if wait else self.durability)
             self._next_lsn = lsn + 1
             self._ix.add_journal(run_id, lsn)
             if self._index_every and lsn - self._index_lsn >= self._index_every:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import msgpack
 import pytest
@@ -19,6 +20,8 @@ from durkv.backends.local import LocalBackend
 from durkv.backends.memory import MemoryBackend
 from durkv.channels import encode_commit
 from durkv.records import K_INDEX
+
+import logtools as lt
 
 
 def _fill(s, run, n, start=0):
@@ -179,3 +182,33 @@ def test_batched_journal_read_checks_every_frame(tmp_path):
         with pytest.raises(durkv.CorruptionError):
             s.journal("a")
         assert s.journal("b")[0]["i"] == 0      # the other run's record still reads
+
+
+def test_concurrent_durable_records_share_fsyncs(tmp_path):
+    """Durable records of threads on different runs ride one write + fdatasync (group
+    commit). When each append waited for its own write under the store's lock (behind
+    the running fsync), every record got a write and an fsync of its own, and 8
+    threads ran no faster than one."""
+    path = str(tmp_path / "s.durkv")
+    per, threads = 60, 8
+    with durkv.open(path, durability="sync") as s:
+        first = s._b.next_lsn
+        syncs = s._b._log.commit_syncs
+
+        def work(k):
+            for i in range(per):
+                s.append_journal(f"run-{k}", {"e": 2, "s": str(i), "i": i}, durable=True)
+
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        syncs = s._b._log.commit_syncs - syncs
+        for k in range(threads):
+            assert [r["i"] for r in s.journal(f"run-{k}")] == list(range(per))
+    n = per * threads
+    assert syncs <= n * 0.6, f"{syncs} fdatasyncs for {n} durable records: no group commit"
+    frames = [f for seg in lt.segments(path) for f in seg.frames if first <= f.lsn < first + n]
+    assert len(frames) == n
+    assert any(f.durable < f.lsn for f in frames)     # written in a group after another
