@@ -93,9 +93,12 @@ def _entry(st: RunState, r: dict, kind: str) -> Entry:
     sid = r["s"]
     gen = r.get("g", 0)
     gens = st.entries.get(sid)
-    if gens is None:
+    if gens is None:        # the common case: a step id seen for the first time
         e = Entry(sid, gen, kind, r.get("n", ""), r.get("fp", 0))
         st.entries[sid] = [e]
+        e.started = r.get("t0") or r.get("t")
+        st.order.append(e)
+        return e
     else:
         for e in gens:
             if e.gen == gen:
@@ -142,8 +145,10 @@ def apply(st: RunState, r: dict) -> None:
         e.inputs = r.get("in")
         e.prompt_version = r.get("pv")
         e.result, e.err, e.done = r.get("r"), r.get("err"), True
-        e.tries = r.get("tries") or []
-        e.retry_count = len(e.tries)
+        tries = r.get("tries")
+        if tries or e.tries:        # a new entry already has no tries
+            e.tries = tries or []
+            e.retry_count = len(e.tries)
         e.ended = t
     elif ev == E_INTENT:
         e = _entry(st, r, "tool")
