@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Iterator
 
+from durkv.backends.base import heads_array
 from durkv.channels import resolve_channel
 from durkv.errors import ConfigError, NotFoundError, ReadOnlyError, StoreLockedError
 
@@ -114,12 +115,7 @@ class MemoryBackend:
             lsn += 1
 
     def read_heads(self, lsns: list[int]) -> bytes:
-        parts = [b"\xdd" + len(lsns).to_bytes(4, "big")]      # msgpack array 32
-        for lsn in lsns:
-            p = self.read(lsn)
-            hl = int.from_bytes(p[0:4], "little")
-            parts.append(p[4:4 + hl])
-        return b"".join(parts)
+        return heads_array(self.read, lsns)
 
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         return resolve_channel(self.read, lsn, idx)

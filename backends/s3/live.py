@@ -22,6 +22,7 @@ import uuid
 from typing import Any, Iterator
 from urllib.parse import parse_qs
 
+from durkv.backends.base import heads_array
 from durkv.channels import resolve_channel
 from durkv.errors import (
     ConfigError, CorruptionError, DurkvError, FencedError, NotFoundError, ReadOnlyError,
@@ -323,6 +324,9 @@ class S3Backend:
         while lsn < len(self._frames):
             yield lsn, self._frames[lsn]
             lsn += 1
+
+    def read_heads(self, lsns: list[int]) -> bytes:
+        return heads_array(self.read, lsns)
 
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         return resolve_channel(self.read, lsn, idx)
