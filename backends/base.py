@@ -59,9 +59,10 @@ class Backend(Protocol):
     def read(self, lsn: int) -> bytes:
         """The payload at ``lsn`` (``NotFoundError`` if there is none)."""
 
-    def read_heads(self, lsns: list[int]) -> bytes:
+    def read_heads(self, lsns: list[int]) -> Any:
         """The heads of the COMMIT payloads at ``lsns`` (FORMAT.md section 5), in that
-        order, as one msgpack array: a run's journal in one read and one decode."""
+        order, as one msgpack array (bytes-like): a run's journal in one read and one
+        decode."""
 
     def scan(self, from_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
         """``(lsn, payload)`` of every COMMIT frame at or after ``from_lsn``, in order."""

@@ -89,7 +89,7 @@ class LocalBackend:
             if ftype == commit:
                 yield lsn, payload
 
-    def read_heads(self, lsns: list[int]) -> bytes:
+    def read_heads(self, lsns: list[int]) -> Any:
         return self._log.read_heads(lsns)
 
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:

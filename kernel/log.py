@@ -25,6 +25,7 @@ import threading
 import weakref
 from array import array
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import asdict, dataclass, field
 
 from ._seglog import ffi, lib
@@ -580,9 +581,9 @@ class SegmentLog:
         for lsn, _, p in self.scan_frames(from_lsn):
             yield lsn, p
 
-    def read_heads(self, lsns: list[int]) -> bytes:
-        """The heads of the COMMIT frames ``lsns`` as one msgpack array, in one C call
-        (each frame crc-checked as :meth:`read_frame` does)."""
+    def read_heads(self, lsns: list[int]) -> Any:
+        """The heads of the COMMIT frames ``lsns`` as one msgpack array (a bytes-like
+        buffer), in one C call (each frame crc-checked as :meth:`read_frame` does)."""
         h = self._handle()
         if self._batch:
             self._drain()
@@ -592,10 +593,8 @@ class SegmentLog:
         rc = lib.dkv_read_heads(h, _from_buffer("uint64_t[]", want), len(want), buf, ln)
         if rc:
             raise _error(rc, h, self.path, "read")
-        try:
-            return _buffer(buf[0], ln[0])[:]
-        finally:
-            _free(buf[0])
+        # no copy of what may be many MB: the buffer frees the C memory when collected
+        return _buffer(ffi.gc(buf[0], _free), ln[0])
 
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         """The materialized item list of channel entry (lsn, idx), in one C call."""

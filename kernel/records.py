@@ -120,7 +120,7 @@ def _head_of(payload: bytes) -> list:
     return _unpackb(payload[4:4 + hl])
 
 
-def heads_of(array_b: bytes) -> list[list]:
+def heads_of(array_b: Any) -> list[list]:
     """The heads of a backend's ``read_heads`` answer (one msgpack array, one decode)."""
     return _unpackb(array_b)
 

@@ -212,3 +212,18 @@ def test_concurrent_durable_records_share_fsyncs(tmp_path):
     frames = [f for seg in lt.segments(path) for f in seg.frames if first <= f.lsn < first + n]
     assert len(frames) == n
     assert any(f.durable < f.lsn for f in frames)     # written in a group after another
+
+
+def test_batched_journal_read_of_written_and_pending_records(tmp_path):
+    """Under `exit` a run's records are partly in the segment file, partly still in the
+    writer's buffers: one journal() returns them all, in order, interleaved with
+    another run's (runs of neighbouring LSNs are read with one pread each)."""
+    with durkv.open(str(tmp_path / "s.durkv"), durability="exit") as s:
+        for i in range(700):
+            s.append_journal("a", {"e": 2, "s": str(i), "i": i})
+            if i % 97 == 0:
+                s.append_journal("b", {"e": 2, "s": str(i), "i": i})
+            if i == 400:
+                s.flush()           # 0..400 in the file, the rest buffered
+        assert [r["i"] for r in s.journal("a")] == list(range(700))
+        assert [r["i"] for r in s.journal("b")] == list(range(0, 700, 97))
