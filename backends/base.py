@@ -9,11 +9,21 @@ backend it talks to, so an object-store backend (s3) fits the same protocol.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from durkv.durability import DURABILITIES
 
-__all__ = ["Backend", "DURABILITIES"]
+__all__ = ["Backend", "DURABILITIES", "heads_array"]
+
+
+def heads_array(read: Callable[[int], bytes], lsns: list[int]) -> bytes:
+    """``read_heads`` for a backend that keeps payloads in memory: each COMMIT payload's
+    head (FORMAT.md section 5: ``head_len:u32`` then the head) in one msgpack array."""
+    parts = [b"\xdd" + len(lsns).to_bytes(4, "big")]      # msgpack array 32
+    for lsn in lsns:
+        p = read(lsn)
+        parts.append(p[4:4 + int.from_bytes(p[0:4], "little")])
+    return b"".join(parts)
 
 
 class Backend(Protocol):
@@ -48,6 +58,11 @@ class Backend(Protocol):
 
     def read(self, lsn: int) -> bytes:
         """The payload at ``lsn`` (``NotFoundError`` if there is none)."""
+
+    def read_heads(self, lsns: list[int]) -> Any:
+        """The heads of the COMMIT payloads at ``lsns`` (FORMAT.md section 5), in that
+        order, as one msgpack array (bytes-like): a run's journal in one read and one
+        decode."""
 
     def scan(self, from_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
         """``(lsn, payload)`` of every COMMIT frame at or after ``from_lsn``, in order."""

@@ -89,6 +89,9 @@ class LocalBackend:
             if ftype == commit:
                 yield lsn, payload
 
+    def read_heads(self, lsns: list[int]) -> Any:
+        return self._log.read_heads(lsns)
+
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         return self._log.read_channel(lsn, idx)
 

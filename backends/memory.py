@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Iterator
 
+from durkv.backends.base import heads_array
 from durkv.channels import resolve_channel
 from durkv.errors import ConfigError, NotFoundError, ReadOnlyError, StoreLockedError
 
@@ -112,6 +113,9 @@ class MemoryBackend:
                 payload = log.frames[i]
             yield lsn, payload
             lsn += 1
+
+    def read_heads(self, lsns: list[int]) -> bytes:
+        return heads_array(self.read, lsns)
 
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         return resolve_channel(self.read, lsn, idx)

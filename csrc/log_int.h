@@ -50,6 +50,7 @@ struct dkv_log {
     size_t defer[3];            /* pend offsets of frames whose crc is still to compute */
     unsigned ndefer;            /*   (batches: three at a time, interleaved); 0 outside mu */
     uint64_t next_lsn, written_lsn, durable_lsn;
+    uint64_t commit_syncs;          /* fdatasyncs run by group-commit leaders (mu) */
     int leader, syncing, rolling;
     int failed;
     char failmsg[256];

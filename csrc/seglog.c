@@ -209,6 +209,8 @@ static int lead(dkv_log *log, int do_sync)
     }
     log->run_digest = digest;
     log->written_lsn = upto;
+    if (do_sync)
+        log->commit_syncs++;
     if (do_sync && upto > log->durable_lsn)
         STORE_LSN(log->durable_lsn, upto);
     pthread_cond_broadcast(&log->cv);
@@ -759,4 +761,14 @@ int dkv_close(dkv_log *log)
     free(log->dir);
     free(log);
     return rc;
+}
+
+/* How many fdatasyncs group-commit leaders ran on this handle (frames / syncs = the
+ * group size: a test and benchmark counter). */
+uint64_t dkv_commit_syncs(dkv_log *log)
+{
+    pthread_mutex_lock(&log->mu);
+    uint64_t n = log->commit_syncs;
+    pthread_mutex_unlock(&log->mu);
+    return n;
 }

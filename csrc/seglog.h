@@ -147,6 +147,8 @@ int dkv_flush(dkv_log *log);
 int dkv_wait_durable(dkv_log *log, uint64_t lsn);
 /* Number of frames known durable: frames with lsn < durable are durable. */
 uint64_t dkv_durable_lsn(dkv_log *log);
+/* fdatasyncs run by group-commit leaders of this handle (frames per sync: group size). */
+uint64_t dkv_commit_syncs(dkv_log *log);
 /* LSN the next append will get (= number of frames in the log incl. removed prefix). */
 uint64_t dkv_next_lsn(dkv_log *log);
 /* Lowest live LSN (start_lsn of FORMAT.md section 7). */
@@ -162,6 +164,11 @@ int dkv_read(dkv_log *log, uint64_t lsn, uint8_t *buf, uint32_t cap, uint32_t *l
 /* Read a frame into a malloc'd buffer (one call, one pread); free it with dkv_free. */
 int dkv_read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf_out, uint32_t *len_out,
                    uint8_t *type_out);
+
+/* The heads of the COMMIT frames lsns[0..n) in that order, as one msgpack array (0xdd,
+ * count, then each head's bytes): a run's journal in one call. Free with dkv_free. */
+int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_out,
+                   size_t *len_out);
 
 /* Seal the active segment and start a new one (new_start_lsn: 0 keeps start_lsn;
  * otherwise sets it, see FORMAT.md section 7, and unlinks sealed segments below it). */

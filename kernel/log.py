@@ -25,6 +25,7 @@ import threading
 import weakref
 from array import array
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import asdict, dataclass, field
 
 from ._seglog import ffi, lib
@@ -489,6 +490,12 @@ class SegmentLog:
             raise _error(rc, h, self.path, "wait_durable")
 
     @property
+    def commit_syncs(self) -> int:
+        """How many fdatasyncs group-commit leaders ran on this handle: appended frames
+        per sync is the group size (concurrent durable appends share one)."""
+        return lib.dkv_commit_syncs(self._handle())
+
+    @property
     def durable_lsn(self) -> int:
         """Frames with lsn < durable_lsn are durable."""
         return lib.dkv_durable_lsn(self._handle())
@@ -573,6 +580,21 @@ class SegmentLog:
     def scan(self, from_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
         for lsn, _, p in self.scan_frames(from_lsn):
             yield lsn, p
+
+    def read_heads(self, lsns: list[int]) -> Any:
+        """The heads of the COMMIT frames ``lsns`` as one msgpack array (a bytes-like
+        buffer), in one C call (each frame crc-checked as :meth:`read_frame` does)."""
+        h = self._handle()
+        if self._batch:
+            self._drain()
+        want = array("Q", lsns)
+        buf = _new("uint8_t **")
+        ln = _new("size_t *")
+        rc = lib.dkv_read_heads(h, _from_buffer("uint64_t[]", want), len(want), buf, ln)
+        if rc:
+            raise _error(rc, h, self.path, "read")
+        # no copy of what may be many MB: the buffer frees the C memory when collected
+        return _buffer(ffi.gc(buf[0], _free), ln[0])
 
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         """The materialized item list of channel entry (lsn, idx), in one C call."""

@@ -126,6 +126,11 @@ def _head_of(payload: bytes) -> list:
     return _unpackb(payload[4:4 + hl])
 
 
+def heads_of(array_b: Any) -> list[list]:
+    """The heads of a backend's ``read_heads`` answer (one msgpack array, one decode)."""
+    return _unpackb(array_b)
+
+
 def check_id(name: str, value: Any, *, allow_empty: bool = False) -> None:
     if type(value) is str and value.isascii() and (value or allow_empty):
         return      # the common case, in O(1) (CPython flags an ASCII string)

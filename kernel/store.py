@@ -43,6 +43,7 @@ from .records import (  # noqa: F401 - re-exported: the store's public types and
     SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, check_id, check_ids,
     _head_of, _packb,
 )
+from .records import heads_of
 from .serde import Serde, default_serde
 
 __all__ = ["Store", "Checkpoint", "PendingWrite", "ChannelEntry", "open_store"]
@@ -706,7 +707,12 @@ class Store(ChannelState, Reads):
                     "journal a reference, or raise max_commit_bytes", run_id=run_id,
                     size=len(payload))
             self._next_lsn = -1      # as _append(), inline: this is a running agent's hot path
-            lsn = self._b.append(payload, "async" if wait else self.durability)
+            # A record to be waited for is only queued here ("exit": no write, no wait):
+            # the wait below, outside the lock, writes and fdatasyncs it with whatever
+            # other threads queued meanwhile -- one write and one fsync per group. ("async"
+            # waited here for its own write, behind a running fsync and under this lock,
+            # so concurrent durable records each got a write and an fsync of their own.)
+            lsn = self._b.append(payload, "exit" if wait else self.durability)
             self._next_lsn = lsn + 1
             self._ix.add_journal(run_id, lsn)
             if self._index_every and lsn - self._index_lsn >= self._index_every:
@@ -722,8 +728,8 @@ class Store(ChannelState, Reads):
             lsns = self._ix.journals.get(run_id)
             if not lsns:
                 return []
-            read = self._b.read
-            return [_head_of(read(lsn))[2] for lsn in lsns]
+            # one read of every record's head and one decode (not one binding call each)
+            return [h[2] for h in heads_of(self._b.read_heads(lsns))]
 
     def journal_length(self, run_id: str) -> int:
         """How many journal records ``run_id`` has (O(1): a reader's staleness check)."""

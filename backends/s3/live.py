@@ -22,6 +22,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Iterator
 from urllib.parse import parse_qs
 
+from durkv.backends.base import heads_array
 from durkv.channels import resolve_channel
 from durkv.errors import (
     ConfigError, CorruptionError, DurkvError, FencedError, NotFoundError, ReadOnlyError,
@@ -517,6 +518,9 @@ class S3Backend:
         while lsn < self.next_lsn:
             yield lsn, self.read(lsn)
             lsn += 1
+
+    def read_heads(self, lsns: list[int]) -> bytes:
+        return heads_array(self.read, lsns)
 
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         return resolve_channel(self.read, lsn, idx)

@@ -224,3 +224,17 @@ def test_a_reader_of_nothing_is_told_so(s3_env, bucket):
 
     with pytest.raises(NotFoundError, match="no durkv store"):
         durkv.open(f"s3://{bucket}/nothing", read_only=True)
+
+
+def test_run_journal_reads_back_after_reopen(s3_env, bucket):
+    """Store.journal on a live S3 store: the batched head read (read_heads) of this
+    backend returns every record of the run, in order, before and after a reopen."""
+    url = f"s3://{bucket}/journal"
+    with durkv.open(url) as store:
+        for i in range(5):
+            store.append_journal("r", {"e": 2, "s": str(i), "i": i}, durable=i % 2 == 0)
+        store.append_journal("other", {"e": 2, "s": "0", "i": 99})
+        assert [r["i"] for r in store.journal("r")] == list(range(5))
+    with durkv.open(url, read_only=True) as reader:
+        assert [r["i"] for r in reader.journal("r")] == list(range(5))
+        assert [r["i"] for r in reader.journal("other")] == [99]
