@@ -1,9 +1,13 @@
 """Child process of test_kill_journal.py's LangGraph case: a looping graph whose node
-makes a recorded model call (``durkv.langgraph.step``) and a mutating tool call
+makes a recorded model call (``durkv.langgraph.step``: appends ``EXEC i`` to
+WORKDIR/models.log when it really runs) and a mutating tool call
 (``durkv.langgraph.tool``: appends its key to WORKDIR/effects.log and fsyncs).
 
 Usage: journal_lg_child.py STORE WORKDIR EXEC   (prints READY, GO once the graph is
-built and about to run, then END DONE <digest>)
+built and about to run, then END DONE <digest>, and waits to be killed). The test
+runs it through forkserver.py (``main(argv)`` in a fork of a process that imported
+this module once); each line is one ``os.write``, so lines of successive children
+never interleave.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import durkv
 from durkv.langgraph import DurkvSaver, step, tool
 
 THREAD = "lg-agent"
-STEPS = 60
+STEPS = 300
 
 
 class State(TypedDict):
@@ -70,12 +74,16 @@ def drive(saver, work: str, exe: int, ready=lambda: None) -> str:
     return xxhash.xxh3_64_hexdigest(repr(out["log"]).encode())
 
 
-def main() -> None:
-    path, work, exe = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def say(line: str) -> None:
+    os.write(1, f"{line}\n".encode())
+
+
+def main(argv: list[str] | None = None) -> None:
+    path, work, exe = argv if argv is not None else sys.argv[1:4]
     with DurkvSaver.open(path, durability="sync") as saver:
-        print("READY", flush=True)
-        digest = drive(saver, work, exe, ready=lambda: print("GO", flush=True))
-    print(f"END DONE {digest}", flush=True)
+        say("READY")
+        digest = drive(saver, work, int(exe), ready=lambda: say("GO"))
+    say(f"END DONE {digest}")
     time.sleep(600)
 
 
