@@ -205,6 +205,26 @@ def test_bad_arguments_are_config_errors():
             pass
 
 
+def test_a_caller_given_idempotency_key_is_refused_before_anything(url):
+    """The key is durkv's to give: a caller's own ``idempotency_key=`` used to reach the
+    call as a TypeError (after a durable intent), journaled as the tool's final failure."""
+    svc = Service()
+    call = svc.tool()
+
+    async def agent(run):
+        return await run.atool(call, "a", idempotency_key="mine")
+
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            with pytest.raises(durkv.ConfigError, match="durkv gives the key"):
+                run.tool(call, "a", idempotency_key="mine")
+            with pytest.raises(durkv.ConfigError, match="durkv gives the key"):
+                asyncio.run(agent(run))
+            assert run.journal() == [] and svc.keys == []
+            assert run.tool(call, "a") == {"n": 1}      # the step id was not used up
+        assert svc.keys == ["r:0"]
+
+
 # ---- tools: retries and drift ------------------------------------------------------------
 
 

@@ -460,12 +460,16 @@ class Run(AsyncVerbs):
 
     # -- tools -------------------------------------------------------------------------------
 
-    def _spec(self, fn: Any) -> ToolSpec:
+    def _spec(self, fn: Any, kwargs: dict) -> ToolSpec:
         spec = tool_spec(fn)
         if spec is None:
             raise ConfigError(f"run.tool({getattr(fn, '__qualname__', fn)!r}): not a "
                               "@durkv.tool; decorate it (it gets an idempotency_key), or use "
                               "run.step for calls without side effects")
+        if "idempotency_key" in kwargs:      # else: a TypeError journaled as the tool's failure
+            raise ConfigError(f"run.tool({spec.name!r}, idempotency_key=...): durkv gives the "
+                              "key (run id and step id); drop the argument, and pass key= to "
+                              "name the step")
         return spec
 
     def _plan_tool(self, sid: str, spec: ToolSpec, args: tuple, kwargs: dict, secret: bool,
@@ -555,7 +559,7 @@ class Run(AsyncVerbs):
         recorded receipt is returned without a call; an intent without a receipt is
         called again with the same key (``retry_count + 1``), or, for an at-most-once
         tool, raises :class:`durkv.InDoubtError`."""
-        spec = self._spec(fn)
+        spec = self._spec(fn, kwargs)
         p = self._plan_tool(self._sid(key), spec, args, kwargs, secret,
                             retry_failed=retry_failed)
         return self._call_tool(p, fn, args, kwargs, retry)
