@@ -132,6 +132,20 @@ def test_interrupted_is_not_swallowed_in_async_code(url):
         assert run.status == "waiting" and run.interrupt.action == "send"
 
 
+def test_a_payload_mutated_after_the_request_is_a_mismatch(url):
+    """The request binds the payload's value when it was asked: the same dict edited
+    before anyone decided is another question, not the pending one."""
+    with durkv.open(url) as s:
+        payload = {"to": "a@b", "body": "v1"}
+        with s.run("r") as run:
+            run.approve("send", payload)
+        payload["body"] = "v2"
+        with s.run("r") as run, pytest.raises(durkv.ApprovalMismatchError, match="requested"):
+            run.approve("send", payload)
+        (e,) = run.journal()
+        assert e.inputs == {"to": "a@b", "body": "v1"} and e.approval_status == "pending"
+
+
 # ---- bad input ---------------------------------------------------------------------------
 
 
