@@ -203,10 +203,12 @@ def test_bad_arguments_are_config_errors():
             with pytest.raises(durkv.ConfigError, match="run_id"):
                 s.run(rid)
         with s.run("r") as run:
-            with pytest.raises(durkv.ConfigError, match="sleep"):
-                run.sleep(-1)
-            with pytest.raises(durkv.ConfigError, match="sleep"):
-                run.sleep("5")
+            # NaN used to be recorded and slept not at all; inf was recorded, then raised
+            # OverflowError from time.sleep
+            for bad in (-1, "5", float("nan"), float("inf"), 10 ** 400, True):
+                with pytest.raises(durkv.ConfigError, match="sleep"):
+                    run.sleep(bad)
+            assert run.journal() == []
         with pytest.raises(durkv.ConfigError, match="approved"):
             s.decide("r", "0", "yes")
         with pytest.raises(durkv.ConfigError, match="done"):

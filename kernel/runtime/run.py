@@ -58,6 +58,7 @@ log = logging.getLogger("durkv")
 
 DRIFT_POLICIES = ("warn", "fail", "rerun")
 MAX_INLINE_INPUTS = 64 << 10     # inputs larger than this are journaled by fingerprint only
+MAX_SLEEP = 1e9      # seconds (~31 years): time.sleep's own limit is ~9.2e9 on 64-bit
 NO_INPUT: Any = object()     # store.run() without input=: no input fingerprint check
 
 # runs open in this process, per store (a second driver gets RunBusyError)
@@ -662,8 +663,12 @@ class Run(AsyncVerbs):
         return self._recorded("uuid", _uuid.uuid4)
 
     def _plan_sleep(self, seconds: float) -> tuple[float, bool]:
-        if not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ConfigError(f"sleep seconds must be a number >= 0, got {seconds!r}")
+        # NaN passes `seconds < 0` and slept not at all; inf recorded a wake time, then
+        # time.sleep raised OverflowError; True is an int
+        if (not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
+                or not 0 <= seconds <= MAX_SLEEP):
+            raise ConfigError(f"sleep seconds must be a number from 0 to {MAX_SLEEP:.0e}, got "
+                              f"{seconds!r}")
         p = self._plan_step(self._sid(None), "sleep", "sleep", None, None, None)
         if p.replay:
             wake = self._outcome(p.entry)
