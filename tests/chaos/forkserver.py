@@ -61,6 +61,20 @@ def _child(main, argv: list[str], err_path: str) -> None:
         os._exit(code)
 
 
+def _open_stores() -> list[str]:
+    """Files of a store this process holds open (a child must not inherit one)."""
+    out = []
+    fds = os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []  # Linux
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue            # the listing's own fd, closed by now
+        if ".durkv" in target:
+            out.append(target)
+    return out
+
+
 def serve(module_name: str) -> None:
     main = importlib.import_module(module_name).main
     os.write(1, b"SERVER READY\n")
@@ -69,6 +83,7 @@ def serve(module_name: str) -> None:
         assert cmd == "FORK", line
         # a fork copies only the calling thread: a helper thread's lock could be held
         assert threading.active_count() == 1, threading.enumerate()
+        assert not _open_stores(), _open_stores()
         pid = os.fork()
         if pid == 0:
             _child(main, json.loads(argv), err_path)
