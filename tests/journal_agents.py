@@ -78,12 +78,22 @@ def trip_agent(run, work: str, kill_at: str | None = None):
     return run.compensate()
 
 
-AGENTS = {"pay": pay_agent, "trip": trip_agent}
+def nap_agent(run, work: str, kill_at: str | None = None):
+    """A step, an hour's durable sleep, a step."""
+    run.step("before", lambda: "a")
+    run.sleep(3600)
+    return run.step("after", lambda: "b")
+
+
+AGENTS = {"pay": pay_agent, "trip": trip_agent, "nap": nap_agent}
 
 
 def main() -> None:
     path, work, agent, kill_at = sys.argv[1:5]
-    with durkv.open(path, durability="async") as store, store.run(agent) as run:
+    # kill_at "sleep": killed as the durable sleep begins
+    sleep = (lambda s: _kill_here("sleep", "sleep")) if kill_at == "sleep" else None
+    with durkv.open(path, durability="async") as store, \
+            store.run(agent, sleep=sleep) as run:
         AGENTS[agent](run, work, kill_at)
 
 

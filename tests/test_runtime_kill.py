@@ -9,17 +9,20 @@ intent) and what the tool did to the outside world (WORKDIR/effects.log).
   ``store.resolve`` records what happened (done, with its result; or not done),
   and the run goes on from there;
 - a kill during compensation does not undo anything twice: the undo that has a
-  receipt replays, the one in flight is called again with the same key.
+  receipt replays, the one in flight is called again with the same key;
+- a kill during a durable sleep leaves the run listed as sleeping until its wake
+  time, and the next execution sleeps only what is left.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from journal_agents import effects, pay_agent, trip_agent
+from journal_agents import effects, nap_agent, pay_agent, trip_agent
 
 import durkv
 import durkv.log
@@ -96,3 +99,18 @@ def test_a_kill_during_compensation_does_not_undo_twice(tmp_path):
             assert trip_agent(run, work) == out
         assert len(effects(work)) == 7
     assert durkv.log.verify(str(path), deep=True).ok
+
+
+def test_a_kill_during_a_sleep_leaves_the_run_sleeping(tmp_path):
+    path, work = tmp_path / "s.durkv", str(tmp_path)
+    t0 = time.time()
+    _killed_child(path, work, "nap", "sleep")
+    with durkv.open(str(path)) as s:
+        (info,) = s.runs()
+        assert (info.run_id, info.status, info.step) == ("nap", "sleeping", "1")
+        assert t0 + 3600 <= info.until <= time.time() + 3600
+        slept = []
+        later = info.until - 600          # executed again 50 minutes into the hour
+        with s.run("nap", clock=lambda: later, sleep=slept.append) as run:
+            assert nap_agent(run, work) == "b"
+        assert slept == [pytest.approx(600)] and s.runs()[0].status == "finished"
