@@ -3,7 +3,7 @@ makes a recorded model call (``durkv.langgraph.step``: appends ``EXEC i`` to
 WORKDIR/models.log when it really runs) and a mutating tool call
 (``durkv.langgraph.tool``: appends its key to WORKDIR/effects.log and fsyncs).
 
-Usage: journal_lg_child.py STORE WORKDIR EXEC   (prints READY, GO once the graph is
+Usage: journal_lg_child.py STORE WORKDIR EXEC STEPS   (prints READY, GO once the graph is
 built and about to run, then END DONE <digest>, and waits to be killed). The test
 runs it through forkserver.py (``main(argv)`` in a fork of a process that imported
 this module once); each line is one ``os.write``, so lines of successive children
@@ -34,7 +34,7 @@ class State(TypedDict):
     log: Annotated[list, operator.add]
 
 
-def build(saver, work: str, exe: int):
+def build(saver, work: str, exe: int, steps: int = STEPS):
     def model(i):
         time.sleep(0.003)
         with open(os.path.join(work, "models.log"), "a") as f:
@@ -61,13 +61,13 @@ def build(saver, work: str, exe: int):
     g = StateGraph(State)
     g.add_node("act", act)
     g.add_edge(START, "act")
-    g.add_conditional_edges("act", lambda s: END if s["n"] >= STEPS else "act")
+    g.add_conditional_edges("act", lambda s: END if s["n"] >= steps else "act")
     return g.compile(checkpointer=saver)
 
 
-def drive(saver, work: str, exe: int, ready=lambda: None) -> str:
-    graph = build(saver, work, exe)
-    cfg = {"configurable": {"thread_id": THREAD}, "recursion_limit": STEPS + 10}
+def drive(saver, work: str, exe: int, steps: int = STEPS, ready=lambda: None) -> str:
+    graph = build(saver, work, exe, steps)
+    cfg = {"configurable": {"thread_id": THREAD}, "recursion_limit": steps + 10}
     started = saver.get_tuple(cfg) is not None
     ready()
     out = graph.invoke(None if started else {"n": 0, "log": []}, cfg)
@@ -79,10 +79,10 @@ def say(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    path, work, exe = argv if argv is not None else sys.argv[1:4]
+    path, work, exe, steps = argv if argv is not None else sys.argv[1:5]
     with DurkvSaver.open(path, durability="sync") as saver:
         say("READY")
-        digest = drive(saver, work, int(exe), ready=lambda: say("GO"))
+        digest = drive(saver, work, int(exe), int(steps), ready=lambda: say("GO"))
     say(f"END DONE {digest}")
     time.sleep(600)
 

@@ -138,6 +138,7 @@ def test_kill_agent_at_random_instants(tmp_path, mode):
     dup_effects = sum(n - 1 for n in raw.values())
     # a model call was repeated only after a kill right behind it
     repeated = _model_calls_lost_only_to_kills(work / "models.log", 300, killed_execs)
+    in_work = _kills_in_the_work(work / "models.log", killed_execs)
     # every approval requested once and decided once
     approvals = Counter(r["s"] for r in records if r["e"] == E_APPROVAL)
     decisions = Counter(r["s"] for r in records if r["e"] == E_DECISION)
@@ -145,8 +146,16 @@ def test_kill_agent_at_random_instants(tmp_path, mode):
     assert decisions == approvals
     report = durkv.log.verify(str(path), deep=True)
     assert report.ok, report
-    print(f"{mode}: {kills} kills in {elapsed:.1f}s over {exe} executions; "
+    print(f"{mode}: {kills} kills ({in_work} in the agent's work) in {elapsed:.1f}s over "
+          f"{exe} executions; "
           f"{dup_effects} raw duplicate effects, {repeated} repeated model calls")
+
+
+def _kills_in_the_work(models_log: Path, killed_execs: set) -> int:
+    """How many killed executions had made a model call (the kill landed in the agent's
+    work, not in its start)."""
+    made = {int(ln.split()[0]) for ln in models_log.read_text().split("\n") if ln}
+    return len(made & killed_execs)
 
 
 def _lg_shape(journal):
@@ -166,15 +175,18 @@ def test_kill_langgraph_agent_at_random_instants(tmp_path):
     pytest.importorskip("langgraph")
     import journal_lg_child as lg
 
-    kills_wanted = 1000 if SLOW else 50
-    window = 0.004 if SLOW else 0.03      # a kill's share of the graph's work
+    # each execution spends ~15 ms resuming before the graph's work goes on: a kill lands
+    # U(0, 30 ms) after GO, so about half land in the work (~4 ms of it on average), the
+    # rest in the resume. 1,000 kills need more than 300 supersteps (~14 ms each) of work.
+    kills_wanted, steps = (1000, 1200) if SLOW else (50, lg.STEPS)
+    window = 0.03
     rnd = random.Random(f"journal-lg-{os.getpid()}")
     ref = tmp_path / "ref"
     ref.mkdir()
     from durkv.langgraph import DurkvSaver
 
     with DurkvSaver.open("memory://") as saver:
-        digest_ref = lg.drive(saver, str(ref), 0)
+        digest_ref = lg.drive(saver, str(ref), 0, steps)
         journal_ref = _lg_shape(describe(saver.store, lg.THREAD))
     path, work = tmp_path / "lg.durkv", tmp_path / "work"
     work.mkdir()
@@ -184,7 +196,7 @@ def test_kill_langgraph_agent_at_random_instants(tmp_path):
         while digest is None:
             exe += 1
             wait = rnd.uniform(0, window) if kills < kills_wanted else 120
-            lines = server.run_child([str(path), str(work), str(exe)],
+            lines = server.run_child([str(path), str(work), str(exe), str(steps)],
                                      str(tmp_path / "child.err"), wait)
             end = [ln for ln in lines if ln.startswith("END ")]
             if not end:
@@ -203,16 +215,19 @@ def test_kill_langgraph_agent_at_random_instants(tmp_path):
     retries = {e.idempotency_key: e.retry_count for e in journal if e.kind == "tool"}
     # one logical effect per superstep (keys carry LangGraph's task ids), each in the journal
     done = [e for e in journal if e.kind == "tool" and e.state == "done"]
-    assert sorted(e.result_receipt for e in done) == sorted(f"r{i}" for i in range(lg.STEPS))
+    assert sorted(e.result_receipt for e in done) == sorted(f"r{i}" for i in range(steps))
     # LangGraph re-runs a killed node under the same task id: the same keys, no new
     # effects; every raw duplicate is matched by a journal retry
     raw = Counter((work / "effects.log").read_text().split())
     assert set(raw) == {e.idempotency_key for e in done}
     for key, n in raw.items():
         assert n - 1 <= retries[key], f"{key} happened {n} times, journal retried {retries[key]}"
-    repeated = _model_calls_lost_only_to_kills(work / "models.log", lg.STEPS, killed_execs)
+    repeated = _model_calls_lost_only_to_kills(work / "models.log", steps, killed_execs)
+    in_work = _kills_in_the_work(work / "models.log", killed_execs)
+    assert in_work, "every kill landed before the graph's work began: widen the window"
     report = durkv.log.verify(str(path), deep=True)
     assert report.ok, report
-    print(f"langgraph: {kills} kills in {elapsed:.1f}s over {exe} executions; "
+    print(f"langgraph: {kills} kills ({in_work} in the graph's work) in {elapsed:.1f}s over "
+          f"{exe} executions; "
           f"{sum(n - 1 for n in raw.values())} raw duplicate effects, {repeated} repeated "
           "model calls")
