@@ -14,8 +14,8 @@ Usage: forkserver.py MODULE (MODULE is importable from this file's directory).
 Protocol, one line each way (stdin commands, stdout answers; the children share
 stdout and write their own lines there with single ``os.write`` calls):
 
-- ``FORK <stderr path> <json list of argv>`` -> ``PID <pid>``; the child's stderr
-  goes to the file. The server then waits for the child and writes
+- ``FORK {"argv": [...], "stderr": PATH}`` (JSON) -> ``PID <pid>``; the child runs
+  ``main(argv)`` with its stderr in the file PATH. The server then waits for the child and writes
   ``EXIT <pid> <code>`` (a negative code is the signal that ended it) before it
   reads the next command: the test knows the child is gone, and its lines all
   came before this one.
@@ -79,14 +79,15 @@ def serve(module_name: str) -> None:
     main = importlib.import_module(module_name).main
     os.write(1, b"SERVER READY\n")
     for line in _lines(0):
-        cmd, err_path, argv = line.split(" ", 2)
+        cmd, _, arg = line.partition(" ")
         assert cmd == "FORK", line
+        req = json.loads(arg)
         # a fork copies only the calling thread: a helper thread's lock could be held
         assert threading.active_count() == 1, threading.enumerate()
         assert not _open_stores(), _open_stores()
         pid = os.fork()
         if pid == 0:
-            _child(main, json.loads(argv), err_path)
+            _child(main, req["argv"], req["stderr"])
         os.write(1, f"PID {pid}\n".encode())
         _, status = os.waitpid(pid, 0)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)

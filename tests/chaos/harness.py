@@ -93,7 +93,8 @@ class ForkServer:
         ``kill_after`` seconds for a line starting with ``end``, then SIGKILL it by its
         pid (always: a child that ended waits to be killed). Returns the child's lines.
         Fails if the child died of anything but the kill."""
-        self.proc.stdin.write(f"FORK {err_path} {json.dumps(argv)}\n".encode())
+        req = json.dumps({"argv": argv, "stderr": err_path})
+        self.proc.stdin.write(f"FORK {req}\n".encode())
         self.proc.stdin.flush()
         pid, lines, exit_code = None, [], None
         deadline = time.monotonic() + start_timeout
