@@ -1,6 +1,6 @@
 """Child process of test_kill_journal.py: a 300-step agent driven through the run journal.
 
-Usage: journal_child.py STORE WORKDIR EXEC MODE   (MODE: plain | async)
+Usage: journal_child.py STORE WORKDIR EXEC MODE STEPS   (MODE: plain | async)
 
 Each step makes a recorded model call (it appends ``EXEC i`` to WORKDIR/models.log
 when it really runs), asks for an approval every 50 steps, sleeps once (step 150)
@@ -106,10 +106,10 @@ def say(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    path, work, exe, mode = argv if argv is not None else sys.argv[1:5]
+    path, work, exe, mode, steps = argv if argv is not None else sys.argv[1:6]
     with durkv.open(path, durability="async") as store:
         say("READY")
-        what, arg = drive(store, work, int(exe), mode, opened=lambda: say("GO"))
+        what, arg = drive(store, work, int(exe), mode, int(steps), opened=lambda: say("GO"))
     say(f"END {what} {arg}")
     time.sleep(600)
 
