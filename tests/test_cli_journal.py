@@ -49,3 +49,51 @@ def test_show_json_and_checkpoint_with_journal(tmp_path):
     assert r.exit_code == 0 and "checkpoint_id:" in r.output and "run both: finished" in r.output
     r = CliRunner().invoke(cli, ["show", path, "nobody"])
     assert r.exit_code == 1 and "no thread 'nobody'" in r.output
+
+
+# ---- durkv verify / recover on a store with journals ---------------------------------------
+
+CALLS = []
+
+
+@durkv.tool(name="notify")
+def notify(who, *, idempotency_key):
+    CALLS.append(idempotency_key)
+    return f"told {who}"
+
+
+def _agent(path, who=("a", "b")):
+    with durkv.open(path, index_every=0) as s, s.run("r", input=1) as run:
+        return [run.tool(notify, w) for w in who]
+
+
+def test_verify_and_recover_cover_journal_records(tmp_path):
+    import logtools as lt
+
+    path = str(tmp_path / "s.durkv")
+    _agent(path)
+    before = lt.segments(path)[-1]
+    _agent(path, ("a", "b", "c"))          # replays a and b, calls c
+    seg = lt.segments(path)[-1]
+    new = [f for f in seg.frames if f.offset >= before.frames[-1].end]
+    assert len(new) == 4                   # status running, intent c, receipt c, status
+    r = CliRunner().invoke(cli, ["verify", "--deep", path])
+    assert r.exit_code == 0, r.output
+
+    # a crash while the receipt was being written: a torn tail in the journal
+    lt.truncate(seg.path, new[2].offset + 5)
+    r = CliRunner().invoke(cli, ["verify", path])
+    assert r.exit_code == 3 and "durkv recover" in r.output
+    r = CliRunner().invoke(cli, ["recover", path])
+    assert r.exit_code == 0 and "torn_tail" in r.output, r.output
+    assert CliRunner().invoke(cli, ["verify", "--deep", path]).exit_code == 0
+    del CALLS[:]
+    assert _agent(path, ("a", "b", "c")) == ["told a", "told b", "told c"]
+    assert CALLS == ["r:2"]                # the intent survived: called again, same key
+    with durkv.open(path) as s:
+        assert [e.retry_count for e in s.run("r").journal()] == [0, 0, 1]
+
+    # a flipped byte inside a journal record is corruption (exit 3), and names the fix
+    lt.flip_byte(seg.path, new[1].offset + lt.FRAME_HDR + 3)
+    r = CliRunner().invoke(cli, ["verify", path])
+    assert r.exit_code == 3 and "recover --skip-corrupt" in r.output

@@ -57,7 +57,7 @@ class AsyncVerbs:
               **kwargs: Any):
         """Awaitable :meth:`tool`; ``fn`` may be a coroutine function. The intent and
         receipt fsyncs run in a worker thread (concurrent calls share them)."""
-        spec = self._spec(fn)
+        spec = self._spec(fn, kwargs)
         p = self._plan_tool(self._sid(key), spec, args, kwargs, secret,
                             retry_failed=retry_failed)
         return self._atool(p, fn, args, kwargs, retry)

@@ -58,6 +58,7 @@ log = logging.getLogger("durkv")
 
 DRIFT_POLICIES = ("warn", "fail", "rerun")
 MAX_INLINE_INPUTS = 64 << 10     # inputs larger than this are journaled by fingerprint only
+MAX_SLEEP = 1e9      # seconds (~31 years): time.sleep's own limit is ~9.2e9 on 64-bit
 NO_INPUT: Any = object()     # store.run() without input=: no input fingerprint check
 
 # runs open in this process, per store (a second driver gets RunBusyError)
@@ -460,12 +461,16 @@ class Run(AsyncVerbs):
 
     # -- tools -------------------------------------------------------------------------------
 
-    def _spec(self, fn: Any) -> ToolSpec:
+    def _spec(self, fn: Any, kwargs: dict) -> ToolSpec:
         spec = tool_spec(fn)
         if spec is None:
             raise ConfigError(f"run.tool({getattr(fn, '__qualname__', fn)!r}): not a "
                               "@durkv.tool; decorate it (it gets an idempotency_key), or use "
                               "run.step for calls without side effects")
+        if "idempotency_key" in kwargs:      # else: a TypeError journaled as the tool's failure
+            raise ConfigError(f"run.tool({spec.name!r}, idempotency_key=...): durkv gives the "
+                              "key (run id and step id); drop the argument, and pass key= to "
+                              "name the step")
         return spec
 
     def _plan_tool(self, sid: str, spec: ToolSpec, args: tuple, kwargs: dict, secret: bool,
@@ -555,7 +560,7 @@ class Run(AsyncVerbs):
         recorded receipt is returned without a call; an intent without a receipt is
         called again with the same key (``retry_count + 1``), or, for an at-most-once
         tool, raises :class:`durkv.InDoubtError`."""
-        spec = self._spec(fn)
+        spec = self._spec(fn, kwargs)
         p = self._plan_tool(self._sid(key), spec, args, kwargs, secret,
                             retry_failed=retry_failed)
         return self._call_tool(p, fn, args, kwargs, retry)
@@ -658,8 +663,12 @@ class Run(AsyncVerbs):
         return self._recorded("uuid", _uuid.uuid4)
 
     def _plan_sleep(self, seconds: float) -> tuple[float, bool]:
-        if not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ConfigError(f"sleep seconds must be a number >= 0, got {seconds!r}")
+        # NaN passes `seconds < 0` and slept not at all; inf recorded a wake time, then
+        # time.sleep raised OverflowError; True is an int
+        if (not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
+                or not 0 <= seconds <= MAX_SLEEP):
+            raise ConfigError(f"sleep seconds must be a number from 0 to {MAX_SLEEP:.0e}, got "
+                              f"{seconds!r}")
         p = self._plan_step(self._sid(None), "sleep", "sleep", None, None, None)
         if p.replay:
             wake = self._outcome(p.entry)

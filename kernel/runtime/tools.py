@@ -87,6 +87,17 @@ def tool_spec(fn: Any) -> ToolSpec | None:
     return getattr(fn, "__durkv_tool__", None)
 
 
+def _exception_types(on: Any) -> type | tuple:
+    """``on=`` as isinstance takes it, checked now: a bad one would otherwise surface as a
+    TypeError at the first failure, in place of that failure."""
+    types = tuple(on) if isinstance(on, (tuple, list)) else (on,)
+    if not types or not all(isinstance(t, type) and issubclass(t, BaseException)
+                            for t in types):
+        raise ConfigError(f"Retry on= takes an exception class or a tuple of them (on="
+                          f"(ConnectionError, TimeoutError)), got {on!r}")
+    return on if isinstance(on, type) else types
+
+
 class Retry:
     """Retry policy of a step or tool: up to ``attempts`` calls, exponential backoff
     with jitter between them, only for exceptions in ``on``.
@@ -109,9 +120,9 @@ class Retry:
         if backoff < 0 or max_delay < 0 or not 0 <= jitter <= 1:
             raise ConfigError("Retry needs backoff >= 0, max_delay >= 0 and 0 <= jitter <= 1")
         self.attempts = attempts
+        self.on = _exception_types(on)
         self.backoff = float(backoff)
         self.max_delay = float(max_delay)
-        self.on = on
         self.jitter = float(jitter)
         self.sleep = sleep if sleep is not None else time.sleep
         self.random = random if random is not None else _random.random

@@ -1,6 +1,6 @@
 """Child process of test_kill_journal.py: a 300-step agent driven through the run journal.
 
-Usage: journal_child.py STORE WORKDIR EXEC MODE   (MODE: plain | async)
+Usage: journal_child.py STORE WORKDIR EXEC MODE STEPS   (MODE: plain | async)
 
 Each step makes a recorded model call (it appends ``EXEC i`` to WORKDIR/models.log
 when it really runs), asks for an approval every 50 steps, sleeps once (step 150)
@@ -8,7 +8,8 @@ and calls a mutating tool that appends its idempotency key to WORKDIR/effects.lo
 and fsyncs (``async``: two tools at once with asyncio.gather). Prints ``READY``
 after opening the store and ``GO`` once the run's journal is read, then at the end ``END DONE <digest>`` or ``END WAITING
 <step_id>``, and waits to be killed (the parent kills every child, so a child that
-ends never races the parent's kill).
+ends never races the parent's kill). The test runs it through forkserver.py
+(``main(argv)`` in a fork of a process that imported this module once).
 """
 
 from __future__ import annotations
@@ -100,12 +101,16 @@ def drive(store, work: str, exe: int, mode: str, steps: int = STEPS,
     return "DONE", digest
 
 
-def main() -> None:
-    path, work, exe, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def say(line: str) -> None:
+    os.write(1, f"{line}\n".encode())     # one write per line: lines never interleave
+
+
+def main(argv: list[str] | None = None) -> None:
+    path, work, exe, mode, steps = argv if argv is not None else sys.argv[1:6]
     with durkv.open(path, durability="async") as store:
-        print("READY", flush=True)
-        what, arg = drive(store, work, exe, mode, opened=lambda: print("GO", flush=True))
-    print(f"END {what} {arg}", flush=True)
+        say("READY")
+        what, arg = drive(store, work, int(exe), mode, int(steps), opened=lambda: say("GO"))
+    say(f"END {what} {arg}")
     time.sleep(600)
 
 

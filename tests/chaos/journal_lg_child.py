@@ -1,9 +1,13 @@
 """Child process of test_kill_journal.py's LangGraph case: a looping graph whose node
-makes a recorded model call (``durkv.langgraph.step``) and a mutating tool call
+makes a recorded model call (``durkv.langgraph.step``: appends ``EXEC i`` to
+WORKDIR/models.log when it really runs) and a mutating tool call
 (``durkv.langgraph.tool``: appends its key to WORKDIR/effects.log and fsyncs).
 
-Usage: journal_lg_child.py STORE WORKDIR EXEC   (prints READY, GO once the graph is
-built and about to run, then END DONE <digest>)
+Usage: journal_lg_child.py STORE WORKDIR EXEC STEPS   (prints READY, GO once the graph is
+built and about to run, then END DONE <digest>, and waits to be killed). The test
+runs it through forkserver.py (``main(argv)`` in a fork of a process that imported
+this module once); each line is one ``os.write``, so lines of successive children
+never interleave.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import durkv
 from durkv.langgraph import DurkvSaver, step, tool
 
 THREAD = "lg-agent"
-STEPS = 60
+STEPS = 300
 
 
 class State(TypedDict):
@@ -30,7 +34,7 @@ class State(TypedDict):
     log: Annotated[list, operator.add]
 
 
-def build(saver, work: str, exe: int):
+def build(saver, work: str, exe: int, steps: int = STEPS):
     def model(i):
         time.sleep(0.003)
         with open(os.path.join(work, "models.log"), "a") as f:
@@ -57,25 +61,29 @@ def build(saver, work: str, exe: int):
     g = StateGraph(State)
     g.add_node("act", act)
     g.add_edge(START, "act")
-    g.add_conditional_edges("act", lambda s: END if s["n"] >= STEPS else "act")
+    g.add_conditional_edges("act", lambda s: END if s["n"] >= steps else "act")
     return g.compile(checkpointer=saver)
 
 
-def drive(saver, work: str, exe: int, ready=lambda: None) -> str:
-    graph = build(saver, work, exe)
-    cfg = {"configurable": {"thread_id": THREAD}, "recursion_limit": STEPS + 10}
+def drive(saver, work: str, exe: int, steps: int = STEPS, ready=lambda: None) -> str:
+    graph = build(saver, work, exe, steps)
+    cfg = {"configurable": {"thread_id": THREAD}, "recursion_limit": steps + 10}
     started = saver.get_tuple(cfg) is not None
     ready()
     out = graph.invoke(None if started else {"n": 0, "log": []}, cfg)
     return xxhash.xxh3_64_hexdigest(repr(out["log"]).encode())
 
 
-def main() -> None:
-    path, work, exe = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def say(line: str) -> None:
+    os.write(1, f"{line}\n".encode())
+
+
+def main(argv: list[str] | None = None) -> None:
+    path, work, exe, steps = argv if argv is not None else sys.argv[1:5]
     with DurkvSaver.open(path, durability="sync") as saver:
-        print("READY", flush=True)
-        digest = drive(saver, work, exe, ready=lambda: print("GO", flush=True))
-    print(f"END DONE {digest}", flush=True)
+        say("READY")
+        digest = drive(saver, work, int(exe), int(steps), ready=lambda: say("GO"))
+    say(f"END DONE {digest}")
     time.sleep(600)
 
 
