@@ -283,8 +283,9 @@ static int emit_refs(dkv_log *log, frame_cache *cache, entry_ref e, const uint8_
             (rc = dkv_commit_entry(tf->buf, tf->len, t.idx, &d, &tio))) {
             if (rc == DKV_ENOMEM)
                 return rc;
-            dkv__set_error(log, "item reference at lsn %llu names no entry",
-                           (unsigned long long)e.lsn);
+            /* name the missing target too: it is the frame an operator must look for */
+            dkv__set_error(log, "item reference at lsn %llu names no entry (lsn %llu entry %u)",
+                           (unsigned long long)e.lsn, (unsigned long long)t.lsn, t.idx);
             return DKV_ECORRUPT;
         }
         if (d.kind != DKV_ENTRY_FULL || (d.flags & DKV_ENTRY_F_VALUE)) {

@@ -479,3 +479,26 @@ def test_one_run_object_executed_twice(url):
                 run.step("a", model, 1)
                 run.step("b", model, 2)
         assert model.calls == [1, 2]
+
+
+def test_compensation_gets_the_recorded_result_not_the_callers_mutated_object(url):
+    """The caller may mutate a tool's result after it returns; the undo must still get the
+    result as recorded (the same value a replay passes), or the undo acts on the wrong
+    thing and a re-execution meets an IdempotencyConflictError at the undo step."""
+    undone = []
+
+    @durkv.tool
+    def cancel(booking, *, idempotency_key):
+        undone.append(dict(booking))
+
+    @durkv.tool(compensate=cancel)
+    def book(*, idempotency_key):
+        return {"id": "B1"}
+
+    with durkv.open(url) as s:
+        for _ in range(2):          # the second execution replays the tool and the undo
+            with s.run("r") as run:
+                got = run.tool(book)
+                got["id"] = "mutated by the caller"
+                run.compensate()
+        assert undone == [{"id": "B1"}]

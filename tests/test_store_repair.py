@@ -142,3 +142,24 @@ def test_opening_a_plain_file_as_a_store_says_so(tmp_path):
     f.write_text("x")
     with pytest.raises(durkv.ConfigError, match="is a file, not a store directory"):
         durkv.open(str(f))
+
+
+def test_a_checkpoint_sharing_a_damaged_write_names_the_lost_frame(tmp_path):
+    """A checkpoint whose REFS delta refers to a pending-write frame that a salvage read
+    skipped as damaged is a CorruptionError naming that write frame (not only the
+    checkpoint's own), never a shorter list."""
+    p = tmp_path / "s"
+    s = durkv.open(p, durability="sync")
+    s.put("t", "", "1", checkpoint={}, metadata={}, values={"m": ["hello"]}, versions={"m": 1})
+    msg = "MSG-XYZ-" * 5
+    s.put_writes("t", "", "1", "agent", [(0, "m", [msg])])
+    s.put("t", "", "2", checkpoint={}, metadata={}, values={"m": ["hello", msg]},
+          versions={"m": 2}, parent_id="1")
+    s.close()
+    # the only frame holding the message's bytes: the write's (the checkpoint refers to it)
+    [(seg, f)] = [(g, f) for g in lt.segments(p) for f in g.frames if msg.encode() in f.payload]
+    wlsn = f.lsn
+    lt.flip_byte(seg.path, f.offset + lt.FRAME_HDR + f.payload.find(msg.encode()) + 2)
+    with durkv.open(p, recovery="salvage") as r:
+        with pytest.raises(CorruptionError, match=rf"names no entry \(lsn {wlsn} entry 0\)"):
+            r.get("t", "", "2")

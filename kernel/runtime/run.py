@@ -129,7 +129,7 @@ class Run(AsyncVerbs):
         self._loads = store.serde.loads
         self._lock = threading.RLock()
         self._n = count()
-        self._compensable: list[tuple[str, ToolSpec, Any]] = []
+        self._compensable: list[tuple[str, ToolSpec, bytes]] = []
         self._st: Any = None
         self._seen = 0          # journal records folded into _st
         self._opened = False
@@ -551,7 +551,9 @@ class Run(AsyncVerbs):
 
     def _done(self, p: Plan, result: Any) -> Any:
         if p.spec is not None and p.spec.compensate is not None and p.comp_of is None:
-            self._compensable.append((p.sid, p.spec, result))
+            # the result as recorded, not the caller's object (which it may mutate): the undo
+            # gets what a replay would pass, so a re-execution meets the same undo inputs
+            self._compensable.append((p.sid, p.spec, self._dumps(result)))
         return result
 
     def tool(self, fn: Callable, *args: Any, retry: Retry | None = None, key: str | None = None,
@@ -592,7 +594,8 @@ class Run(AsyncVerbs):
         self._check_open()
         out = []
         todo, self._compensable = self._compensable, []
-        for sid, spec, result in reversed(todo):
+        for sid, spec, recorded in reversed(todo):
+            result = self._loads(recorded)
             undo = spec.compensate
             uspec = tool_spec(undo) or ToolSpec(
                 getattr(undo, "__qualname__", repr(undo)), None, False,
