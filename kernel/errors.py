@@ -98,7 +98,8 @@ class ApprovalMismatchError(DurkvError):
 
 
 class RunConflictError(DurkvError):
-    """A run id was opened with another input than the run was created with."""
+    """A run id was opened with another input than the run was created with, or two runs
+    would share one journal (copy_thread into a thread that has one)."""
 
     code = "run_conflict"
 

@@ -32,7 +32,8 @@ from .channels import F_ZSTD, FULL, Codec, encode_commit
 from .delta import ChannelState, _Chan, _Head
 from .durability import STRENGTH
 from .errors import (
-    ConfigError, CorruptionError, FrameTooLargeError, ReadOnlyError, SerializationError,
+    ConfigError, CorruptionError, FrameTooLargeError, ReadOnlyError, RunConflictError,
+    SerializationError,
 )
 from .index import Index, dump_index, dump_journals, load_index, load_journals
 from .reads import Reads
@@ -613,7 +614,13 @@ class Store(ChannelState, Reads):
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every namespace, checkpoint and pending write of a thread to another
-        (merged into the target if it exists). The copy shares the source's frames."""
+        (merged into the target if it exists). The copy shares the source's frames.
+
+        Raises:
+            RunConflictError: both threads have a run journal. Two journals merged in
+                log order would make the target replay the source's recorded results
+                (and effects) as its own; nothing is written.
+        """
         check_id("thread_id", source_thread_id)
         check_id("thread_id", target_thread_id)
         with self._lock:
@@ -622,6 +629,12 @@ class Store(ChannelState, Reads):
                     source_thread_id not in self._ix.threads
                     and source_thread_id not in self._ix.journals):
                 return
+            if self._ix.journals.get(source_thread_id) and self._ix.journals.get(target_thread_id):
+                raise RunConflictError(
+                    f"copy_thread({source_thread_id!r}, {target_thread_id!r}): both are runs "
+                    "with a journal, and merged journals would replay one run's results in "
+                    f"the other; copy to a new id, or delete_thread({target_thread_id!r}) "
+                    "first", run_id=target_thread_id)
             lsn = self._commit_record([K_COPY_THREAD, source_thread_id, target_thread_id])
             self._ix.copy_thread(source_thread_id, target_thread_id)
             self._maybe_index(lsn)

@@ -227,3 +227,21 @@ def test_batched_journal_read_of_written_and_pending_records(tmp_path):
                 s.flush()           # 0..400 in the file, the rest buffered
         assert [r["i"] for r in s.journal("a")] == list(range(700))
         assert [r["i"] for r in s.journal("b")] == list(range(0, 700, 97))
+
+
+def test_copy_thread_between_two_runs_with_journals_is_refused(url):
+    """Merged journals would make the target replay the source's results as its own:
+    copy_thread refuses, writes nothing, and both runs replay their own results."""
+    with durkv.open(url) as s:
+        with s.run("b", input={"q": 1}) as run:
+            assert run.step("s", lambda: "B0") == "B0"
+        with s.run("a", input={"q": 1}) as run:
+            assert run.step("s", lambda: "A0") == "A0"
+        before = s.size_bytes()
+        with pytest.raises(durkv.RunConflictError, match="both are runs with a journal"):
+            s.copy_thread("a", "b")
+        assert s.size_bytes() == before
+        s.copy_thread("a", "c")                     # a new id: the journal is carried
+        for run_id, want in (("b", "B0"), ("a", "A0"), ("c", "A0")):
+            with s.run(run_id, input={"q": 1}) as run:
+                assert run.step("s", lambda: "called again") == want
