@@ -391,18 +391,8 @@ class Run(AsyncVerbs):
             rec["in"] = p.inputs
         if p.version is not None:
             rec["pv"] = p.version
-        if tries:
-            rec["tries"] = tries
-        if exc is not None:
-            rec["err"] = self._err(exc)
-        else:
-            try:
-                rec["r"] = self._dumps(result)
-            except Exception as e:
-                raise SerializationError(
-                    f"the result of step {p.sid} ({p.name!r}) of run {self.run_id!r} cannot be "
-                    f"serialized ({e}); nothing was recorded and the step will run again: "
-                    "return plain data", run_id=self.run_id, step_id=p.sid) from e
+        self._add_outcome(rec, p, result, exc, tries,
+                          "nothing was recorded and the step will run again: return plain data")
         self._append(rec)
 
     def step(self, name: str, fn: Callable, *args: Any, prompt_version: Any = None,
@@ -534,20 +524,27 @@ class Run(AsyncVerbs):
         rec: dict = {"e": E_RECEIPT, "t": self._clock(), "s": p.sid}
         if p.gen:
             rec["g"] = p.gen
+        self._add_outcome(rec, p, result, exc, tries,
+                          f"the call happened but has no receipt: a re-execution calls it "
+                          f"again with the same key ({p.key}). Return plain data")
+        self._append(rec, durable=True)
+
+    def _add_outcome(self, rec: dict, p: Plan, result: Any, exc: BaseException | None,
+                     tries: list | None, if_unencodable: str) -> None:
+        """A step's or receipt's outcome fields: the attempts' errors, then the final error
+        or the serialized result (SerializationError, saying ``if_unencodable``)."""
         if tries:
             rec["tries"] = tries
         if exc is not None:
             rec["err"] = self._err(exc)
-        else:
-            try:
-                rec["r"] = self._dumps(result)
-            except Exception as e:
-                raise SerializationError(
-                    f"the result of tool {p.name!r} (step {p.sid} of run {self.run_id!r}, key "
-                    f"{p.key}) cannot be serialized ({e}); the call happened but has no "
-                    "receipt: a re-execution calls it again with the same key. Return plain "
-                    "data", run_id=self.run_id, step_id=p.sid) from e
-        self._append(rec, durable=True)
+            return
+        try:
+            rec["r"] = self._dumps(result)
+        except Exception as e:
+            raise SerializationError(
+                f"the result of {p.kind} {p.name!r} (step {p.sid} of run {self.run_id!r}) "
+                f"cannot be serialized ({e}); {if_unencodable}", run_id=self.run_id,
+                step_id=p.sid) from e
 
     def _done(self, p: Plan, result: Any) -> Any:
         if p.spec is not None and p.spec.compensate is not None and p.comp_of is None:
