@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from typing import Any, Callable
 
 from durkv import log as seglog
@@ -19,7 +18,7 @@ from durkv.errors import ConfigError, CorruptionError
 from .client import S3Location
 from .live import S3Backend
 from .livefmt import EPOCHS
-from .restorer import RestorePlan
+from .restorer import RestorePlan, move_into_place, restore_target
 
 __all__ = ["is_live_store", "plan_live_restore", "restore_live"]
 
@@ -49,13 +48,7 @@ def plan_live_restore(loc: S3Location, to_lsn: int | None) -> tuple[RestorePlan,
 
 def restore_live(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan, src: S3Backend,
                  progress: Callable[[int, int], None] | None = None) -> seglog.Report:
-    dest = os.path.abspath(os.fspath(dest))
-    if os.path.lexists(dest) and not (os.path.isdir(dest) and not os.listdir(dest)):
-        raise ConfigError(f"{dest} exists and is not an empty directory; restore into a new "
-                          "directory (nothing was changed)")
-    parent = os.path.dirname(dest)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.restore-", dir=parent)
+    dest, tmp = restore_target(dest)
     try:
         with seglog.SegmentLog.open(tmp, durability="exit") as log:
             for lsn, payload in src.scan(0):
@@ -75,12 +68,7 @@ def restore_live(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan, sr
                                   f"(ends at lsn {report.next_lsn - 1}, expected "
                                   f"{plan.next_lsn - 1}); nothing was restored",
                                   kind="truncated", url=loc.url)
-        os.rename(tmp, dest)
-        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        move_into_place(tmp, dest)
         if progress:
             progress(plan.next_lsn, plan.next_lsn)
         return report

@@ -183,16 +183,29 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def restore_dir(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan,
-                progress: Callable[[int, int], None] | None = None) -> seglog.Report:
-    """Restore ``plan`` into the new directory ``dest``; returns the verify report."""
+def restore_target(dest: str | os.PathLike) -> tuple[str, str]:
+    """``dest`` as an absolute path that is new (or an empty directory), and a new
+    temporary directory beside it to build the restore in and rename into place, so that
+    a failed restore never leaves a partial ``dest``."""
     dest = os.path.abspath(os.fspath(dest))
     if os.path.lexists(dest) and not (os.path.isdir(dest) and not os.listdir(dest)):
         raise ConfigError(f"{dest} exists and is not an empty directory; restore into a new "
                           "directory (nothing was changed)")
     parent = os.path.dirname(dest)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.restore-", dir=parent)
+    return dest, tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.restore-", dir=parent)
+
+
+def move_into_place(tmp: str, dest: str) -> None:
+    """Rename the finished restore over ``dest`` and make the rename durable."""
+    os.rename(tmp, dest)
+    _fsync_dir(os.path.dirname(dest))
+
+
+def restore_dir(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan,
+                progress: Callable[[int, int], None] | None = None) -> seglog.Report:
+    """Restore ``plan`` into the new directory ``dest``; returns the verify report."""
+    dest, tmp = restore_target(dest)
     try:
         # Downloads run ahead (in_order) while this thread writes each file and hands its
         # fsync to two background threads, so the disk flushes while the network works.
@@ -223,8 +236,7 @@ def restore_dir(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan,
             raise CorruptionError(f"archive object {where}: the restored log does not verify: "
                                   f"{why}; nothing was restored", segment=where,
                                   kind=d.kind if d else "truncated", url=loc.url)
-        os.rename(tmp, dest)
-        _fsync_dir(parent)
+        move_into_place(tmp, dest)
         return report
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
