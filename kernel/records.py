@@ -41,12 +41,12 @@ full replay.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from .durability import DURABILITIES  # noqa: F401 - re-exported (records.__all__)
-from .errors import ConfigError
+from .errors import ConfigError, CorruptionError
 
 __all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
            "SPECIAL_WRITE_CHANNELS", "check_id", "check_ids", "check_limit", "check_opt_id"]
@@ -121,9 +121,125 @@ def _unpackb(b: bytes) -> Any:
     return msgpack.unpackb(b, raw=False, strict_map_key=False, use_list=True)
 
 
-def _head_of(payload: bytes) -> list:
+def read_head(payload: bytes, lsn: int = -1) -> list:
+    """The record head of a COMMIT payload, checked: a msgpack list whose first element
+    is the kind. Anything else is a :class:`CorruptionError` naming frame ``lsn``
+    (never an IndexError/TypeError). The one decoder of record heads."""
+    if len(payload) < 8:
+        raise _bad_head(lsn, "payload shorter than 8 bytes")
     hl = int.from_bytes(payload[0:4], "little")
-    return _unpackb(payload[4:4 + hl])
+    if 4 + hl + 4 > len(payload):
+        raise _bad_head(lsn, "head length past the end")
+    try:
+        h = _unpackb(payload[4:4 + hl])
+    except Exception as e:
+        raise _bad_head(lsn, f"head is not msgpack ({e})") from None
+    if type(h) is not list or not h:
+        raise _bad_head(lsn, f"head is {type(h).__name__}, not a non-empty list")
+    return h
+
+
+def _bad_head(lsn: int, msg: str) -> CorruptionError:
+    return CorruptionError(f"frame {lsn}: malformed record head: {msg}; run `durkv verify`",
+                           kind="bad_record", lsn=lsn)
+
+
+def pack_head(fields: Any) -> bytes:
+    """The head bytes of a record (a list, or one of the typed heads below: msgpack packs a
+    tuple as the same array, so the bytes are those of the list)."""
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+def _of(cls: Any, h: list, lsn: int = -1) -> Any:
+    n = len(cls._fields)
+    if len(h) != n:
+        if len(h) < n:
+            raise _bad_head(lsn, f"{cls.__name__} head has {len(h)} fields, needs {n}")
+        h = h[:n]
+    return cls._make(h)
+
+
+def _pack(self: Any) -> bytes:
+    return msgpack.packb(self, use_bin_type=True)
+
+
+class CkptHead(NamedTuple):
+    """K_CKPT / K_COPY_CKPT: ``chans`` maps each channel with a value to ``[lsn, idx]``."""
+
+    kind: int
+    thread: str
+    ns: str
+    cid: str
+    parent: str | None
+    ckpt_b: bytes
+    meta_b: bytes
+    versions: dict
+    chans: dict
+
+
+class WritesHead(NamedTuple):
+    """K_WRITES / K_COPY_WRITES: ``writes`` is ``[[idx, channel, value], ...]``."""
+
+    kind: int
+    thread: str
+    ns: str
+    cid: str
+    task_id: str
+    task_path: str
+    replace: bool
+    writes: list
+
+
+class DelThreadHead(NamedTuple):
+    kind: int
+    thread: str
+
+
+class CopyThreadHead(NamedTuple):
+    kind: int
+    src: str
+    dst: str
+
+
+class RemoveHead(NamedTuple):
+    """K_REMOVE: ``[[thread, ns, [cid, ...]], ...]``."""
+
+    kind: int
+    doomed: list
+
+
+class CompactBeginHead(NamedTuple):
+    kind: int
+
+
+class CompactEndHead(NamedTuple):
+    kind: int
+    begin_lsn: int
+
+
+class IndexHead(NamedTuple):
+    """K_INDEX: version, the LSN it was written at, the last compaction's BEGIN (-1: none),
+    :func:`durkv.index.dump_index` and :func:`durkv.index.dump_journals`."""
+
+    kind: int
+    version: int
+    lsn: int
+    compacted_at: int
+    state: Any
+    journals: Any
+
+
+class JournalHead(NamedTuple):
+    """K_JOURNAL / K_COPY_JOURNAL: one run-journal event, opaque to the store."""
+
+    kind: int
+    run_id: str
+    rec: Any
+
+
+class DelJournalHead(NamedTuple):
+    kind: int
+    run_ids: list
 
 
 def heads_of(array_b: Any) -> list[list]:
@@ -174,3 +290,14 @@ def check_ids(name: str, ids: Any) -> list[str]:
     for x in out:
         check_id(name, x)
     return out
+
+
+# Each typed head: ``of(h, lsn)`` is the typed view of a decoded head, its length checked (a
+# longer head, from a later version, keeps its known prefix); only the length, since replay
+# decodes every record and has dispatched on the kind already. ``pack()`` is its bytes.
+# (A NamedTuple cannot take a mixin base, so the two methods are attached here.)
+for _cls in (CkptHead, WritesHead, DelThreadHead, CopyThreadHead, RemoveHead, CompactBeginHead,
+             CompactEndHead, IndexHead, JournalHead, DelJournalHead):
+    _cls.of = classmethod(_of)
+    _cls.pack = _pack
+del _cls
