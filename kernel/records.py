@@ -140,7 +140,8 @@ def read_head(payload: bytes, lsn: int = -1) -> list:
 
 
 def _bad_head(lsn: int, msg: str) -> CorruptionError:
-    return CorruptionError(f"frame {lsn}: malformed record head: {msg}; run `durkv verify`",
+    return CorruptionError(f"frame {lsn} is a COMMIT frame whose head is not a store record: "
+                           f"{msg}; run `durkv verify` on the store",
                            kind="bad_record", lsn=lsn)
 
 

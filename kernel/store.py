@@ -44,7 +44,7 @@ from .records import (  # noqa: F401 - re-exported: the store's public types and
     SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, check_id, check_ids,
 )
 from .records import (
-    CkptHead, CopyThreadHead, DelJournalHead, DelThreadHead, IndexHead,
+    CkptHead, CompactEndHead, CopyThreadHead, DelJournalHead, DelThreadHead, IndexHead,
     JournalHead, RemoveHead, WritesHead, heads_of, pack_head, read_head,
 )
 from .serde import Serde, default_serde
@@ -211,12 +211,14 @@ class Store(ChannelState, Reads):
                 if len(payload) > 5 and 0x91 <= payload[4] <= 0x9f and payload[5] == K_INDEX:
                     pos = lsn + 1     # a snapshot that does not decode: only a lost shortcut
                     continue
-                raise CorruptionError(
-                    f"store {self.url}: frame {lsn} is a COMMIT frame whose head is not a store "
-                    f"record ({e}); run `durkv verify` on the store", kind="bad_record",
-                    lsn=lsn) from e
+                raise CorruptionError(f"store {self.url}: {e}", kind="bad_record",
+                                      lsn=lsn) from e
             if type(kind) is int:
-                self._apply(lsn, h)
+                try:
+                    self._apply(lsn, h)
+                except CorruptionError as e:
+                    raise CorruptionError(f"store {self.url}: {e}", kind="bad_record",
+                                          lsn=lsn) from e
             pos = lsn + 1
         self._scan_pos = pos
 
@@ -277,10 +279,12 @@ class Store(ChannelState, Reads):
             self._write_index()
 
     def _apply(self, lsn: int, h: list) -> None:
+        """Take the record head ``h`` of frame ``lsn`` into the index (a head too short for
+        its kind: CorruptionError). The typed view is built only for the fields used."""
         kind = h[0]
         if kind == K_JOURNAL:    # the hot record of a running agent: first, and no shadow
             if self._shadow is None:
-                self._ix.add_journal(h[1], lsn)
+                self._ix.add_journal(JournalHead.of(h, lsn).run_id, lsn)
                 return
         if kind in (K_COPY_CKPT, K_COPY_WRITES, K_COPY_JOURNAL):
             ix = self._shadow
@@ -288,7 +292,8 @@ class Store(ChannelState, Reads):
                 return     # copies of an abandoned compaction: dead
         else:
             if kind == K_COMPACT_END:
-                if self._shadow is not None and h[1] == self._shadow_begin:
+                if (self._shadow is not None
+                        and CompactEndHead.of(h, lsn).begin_lsn == self._shadow_begin):
                     self._ix = self._shadow
                     self._compacted_at = self._shadow_begin
                 self._shadow = None
@@ -300,20 +305,23 @@ class Store(ChannelState, Reads):
                 return
             ix = self._ix
         if kind == K_CKPT or kind == K_COPY_CKPT:
-            ix.add_checkpoint(h[1], h[2], h[3], lsn)
+            c = CkptHead.of(h, lsn)
+            ix.add_checkpoint(c.thread, c.ns, c.cid, lsn)
         elif kind == K_WRITES or kind == K_COPY_WRITES:
-            ix.add_write(h[1], h[2], h[3], lsn)
+            w = WritesHead.of(h, lsn)
+            ix.add_write(w.thread, w.ns, w.cid, lsn)
         elif kind == K_DEL_THREAD:
-            ix.delete_thread(h[1])
+            ix.delete_thread(DelThreadHead.of(h, lsn).thread)
         elif kind == K_COPY_THREAD:
-            ix.copy_thread(h[1], h[2])
+            c = CopyThreadHead.of(h, lsn)
+            ix.copy_thread(c.src, c.dst)
         elif kind == K_REMOVE:
-            for t, n, cids in h[1]:
+            for t, n, cids in RemoveHead.of(h, lsn).doomed:
                 ix.remove(t, n, cids)
         elif kind == K_JOURNAL or kind == K_COPY_JOURNAL:
-            ix.add_journal(h[1], lsn)
+            ix.add_journal(JournalHead.of(h, lsn).run_id, lsn)
         elif kind == K_DEL_JOURNAL:
-            for r in h[1]:
+            for r in DelJournalHead.of(h, lsn).run_ids:
                 ix.journals.pop(r, None)
         # K_INDEX (a snapshot of what was replayed so far) changes nothing, and unknown
         # kinds are skipped: a newer writer's record this reader does not know
