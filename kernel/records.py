@@ -125,18 +125,17 @@ def read_head(payload: bytes, lsn: int = -1) -> list:
     """The record head of a COMMIT payload, checked: a msgpack list whose first element
     is the kind. Anything else is a :class:`CorruptionError` naming frame ``lsn``
     (never an IndexError/TypeError). The one decoder of record heads."""
-    if len(payload) < 8:
-        raise _bad_head(lsn, "payload shorter than 8 bytes")
     hl = int.from_bytes(payload[0:4], "little")
-    if 4 + hl + 4 > len(payload):
-        raise _bad_head(lsn, "head length past the end")
+    if 4 + hl + 4 > len(payload):     # also a payload under 8 bytes (hl >= 0)
+        raise _bad_head(lsn, "shorter than 8 bytes" if len(payload) < 8
+                        else "head length past the end")
     try:
         h = _unpackb(payload[4:4 + hl])
     except Exception as e:
         raise _bad_head(lsn, f"head is not msgpack ({e})") from None
-    if type(h) is not list or not h:
-        raise _bad_head(lsn, f"head is {type(h).__name__}, not a non-empty list")
-    return h
+    if type(h) is list and h:
+        return h
+    raise _bad_head(lsn, f"head is {type(h).__name__}, not a non-empty list")
 
 
 def _bad_head(lsn: int, msg: str) -> CorruptionError:
@@ -151,13 +150,20 @@ def pack_head(fields: Any) -> bytes:
     return msgpack.packb(fields, use_bin_type=True)
 
 
-def _of(cls: Any, h: list, lsn: int = -1) -> Any:
+def _typed_view(cls: Any) -> Any:
+    """``cls.of``: a closure over the field count and ``tuple.__new__`` (no classmethod
+    binding, no second length check in ``_make``): replay calls it for every frame."""
     n = len(cls._fields)
-    if len(h) != n:
-        if len(h) < n:
-            raise _bad_head(lsn, f"{cls.__name__} head has {len(h)} fields, needs {n}")
-        h = h[:n]
-    return cls._make(h)
+    new = tuple.__new__
+
+    def of(h: list, lsn: int = -1) -> Any:
+        if len(h) != n:
+            if len(h) < n:
+                raise _bad_head(lsn, f"{cls.__name__} head has {len(h)} fields, needs {n}")
+            h = h[:n]
+        return new(cls, h)
+
+    return of
 
 
 def _pack(self: Any) -> bytes:
@@ -299,6 +305,6 @@ def check_ids(name: str, ids: Any) -> list[str]:
 # (A NamedTuple cannot take a mixin base, so the two methods are attached here.)
 for _cls in (CkptHead, WritesHead, DelThreadHead, CopyThreadHead, RemoveHead, CompactBeginHead,
              CompactEndHead, IndexHead, JournalHead, DelJournalHead):
-    _cls.of = classmethod(_of)
+    _cls.of = staticmethod(_typed_view(_cls))
     _cls.pack = _pack
 del _cls
