@@ -36,7 +36,7 @@ from .channels import (
 from .errors import BackendError
 from .records import (
     K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL, K_COPY_WRITES, CkptHead,
-    CompactBeginHead, CompactEndHead, JournalHead, WritesHead, read_head,
+    CompactBeginHead, CompactEndHead, JournalHead, WritesHead, pack_head, read_head,
 )
 
 if TYPE_CHECKING:
@@ -138,13 +138,16 @@ def compact(store: "Store") -> dict[str, Any]:
         if lane.head is not None:
             old_heads[(t, n)] = lane.head
         for cid, lsn in zip(lane.ids, lane.lsns):
-            h = CkptHead.of(read_head(frames(lsn), lsn), lsn)
+            raw = read_head(frames(lsn), lsn)
+            h = CkptHead.of(raw, lsn)
             new_lsn = b.next_lsn
             entries: list[Entry] = []
             copy_entries(h.chans.values(), new_lsn, entries)
             h = h._replace(kind=K_COPY_CKPT, thread=t, ns=n, chans={
                 ch: list(mapped[tuple(ref)]) for ch, ref in h.chans.items()})
-            got = b.append(encode_commit(h.pack(), entries), "exit")
+            # fields a later version added after the known ones are copied as they are
+            hb = pack_head([*h, *raw[len(h):]]) if len(raw) > len(h) else h.pack()
+            got = b.append(encode_commit(hb, entries), "exit")
             if got != new_lsn:     # before END: the old data stays authoritative
                 raise BackendError(f"compaction of {store.url}: frame landed at LSN {got}, "
                                    f"expected {new_lsn}; nothing was lost, the copies are "

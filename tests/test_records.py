@@ -123,3 +123,19 @@ def test_opening_a_store_with_a_short_record_is_a_corruption_error(tmp_path, hea
     with pytest.raises(CorruptionError, match=f"frame {lsn} ") as ei:
         durkv.open(path, index_every=0)
     assert ei.value.context["lsn"] == lsn
+
+
+def test_compaction_copies_the_fields_a_later_version_added(tmp_path):
+    """A checkpoint head with fields after the known ones (a newer writer's) keeps them
+    when this version compacts it (the typed head reads only its own fields)."""
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path, index_every=0) as s:
+        head = [r.K_CKPT, "t", "", "c1", None, s._dumps({"id": "c1"}),
+                s._dumps({}), {}, {}, "a later field"]
+        s._append(encode_commit(msgpack.packb(head, use_bin_type=True), ()), "sync")
+    with durkv.open(path, index_every=0) as s:       # replayed: the index holds c1
+        s.compact()
+        copies = [r.read_head(p, lsn) for lsn, p in s._b.scan(s._b.start_lsn)
+                  if r.read_head(p, lsn)[0] == r.K_COPY_CKPT]
+        assert copies == [[r.K_COPY_CKPT, *head[1:]]]
+        assert s.get("t", "", "c1").checkpoint == {"id": "c1"}
