@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from .channels import decode_head
 from .durability import DURABILITIES  # noqa: F401 - re-exported (records.__all__)
 from .errors import ConfigError, CorruptionError
 
@@ -125,12 +126,9 @@ def read_head(payload: bytes, lsn: int = -1) -> list:
     """The record head of a COMMIT payload, checked: a msgpack list whose first element
     is the kind. Anything else is a :class:`CorruptionError` naming frame ``lsn``
     (never an IndexError/TypeError). The one decoder of record heads."""
-    hl = int.from_bytes(payload[0:4], "little")
-    if 4 + hl + 4 > len(payload):     # also a payload under 8 bytes (hl >= 0)
-        raise _bad_head(lsn, "shorter than 8 bytes" if len(payload) < 8
-                        else "head length past the end")
+    hb = decode_head(payload, lsn)
     try:
-        h = _unpackb(payload[4:4 + hl])
+        h = _unpackb(hb)
     except Exception as e:
         raise _bad_head(lsn, f"head is not msgpack ({e})") from None
     if type(h) is list and h:

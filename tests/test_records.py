@@ -93,7 +93,7 @@ def test_the_first_release_store_decodes_and_packs_back_byte_for_byte(tmp_path):
     (encode_commit(msgpack.packb([]), ()), "list, not a non-empty list"),
 ])
 def test_a_malformed_head_is_a_corruption_error_naming_the_frame(payload, says):
-    with pytest.raises(CorruptionError, match=f"frame 12 .*{says}") as ei:
+    with pytest.raises(CorruptionError, match=rf"frame 12\b.*{says}") as ei:
         r.read_head(payload, 12)
     assert ei.value.context["lsn"] == 12
 
