@@ -49,12 +49,14 @@ def _checkpoint_head(payload: bytes, cid: str, lsn: int, url: str) -> CkptHead:
     a frame that is something else is never returned as it (a log cut and reused under
     a reader, FORMAT.md 2a)."""
     h = read_head(payload, lsn)
-    if h[0] not in (K_CKPT, K_COPY_CKPT) or len(h) < 4 or h[3] != cid:
-        raise CorruptionError(
-            f"store {url}: frame {lsn} does not hold checkpoint {cid!r}; the log changed "
-            "under this handle (repaired by `durkv recover`?): refresh() or reopen the store",
-            kind="bad_record", lsn=lsn)
-    return CkptHead.of(h, lsn)
+    if h[0] == K_CKPT or h[0] == K_COPY_CKPT:
+        c = CkptHead.of(h, lsn)
+        if c.cid == cid:
+            return c
+    raise CorruptionError(
+        f"store {url}: frame {lsn} does not hold checkpoint {cid!r}; the log changed "
+        "under this handle (repaired by `durkv recover`?): refresh() or reopen the store",
+        kind="bad_record", lsn=lsn)
 
 
 class _Memo:
