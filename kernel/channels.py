@@ -87,13 +87,13 @@ def _bad(msg: str, lsn: int | None = None) -> CorruptionError:
                            lsn=-1 if lsn is None else lsn)
 
 
-def decode_head(payload: bytes) -> bytes:
-    """The head bytes of a COMMIT payload (no entry is decoded)."""
-    if len(payload) < 8:
-        raise _bad("shorter than 8 bytes")
-    (hl,) = _U32.unpack_from(payload, 0)
-    if 4 + hl + 4 > len(payload):
-        raise _bad("head length past the end")
+def decode_head(payload: bytes, lsn: int | None = None) -> bytes:
+    """The head bytes of a COMMIT payload (no entry is decoded), bounds checked: the one
+    place that finds the head (:func:`durkv.records.read_head` decodes it)."""
+    hl = int.from_bytes(payload[0:4], "little")
+    if 4 + hl + 4 > len(payload):     # also a payload under 8 bytes (hl >= 0)
+        raise _bad("shorter than 8 bytes" if len(payload) < 8 else "head length past the end",
+                   lsn)
     return payload[4:4 + hl]
 
 

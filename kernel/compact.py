@@ -34,7 +34,10 @@ from .channels import (
     DELTA, F_REFS, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref,
 )
 from .errors import BackendError
-from .records import K_COPY_JOURNAL
+from .records import (
+    K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL, K_COPY_WRITES, CkptHead,
+    CompactBeginHead, CompactEndHead, JournalHead, WritesHead, pack_head, read_head,
+)
 
 if TYPE_CHECKING:
     from .store import Store
@@ -60,17 +63,13 @@ class _Frames:
 
 
 def compact(store: "Store") -> dict[str, Any]:
-    from .store import (
-        K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_WRITES, _head_of, _packb,
-    )
-
     b = store._b
     b.flush()                       # exit policy: count (and keep) what is still buffered
     bytes_before = b.size_bytes()
     frames = _Frames(b.read)
     b.roll()
     # BEGIN and the copies are buffered ("exit"): the flush before END makes them durable
-    begin = b.append(encode_commit(_packb([K_COMPACT_BEGIN]), ()), "exit")
+    begin = b.append(encode_commit(CompactBeginHead(K_COMPACT_BEGIN).pack(), ()), "exit")
     mapped: dict[tuple[int, int], tuple[int, int]] = {}
     kept = 0
 
@@ -127,8 +126,8 @@ def compact(store: "Store") -> dict[str, Any]:
                     # checkpoint's, a copied thread's writes): its reference
                     v = mapped[v][1] if mapped[v][0] == new_lsn else list(mapped[v])
                 recs.append([w.idx, w.channel, v])
-            got = b.append(encode_commit(_packb([K_COPY_WRITES, t, n, cid, task, path, False,
-                                                 recs]), entries), "exit")
+            hb = WritesHead(K_COPY_WRITES, t, n, cid, task, path, False, recs).pack()
+            got = b.append(encode_commit(hb, entries), "exit")
             if got != new_lsn:
                 raise BackendError(f"compaction of {store.url}: frame landed at LSN {got}, "
                                    f"expected {new_lsn}; nothing was lost, the copies are "
@@ -139,14 +138,16 @@ def compact(store: "Store") -> dict[str, Any]:
         if lane.head is not None:
             old_heads[(t, n)] = lane.head
         for cid, lsn in zip(lane.ids, lane.lsns):
-            h = _head_of(frames(lsn))
+            raw = read_head(frames(lsn), lsn)
+            h = CkptHead.of(raw, lsn)
             new_lsn = b.next_lsn
             entries: list[Entry] = []
-            chanmap = h[8]
-            copy_entries(chanmap.values(), new_lsn, entries)
-            h[0], h[1], h[2] = K_COPY_CKPT, t, n
-            h[8] = {ch: list(mapped[tuple(ref)]) for ch, ref in chanmap.items()}
-            got = b.append(encode_commit(_packb(h), entries), "exit")
+            copy_entries(h.chans.values(), new_lsn, entries)
+            h = h._replace(kind=K_COPY_CKPT, thread=t, ns=n, chans={
+                ch: list(mapped[tuple(ref)]) for ch, ref in h.chans.items()})
+            # fields a later version added after the known ones are copied as they are
+            hb = pack_head([*h, *raw[len(h):]]) if len(raw) > len(h) else h.pack()
+            got = b.append(encode_commit(hb, entries), "exit")
             if got != new_lsn:     # before END: the old data stays authoritative
                 raise BackendError(f"compaction of {store.url}: frame landed at LSN {got}, "
                                    f"expected {new_lsn}; nothing was lost, the copies are "
@@ -163,10 +164,10 @@ def compact(store: "Store") -> dict[str, Any]:
         # each record again, under the run it is indexed by (a copied journal's frames
         # may name the source run)
         for lsn in lsns:
-            h = _head_of(frames(lsn))
-            b.append(encode_commit(_packb([K_COPY_JOURNAL, run_id, h[2]]), ()), "exit")
+            h = JournalHead.of(read_head(frames(lsn), lsn), lsn)
+            b.append(encode_commit(JournalHead(K_COPY_JOURNAL, run_id, h.rec).pack(), ()), "exit")
     b.flush()
-    b.append(encode_commit(_packb([K_COMPACT_END, begin]), ()), "sync")
+    b.append(encode_commit(CompactEndHead(K_COMPACT_END, begin).pack(), ()), "sync")
     b.flush()
     # switch the index to the copies (the same replay a reopen does), then drop the prefix
     old_ix, old_pos = store._ix, store._scan_pos

@@ -65,7 +65,7 @@ from ._listprefix import has_prefix, join_tagged
 from .channels import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, entry_at, pack_ref
 from .errors import SerializationError
 from .index import Lane
-from .records import _head_of
+from .records import CkptHead, read_head
 
 __all__ = ["ChannelState", "join_tagged"]
 
@@ -267,16 +267,17 @@ class ChannelState:
         pos = lane.find(parent_id)
         if pos < 0:
             return {}, {}
-        h = _head_of(self._b.read(lane.lsns[pos]))
-        return {ch: _Chan(tuple(ref), False) for ch, ref in h[8].items()}, h[7]
+        lsn = lane.lsns[pos]
+        h = CkptHead.of(read_head(self._b.read(lsn), lsn), lsn)
+        return {ch: _Chan(tuple(ref), False) for ch, ref in h.chans.items()}, h.versions
 
     # -- materialized latest state -----------------------------------------------------------
 
     def _load_head(self, lane: Lane) -> _Head:
         lsn = lane.lsns[-1]
-        h = _head_of(self._b.read(lsn))
-        head = _Head(h[3], lsn, h[4], h[5], h[6], h[7],
-                     {ch: _Chan(tuple(ref), False) for ch, ref in h[8].items()})
+        h = CkptHead.of(read_head(self._b.read(lsn), lsn), lsn)
+        head = _Head(h.cid, lsn, h.parent, h.ckpt_b, h.meta_b, h.versions,
+                     {ch: _Chan(tuple(ref), False) for ch, ref in h.chans.items()})
         lane.head = head
         return head
 

@@ -34,7 +34,7 @@ from .errors import ConfigError, CorruptionError, DurkvError, NotFoundError
 from .index import Lane
 from .records import (
     K_CKPT, K_COPY_CKPT, ChannelEntry, Checkpoint, PendingWrite, check_id, check_limit,
-    check_opt_id, _head_of,
+    CkptHead, WritesHead, check_opt_id, read_head,
 )
 
 __all__ = ["Reads"]
@@ -44,17 +44,19 @@ _IMMUTABLE = frozenset((str, int, float, bool, bytes, complex, type(None)))
 _MISS = object()
 
 
-def _checkpoint_head(payload: bytes, cid: str, lsn: int, url: str) -> list:
+def _checkpoint_head(payload: bytes, cid: str, lsn: int, url: str) -> CkptHead:
     """The head of the checkpoint frame at ``lsn``, which the index says holds ``cid``;
     a frame that is something else is never returned as it (a log cut and reused under
     a reader, FORMAT.md 2a)."""
-    h = _head_of(payload)
-    if h[0] not in (K_CKPT, K_COPY_CKPT) or h[3] != cid:
-        raise CorruptionError(
-            f"store {url}: frame {lsn} does not hold checkpoint {cid!r}; the log changed "
-            "under this handle (repaired by `durkv recover`?): refresh() or reopen the store",
-            kind="bad_record", lsn=lsn)
-    return h
+    h = read_head(payload, lsn)
+    if h[0] == K_CKPT or h[0] == K_COPY_CKPT:
+        c = CkptHead.of(h, lsn)
+        if c.cid == cid:
+            return c
+    raise CorruptionError(
+        f"store {url}: frame {lsn} does not hold checkpoint {cid!r}; the log changed "
+        "under this handle (repaired by `durkv recover`?): refresh() or reopen the store",
+        kind="bad_record", lsn=lsn)
 
 
 class _Memo:
@@ -128,9 +130,9 @@ class Reads:
         loads = self._loads
         for w in wl:
             payload = self._b.read(w)
-            h = _head_of(payload)
-            task, path, replace = h[4], h[5], h[6]
-            for idx, ch, vb in h[7]:
+            h = WritesHead.of(read_head(payload, w), w)
+            task, path, replace = h.task_id, h.task_path, h.replace
+            for idx, ch, vb in h.writes:
                 key = (task, idx)
                 if replace or key not in merged:
                     if type(vb) is int:
@@ -186,20 +188,21 @@ class Reads:
             return self._read_checkpoint(thread_id, checkpoint_ns, lane, lsn, h)
 
     def _read_checkpoint(self, thread_id: str, ns: str, lane: Lane, lsn: int,
-                         h: list | None = None, metadata: dict | None = None) -> Checkpoint:
+                         h: CkptHead | None = None, metadata: dict | None = None) -> Checkpoint:
         if h is None:
-            h = _head_of(self._b.read(lsn))
+            h = CkptHead.of(read_head(self._b.read(lsn), lsn), lsn)
         loads = self._loads
         unpack = self._codec.unpack
         values = {}
-        for ch, (rl, ri) in h[8].items():
+        for ch, (rl, ri) in h.chans.items():
             items, flags = self._b.read_channel(rl, ri)
             if flags & F_VALUE:
                 values[ch] = loads(unpack(items[0]))
             else:
                 values[ch] = [loads(unpack(x)) for x in items]
-        return Checkpoint(thread_id, ns, h[3], h[4], loads(h[5]),
-                          metadata if metadata is not None else loads(h[6]), h[7], values,
+        return Checkpoint(thread_id, ns, h.cid, h.parent, loads(h.ckpt_b),
+                          metadata if metadata is not None else loads(h.meta_b), h.versions,
+                          values,
                           self._read_writes(lane, lsn))
 
     def _walk(self, t: str, n: str, lane: Lane, before: str | None, chunk: int = 64):
@@ -312,17 +315,18 @@ class Reads:
                 h = _checkpoint_head(payload, cid, lsn, self.url)
                 meta = None
                 if filter:
-                    meta = loads(h[6])
+                    meta = loads(h.meta_b)
                     if not (isinstance(meta, dict)
                             and all(k in meta and meta[k] == v for k, v in filter.items())):
                         continue
                 if meta is None:
-                    meta = loads(h[6])
+                    meta = loads(h.meta_b)
                 if memo is None:
-                    cp = Checkpoint(t, n, h[3], h[4], loads(h[5]), meta, h[7], {}, [])
+                    cp = Checkpoint(t, n, h.cid, h.parent, loads(h.ckpt_b), meta, h.versions,
+                                    {}, [])
                 else:
                     try:
-                        vals = self._history_values(lsn, payload, h[8], memo)
+                        vals = self._history_values(lsn, payload, h.chans, memo)
                         writes = self._read_writes(lane, lsn)
                     except (NotFoundError, CorruptionError):
                         # salvage reads what still verifies: a checkpoint whose values
@@ -331,7 +335,8 @@ class Reads:
                         if not salvage:
                             raise
                         continue
-                    cp = Checkpoint(t, n, h[3], h[4], loads(h[5]), meta, h[7], vals, writes)
+                    cp = Checkpoint(t, n, h.cid, h.parent, loads(h.ckpt_b), meta, h.versions,
+                                    vals, writes)
             yield cp
             count += 1
             if limit is not None and count >= limit:
@@ -457,7 +462,7 @@ class Reads:
                 if got is None:
                     continue
                 lane, lsn, payload = got
-                ref = _head_of(payload)[8].get(channel)
+                ref = CkptHead.of(read_head(payload, lsn), lsn).chans.get(channel)
                 if ref is None or ref[0] != lsn:
                     continue
                 e = entry_at(payload, ref[1])

@@ -41,12 +41,13 @@ full replay.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
+from .channels import decode_head
 from .durability import DURABILITIES  # noqa: F401 - re-exported (records.__all__)
-from .errors import ConfigError
+from .errors import ConfigError, CorruptionError
 
 __all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
            "SPECIAL_WRITE_CHANNELS", "check_id", "check_ids", "check_limit", "check_opt_id"]
@@ -121,9 +122,129 @@ def _unpackb(b: bytes) -> Any:
     return msgpack.unpackb(b, raw=False, strict_map_key=False, use_list=True)
 
 
-def _head_of(payload: bytes) -> list:
-    hl = int.from_bytes(payload[0:4], "little")
-    return _unpackb(payload[4:4 + hl])
+def read_head(payload: bytes, lsn: int = -1) -> list:
+    """The record head of a COMMIT payload, checked: a msgpack list whose first element
+    is the kind. Anything else is a :class:`CorruptionError` naming frame ``lsn``
+    (never an IndexError/TypeError). The one decoder of record heads."""
+    hb = decode_head(payload, lsn)
+    try:
+        h = _unpackb(hb)
+    except Exception as e:
+        raise _bad_head(lsn, f"head is not msgpack ({e})") from None
+    if type(h) is list and h:
+        return h
+    raise _bad_head(lsn, f"head is {type(h).__name__}, not a non-empty list")
+
+
+def _bad_head(lsn: int, msg: str) -> CorruptionError:
+    return CorruptionError(f"frame {lsn} is a COMMIT frame whose head is not a store record: "
+                           f"{msg}; run `durkv verify` on the store",
+                           kind="bad_record", lsn=lsn)
+
+
+def pack_head(fields: Any) -> bytes:
+    """The head bytes of a record (a list, or one of the typed heads below: msgpack packs a
+    tuple as the same array, so the bytes are those of the list)."""
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+def _typed_view(cls: Any) -> Any:
+    """``cls.of``: a closure over the field count and ``tuple.__new__`` (no classmethod
+    binding, no second length check in ``_make``): replay calls it for every frame."""
+    n = len(cls._fields)
+    new = tuple.__new__
+
+    def of(h: list, lsn: int = -1) -> Any:
+        if len(h) != n:
+            if len(h) < n:
+                raise _bad_head(lsn, f"{cls.__name__} head has {len(h)} fields, needs {n}")
+            h = h[:n]
+        return new(cls, h)
+
+    return of
+
+
+def _pack(self: Any) -> bytes:
+    return msgpack.packb(self, use_bin_type=True)
+
+
+class CkptHead(NamedTuple):
+    """K_CKPT / K_COPY_CKPT: ``chans`` maps each channel with a value to ``[lsn, idx]``."""
+
+    kind: int
+    thread: str
+    ns: str
+    cid: str
+    parent: str | None
+    ckpt_b: bytes
+    meta_b: bytes
+    versions: dict
+    chans: dict
+
+
+class WritesHead(NamedTuple):
+    """K_WRITES / K_COPY_WRITES: ``writes`` is ``[[idx, channel, value], ...]``."""
+
+    kind: int
+    thread: str
+    ns: str
+    cid: str
+    task_id: str
+    task_path: str
+    replace: bool
+    writes: list
+
+
+class DelThreadHead(NamedTuple):
+    kind: int
+    thread: str
+
+
+class CopyThreadHead(NamedTuple):
+    kind: int
+    src: str
+    dst: str
+
+
+class RemoveHead(NamedTuple):
+    """K_REMOVE: ``[[thread, ns, [cid, ...]], ...]``."""
+
+    kind: int
+    doomed: list
+
+
+class CompactBeginHead(NamedTuple):
+    kind: int
+
+
+class CompactEndHead(NamedTuple):
+    kind: int
+    begin_lsn: int
+
+
+class IndexHead(NamedTuple):
+    """K_INDEX: version, the LSN it was written at, the last compaction's BEGIN (-1: none),
+    :func:`durkv.index.dump_index` and :func:`durkv.index.dump_journals`."""
+
+    kind: int
+    version: int
+    lsn: int
+    compacted_at: int
+    state: Any
+    journals: Any
+
+
+class JournalHead(NamedTuple):
+    """K_JOURNAL / K_COPY_JOURNAL: one run-journal event, opaque to the store."""
+
+    kind: int
+    run_id: str
+    rec: Any
+
+
+class DelJournalHead(NamedTuple):
+    kind: int
+    run_ids: list
 
 
 def heads_of(array_b: Any) -> list[list]:
@@ -174,3 +295,14 @@ def check_ids(name: str, ids: Any) -> list[str]:
     for x in out:
         check_id(name, x)
     return out
+
+
+# Each typed head: ``of(h, lsn)`` is the typed view of a decoded head, its length checked (a
+# longer head, from a later version, keeps its known prefix); only the length, since replay
+# decodes every record and has dispatched on the kind already. ``pack()`` is its bytes.
+# (A NamedTuple cannot take a mixin base, so the two methods are attached here.)
+for _cls in (CkptHead, WritesHead, DelThreadHead, CopyThreadHead, RemoveHead, CompactBeginHead,
+             CompactEndHead, IndexHead, JournalHead, DelJournalHead):
+    _cls.of = staticmethod(_typed_view(_cls))
+    _cls.pack = _pack
+del _cls

@@ -42,12 +42,18 @@ from .records import (  # noqa: F401 - re-exported: the store's public types and
     K_COPY_JOURNAL, K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX,
     K_JOURNAL, K_REMOVE, K_WRITES,
     SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, check_id, check_ids,
-    _head_of, _packb,
 )
-from .records import heads_of
+from .records import (
+    CkptHead, CompactEndHead, CopyThreadHead, DelJournalHead, DelThreadHead, IndexHead,
+    JournalHead, RemoveHead, WritesHead, heads_of, pack_head, read_head,
+)
 from .serde import Serde, default_serde
 
 __all__ = ["Store", "Checkpoint", "PendingWrite", "ChannelEntry", "open_store"]
+
+# the names the store's tests have always used for the head decoder and encoder
+_head_of = read_head
+_packb = pack_head
 
 _VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) holds
 
@@ -199,18 +205,20 @@ class Store(ChannelState, Reads):
         pos = self._scan_pos
         for lsn, payload in self._b.scan(pos):
             try:
-                h = _head_of(payload)
+                h = read_head(payload, lsn)
                 kind = h[0]
-            except Exception as e:
+            except CorruptionError as e:
                 if len(payload) > 5 and 0x91 <= payload[4] <= 0x9f and payload[5] == K_INDEX:
                     pos = lsn + 1     # a snapshot that does not decode: only a lost shortcut
                     continue
-                raise CorruptionError(
-                    f"store {self.url}: frame {lsn} is a COMMIT frame whose head is not a store "
-                    f"record ({e}); run `durkv verify` on the store", kind="bad_record",
-                    lsn=lsn) from e
+                raise CorruptionError(f"store {self.url}: {e}", kind="bad_record",
+                                      lsn=lsn) from e
             if type(kind) is int:
-                self._apply(lsn, h)
+                try:
+                    self._apply(lsn, h)
+                except CorruptionError as e:
+                    raise CorruptionError(f"store {self.url}: {e}", kind="bad_record",
+                                          lsn=lsn) from e
             pos = lsn + 1
         self._scan_pos = pos
 
@@ -226,12 +234,13 @@ class Store(ChannelState, Reads):
                 p = b.read(lsn)
                 # the head's msgpack list header, then its first element (the kind)
                 if len(p) > 5 and 0x91 <= p[4] <= 0x9f and p[5] == K_INDEX:
-                    h = _head_of(p)
-                    if (h[0] != K_INDEX or h[1] != INDEX_VERSION or h[2] != lsn
-                            or type(h[3]) is not int or not -1 <= h[3] < lsn or len(h) < 6):
+                    h = IndexHead.of(read_head(p, lsn), lsn)
+                    if (h.kind != K_INDEX or h.version != INDEX_VERSION or h.lsn != lsn
+                            or type(h.compacted_at) is not int
+                            or not -1 <= h.compacted_at < lsn):
                         raise ValueError("bad K_INDEX header")
-                    ix = load_index(h[4], lo, lsn)
-                    load_journals(ix, h[5], lo, lsn)
+                    ix = load_index(h.state, lo, lsn)
+                    load_journals(ix, h.journals, lo, lsn)
                 else:
                     lsn -= 1
                     continue
@@ -239,7 +248,7 @@ class Store(ChannelState, Reads):
                 lsn -= 1       # unreadable or not a valid snapshot: look further back
                 continue
             self._ix = ix
-            self._compacted_at = h[3]
+            self._compacted_at = h.compacted_at
             self._shadow = None
             self._scan_pos = lsn + 1
             self._index_lsn = lsn
@@ -253,8 +262,9 @@ class Store(ChannelState, Reads):
             return
         try:
             lsn = self._next_lsn if self._next_lsn >= 0 else self._b.next_lsn
-            payload = encode_commit(_packb([K_INDEX, INDEX_VERSION, lsn, self._compacted_at,
-                                            dump_index(self._ix), dump_journals(self._ix)]), ())
+            payload = encode_commit(IndexHead(K_INDEX, INDEX_VERSION, lsn, self._compacted_at,
+                                              dump_index(self._ix),
+                                              dump_journals(self._ix)).pack(), ())
             if len(payload) > self.max_commit_bytes:
                 self._index_lsn = lsn      # too big to keep: try again index_every frames later
                 return
@@ -269,10 +279,12 @@ class Store(ChannelState, Reads):
             self._write_index()
 
     def _apply(self, lsn: int, h: list) -> None:
+        """Take the record head ``h`` of frame ``lsn`` into the index (a head too short for
+        its kind: CorruptionError). The typed view is built only for the fields used."""
         kind = h[0]
         if kind == K_JOURNAL:    # the hot record of a running agent: first, and no shadow
             if self._shadow is None:
-                self._ix.add_journal(h[1], lsn)
+                self._ix.add_journal(JournalHead.of(h, lsn).run_id, lsn)
                 return
         if kind in (K_COPY_CKPT, K_COPY_WRITES, K_COPY_JOURNAL):
             ix = self._shadow
@@ -280,7 +292,8 @@ class Store(ChannelState, Reads):
                 return     # copies of an abandoned compaction: dead
         else:
             if kind == K_COMPACT_END:
-                if self._shadow is not None and h[1] == self._shadow_begin:
+                if (self._shadow is not None
+                        and CompactEndHead.of(h, lsn).begin_lsn == self._shadow_begin):
                     self._ix = self._shadow
                     self._compacted_at = self._shadow_begin
                 self._shadow = None
@@ -292,20 +305,23 @@ class Store(ChannelState, Reads):
                 return
             ix = self._ix
         if kind == K_CKPT or kind == K_COPY_CKPT:
-            ix.add_checkpoint(h[1], h[2], h[3], lsn)
+            c = CkptHead.of(h, lsn)
+            ix.add_checkpoint(c.thread, c.ns, c.cid, lsn)
         elif kind == K_WRITES or kind == K_COPY_WRITES:
-            ix.add_write(h[1], h[2], h[3], lsn)
+            w = WritesHead.of(h, lsn)
+            ix.add_write(w.thread, w.ns, w.cid, lsn)
         elif kind == K_DEL_THREAD:
-            ix.delete_thread(h[1])
+            ix.delete_thread(DelThreadHead.of(h, lsn).thread)
         elif kind == K_COPY_THREAD:
-            ix.copy_thread(h[1], h[2])
+            c = CopyThreadHead.of(h, lsn)
+            ix.copy_thread(c.src, c.dst)
         elif kind == K_REMOVE:
-            for t, n, cids in h[1]:
+            for t, n, cids in RemoveHead.of(h, lsn).doomed:
                 ix.remove(t, n, cids)
         elif kind == K_JOURNAL or kind == K_COPY_JOURNAL:
-            ix.add_journal(h[1], lsn)
+            ix.add_journal(JournalHead.of(h, lsn).run_id, lsn)
         elif kind == K_DEL_JOURNAL:
-            for r in h[1]:
+            for r in DelJournalHead.of(h, lsn).run_ids:
                 ix.journals.pop(r, None)
         # K_INDEX (a snapshot of what was replayed so far) changes nothing, and unknown
         # kinds are skipped: a newer writer's record this reader does not know
@@ -408,8 +424,8 @@ class Store(ChannelState, Reads):
                         chans[ch] = c
                         refs[ch] = c.ref
             try:
-                hb = self._hpack.pack([K_CKPT, thread_id, checkpoint_ns, checkpoint_id, parent_id,
-                                       ckpt_b, meta_b, versions, refs])
+                hb = self._hpack.pack(CkptHead(K_CKPT, thread_id, checkpoint_ns, checkpoint_id,
+                                               parent_id, ckpt_b, meta_b, versions, refs))
             except Exception as e:
                 # the types were checked: what is left is text msgpack cannot encode
                 for name, x in (("thread_id", thread_id), ("checkpoint_ns", checkpoint_ns),
@@ -547,8 +563,8 @@ class Store(ChannelState, Reads):
                     entries.append((FULL, items, flags, 0, 0, 0))
                     kept.append(x)
                 lists = kept
-            hb = _packb([K_WRITES, thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
-                         replace, recs])
+            hb = WritesHead(K_WRITES, thread_id, checkpoint_ns, checkpoint_id, task_id,
+                            task_path, replace, recs).pack()
             payload = encode_commit(hb, entries)
             if len(payload) > self.max_commit_bytes:
                 raise FrameTooLargeError(f"pending writes of task {task_id!r} are "
@@ -591,11 +607,11 @@ class Store(ChannelState, Reads):
         self._next_lsn = lsn + 1
         return lsn
 
-    def _commit_record(self, head: list) -> int:
+    def _commit_record(self, head: tuple) -> int:
         """Append a small record (delete, copy, remove) under the store's policy and wait
         for it to be durable (called under the lock: these are rare)."""
         self._check_write()
-        lsn = self._append(encode_commit(_packb(head), ()), self.durability)
+        lsn = self._append(encode_commit(pack_head(head), ()), self.durability)
         if self.durability == "sync":
             self._b.wait_durable(lsn)
         return lsn
@@ -607,7 +623,7 @@ class Store(ChannelState, Reads):
             self._check_write()
             if thread_id not in self._ix.threads and thread_id not in self._ix.journals:
                 return
-            lsn = self._commit_record([K_DEL_THREAD, thread_id])
+            lsn = self._commit_record(DelThreadHead(K_DEL_THREAD, thread_id))
             self._ix.delete_thread(thread_id)
             self._wfp.clear()
             self._maybe_index(lsn)
@@ -635,14 +651,15 @@ class Store(ChannelState, Reads):
                     "with a journal, and merged journals would replay one run's results in "
                     f"the other; copy to a new id, or delete_thread({target_thread_id!r}) "
                     "first", run_id=target_thread_id)
-            lsn = self._commit_record([K_COPY_THREAD, source_thread_id, target_thread_id])
+            lsn = self._commit_record(
+                CopyThreadHead(K_COPY_THREAD, source_thread_id, target_thread_id))
             self._ix.copy_thread(source_thread_id, target_thread_id)
             self._maybe_index(lsn)
 
     def _remove(self, doomed: list) -> None:
         if not doomed:
             return
-        lsn = self._commit_record([K_REMOVE, doomed])
+        lsn = self._commit_record(RemoveHead(K_REMOVE, doomed))
         self._wfp.clear()
         for t, n, cids in doomed:
             self._ix.remove(t, n, cids)
@@ -661,7 +678,7 @@ class Store(ChannelState, Reads):
             for t, n, lane in list(self._ix.lanes()):
                 cids = []
                 for cid, lsn in zip(lane.ids, lane.lsns):
-                    meta = self._loads(_head_of(self._b.read(lsn))[6])
+                    meta = self._loads(CkptHead.of(read_head(self._b.read(lsn), lsn), lsn).meta_b)
                     if isinstance(meta, dict) and meta.get("run_id") in runs:
                         cids.append(cid)
                 if cids:
@@ -669,7 +686,7 @@ class Store(ChannelState, Reads):
             self._remove(doomed)
             gone = sorted(r for r in runs if r in self._ix.journals)
             if gone:     # the runs' journals go too (a run id is also a journal's key)
-                lsn = self._commit_record([K_DEL_JOURNAL, gone])
+                lsn = self._commit_record(DelJournalHead(K_DEL_JOURNAL, gone))
                 for r in gone:
                     del self._ix.journals[r]
                 self._maybe_index(lsn)
@@ -707,7 +724,7 @@ class Store(ChannelState, Reads):
             if self._closed or self.read_only:
                 self._check_write()
             try:
-                hb = self._hpack.pack([K_JOURNAL, run_id, record])
+                hb = self._hpack.pack(JournalHead(K_JOURNAL, run_id, record))
             except Exception as e:
                 raise SerializationError(f"cannot encode a journal record of run {run_id!r}: "
                                          f"{e}", run_id=run_id) from e
@@ -742,7 +759,8 @@ class Store(ChannelState, Reads):
             if not lsns:
                 return []
             # one read of every record's head and one decode (not one binding call each)
-            return [h[2] for h in heads_of(self._b.read_heads(lsns))]
+            return [JournalHead.of(h, lsn).rec
+                    for h, lsn in zip(heads_of(self._b.read_heads(lsns)), lsns)]
 
     def journal_length(self, run_id: str) -> int:
         """How many journal records ``run_id`` has (O(1): a reader's staleness check)."""
