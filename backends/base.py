@@ -56,6 +56,11 @@ class Backend(Protocol):
         """Block until frame ``lsn`` and every frame before it are durable (concurrent
         waiters share one fsync)."""
 
+    def wait_written(self, lsn: int) -> None:
+        """Block until frame ``lsn`` and every frame before it hold as an ``async`` append
+        would have returned them: a frame appended under ``exit`` (only queued) then gets
+        the ``async`` promise without its caller holding a lock meanwhile."""
+
     def read(self, lsn: int) -> bytes:
         """The payload at ``lsn`` (``NotFoundError`` if there is none)."""
 

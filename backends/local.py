@@ -80,6 +80,9 @@ class LocalBackend:
     def wait_durable(self, lsn: int) -> None:
         self._log.wait_durable(lsn)
 
+    def wait_written(self, lsn: int) -> None:
+        self._log.wait_written(lsn)
+
     def read(self, lsn: int) -> bytes:
         return self._log.read(lsn)
 

@@ -92,6 +92,9 @@ class MemoryBackend:
     def wait_durable(self, lsn: int) -> None:
         pass
 
+    def wait_written(self, lsn: int) -> None:
+        pass
+
     def read(self, lsn: int) -> bytes:
         log = self._log
         i = lsn - log.start

@@ -578,6 +578,27 @@ static int wait_durable_locked(dkv_log *log, uint64_t end)
     }
 }
 
+int dkv_wait_written(dkv_log *log, uint64_t lsn)
+{
+    pthread_mutex_lock(&log->mu);
+    int rc = 0;
+    if (lsn >= log->next_lsn) {
+        dkv__set_error(log, "lsn %llu has not been appended (next lsn %llu)",
+                       (unsigned long long)lsn, (unsigned long long)log->next_lsn);
+        rc = DKV_ENOLSN;
+    }
+    while (!rc && !log->opt.read_only && log->written_lsn <= lsn) {
+        if ((rc = dkv__usable(log, 0)))
+            break;
+        if (!log->leader && !log->rolling)
+            rc = lead(log, 0);
+        else
+            pthread_cond_wait(&log->cv, &log->mu);
+    }
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
 int dkv_flush(dkv_log *log)
 {
     pthread_mutex_lock(&log->mu);

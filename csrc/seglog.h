@@ -145,6 +145,11 @@ int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32
 int dkv_flush(dkv_log *log);
 /* Block until frames below lsn+1 are durable (async: waits for the flusher). */
 int dkv_wait_durable(dkv_log *log, uint64_t lsn);
+/* Block until frames below lsn+1 are written to the OS (the async promise: they survive a
+ * process kill), writing them itself if no leader runs. With dkv_append under DKV_EXIT it
+ * lets a caller queue a frame under its own lock and wait for the write after releasing
+ * it, instead of holding that lock behind a running fdatasync. */
+int dkv_wait_written(dkv_log *log, uint64_t lsn);
 /* Number of frames known durable: frames with lsn < durable are durable. */
 uint64_t dkv_durable_lsn(dkv_log *log);
 /* fdatasyncs run by group-commit leaders of this handle (frames per sync: group size). */

@@ -489,6 +489,16 @@ class SegmentLog:
         if rc:
             raise _error(rc, h, self.path, "wait_durable")
 
+    def wait_written(self, lsn: int) -> None:
+        """Block until frame ``lsn`` (and all before it) is written to the OS: what an
+        ``async`` append promises, for a frame appended under ``exit`` (queued only)."""
+        h = self._handle()
+        if self._batch:
+            self._drain()
+        rc = lib.dkv_wait_written(h, lsn)
+        if rc:
+            raise _error(rc, h, self.path, "wait_written")
+
     @property
     def commit_syncs(self) -> int:
         """How many fdatasyncs group-commit leaders ran on this handle: appended frames

@@ -58,6 +58,9 @@ _packb = pack_head
 _VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) holds
 
 
+_SETTLED = frozenset(("sync", "async"))   # policies Store._settle waits for
+
+
 def _check_channels(values: dict, versions: dict) -> None:
     """Refuse what the frame head cannot hold or readers cannot list: channel names
     that are not strings, versions that are not a str, an int of at most 64 bits or a
@@ -443,8 +446,8 @@ class Store(ChannelState, Reads):
                     "elsewhere or raise max_commit_bytes", thread_id=thread_id,
                     size=len(payload))
             self._next_lsn = -1
-            wait = (durability or self.durability) == "sync"
-            got = self._b.append(payload, "async" if wait else durability)
+            dur = durability or self.durability
+            got = self._queue(payload, dur)
             if got != lsn:
                 raise ConfigError(f"store {self.url}: frame landed at LSN {got}, expected {lsn}; "
                                   "is another writer appending to this log?")
@@ -481,9 +484,7 @@ class Store(ChannelState, Reads):
                 lane.head = None   # the newest was replaced: reload on demand
             if self._index_every and got - self._index_lsn >= self._index_every:
                 self._write_index()
-        if wait:
-            # outside the lock, so that concurrent committers share one fsync (group commit)
-            self._b.wait_durable(got)
+        self._settle(got, dur)
 
     # -- pending writes ----------------------------------------------------------------------
 
@@ -579,7 +580,7 @@ class Store(ChannelState, Reads):
             if seen is not None and seen[1] >= rank:
                 lsn = seen[0]
             else:
-                lsn = self._append(payload, dur)
+                lsn = self._queue(payload, dur)
                 self._ix.add_write(thread_id, checkpoint_ns, checkpoint_id, lsn)
                 if lists:
                     # the next checkpoint refers to these items instead of storing them again
@@ -594,8 +595,7 @@ class Store(ChannelState, Reads):
                     if len(self._wfp) >= 4096:
                         self._wfp.clear()
                     self._wfp[fp] = (lsn, rank)
-        if dur == "sync":
-            self._b.wait_durable(lsn)
+        self._settle(lsn, dur)
 
     # -- deletes, copies, prunes -------------------------------------------------------------
 
@@ -606,6 +606,25 @@ class Store(ChannelState, Reads):
         lsn = self._b.append(payload, "async" if durability == "sync" else durability)
         self._next_lsn = lsn + 1
         return lsn
+
+    def _queue(self, payload: bytes, durability: str) -> int:
+        """Append under ``self._lock`` without waiting: a ``sync`` or ``async`` frame is only
+        queued ("exit": no write, no wait) and the caller, after releasing the lock, calls
+        :meth:`_settle`, which writes (and for ``sync`` fdatasyncs) it together with what
+        other threads queued meanwhile: one write and one fsync per group. Waiting here
+        instead would hold the lock behind a running fdatasync, so that concurrent
+        committers queued on the lock one fsync apart and never shared one."""
+        self._next_lsn = -1
+        lsn = self._b.append(payload, "exit" if durability in _SETTLED else durability)
+        self._next_lsn = lsn + 1
+        return lsn
+
+    def _settle(self, lsn: int, durability: str) -> None:
+        """Outside the lock: give frame ``lsn``, appended by :meth:`_queue`, its promise."""
+        if durability == "sync":
+            self._b.wait_durable(lsn)
+        elif durability == "async":
+            self._b.wait_written(lsn)
 
     def _commit_record(self, head: tuple) -> int:
         """Append a small record (delete, copy, remove) under the store's policy and wait
@@ -736,7 +755,7 @@ class Store(ChannelState, Reads):
                     f"max_commit_bytes={self.max_commit_bytes}; keep big values elsewhere and "
                     "journal a reference, or raise max_commit_bytes", run_id=run_id,
                     size=len(payload))
-            self._next_lsn = -1      # as _append(), inline: this is a running agent's hot path
+            self._next_lsn = -1      # as _queue(), inline: this is a running agent's hot path
             # A record to be waited for is only queued here ("exit": no write, no wait):
             # the wait below, outside the lock, writes and fdatasyncs it with whatever
             # other threads queued meanwhile -- one write and one fsync per group. ("async"

@@ -402,3 +402,21 @@ def test_reads_race_appends_and_rolls(log_dir, policy):
         assert not errors, errors[:3]
         assert log.next_lsn == 1200
     assert verify(log_dir).ok
+
+
+def test_wait_written_writes_a_queued_frame_and_refuses_an_unappended_lsn(log_dir):
+    # an `exit` append is only queued in memory; wait_written gives it the `async` promise
+    # (in the file, so a reader -- or a process killed now -- sees it), without an fsync
+    with SegmentLog.open(log_dir, durability="sync") as log:
+        syncs = log.commit_syncs
+        lsn = log.append(b"queued", durability="exit")
+        with SegmentLog.open(log_dir, read_only=True) as reader:
+            with pytest.raises(NotFoundError):
+                reader.read(lsn)
+        log.wait_written(lsn)
+        with SegmentLog.open(log_dir, read_only=True) as reader:
+            assert reader.read(lsn) == b"queued"
+        assert log.commit_syncs == syncs, "wait_written must not fdatasync"
+        log.wait_written(lsn)                 # already written: returns at once
+        with pytest.raises(NotFoundError):
+            log.wait_written(lsn + 1)

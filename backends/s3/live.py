@@ -476,6 +476,10 @@ class S3Backend:
         if not self.read_only:
             self._flush_to(lsn + 1)
 
+    def wait_written(self, lsn: int) -> None:
+        """An ``async`` append here returns once queued (the flusher PUTs it within its
+        interval): nothing more to wait for."""
+
     # -- the rest of the protocol -------------------------------------------------------
 
     @property
