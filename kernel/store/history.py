@@ -1,14 +1,16 @@
-"""Reads of the store: get, history, channel entries, pending writes, listings.
+"""History: streams of checkpoints newest first, and what each wrote to a channel.
 
-A mixin of :class:`durkv.store.Store` (it uses the store's lock, index, backend,
-serde and codec).
+:class:`History` holds the store's lock (a walk takes it per chunk and per
+checkpoint, never across a ``yield``), a check that the store is still open, the
+backend, the :class:`~durkv.store.replay.LogIndex` and the
+:class:`~durkv.store.reads.Reads` (for pending writes).
 
 History derives older list values from newer ones
 -------------------------------------------------
 ``get`` of an older checkpoint reads each list channel with one ``read_channel``
 (every delta back to the base) and deserializes every item: O(list length).
 Doing that for every checkpoint of an N-step agent loop costs O(N^2) frame reads
-and deserializations. :meth:`Reads.history` streams newest first instead and
+and deserializations. :meth:`History.checkpoints` streams newest first instead and
 keeps, for the entries it met, ``value(entry ref) == master[:n]`` (a
 :class:`_Memo`): when a newer checkpoint's entry for a channel is a DELTA whose
 ``prev`` is the older checkpoint's entry (or a SNAP whose last DELTA has that
@@ -25,38 +27,22 @@ from __future__ import annotations
 import heapq
 import struct
 from bisect import bisect_left
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from .channels import (
-    DELTA, F_REFS, F_VALUE, FULL, SNAP, entry_at, entry_header, snap_ref_at, snap_refs,
+from ..errors import CorruptionError, DurkvError, NotFoundError
+from ..payload import (
+    DELTA, F_REFS, F_VALUE, FULL, SNAP, Codec, entry_at, entry_header, snap_ref_at, snap_refs,
 )
-from .errors import ConfigError, CorruptionError, DurkvError, NotFoundError
 from .index import Lane
-from .records import (
-    K_CKPT, K_COPY_CKPT, ChannelEntry, Checkpoint, PendingWrite, check_id, check_limit,
-    CkptHead, WritesHead, check_opt_id, read_head,
-)
+from .reads import Reads, checkpoint_at
+from .records import ChannelEntry, Checkpoint, checkpoint_head
+from .replay import LogIndex
 
-__all__ = ["Reads"]
+__all__ = ["History"]
 
 # values that are safe to hand out to several checkpoints (cannot be mutated)
 _IMMUTABLE = frozenset((str, int, float, bool, bytes, complex, type(None)))
 _MISS = object()
-
-
-def _checkpoint_head(payload: bytes, cid: str, lsn: int, url: str) -> CkptHead:
-    """The head of the checkpoint frame at ``lsn``, which the index says holds ``cid``;
-    a frame that is something else is never returned as it (a log cut and reused under
-    a reader, FORMAT.md 2a)."""
-    h = read_head(payload, lsn)
-    if h[0] == K_CKPT or h[0] == K_COPY_CKPT:
-        c = CkptHead.of(h, lsn)
-        if c.cid == cid:
-            return c
-    raise CorruptionError(
-        f"store {url}: frame {lsn} does not hold checkpoint {cid!r}; the log changed "
-        "under this handle (repaired by `durkv recover`?): refresh() or reopen the store",
-        kind="bad_record", lsn=lsn)
 
 
 class _Memo:
@@ -107,103 +93,19 @@ class _Memo:
         seen.add(ref)
 
 
-class _WriteItems:
-    """A pending write's list value as its stored items (decoded after the merge)."""
+class History:
+    """Newest-first walks over the index (see the module docstring)."""
 
-    __slots__ = ("items",)
-
-    def __init__(self, items: list) -> None:
-        self.items = items
-
-
-class Reads:
-    """Mixin: the read side of :class:`durkv.store.Store`."""
-
-    def _read_writes(self, lane: Lane, ckpt_lsn: int, cid: str | None = None,
-                     raw: bool = False) -> list[PendingWrite]:
-        """The merged pending writes of a checkpoint (``raw``: values left as stored bytes)."""
-        wl = lane.writes_of(ckpt_lsn) if ckpt_lsn >= 0 else lane.orphan_writes().get(cid, [])
-        if not wl:
-            return []
-        merged: dict[tuple[str, int], PendingWrite] = {}
-        unpack = self._codec.unpack
-        loads = self._loads
-        for w in wl:
-            payload = self._b.read(w)
-            h = WritesHead.of(read_head(payload, w), w)
-            task, path, replace = h.task_id, h.task_path, h.replace
-            for idx, ch, vb in h.writes:
-                key = (task, idx)
-                if replace or key not in merged:
-                    if type(vb) is int:
-                        # a list held as entry vb of this frame (FORMAT.md section 5)
-                        vb = (w, vb) if raw else _WriteItems(entry_at(payload, vb).items)
-                    elif type(vb) is list:
-                        # ... or as the items of an entry of an earlier frame
-                        vb = (vb[0], vb[1]) if raw else _WriteItems(
-                            entry_at(self._b.read(vb[0]), vb[1]).items)
-                    merged[key] = PendingWrite(task, ch, vb, idx, path)
-        out = sorted(merged.values(), key=lambda p: (p.task_path, p.task_id, p.idx))
-        if raw:
-            return out
-        for p in out:
-            v = p.value
-            if type(v) is _WriteItems:
-                p.value = [loads(unpack(x)) for x in v.items]
-            else:
-                p.value = loads(unpack(v))
-        return out
-
-    # -- reads -------------------------------------------------------------------------------
-
-    def get(self, thread_id: str, checkpoint_ns: str = "",
-            checkpoint_id: str | None = None) -> Checkpoint | None:
-        """A checkpoint with its values and pending writes; ``None`` id = the newest.
-
-        Returns None when there is no such checkpoint.
-        """
-        check_id("thread_id", thread_id)
-        check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
-        check_opt_id("checkpoint_id", checkpoint_id)
-        with self._lock:
-            self._check_open()
-            lane = self._ix.lane(thread_id, checkpoint_ns)
-            if lane is None or not lane.ids:
-                return None
-            head = lane.head
-            if checkpoint_id is None or (head is not None and checkpoint_id == head.cid):
-                if head is None:
-                    head = self._load_head(lane)
-                loads = self._loads
-                return Checkpoint(
-                    thread_id, checkpoint_ns, head.cid, head.parent, loads(head.ckpt_b),
-                    loads(head.meta_b), dict(head.versions),
-                    {ch: self._chan_value(c) for ch, c in head.chans.items()},
-                    self._read_writes(lane, head.lsn))
-            pos = lane.find(checkpoint_id)
-            if pos < 0:
-                return None
-            lsn = lane.lsns[pos]
-            h = _checkpoint_head(self._b.read(lsn), checkpoint_id, lsn, self.url)
-            return self._read_checkpoint(thread_id, checkpoint_ns, lane, lsn, h)
-
-    def _read_checkpoint(self, thread_id: str, ns: str, lane: Lane, lsn: int,
-                         h: CkptHead | None = None, metadata: dict | None = None) -> Checkpoint:
-        if h is None:
-            h = CkptHead.of(read_head(self._b.read(lsn), lsn), lsn)
-        loads = self._loads
-        unpack = self._codec.unpack
-        values = {}
-        for ch, (rl, ri) in h.chans.items():
-            items, flags = self._b.read_channel(rl, ri)
-            if flags & F_VALUE:
-                values[ch] = loads(unpack(items[0]))
-            else:
-                values[ch] = [loads(unpack(x)) for x in items]
-        return Checkpoint(thread_id, ns, h.cid, h.parent, loads(h.ckpt_b),
-                          metadata if metadata is not None else loads(h.meta_b), h.versions,
-                          values,
-                          self._read_writes(lane, lsn))
+    def __init__(self, lock: Any, check_open: Callable[[], None], backend: Any,
+                 index: LogIndex, reads: Reads, serde: Any, codec: Codec, url: str) -> None:
+        self._lock = lock
+        self._check_open = check_open
+        self._b = backend
+        self._index = index
+        self._reads = reads
+        self._loads = serde.loads
+        self._codec = codec
+        self.url = url
 
     def _walk(self, t: str, n: str, lane: Lane, before: str | None, chunk: int = 64):
         """``(cid, lsn, lane)`` of lane (t, n) newest first, below ``before``; O(what is
@@ -214,7 +116,7 @@ class Reads:
         upper = before
         while True:
             with self._lock:
-                cur = self._ix.lane(t, n)
+                cur = self._index.ix.lane(t, n)
                 if cur is None:
                     return
                 lane = cur
@@ -236,58 +138,22 @@ class Reads:
         try:
             return lane, lsn, self._b.read(lsn)
         except NotFoundError:
-            cur = self._ix.lane(t, n)
+            cur = self._index.ix.lane(t, n)
             pos = cur.find(cid) if cur is not None else -1
             if pos < 0:
                 return None     # removed since the walk listed it
             lsn = cur.lsns[pos]
             return cur, lsn, self._b.read(lsn)
 
-    def history(self, thread_id: str | None = None, checkpoint_ns: str | None = None, *,
-                before: str | None = None, limit: int | None = None,
-                filter: dict | None = None,  # noqa: A002
-                values: bool = True) -> Iterator[Checkpoint]:
-        """Checkpoints newest first (by id, across threads too), streamed.
-
-        Args:
-            thread_id: one thread, or None for all.
-            checkpoint_ns: one namespace, or None for all.
-            before: only checkpoints with an id lower than this.
-            limit: at most this many.
-            filter: metadata keys that must equal the given values.
-            values: False yields headers only -- ids, parent, checkpoint record,
-                metadata and versions, with ``values == {}`` and ``writes == []``:
-                one frame read per checkpoint, no channel read, no deserialized value.
-
-        Each yielded checkpoint has its own ``values`` dict and, for a list channel,
-        its own list object (mutating it changes no other checkpoint), as ``get``
-        returns; non-list values are deserialized afresh per checkpoint (immutable
-        scalars may be shared). The **items** of list channels may be shared
-        between the checkpoints of one walk: an older checkpoint's list is a prefix
-        slice of a newer one's whenever the newer entry extends the older (the
-        agent-loop case), which makes a full listing O(total items) rather than
-        O(N^2) reads and deserializations (see the module docstring). Do not mutate
-        the items in place if you keep several checkpoints' values.
-        """
-        if thread_id is not None:
-            check_id("thread_id", thread_id)
-        if checkpoint_ns is not None:
-            check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
-        check_opt_id("before", before)
-        check_limit(limit)
-        if filter is not None and not isinstance(filter, dict):
-            raise ConfigError(f"filter must be a dict of metadata keys and values, got "
-                              f"{type(filter).__name__}")
-        return self._history(thread_id, checkpoint_ns, before, limit, filter, values)
-
-    def _history(self, thread_id: str | None, checkpoint_ns: str | None, before: str | None,
+    def checkpoints(self, thread_id: str | None, checkpoint_ns: str | None, before: str | None,
                  limit: int | None, filter: dict | None,  # noqa: A002
                  values: bool) -> Iterator[Checkpoint]:
+        """The checkpoints of :meth:`durkv.store.Store.history` (arguments checked)."""
         if limit is not None and limit <= 0:
             return
         with self._lock:
             self._check_open()
-            lanes = list(self._ix.lanes(thread_id, checkpoint_ns))
+            lanes = list(self._index.ix.lanes(thread_id, checkpoint_ns))
         if len(lanes) == 1:
             t, n, lane = lanes[0]
             stream = ((cid, t, n, ln, lsn) for cid, lsn, ln in self._walk(t, n, lane, before))
@@ -312,7 +178,7 @@ class Reads:
                 if got is None:
                     continue
                 lane, lsn, payload = got
-                h = _checkpoint_head(payload, cid, lsn, self.url)
+                h = checkpoint_at(payload, cid, lsn, self.url)
                 meta = None
                 if filter:
                     meta = loads(h.meta_b)
@@ -327,7 +193,7 @@ class Reads:
                 else:
                     try:
                         vals = self._history_values(lsn, payload, h.chans, memo)
-                        writes = self._read_writes(lane, lsn)
+                        writes = self._reads.pending_writes(lane, lsn)
                     except (NotFoundError, CorruptionError):
                         # salvage reads what still verifies: a checkpoint whose values
                         # cross the damage (a delta chain into a lost segment) is skipped,
@@ -426,29 +292,11 @@ class Reads:
         return sum(entry_header(read(rl), ri)[5] for rl, ri in
                    (snap_ref_at(payload, items_offset, j) for j in range(n_refs)))
 
-    def channel_entries(self, thread_id: str, checkpoint_ns: str, channel: str, *,
-                        before: str | None = None,
-                        limit: int | None = None) -> Iterator[ChannelEntry]:
-        """What each checkpoint wrote to ``channel``, newest first.
-
-        Yields a :class:`ChannelEntry` per checkpoint of (thread, ns) whose commit
-        wrote the channel (checkpoints that left it unchanged or have no value are
-        skipped): ``"append"`` with only the appended items for a delta, ``"full"``
-        with the whole list, or ``"value"`` for a non-list value. Reading the
-        appends back to the nearest ``"full"`` rebuilds the list without reading
-        it whole at every step (LangGraph's ``get_delta_channel_history``).
-        """
-        check_id("thread_id", thread_id)
-        check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
-        check_id("channel", channel)
-        check_opt_id("before", before)
-        check_limit(limit)
-        return self._channel_entries(thread_id, checkpoint_ns, channel, before, limit)
-
-    def _channel_entries(self, thread_id: str, checkpoint_ns: str, channel: str,
+    def channel_entries(self, thread_id: str, checkpoint_ns: str, channel: str,
                          before: str | None, limit: int | None) -> Iterator[ChannelEntry]:
+        """The entries of :meth:`durkv.store.Store.channel_entries` (arguments checked)."""
         with self._lock:
-            lane = self._ix.lane(thread_id, checkpoint_ns)
+            lane = self._index.ix.lane(thread_id, checkpoint_ns)
         if lane is None:
             return
         count = 0
@@ -462,7 +310,7 @@ class Reads:
                 if got is None:
                     continue
                 lane, lsn, payload = got
-                ref = CkptHead.of(read_head(payload, lsn), lsn).chans.get(channel)
+                ref = checkpoint_head(payload, lsn).chans.get(channel)
                 if ref is None or ref[0] != lsn:
                     continue
                 e = entry_at(payload, ref[1])
@@ -497,16 +345,3 @@ class Reads:
         for rl, ri in snap_refs(e):
             out.extend(entry_at(read(rl), ri).items)
         return out
-
-    def threads(self) -> list[str]:
-        """Ids of the threads that have at least one checkpoint, sorted."""
-        with self._lock:
-            return sorted(t for t, nss in self._ix.threads.items()
-                          if any(lane.ids for lane in nss.values()))
-
-    def namespaces(self, thread_id: str) -> list[str]:
-        """Namespaces of a thread that have at least one checkpoint, sorted."""
-        check_id("thread_id", thread_id)
-        with self._lock:
-            nss = self._ix.threads.get(thread_id, {})
-            return sorted(n for n, lane in nss.items() if lane.ids)
