@@ -50,6 +50,8 @@ _REF = struct.Struct("<QI")
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 pack_ref = _REF.pack
+_pack_u32 = _U32.pack
+_pack_entry = _ENTRY.pack
 
 
 def unpack_ref(b: bytes) -> tuple[int, int]:
@@ -68,16 +70,14 @@ class Entry(NamedTuple):
 
 
 def encode_commit(head: bytes, entries) -> bytes:
-    """Encode a COMMIT payload: ``head_len head n_entries entry*``."""
-    pack_u32 = _U32.pack
-    parts = [pack_u32(len(head)), head, pack_u32(len(entries))]
+    """Encode a COMMIT payload: ``head_len head n_entries entry*``. ``entries`` are
+    :class:`Entry` or plain 6-tuples in its field order (the commit path builds those)."""
+    parts = [_pack_u32(len(head)), head, _pack_u32(len(entries))]
     append = parts.append
-    pack_entry = _ENTRY.pack
-    for e in entries:
-        items = e[1]
-        append(pack_entry(e[0], e[2], 0, e[3], e[4], e[5], len(items)))
+    for kind, items, flags, depth, prev_lsn, prev_idx in entries:
+        append(_pack_entry(kind, flags, 0, depth, prev_lsn, prev_idx, len(items)))
         for it in items:
-            append(pack_u32(len(it)))
+            append(_pack_u32(len(it)))
             append(it)
     return b"".join(parts)
 

@@ -105,8 +105,13 @@ class LaneHead:
     __slots__ = ("cid", "lsn", "parent", "ckpt_b", "meta_b", "versions", "chans")
 
     def __init__(self, cid, lsn, parent, ckpt_b, meta_b, versions, chans) -> None:
-        self.cid, self.lsn, self.parent = cid, lsn, parent
-        self.ckpt_b, self.meta_b, self.versions, self.chans = ckpt_b, meta_b, versions, chans
+        self.cid = cid
+        self.lsn = lsn
+        self.parent = parent
+        self.ckpt_b = ckpt_b
+        self.meta_b = meta_b
+        self.versions = versions
+        self.chans = chans
 
 
 def _match_writes(pend: list, raws: list) -> tuple[list, int]:

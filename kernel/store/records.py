@@ -115,7 +115,8 @@ class ChannelEntry:
 
 
 def _unpackb(b: bytes) -> Any:
-    return msgpack.unpackb(b, raw=False, strict_map_key=False, use_list=True)
+    # str as str, arrays as lists: msgpack's defaults (raw=False, use_list=True)
+    return msgpack.unpackb(b, strict_map_key=False)
 
 
 def read_head(payload: bytes, lsn: int = -1) -> list:

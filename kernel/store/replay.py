@@ -28,6 +28,9 @@ from .records import (
 __all__ = ["LogIndex"]
 
 _COPIES = frozenset((K_COPY_CKPT, K_COPY_WRITES, K_COPY_JOURNAL))
+# the records applied to the live index as they are when no compaction is being replayed
+_PLAIN = frozenset((K_CKPT, K_WRITES, K_DEL_THREAD, K_COPY_THREAD, K_REMOVE, K_JOURNAL,
+                    K_DEL_JOURNAL))
 
 
 def _is_index_frame(p: bytes) -> bool:
@@ -91,9 +94,12 @@ class LogIndex:
             _k, run_id, _rec = JournalHead.fields(h, lsn)
             self.ix.add_journal(run_id, lsn)
             return
-        ix = self._target(lsn, kind, h)
-        if ix is None:
-            return
+        if self.shadow is None and kind in _PLAIN:
+            ix = self.ix
+        else:
+            ix = self._target(lsn, kind, h)
+            if ix is None:
+                return
         if kind == K_CKPT or kind == K_COPY_CKPT:
             _k, thread, ns, cid, _p, _c, _m, _v, _ch = CkptHead.fields(h, lsn)
             ix.add_checkpoint(thread, ns, cid, lsn)

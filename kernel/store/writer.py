@@ -54,15 +54,9 @@ def check_put(thread_id: Any, checkpoint_ns: Any, checkpoint_id: Any, parent_id:
         if not isinstance(values, dict) or not isinstance(versions, dict):
             raise ConfigError("values and versions must be dicts keyed by channel name, got "
                               f"{type(values).__name__} and {type(versions).__name__}")
-    _check_channels(values, versions)
-    if all_values is not None and not isinstance(all_values, dict):
-        raise ConfigError(f"all_values must be a dict or None, got {type(all_values).__name__}")
-
-
-def _check_channels(values: dict, versions: dict) -> None:
-    """Refuse what the frame head cannot hold or readers cannot list: channel names
-    that are not strings, versions that are not a str, an int of at most 64 bits or a
-    float (a bad one used to commit, and then ``durkv ls`` failed for the whole store)."""
+    # Refuse what the frame head cannot hold or readers cannot list: channel names that
+    # are not strings, versions that are not a str, an int of at most 64 bits or a float
+    # (a bad one used to commit, and then ``durkv ls`` failed for the whole store).
     for ch, v in versions.items():
         if type(ch) is not str or type(v) not in _VERSION_TYPES or (
                 type(v) is int and not -(1 << 63) <= v < (1 << 64)):
@@ -77,6 +71,8 @@ def _check_channels(values: dict, versions: dict) -> None:
         if not isinstance(ch, str):
             raise ConfigError(f"channel names must be strings, got {type(ch).__name__} {ch!r} "
                               "in values")
+    if all_values is not None and not isinstance(all_values, dict):
+        raise ConfigError(f"all_values must be a dict or None, got {type(all_values).__name__}")
 
 
 def check_writes(thread_id: Any, checkpoint_ns: Any, checkpoint_id: Any, task_id: Any,
@@ -114,7 +110,7 @@ class SharedItems:
 
     A pending write of list value stores its items as an entry; the next checkpoint
     of the task's checkpoint refers to those items instead of storing them again
-    (``from_writes``, by (thread, ns, checkpoint)). The other way round, a pending
+    (``from_writes``, by (thread, ns, checkpoint), popped by that put). The other way round, a pending
     write that arrives after the checkpoint that folded it in refers to the items that
     checkpoint stored (``from_checkpoint``, by (thread, ns, parent checkpoint)).
     """
@@ -131,10 +127,6 @@ class SharedItems:
         self.from_writes.clear()
         self.from_checkpoint.clear()
 
-    def take_writes(self, key: tuple[str, str, str]) -> dict[str, list] | None:
-        """The items the pending writes of checkpoint ``key`` stored (for its child)."""
-        return self.from_writes.pop(key, None)
-
     def add_writes(self, key: tuple[str, str, str], lsn: int, lists: list) -> None:
         pend = self.from_writes
         if len(pend) >= _MEMORY:
@@ -143,22 +135,12 @@ class SharedItems:
         for rec, ch, _items, raws, _flags in lists:
             by_ch.setdefault(ch, []).append(((lsn, rec[2]), raws))
 
-    def add_checkpoint(self, key: tuple[str, str, str], values: dict,
-                       chans: dict[str, ChanState]) -> None:
-        """The DELTA items of ``values`` this checkpoint stored of its own, for a pending
-        write of its parent ``key`` that arrives later (LangGraph's async executor)."""
-        fresh = None
-        for ch in values:
-            c = chans[ch]
-            if c.fresh is not None:
-                if fresh is None:
-                    fresh = {}
-                fresh[ch] = c.fresh
-                c.fresh = None
-        if fresh is not None:
-            if len(self.from_checkpoint) >= _MEMORY:
-                self.from_checkpoint.clear()
-            self.from_checkpoint[key] = fresh
+    def add_checkpoint(self, key: tuple[str, str, str], fresh: dict[str, tuple]) -> None:
+        """The DELTA items a checkpoint stored of its own, for a pending write of its
+        parent ``key`` that arrives later (LangGraph's async executor)."""
+        if len(self.from_checkpoint) >= _MEMORY:
+            self.from_checkpoint.clear()
+        self.from_checkpoint[key] = fresh
 
 
 # -- the writer -------------------------------------------------------------------------------
@@ -206,14 +188,17 @@ class Writer:
         """Commit checkpoint ``cid`` as one frame; returns its LSN (``wait``: the caller
         waits for it to be durable, outside the lock)."""
         lane = self._index.ix.lane(thread_id, ns)
-        head = None if lane is None else self._channels.head(lane)
-        lsn = self._ap.next_lsn()
+        head = None if lane is None else (lane.head or self._channels.head(lane))
+        lsn = self._ap.next
+        if lsn < 0:
+            lsn = self._ap.next_lsn()
         # linear: the put follows the newest checkpoint (an agent loop): deltas on its state
         linear = head is not None and cid > head.cid and (
             parent_id is None or parent_id == head.cid)
         entries: list = []
-        chans, refs = self._encode_channels(lane, head, linear, thread_id, ns, parent_id,
-                                            values, versions, all_values, lsn, entries)
+        chans, refs, fresh = self._encode_channels(lane, head, linear, thread_id, ns,
+                                                   parent_id, values, versions, all_values,
+                                                   lsn, entries)
         hb = self._pack_checkpoint_head(thread_id, ns, cid, parent_id, ckpt_b, meta_b,
                                         versions, refs)
         self._append_checkpoint(encode_commit(hb, entries), lsn, thread_id, cid,
@@ -221,19 +206,25 @@ class Writer:
         if lane is None:
             lane = self._index.ix.lane(thread_id, ns, True)
         lane.add(cid, lsn)
-        if linear and parent_id is not None:
-            self.shared.add_checkpoint((thread_id, ns, parent_id), values, chans)
-        self._keep_head(lane, head, linear, LaneHead(cid, lsn, parent_id, ckpt_b, meta_b,
-                                                     dict(versions), chans))
+        if fresh is not None and parent_id is not None:
+            self.shared.add_checkpoint((thread_id, ns, parent_id), fresh)
+        if linear or head is None or cid > head.cid:
+            # the newest checkpoint: its state stays materialized for the next put and get
+            lane.head = LaneHead(cid, lsn, parent_id, ckpt_b, meta_b, dict(versions), chans)
+        elif cid == head.cid:
+            lane.head = None   # the newest was replaced: reload on demand
         self._index.maybe_snapshot(lsn)
         return lsn
 
     def _encode_channels(self, lane: Lane | None, head: LaneHead | None, linear: bool,
                          thread_id: str, ns: str, parent_id: str | None, values: dict,
                          versions: dict, all_values: dict | None, lsn: int,
-                         entries: list) -> tuple[dict[str, ChanState], dict[str, tuple]]:
+                         entries: list) -> tuple[dict[str, ChanState], dict[str, tuple],
+                                                 dict | None]:
         """Append the entries of the put's channels to ``entries``; return every channel's
-        state and ``{channel: (lsn, idx)}`` of the entry holding its value.
+        state, ``{channel: (lsn, idx)}`` of the entry holding its value, and the items of
+        the DELTAs of its own it stored, ``{channel: ((lsn, idx), serialized items)}``
+        (None: no such DELTA), for a late pending write of the parent to refer to.
 
         A channel in ``values`` is encoded (a delta on the base's state when linear); one
         only in ``versions`` keeps the base's entry -- the parent's, or the newest's --
@@ -243,7 +234,7 @@ class Writer:
         if linear:
             base, base_versions = head.chans, head.versions
             # list items the parent's pending writes stored (FORMAT.md section 5)
-            pend = self.shared.take_writes((thread_id, ns, head.cid))
+            pend = self.shared.from_writes.pop((thread_id, ns, head.cid), None)
         elif head is None:
             base, base_versions, pend = {}, {}, None
         else:
@@ -252,10 +243,16 @@ class Writer:
         encode = channels.encode
         chans: dict[str, ChanState] = {}
         refs: dict[str, tuple] = {}
+        fresh = None
         for ch, v in values.items():
             c = chans[ch] = encode(ch, v, base.get(ch) if linear else None, lsn, entries,
                                    pend.get(ch) if pend else None)
             refs[ch] = c.ref
+            if c.fresh is not None:
+                if fresh is None:
+                    fresh = {}
+                fresh[ch] = c.fresh
+                c.fresh = None
         for ch in versions:
             if ch not in chans:
                 c = base.get(ch)
@@ -268,7 +265,7 @@ class Writer:
                     c = chans[ch] = encode(ch, all_values[ch], c if linear else None, lsn,
                                            entries)
                     refs[ch] = c.ref
-        return chans, refs
+        return chans, refs, fresh
 
     def _pack_checkpoint_head(self, thread_id: str, ns: str, cid: str, parent_id: str | None,
                               ckpt_b: bytes, meta_b: bytes, versions: dict,
@@ -299,15 +296,6 @@ class Writer:
         if got != lsn:
             raise ConfigError(f"store {self.url}: frame landed at LSN {got}, expected {lsn}; "
                               "is another writer appending to this log?")
-
-    @staticmethod
-    def _keep_head(lane: Lane, old: LaneHead | None, linear: bool, new: LaneHead) -> None:
-        """The lane's materialized newest state after the put: the new checkpoint when it
-        is the newest; none (reload on demand) when it replaced the newest."""
-        if linear or old is None or new.cid > old.cid:
-            lane.head = new
-        elif new.cid == old.cid:
-            lane.head = None
 
     # -- pending writes ----------------------------------------------------------------------
 
