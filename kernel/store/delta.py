@@ -162,97 +162,121 @@ class Channels:
         pending writes stored to ``ch`` (FORMAT.md section 5): a delta whose items begin
         with theirs refers to those entries (an F_REFS DELTA) instead of storing them again.
         """
-        dumps = self._dumps
-        minb = self._minb
-        idx = len(entries)
-        c = ChanState((lsn, idx))
         if prev is not None and not prev.loaded:
             self.load(prev)           # log errors must not read as serialization errors
+        c = ChanState((lsn, len(entries)))
         try:
             if isinstance(v, list):
-                start = None
-                if prev is not None and prev.is_list:
-                    start = self.delta_start(prev, v)
-                n = len(v)
-                if start is not None and n - start == 1:     # the agent loop: one new item
-                    raws = [dumps(v[start])]
-                else:
-                    raws = [dumps(v[i]) for i in range(start or 0, n)]
-                wrefs: list = []     # pending-write entries holding raws[:m]
-                m = 0
-                if pend and start is not None:
-                    wrefs, m = _match_writes(pend, raws)
-                items = []
-                zc = 0
-                for b in (raws[m:] if m else raws):
-                    if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
-                        b = self._compress(b)
-                        zc += 1
-                    items.append(b)
-                flags = F_ZSTD if zc and zc == len(items) else 0
-                c.is_list = True
-                # the store's own item arrays, never the caller's list: a later in-place
-                # edit of the caller's list can neither change the committed state nor
-                # hide from the next put's prefix compare. A delta extends the previous
-                # arrays in place when nothing else did (holders read [:their n]).
-                if start is None:
-                    buf = list(v)
-                else:
-                    buf, raws_before = prev.obj, prev.raw
-                    if len(buf) != start or len(raws_before) != start:
-                        buf = buf[:start]
-                        raws_before = raws_before[:start]
-                    buf.extend(v[start:])
-                    raws_before.extend(raws)
-                    raws = raws_before
-                c.obj = buf
-                c.raw = raws
-                c.n = n
-                if n:
-                    c.first = v[0]
-                    c.last = v[n - 1]
-                    c.mid = v[n >> 1]
-                if start is not None:
-                    pl, pi = prev.ref
-                    deltas = prev.deltas
-                    if wrefs:
-                        # the items the parent's pending writes stored: referred to, not copied
-                        deltas = deltas + [pack_ref(lsn, idx)]
-                        entries.append((DELTA, [pack_ref(*r) for r in wrefs], F_REFS,
-                                        len(deltas), pl, pi))
-                        pl, pi = c.ref = (lsn, idx)
-                        idx += 1
-                    if items or not wrefs:
-                        deltas = deltas + [pack_ref(lsn, idx)]
-                        c.ref = (lsn, idx)
-                        entries.append((DELTA, items, flags, len(deltas), pl, pi))
-                        if items:
-                            c.fresh = ((lsn, idx), raws[start + m:])
-                    if len(deltas) >= self.snapshot_every:
-                        idx = len(entries)
-                        entries.append((SNAP, [prev.base] + deltas, 0, 0, 0, 0))
-                        c.ref = (lsn, idx)
-                        c.base = pack_ref(lsn, idx)
-                    else:
-                        c.base = prev.base
-                        c.deltas = deltas
-                else:
-                    entries.append((FULL, items, flags, 0, 0, 0))
-                    c.base = pack_ref(lsn, idx)
+                self._encode_list(c, v, prev if prev is not None and prev.is_list else None,
+                                  entries, pend)
                 return c
-            raw = dumps(v)
+            raw = self._dumps(v)
         except Exception as e:
             raise SerializationError(f"cannot serialize channel {ch!r}: {e}", channel=ch) from e
+        # any other value: one item, FULL with flag VALUE
         b = raw
         flags = F_VALUE
-        if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
+        if len(b) >= self._minb or b[:4] == _ZSTD_MAGIC:
             b = self._compress(b)
             flags |= F_ZSTD
         entries.append((FULL, [b], flags, 0, 0, 0))
-        c.is_list = False
         c.vbytes = raw
-        c.base = pack_ref(lsn, idx)
+        c.base = pack_ref(lsn, c.ref[1])
         return c
+
+    def _encode_list(self, c: ChanState, v: list, prev: ChanState | None, entries: list,
+                     pend: list | None) -> None:
+        """A list value: DELTA entries when it extends the previous list ``prev`` (see the
+        module docstring), else a FULL entry of one item per element."""
+        start = self.delta_start(prev, v) if prev is not None else None
+        raws = self._serialize_items(v, start)
+        wrefs: list = []     # pending-write entries holding raws[:m]
+        m = 0
+        if pend and start is not None:
+            wrefs, m = _match_writes(pend, raws)
+        items, flags = self._stored_items(raws[m:] if m else raws)
+        self._keep_items(c, v, prev, start, raws)
+        if start is None:
+            entries.append((FULL, items, flags, 0, 0, 0))
+            c.base = pack_ref(*c.ref)
+        else:
+            self._append_deltas(c, prev, wrefs, items, flags, start + m, entries)
+
+    def _serialize_items(self, v: list, start: int | None) -> list[bytes]:
+        """The serde bytes of the items to store: ``v[start:]`` (a delta) or all of ``v``."""
+        dumps = self._dumps
+        n = len(v)
+        if start is not None and n - start == 1:     # the agent loop: one new item
+            return [dumps(v[start])]
+        return [dumps(v[i]) for i in range(start or 0, n)]
+
+    def _stored_items(self, raws: list[bytes]) -> tuple[list[bytes], int]:
+        """The items as stored (each compressed when large) and the entry's flags."""
+        minb = self._minb
+        items = []
+        zc = 0
+        for b in raws:
+            if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
+                b = self._compress(b)
+                zc += 1
+            items.append(b)
+        return items, (F_ZSTD if zc and zc == len(items) else 0)
+
+    @staticmethod
+    def _keep_items(c: ChanState, v: list, prev: ChanState | None, start: int | None,
+                    raws: list[bytes]) -> None:
+        """The store's own item arrays, never the caller's list: a later in-place edit of
+        the caller's list can neither change the committed state nor hide from the next
+        put's prefix compare. A delta extends the previous arrays in place when nothing
+        else did (holders read [:their n])."""
+        c.is_list = True
+        if start is None:
+            buf = list(v)
+        else:
+            buf, raws_before = prev.obj, prev.raw
+            if len(buf) != start or len(raws_before) != start:
+                buf = buf[:start]
+                raws_before = raws_before[:start]
+            buf.extend(v[start:])
+            raws_before.extend(raws)
+            raws = raws_before
+        c.obj = buf
+        c.raw = raws
+        n = c.n = len(v)
+        if n:
+            c.first = v[0]
+            c.last = v[n - 1]
+            c.mid = v[n >> 1]
+
+    def _append_deltas(self, c: ChanState, prev: ChanState, wrefs: list, items: list,
+                       flags: int, own_from: int, entries: list) -> None:
+        """The DELTA entries of a list extending ``prev``: an F_REFS DELTA naming the
+        entries of the parent's pending writes that hold its first items (``wrefs``),
+        then a DELTA of the items of its own (from ``c.raw[own_from]`` on); a SNAP after
+        them every ``snapshot_every`` deltas."""
+        lsn, idx = c.ref
+        pl, pi = prev.ref
+        deltas = prev.deltas
+        if wrefs:
+            # the items the parent's pending writes stored: referred to, not copied
+            deltas = deltas + [pack_ref(lsn, idx)]
+            entries.append((DELTA, [pack_ref(*r) for r in wrefs], F_REFS, len(deltas), pl, pi))
+            pl, pi = c.ref = (lsn, idx)
+            idx += 1
+        if items or not wrefs:
+            deltas = deltas + [pack_ref(lsn, idx)]
+            c.ref = (lsn, idx)
+            entries.append((DELTA, items, flags, len(deltas), pl, pi))
+            if items:
+                c.fresh = ((lsn, idx), c.raw[own_from:])
+        if len(deltas) >= self.snapshot_every:
+            idx = len(entries)
+            entries.append((SNAP, [prev.base] + deltas, 0, 0, 0, 0))
+            c.ref = (lsn, idx)
+            c.base = pack_ref(lsn, idx)
+        else:
+            c.base = prev.base
+            c.deltas = deltas
 
     def delta_start(self, prev: ChanState, v: list) -> int | None:
         """``len(old)`` if ``v`` extends the previous list value (then only ``v[n:]`` is

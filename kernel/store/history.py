@@ -146,67 +146,74 @@ class History:
             return cur, lsn, self._b.read(lsn)
 
     def checkpoints(self, thread_id: str | None, checkpoint_ns: str | None, before: str | None,
-                 limit: int | None, filter: dict | None,  # noqa: A002
-                 values: bool) -> Iterator[Checkpoint]:
+                    limit: int | None, filter: dict | None,  # noqa: A002
+                    values: bool) -> Iterator[Checkpoint]:
         """The checkpoints of :meth:`durkv.store.Store.history` (arguments checked)."""
         if limit is not None and limit <= 0:
             return
-        with self._lock:
-            self._check_open()
-            lanes = list(self._index.ix.lanes(thread_id, checkpoint_ns))
-        if len(lanes) == 1:
-            t, n, lane = lanes[0]
-            stream = ((cid, t, n, ln, lsn) for cid, lsn, ln in self._walk(t, n, lane, before))
-        else:
-            def one(t, n, lane):
-                for cid, lsn, ln in self._walk(t, n, lane, before):
-                    yield cid, t, n, ln, lsn
-            stream = heapq.merge(*(one(*x) for x in lanes), key=lambda r: r[0], reverse=True)
         memo = _Memo() if values else None
-        loads = self._loads
-        count = 0
         salvage = getattr(self._b, "recovery", None) == "salvage"
-        for cid, t, n, lane, lsn in stream:
+        count = 0
+        for cid, t, n, lane, lsn in self._newest_first(thread_id, checkpoint_ns, before):
             with self._lock:
                 self._check_open()
-                try:
-                    got = self._frame(t, n, lane, cid, lsn)
-                except (NotFoundError, CorruptionError):
-                    if not salvage:
-                        raise
-                    continue        # its frame is lost (salvage: skip it, see below)
-                if got is None:
-                    continue
-                lane, lsn, payload = got
-                h = checkpoint_at(payload, cid, lsn, self.url)
-                meta = None
-                if filter:
-                    meta = loads(h.meta_b)
-                    if not (isinstance(meta, dict)
-                            and all(k in meta and meta[k] == v for k, v in filter.items())):
-                        continue
-                if meta is None:
-                    meta = loads(h.meta_b)
-                if memo is None:
-                    cp = Checkpoint(t, n, h.cid, h.parent, loads(h.ckpt_b), meta, h.versions,
-                                    {}, [])
-                else:
-                    try:
-                        vals = self._history_values(lsn, payload, h.chans, memo)
-                        writes = self._reads.pending_writes(lane, lsn)
-                    except (NotFoundError, CorruptionError):
-                        # salvage reads what still verifies: a checkpoint whose values
-                        # cross the damage (a delta chain into a lost segment) is skipped,
-                        # and the walk goes on to older ones (the log reports the damage)
-                        if not salvage:
-                            raise
-                        continue
-                    cp = Checkpoint(t, n, h.cid, h.parent, loads(h.ckpt_b), meta, h.versions,
-                                    vals, writes)
+                cp = self._checkpoint(t, n, lane, cid, lsn, filter, memo, salvage)
+            if cp is None:
+                continue
             yield cp
             count += 1
             if limit is not None and count >= limit:
                 return
+
+    def _newest_first(self, thread_id: str | None, ns: str | None, before: str | None):
+        """``(cid, thread, ns, lane, lsn)`` of every matching lane, merged newest first."""
+        with self._lock:
+            self._check_open()
+            lanes = list(self._index.ix.lanes(thread_id, ns))
+        if len(lanes) == 1:
+            t, n, lane = lanes[0]
+            return ((cid, t, n, ln, lsn) for cid, lsn, ln in self._walk(t, n, lane, before))
+
+        def one(t, n, lane):
+            for cid, lsn, ln in self._walk(t, n, lane, before):
+                yield cid, t, n, ln, lsn
+        return heapq.merge(*(one(*x) for x in lanes), key=lambda r: r[0], reverse=True)
+
+    def _checkpoint(self, t: str, n: str, lane: Lane, cid: str, lsn: int,
+                    filter: dict | None, memo: _Memo | None,  # noqa: A002
+                    salvage: bool) -> Checkpoint | None:
+        """Checkpoint ``cid`` of the walk (under the lock): None when it is gone or its
+        metadata does not match ``filter``; headers only when there is no ``memo``.
+
+        ``salvage`` reads what still verifies: a checkpoint whose frame is lost, or whose
+        values cross the damage (a delta chain into a lost segment), is skipped (None),
+        and the walk goes on to older ones (the log reports the damage)."""
+        try:
+            got = self._frame(t, n, lane, cid, lsn)
+        except (NotFoundError, CorruptionError):
+            if not salvage:
+                raise
+            return None
+        if got is None:
+            return None
+        lane, lsn, payload = got
+        h = checkpoint_at(payload, cid, lsn, self.url)
+        loads = self._loads
+        meta = loads(h.meta_b)
+        if filter and not (isinstance(meta, dict)
+                           and all(k in meta and meta[k] == v for k, v in filter.items())):
+            return None
+        if memo is None:
+            return Checkpoint(t, n, h.cid, h.parent, loads(h.ckpt_b), meta, h.versions, {}, [])
+        try:
+            vals = self._history_values(lsn, payload, h.chans, memo)
+            writes = self._reads.pending_writes(lane, lsn)
+        except (NotFoundError, CorruptionError):
+            if not salvage:
+                raise
+            return None
+        return Checkpoint(t, n, h.cid, h.parent, loads(h.ckpt_b), meta, h.versions, vals,
+                          writes)
 
     def _history_values(self, lsn: int, payload: bytes, refs: dict, memo: _Memo) -> dict:
         """The channel values of the checkpoint at ``lsn`` (its frame ``payload``, channel
