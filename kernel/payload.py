@@ -51,6 +51,7 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 pack_ref = _REF.pack
 _pack_u32 = _U32.pack
+_unpack_u32 = _U32.unpack_from
 _pack_entry = _ENTRY.pack
 
 
@@ -91,11 +92,12 @@ def _bad(msg: str, lsn: int | None = None) -> CorruptionError:
 def decode_head(payload: bytes, lsn: int | None = None) -> bytes:
     """The head bytes of a COMMIT payload (no entry is decoded), bounds checked: the one
     place that finds the head (:func:`durkv.store.records.read_head` decodes it)."""
-    hl = int.from_bytes(payload[0:4], "little")
-    if 4 + hl + 4 > len(payload):     # also a payload under 8 bytes (hl >= 0)
-        raise _bad("shorter than 8 bytes" if len(payload) < 8 else "head length past the end",
-                   lsn)
-    return payload[4:4 + hl]
+    n = len(payload)
+    if n >= 8:
+        hl = _unpack_u32(payload)[0]
+        if 8 + hl <= n:
+            return payload[4:4 + hl]
+    raise _bad("shorter than 8 bytes" if n < 8 else "head length past the end", lsn)
 
 
 def _entries_offset(payload: bytes) -> tuple[int, int]:

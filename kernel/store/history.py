@@ -34,7 +34,7 @@ from ..payload import (
     DELTA, F_REFS, F_VALUE, FULL, SNAP, Codec, entry_at, entry_header, snap_ref_at, snap_refs,
 )
 from .index import Lane
-from .reads import Reads, checkpoint_at
+from .reads import Reads, checkpoint_fields
 from .records import ChannelEntry, Checkpoint, checkpoint_head
 from .replay import LogIndex
 
@@ -197,23 +197,23 @@ class History:
         if got is None:
             return None
         lane, lsn, payload = got
-        h = checkpoint_at(payload, cid, lsn, self.url)
+        _k, _t, _n, cid, parent, ckpt_b, meta_b, versions, chans = checkpoint_fields(
+            payload, cid, lsn, self.url)
         loads = self._loads
-        meta = loads(h.meta_b)
+        meta = loads(meta_b)
         if filter and not (isinstance(meta, dict)
                            and all(k in meta and meta[k] == v for k, v in filter.items())):
             return None
         if memo is None:
-            return Checkpoint(t, n, h.cid, h.parent, loads(h.ckpt_b), meta, h.versions, {}, [])
+            return Checkpoint(t, n, cid, parent, loads(ckpt_b), meta, versions, {}, [])
         try:
-            vals = self._history_values(lsn, payload, h.chans, memo)
+            vals = self._history_values(lsn, payload, chans, memo)
             writes = self._reads.pending_writes(lane, lsn)
         except (NotFoundError, CorruptionError):
             if not salvage:
                 raise
             return None
-        return Checkpoint(t, n, h.cid, h.parent, loads(h.ckpt_b), meta, h.versions, vals,
-                          writes)
+        return Checkpoint(t, n, cid, parent, loads(ckpt_b), meta, versions, vals, writes)
 
     def _history_values(self, lsn: int, payload: bytes, refs: dict, memo: _Memo) -> dict:
         """The channel values of the checkpoint at ``lsn`` (its frame ``payload``, channel

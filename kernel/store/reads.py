@@ -20,18 +20,21 @@ from .records import (
 )
 from .replay import LogIndex
 
-__all__ = ["Reads", "checkpoint_at"]
+__all__ = ["Reads", "checkpoint_fields"]
+
+_CID = CkptHead._fields.index("cid")
 
 
-def checkpoint_at(payload: bytes, cid: str, lsn: int, url: str) -> CkptHead:
-    """The head of the checkpoint frame at ``lsn``, which the index says holds ``cid``;
+def checkpoint_fields(payload: bytes, cid: str, lsn: int, url: str) -> list:
+    """The head of the checkpoint frame at ``lsn``, which the index says holds ``cid``,
+    as the list of ``CkptHead``'s fields (length checked: the history walk unpacks it);
     a frame that is something else is never returned as it (a log cut and reused under
     a reader, FORMAT.md 2a)."""
     h = read_head(payload, lsn)
     if h[0] == K_CKPT or h[0] == K_COPY_CKPT:
-        c = CkptHead.of(h, lsn)
-        if c.cid == cid:
-            return c
+        h = CkptHead.fields(h, lsn)
+        if h[_CID] == cid:
+            return h
     raise CorruptionError(
         f"store {url}: frame {lsn} does not hold checkpoint {cid!r}; the log changed "
         "under this handle (repaired by `durkv recover`?): refresh() or reopen the store",
@@ -72,7 +75,7 @@ class Reads:
         if pos < 0:
             return None
         lsn = lane.lsns[pos]
-        h = checkpoint_at(self._b.read(lsn), checkpoint_id, lsn, self.url)
+        h = CkptHead.of(checkpoint_fields(self._b.read(lsn), checkpoint_id, lsn, self.url))
         return self.checkpoint(thread_id, ns, lane, lsn, h)
 
     def _newest(self, thread_id: str, ns: str, lane: Lane) -> Checkpoint:
