@@ -17,9 +17,10 @@ module         owns
 ``store``      :class:`Store`, the facade composing them, and ``Store.open``
 =============  =================================================================
 
-Imports point down this table's dependency order (records, index < appender <
-replay < delta < writer, reads < history, edits, compact < store); the package
-itself re-exports the public names, as the module ``durkv.store`` did.
+Each object gets what it uses in its constructor (no mixin reads another's
+attributes), and imports point down (records, index < appender < replay < delta <
+writer, reads < history, edits, compact < store: the ranks of tests/test_layers.py).
+The package re-exports the public names, as the module ``durkv.store`` did.
 """
 
 from .records import (  # noqa: F401 - the store's public types and record kinds
