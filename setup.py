@@ -12,8 +12,10 @@ from setuptools import Extension, setup
 _warn = ["-O2", "-Wall", "-Wextra"] + (["-Werror"] if os.environ.get("DURKV_WERROR") else [])
 
 setup(
-    packages=["durkv", "durkv.runtime", "durkv.backends", "durkv.backends.s3", "durkv.cli"],
-    package_dir={"durkv": "kernel", "durkv.runtime": "kernel/runtime", "durkv.backends": "backends",
+    packages=["durkv", "durkv.store", "durkv.runtime", "durkv.backends", "durkv.backends.s3",
+              "durkv.cli"],
+    package_dir={"durkv": "kernel", "durkv.store": "kernel/store",
+                 "durkv.runtime": "kernel/runtime", "durkv.backends": "backends",
                  "durkv.backends.s3": "backends/s3", "durkv.cli": "cli"},
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
     ext_modules=[Extension("durkv._listprefix", ["csrc/listprefix.c"],

@@ -12,7 +12,7 @@ import threading
 from typing import Iterator
 
 from durkv.backends.base import heads_array
-from durkv.channels import resolve_channel
+from durkv.payload import resolve_channel
 from durkv.errors import ConfigError, NotFoundError, ReadOnlyError, StoreLockedError
 
 __all__ = ["MemoryBackend"]

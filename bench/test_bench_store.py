@@ -244,7 +244,7 @@ def test_exit_commits_per_second(benchmark, bench_root):
 def test_sync_threads(benchmark, bench_root):
     """8 agent loops on 8 threads of one `sync` store: a put_writes (`async`) and a put
     (`sync`) per step. Concurrent commits share fdatasyncs only if no thread waits for
-    its write or its fsync while holding the store lock (Store._queue/_settle)."""
+    its write or its fsync while holding the store lock (durkv.store.appender)."""
     steps = 50 if QUICK else 300
     rates = {}
     for n_threads in (1, 8):

@@ -18,19 +18,20 @@ from .errors import (
     NotFoundError, ReadOnlyError, RunBusyError, RunConflictError, SerializationError,
     StaleReaderError, StepFailedError, StoreLockedError, VersionDriftError,
 )
-from .runtime import Decision, JournalEntry, Retry, Run, RunInfo, tool
-from .store import open_store
+from .runtime import Decision, JournalEntry, Retry, Run, RunInfo, RuntimeStore, tool
 
 __version__ = "0.1.0"
 
 
-def open(url: str, **options: Any):  # noqa: A001 - the public verb is durkv.open
+def open(url: str, **options: Any) -> RuntimeStore:  # noqa: A001 - the public verb
     """Open a store by URL: a path or ``file://`` (local C log), ``memory://``, or
     ``s3://bucket/prefix`` (a live store on S3; needs ``durkv[s3]``).
 
-    See :func:`durkv.store.open_store` for the options.
+    The store has the runtime's verbs (``run``, ``decide``, ``resolve``, ``runs``:
+    :class:`durkv.runtime.RuntimeStore`). See :meth:`durkv.store.Store.open` for the
+    options.
     """
-    return open_store(url, **options)
+    return RuntimeStore.open(url, **options)
 
 
 __all__ = [

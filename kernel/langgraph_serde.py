@@ -34,7 +34,7 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 
-from .delta import join_tagged
+from .store.delta import join_tagged
 
 __all__ = ["EMPTY", "LangGraphSerde"]
 

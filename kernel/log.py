@@ -2,7 +2,7 @@
 
 This is the only module that imports the compiled library. Everything else in durkv
 sees :class:`SegmentLog` (the local log of one store directory), the module functions
-:func:`verify` / :func:`recover`, and, re-exported from :mod:`durkv.channels`, the COMMIT
+:func:`verify` / :func:`recover`, and, re-exported from :mod:`durkv.payload`, the COMMIT
 payload codec (:func:`encode_commit`, :func:`decode_commit`, :func:`resolve_channel`) that
 every backend shares. The on-disk format is docs/FORMAT.md.
 
@@ -29,9 +29,9 @@ from typing import Any
 from dataclasses import asdict, dataclass, field
 
 from ._seglog import ffi, lib
-# The COMMIT payload codec (FORMAT.md section 5) lives in durkv.channels, pure Python so
+# The COMMIT payload codec (FORMAT.md section 5) lives in durkv.payload, pure Python so
 # that backends without the compiled log share it; the log re-exports it.
-from .channels import (  # noqa: F401  (re-exported)
+from .payload import (  # noqa: F401  (re-exported)
     DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Entry, decode_commit, encode_commit, pack_ref,
     resolve_channel, snap_refs,
 )

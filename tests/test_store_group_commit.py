@@ -1,5 +1,5 @@
 """Concurrent committers share fsyncs: no store lock is held while a commit waits for
-its write or its fdatasync (``Store._queue`` / ``Store._settle``).
+its write or its fdatasync (``Appender.queue`` / ``Appender.settle`` in durkv.store).
 
 Had a commit waited under the lock -- as an ``async`` append did, behind a running
 group-commit fdatasync -- the committers of other threads would queue on the lock one

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 from urllib.parse import parse_qs
 
 from durkv.backends.base import heads_array
-from durkv.channels import resolve_channel
+from durkv.payload import resolve_channel
 from durkv.errors import (
     ConfigError, CorruptionError, DurkvError, FencedError, NotFoundError, ReadOnlyError,
     StoreLockedError,

@@ -1,11 +1,10 @@
 """durkv's runtime: durable steps, mutating tools, approvals and the run journal.
 
 It uses only the store's public API (``append_journal``, ``journal``,
-``journal_runs``, ``serde``), so every backend inherits it. The store's runtime
-verbs -- ``Store.run``/``arun``, ``decide``, ``resolve``, ``runs`` -- are defined
-here and attached to :class:`durkv.store.Store` when this package is imported
-(``import durkv`` does): the store module never imports the runtime, so imports
-keep pointing down.
+``journal_runs``, ``serde``), so every backend inherits it. The runtime's verbs --
+``run``/``arun``, ``decide``, ``resolve``, ``runs`` -- are the methods of
+:class:`RuntimeStore`, the :class:`durkv.store.Store` that :func:`durkv.open`
+returns: the store never imports the runtime, so imports keep pointing down.
 
 >>> import durkv
 >>> @durkv.tool(version="1")
@@ -27,32 +26,33 @@ from .journal import JournalEntry, RunInfo
 from .run import NO_INPUT, Decision, Run
 from .tools import Retry, tool
 
-__all__ = ["Run", "Decision", "Retry", "tool", "JournalEntry", "RunInfo"]
+__all__ = ["Run", "Decision", "Retry", "tool", "JournalEntry", "RunInfo", "RuntimeStore"]
 
 
-def _run(self: Store, run_id: str, *, input: Any = NO_INPUT,  # noqa: A002
-         on_drift: str = "warn", secret_input: bool = False, clock: Any = None,
-         sleep: Any = None) -> Run:
-    """Open (or resume) run ``run_id``: ``with store.run(...) as run:`` (``async with
-    store.arun(...)``).
+class RuntimeStore(Store):
+    """A store with the runtime's verbs: what :func:`durkv.open` returns."""
 
-    Args:
-        input: the run's input; its fingerprint is recorded at creation, and opening the
-            run again with another input raises :class:`durkv.RunConflictError`.
-        on_drift: ``warn`` (default), ``fail`` or ``rerun``: what a recorded step of
-            another prompt/tool version does (see :meth:`Run.step`).
-        secret_input: journal only the input's fingerprint.
-        clock, sleep: injectable ``time.time`` / ``time.sleep`` (tests).
+    def run(self, run_id: str, *, input: Any = NO_INPUT,  # noqa: A002
+            on_drift: str = "warn", secret_input: bool = False, clock: Any = None,
+            sleep: Any = None) -> Run:
+        """Open (or resume) run ``run_id``: ``with store.run(...) as run:`` (``async with
+        store.arun(...)``).
 
-    Raises:
-        RunConflictError, RunBusyError (a second driver in this process).
-    """
-    return Run(self, run_id, input, on_drift=on_drift, secret_input=secret_input,
-               clock=clock, sleep=sleep)
+        Args:
+            input: the run's input; its fingerprint is recorded at creation, and opening
+                the run again with another input raises :class:`durkv.RunConflictError`.
+            on_drift: ``warn`` (default), ``fail`` or ``rerun``: what a recorded step of
+                another prompt/tool version does (see :meth:`Run.step`).
+            secret_input: journal only the input's fingerprint.
+            clock, sleep: injectable ``time.time`` / ``time.sleep`` (tests).
 
+        Raises:
+            RunConflictError, RunBusyError (a second driver in this process).
+        """
+        return Run(self, run_id, input, on_drift=on_drift, secret_input=secret_input,
+                   clock=clock, sleep=sleep)
 
-Store.run = _run
-Store.arun = _run      # the same object is also an async context manager
-Store.decide = decide
-Store.resolve = resolve
-Store.runs = runs
+    arun = run      # the same object is also an async context manager
+    decide = decide
+    resolve = resolve
+    runs = runs

@@ -54,26 +54,31 @@ price is memory: the newest state of a lane is held twice, as objects and as
 bytes. ``get`` of an
 older checkpoint reads it from the log (one ``read_channel`` per channel);
 ``history`` derives an older list from the newer one it just read when the
-newer entry extends it (a prefix slice: see :mod:`durkv.reads`).
+newer entry extends it (a prefix slice: see :mod:`durkv.store.history`).
+
+The objects: :class:`ChanState` (one channel of a lane's newest checkpoint),
+:class:`LaneHead` (that checkpoint: kept in ``Lane.head``), and :class:`Channels`,
+which encodes a put's channels and loads/reads that state; the writer
+(:mod:`durkv.store.writer`) and the reads (:mod:`durkv.store.reads`) hold one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._listprefix import has_prefix, join_tagged
-from .channels import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, entry_at, pack_ref
-from .errors import SerializationError
+from .._listprefix import has_prefix, join_tagged
+from ..errors import SerializationError
+from ..payload import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Codec, entry_at, pack_ref
 from .index import Lane
-from .records import CkptHead, read_head
+from .records import checkpoint_head
 
-__all__ = ["ChannelState", "join_tagged"]
+__all__ = ["Channels", "ChanState", "LaneHead", "join_tagged"]
 
 _SCALARS = frozenset((str, int, float, bytes, bool, type(None)))
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-class _Chan:
+class ChanState:
     """Materialized state of one channel of a lane's newest checkpoint."""
 
     # class-level defaults keep construction cheap (it is on the commit path)
@@ -93,12 +98,20 @@ class _Chan:
         self.loaded = loaded        # False: only ref is known (load from the log on demand)
 
 
-class _Head:
+class LaneHead:
+    """The newest checkpoint of a lane, materialized (``Lane.head``): its ids, records,
+    versions and the :class:`ChanState` of each channel with a value."""
+
     __slots__ = ("cid", "lsn", "parent", "ckpt_b", "meta_b", "versions", "chans")
 
     def __init__(self, cid, lsn, parent, ckpt_b, meta_b, versions, chans) -> None:
-        self.cid, self.lsn, self.parent = cid, lsn, parent
-        self.ckpt_b, self.meta_b, self.versions, self.chans = ckpt_b, meta_b, versions, chans
+        self.cid = cid
+        self.lsn = lsn
+        self.parent = parent
+        self.ckpt_b = ckpt_b
+        self.meta_b = meta_b
+        self.versions = versions
+        self.chans = chans
 
 
 def _match_writes(pend: list, raws: list) -> tuple[list, int]:
@@ -120,16 +133,28 @@ def _match_writes(pend: list, raws: list) -> tuple[list, int]:
     return refs, m
 
 
-class ChannelState:
-    """Mixin of :class:`durkv.store.Store`: encode a put's channels, keep/load the newest state.
+class Channels:
+    """Encode a put's channels; load and read the newest state of a lane.
 
-    Uses the store's ``_b`` (backend), ``_dumps``/``_loads`` (serde), ``_codec``,
-    ``_minb``, ``_compress`` and ``snapshot_every``; every method runs under the
-    store's lock.
+    Holds the backend (to load state from the log), the serde and the item codec.
+    Every method runs under the store's lock.
     """
 
-    def _encode(self, ch: str, v: Any, prev: _Chan | None, lsn: int, entries: list,
-                pend: list | None = None) -> _Chan:
+    def __init__(self, backend: Any, serde: Any, codec: Codec, *, snapshot_every: int,
+                 delta_check: str) -> None:
+        self._b = backend
+        self._dumps = serde.dumps
+        self._loads = serde.loads
+        # optional batch form (LangGraphSerde has one): many list items in one call
+        self._loads_many = getattr(serde, "loads_many", None)
+        self._codec = codec
+        self._minb = codec.min_bytes
+        self._compress = codec.compress      # the writer's compressor: under the lock
+        self.snapshot_every = snapshot_every
+        self._prefix_check = delta_check == "prefix"
+
+    def encode(self, ch: str, v: Any, prev: ChanState | None, lsn: int, entries: list,
+               pend: list | None = None) -> ChanState:
         """Append the entries of channel ``ch`` = ``v`` to ``entries``; return its new state.
 
         Entries are plain tuples ``(kind, items, flags, depth, prev_lsn, prev_idx)``.
@@ -137,99 +162,123 @@ class ChannelState:
         pending writes stored to ``ch`` (FORMAT.md section 5): a delta whose items begin
         with theirs refers to those entries (an F_REFS DELTA) instead of storing them again.
         """
-        dumps = self._dumps
-        minb = self._minb
-        idx = len(entries)
-        c = _Chan((lsn, idx))
         if prev is not None and not prev.loaded:
-            self._load_chan(prev)           # log errors must not read as serialization errors
+            self.load(prev)           # log errors must not read as serialization errors
+        c = ChanState((lsn, len(entries)))
         try:
             if isinstance(v, list):
-                start = None
-                if prev is not None and prev.is_list:
-                    start = self._delta_start(prev, v)
-                n = len(v)
-                if start is not None and n - start == 1:     # the agent loop: one new item
-                    raws = [dumps(v[start])]
-                else:
-                    raws = [dumps(v[i]) for i in range(start or 0, n)]
-                wrefs: list = []     # pending-write entries holding raws[:m]
-                m = 0
-                if pend and start is not None:
-                    wrefs, m = _match_writes(pend, raws)
-                items = []
-                zc = 0
-                for b in (raws[m:] if m else raws):
-                    if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
-                        b = self._compress(b)
-                        zc += 1
-                    items.append(b)
-                flags = F_ZSTD if zc and zc == len(items) else 0
-                c.is_list = True
-                # the store's own item arrays, never the caller's list: a later in-place
-                # edit of the caller's list can neither change the committed state nor
-                # hide from the next put's prefix compare. A delta extends the previous
-                # arrays in place when nothing else did (holders read [:their n]).
-                if start is None:
-                    buf = list(v)
-                else:
-                    buf, raws_before = prev.obj, prev.raw
-                    if len(buf) != start or len(raws_before) != start:
-                        buf = buf[:start]
-                        raws_before = raws_before[:start]
-                    buf.extend(v[start:])
-                    raws_before.extend(raws)
-                    raws = raws_before
-                c.obj = buf
-                c.raw = raws
-                c.n = n
-                if n:
-                    c.first = v[0]
-                    c.last = v[n - 1]
-                    c.mid = v[n >> 1]
-                if start is not None:
-                    pl, pi = prev.ref
-                    deltas = prev.deltas
-                    if wrefs:
-                        # the items the parent's pending writes stored: referred to, not copied
-                        deltas = deltas + [pack_ref(lsn, idx)]
-                        entries.append((DELTA, [pack_ref(*r) for r in wrefs], F_REFS,
-                                        len(deltas), pl, pi))
-                        pl, pi = c.ref = (lsn, idx)
-                        idx += 1
-                    if items or not wrefs:
-                        deltas = deltas + [pack_ref(lsn, idx)]
-                        c.ref = (lsn, idx)
-                        entries.append((DELTA, items, flags, len(deltas), pl, pi))
-                        if items:
-                            c.fresh = ((lsn, idx), raws[start + m:])
-                    if len(deltas) >= self.snapshot_every:
-                        idx = len(entries)
-                        entries.append((SNAP, [prev.base] + deltas, 0, 0, 0, 0))
-                        c.ref = (lsn, idx)
-                        c.base = pack_ref(lsn, idx)
-                    else:
-                        c.base = prev.base
-                        c.deltas = deltas
-                else:
-                    entries.append((FULL, items, flags, 0, 0, 0))
-                    c.base = pack_ref(lsn, idx)
+                self._encode_list(c, v, prev if prev is not None and prev.is_list else None,
+                                  entries, pend)
                 return c
-            raw = dumps(v)
+            raw = self._dumps(v)
         except Exception as e:
             raise SerializationError(f"cannot serialize channel {ch!r}: {e}", channel=ch) from e
+        # any other value: one item, FULL with flag VALUE
         b = raw
         flags = F_VALUE
-        if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
+        if len(b) >= self._minb or b[:4] == _ZSTD_MAGIC:
             b = self._compress(b)
             flags |= F_ZSTD
         entries.append((FULL, [b], flags, 0, 0, 0))
-        c.is_list = False
         c.vbytes = raw
-        c.base = pack_ref(lsn, idx)
+        c.base = pack_ref(lsn, c.ref[1])
         return c
 
-    def _delta_start(self, prev: _Chan, v: list) -> int | None:
+    def _encode_list(self, c: ChanState, v: list, prev: ChanState | None, entries: list,
+                     pend: list | None) -> None:
+        """A list value: DELTA entries when it extends the previous list ``prev`` (see the
+        module docstring), else a FULL entry of one item per element."""
+        start = self.delta_start(prev, v) if prev is not None else None
+        raws = self._serialize_items(v, start)
+        wrefs: list = []     # pending-write entries holding raws[:m]
+        m = 0
+        if pend and start is not None:
+            wrefs, m = _match_writes(pend, raws)
+        items, flags = self._stored_items(raws[m:] if m else raws)
+        self._keep_items(c, v, prev, start, raws)
+        if start is None:
+            entries.append((FULL, items, flags, 0, 0, 0))
+            c.base = pack_ref(*c.ref)
+        else:
+            self._append_deltas(c, prev, wrefs, items, flags, start + m, entries)
+
+    def _serialize_items(self, v: list, start: int | None) -> list[bytes]:
+        """The serde bytes of the items to store: ``v[start:]`` (a delta) or all of ``v``."""
+        dumps = self._dumps
+        n = len(v)
+        if start is not None and n - start == 1:     # the agent loop: one new item
+            return [dumps(v[start])]
+        return [dumps(v[i]) for i in range(start or 0, n)]
+
+    def _stored_items(self, raws: list[bytes]) -> tuple[list[bytes], int]:
+        """The items as stored (each compressed when large) and the entry's flags."""
+        minb = self._minb
+        items = []
+        zc = 0
+        for b in raws:
+            if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
+                b = self._compress(b)
+                zc += 1
+            items.append(b)
+        return items, (F_ZSTD if zc and zc == len(items) else 0)
+
+    @staticmethod
+    def _keep_items(c: ChanState, v: list, prev: ChanState | None, start: int | None,
+                    raws: list[bytes]) -> None:
+        """The store's own item arrays, never the caller's list: a later in-place edit of
+        the caller's list can neither change the committed state nor hide from the next
+        put's prefix compare. A delta extends the previous arrays in place when nothing
+        else did (holders read [:their n])."""
+        c.is_list = True
+        if start is None:
+            buf = list(v)
+        else:
+            buf, raws_before = prev.obj, prev.raw
+            if len(buf) != start or len(raws_before) != start:
+                buf = buf[:start]
+                raws_before = raws_before[:start]
+            buf.extend(v[start:])
+            raws_before.extend(raws)
+            raws = raws_before
+        c.obj = buf
+        c.raw = raws
+        n = c.n = len(v)
+        if n:
+            c.first = v[0]
+            c.last = v[n - 1]
+            c.mid = v[n >> 1]
+
+    def _append_deltas(self, c: ChanState, prev: ChanState, wrefs: list, items: list,
+                       flags: int, own_from: int, entries: list) -> None:
+        """The DELTA entries of a list extending ``prev``: an F_REFS DELTA naming the
+        entries of the parent's pending writes that hold its first items (``wrefs``),
+        then a DELTA of the items of its own (from ``c.raw[own_from]`` on); a SNAP after
+        them every ``snapshot_every`` deltas."""
+        lsn, idx = c.ref
+        pl, pi = prev.ref
+        deltas = prev.deltas
+        if wrefs:
+            # the items the parent's pending writes stored: referred to, not copied
+            deltas = deltas + [pack_ref(lsn, idx)]
+            entries.append((DELTA, [pack_ref(*r) for r in wrefs], F_REFS, len(deltas), pl, pi))
+            pl, pi = c.ref = (lsn, idx)
+            idx += 1
+        if items or not wrefs:
+            deltas = deltas + [pack_ref(lsn, idx)]
+            c.ref = (lsn, idx)
+            entries.append((DELTA, items, flags, len(deltas), pl, pi))
+            if items:
+                c.fresh = ((lsn, idx), c.raw[own_from:])
+        if len(deltas) >= self.snapshot_every:
+            idx = len(entries)
+            entries.append((SNAP, [prev.base] + deltas, 0, 0, 0, 0))
+            c.ref = (lsn, idx)
+            c.base = pack_ref(lsn, idx)
+        else:
+            c.base = prev.base
+            c.deltas = deltas
+
+    def delta_start(self, prev: ChanState, v: list) -> int | None:
         """``len(old)`` if ``v`` extends the previous list value (then only ``v[n:]`` is
         stored), else None. See the module docstring for the two ``delta_check`` modes."""
         n = prev.n
@@ -258,30 +307,39 @@ class ChannelState:
                 return None
         return n
 
-    def _parent_chans(self, lane: Lane, head: _Head,
-                      parent_id: str | None) -> tuple[dict[str, _Chan], dict[str, Any]]:
+    def parent_state(self, lane: Lane, head: LaneHead,
+                     parent_id: str | None) -> tuple[dict[str, ChanState], dict[str, Any]]:
         """Channel states (unloaded refs) and versions of the parent checkpoint, for a
         non-linear put."""
         if parent_id is None or parent_id == head.cid:
-            return {ch: _Chan(c.ref, False) for ch, c in head.chans.items()}, head.versions
+            return {ch: ChanState(c.ref, False) for ch, c in head.chans.items()}, head.versions
         pos = lane.find(parent_id)
         if pos < 0:
             return {}, {}
         lsn = lane.lsns[pos]
-        h = CkptHead.of(read_head(self._b.read(lsn), lsn), lsn)
-        return {ch: _Chan(tuple(ref), False) for ch, ref in h.chans.items()}, h.versions
+        h = checkpoint_head(self._b.read(lsn), lsn)
+        return {ch: ChanState(tuple(ref), False) for ch, ref in h.chans.items()}, h.versions
 
     # -- materialized latest state -----------------------------------------------------------
 
-    def _load_head(self, lane: Lane) -> _Head:
+    def head(self, lane: Lane) -> LaneHead | None:
+        """The lane's newest checkpoint, materialized (loaded from the log on first use);
+        None for an empty lane."""
+        head = lane.head
+        if head is None and lane.ids:
+            head = self.load_head(lane)
+        return head
+
+    def load_head(self, lane: Lane) -> LaneHead:
         lsn = lane.lsns[-1]
-        h = CkptHead.of(read_head(self._b.read(lsn), lsn), lsn)
-        head = _Head(h.cid, lsn, h.parent, h.ckpt_b, h.meta_b, h.versions,
-                     {ch: _Chan(tuple(ref), False) for ch, ref in h.chans.items()})
+        h = checkpoint_head(self._b.read(lsn), lsn)
+        head = LaneHead(h.cid, lsn, h.parent, h.ckpt_b, h.meta_b, h.versions,
+                        {ch: ChanState(tuple(ref), False) for ch, ref in h.chans.items()})
         lane.head = head
         return head
 
-    def _load_chan(self, c: _Chan) -> None:
+    def load(self, c: ChanState) -> None:
+        """Fill ``c`` (known by its ref only) from the log: its chain and its value."""
         read = self._b.read
         lsn, idx = c.ref
         e = entry_at(read(lsn), idx)
@@ -311,10 +369,10 @@ class ChannelState:
                 c.first, c.last, c.mid = obj[0], obj[n - 1], obj[n >> 1]
         c.loaded = True
 
-    def _chan_value(self, c: _Chan) -> Any:
+    def value(self, c: ChanState) -> Any:
         """The committed value of a channel of the newest checkpoint, as new objects."""
         if not c.loaded:
-            self._load_chan(c)
+            self.load(c)
         if not c.is_list:
             return self._loads(c.vbytes)
         # a list's items are deserialized afresh from the bytes kept at put, never the

@@ -1,0 +1,287 @@
+"""COMMIT payloads (docs/FORMAT.md section 5): the commit-payload codec.
+
+(It was ``durkv.channels``; that name is kept as a re-export for compatibility.)
+This module is the one Python codec of that format: pure Python on bytes, so
+every backend (memory, local, s3) shares it, and ``durkv.log`` re-exports it.
+The C library decodes the same bytes (``dkv_read_channel``, ``verify --deep``);
+the tests hold the two to each other. Frames are built here rather than in C
+because joining one small frame with ``struct`` costs less than marshalling
+item arrays through cffi.
+
+Item compression is per item and self-describing: an item is stored zstd
+compressed when its serialized size is ``>= compress_min_bytes``, and it is
+read back as compressed exactly when it starts with the zstd frame magic
+(``28 b5 2f fd``). A serialized value that happens to begin with that magic is
+always compressed, so the rule is unambiguous. An entry carries flag
+``F_ZSTD`` when all of its items are compressed (as FORMAT.md defines the
+flag); readers rely on the magic, never on the flag, because a DELTA/SNAP chain
+can mix compressed and plain items while ``read_channel`` reports the flags of
+the chain's FULL entry only.
+
+>>> p = encode_commit(b"head", [Entry(FULL, [b"a", b"b"])])
+>>> decode_head(p)
+b'head'
+>>> resolve_channel({7: p}.__getitem__, 7, 0)
+([b'a', b'b'], 0)
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from typing import Callable, NamedTuple
+
+import zstandard
+
+from .errors import CorruptionError
+
+__all__ = [
+    "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "F_REFS", "Entry", "encode_commit", "decode_commit",
+    "decode_head", "entry_at", "entry_header", "snap_ref_at", "snap_refs", "resolve_channel",
+    "pack_ref", "unpack_ref", "Codec",
+]
+
+FULL, DELTA, SNAP = 1, 2, 3
+F_ZSTD, F_VALUE, F_REFS = 1, 2, 4    # F_REFS: a DELTA whose items are 12-byte refs
+
+_U32 = struct.Struct("<I")
+_ENTRY = struct.Struct("<BBHIQII")   # kind flags reserved depth prev_lsn prev_idx n_items
+_REF = struct.Struct("<QI")
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+pack_ref = _REF.pack
+_pack_u32 = _U32.pack
+_unpack_u32 = _U32.unpack_from
+_pack_entry = _ENTRY.pack
+
+
+def unpack_ref(b: bytes) -> tuple[int, int]:
+    return _REF.unpack(b)
+
+
+class Entry(NamedTuple):
+    """One channel entry of a COMMIT frame (same fields as ``durkv.log.Entry``)."""
+
+    kind: int
+    items: list
+    flags: int = 0
+    depth: int = 0
+    prev_lsn: int = 0
+    prev_idx: int = 0
+
+
+def encode_commit(head: bytes, entries) -> bytes:
+    """Encode a COMMIT payload: ``head_len head n_entries entry*``. ``entries`` are
+    :class:`Entry` or plain 6-tuples in its field order (the commit path builds those)."""
+    parts = [_pack_u32(len(head)), head, _pack_u32(len(entries))]
+    append = parts.append
+    for kind, items, flags, depth, prev_lsn, prev_idx in entries:
+        append(_pack_entry(kind, flags, 0, depth, prev_lsn, prev_idx, len(items)))
+        for it in items:
+            append(_pack_u32(len(it)))
+            append(it)
+    return b"".join(parts)
+
+
+def _bad(msg: str, lsn: int | None = None) -> CorruptionError:
+    where = f"frame {lsn}: " if lsn is not None else ""
+    return CorruptionError(f"{where}malformed COMMIT payload: {msg}", kind="bad_commit",
+                           lsn=-1 if lsn is None else lsn)
+
+
+def decode_head(payload: bytes, lsn: int | None = None) -> bytes:
+    """The head bytes of a COMMIT payload (no entry is decoded), bounds checked: the one
+    place that finds the head (:func:`durkv.store.records.read_head` decodes it)."""
+    n = len(payload)
+    if n >= 8:
+        hl = _unpack_u32(payload)[0]
+        if 8 + hl <= n:
+            return payload[4:4 + hl]
+    raise _bad("shorter than 8 bytes" if n < 8 else "head length past the end", lsn)
+
+
+def _entries_offset(payload: bytes) -> tuple[int, int]:
+    (hl,) = _U32.unpack_from(payload, 0)
+    off = 4 + hl
+    if off + 4 > len(payload):
+        raise _bad("head length past the end")
+    (n,) = _U32.unpack_from(payload, off)
+    return off + 4, n
+
+
+def _check_entry(kind: int, flags: int, reserved: int) -> None:
+    if (kind not in (FULL, DELTA, SNAP) or reserved or flags & ~(F_ZSTD | F_VALUE | F_REFS)
+            or (flags & F_REFS and (kind != DELTA or flags & F_VALUE))):
+        raise _bad(f"bad entry header (kind {kind}, flags {flags}, reserved {reserved})")
+
+
+def _read_entry(payload: bytes, off: int) -> tuple[Entry, int]:
+    end = len(payload)
+    if off + 24 > end:
+        raise _bad("entry header past the end")
+    kind, flags, reserved, depth, prev_lsn, prev_idx, n = _ENTRY.unpack_from(payload, off)
+    _check_entry(kind, flags, reserved)
+    off += 24
+    items = []
+    unpack_u32 = _U32.unpack_from
+    for _ in range(n):
+        if off + 4 > end:
+            raise _bad("item length past the end")
+        (ln,) = unpack_u32(payload, off)
+        off += 4
+        if off + ln > end:
+            raise _bad("item past the end")
+        items.append(payload[off:off + ln])
+        off += ln
+    return Entry(kind, items, flags, depth, prev_lsn, prev_idx), off
+
+
+def decode_commit(payload: bytes) -> tuple[bytes, list[Entry]]:
+    """Decode a whole COMMIT payload into ``(head, entries)``."""
+    head = decode_head(payload)
+    off, n = _entries_offset(payload)
+    entries = []
+    for _ in range(n):
+        e, off = _read_entry(payload, off)
+        entries.append(e)
+    if off != len(payload):
+        raise _bad("trailing bytes after the last entry")
+    return head, entries
+
+
+def _entry_offset(payload: bytes, idx: int) -> int:
+    off, n = _entries_offset(payload)
+    if idx >= n:
+        raise _bad(f"entry {idx} of {n}")
+    unpack_u32 = _U32.unpack_from
+    for _ in range(idx):
+        n_items = _ENTRY.unpack_from(payload, off)[6]
+        off += 24
+        for _ in range(n_items):
+            off += 4 + unpack_u32(payload, off)[0]
+    return off
+
+
+def entry_at(payload: bytes, idx: int) -> Entry:
+    """Entry ``idx`` of a COMMIT payload (skips the entries before it)."""
+    return _read_entry(payload, _entry_offset(payload, idx))[0]
+
+
+def entry_header(payload: bytes, idx: int) -> tuple[int, int, int, int, int, int, int]:
+    """``(kind, flags, depth, prev_lsn, prev_idx, n_items, items_offset)`` of entry
+    ``idx``, copying no item (the history walk reads only headers)."""
+    off = _entry_offset(payload, idx)
+    if off + 24 > len(payload):
+        raise _bad("entry header past the end")
+    kind, flags, reserved, depth, prev_lsn, prev_idx, n = _ENTRY.unpack_from(payload, off)
+    _check_entry(kind, flags, reserved)
+    return kind, flags, depth, prev_lsn, prev_idx, n, off + 24
+
+
+def snap_ref_at(payload: bytes, items_offset: int, k: int) -> tuple[int, int]:
+    """Reference ``k`` of a SNAP entry whose items start at ``items_offset``."""
+    off = items_offset + 16 * k
+    if _U32.unpack_from(payload, off)[0] != 12:
+        raise _bad(f"SNAP reference {k} is not 12 bytes")
+    return _REF.unpack_from(payload, off + 4)
+
+
+def snap_refs(entry: Entry) -> list[tuple[int, int]]:
+    """The ``(lsn, idx)`` references of a SNAP entry."""
+    return [_REF.unpack(i) for i in entry.items]
+
+
+def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
+                    max_steps: int = 1 << 20) -> tuple[list[bytes], int]:
+    """A channel's item list at entry ``(lsn, idx)``, walking DELTA/SNAP refs.
+
+    Returns ``(items, flags of the chain's FULL entry)``; the pure-Python twin
+    of ``dkv_read_channel``. References must point strictly backwards.
+    """
+    cache: dict[int, bytes] = {}
+
+    def entry(ref_lsn: int, ref_idx: int) -> Entry:
+        p = cache.get(ref_lsn)
+        if p is None:
+            p = cache[ref_lsn] = read_payload(ref_lsn)
+        return entry_at(p, ref_idx)
+
+    def own_items(e: Entry, ref_lsn: int, ref_idx: int) -> list[bytes]:
+        """A DELTA's own items: with F_REFS, those of the FULL list entries it names."""
+        if not e.flags & F_REFS:
+            return e.items
+        out: list[bytes] = []
+        for r in snap_refs(e):
+            if r >= (ref_lsn, ref_idx):
+                raise _bad("item reference does not point backwards", ref_lsn)
+            t = entry(*r)
+            if t.kind != FULL or t.flags & F_VALUE:
+                raise _bad("item reference is not a FULL list entry", ref_lsn)
+            out.extend(t.items)
+        return out
+
+    def value(ref_lsn: int, ref_idx: int) -> tuple[list[bytes], int]:
+        tails: list[list[bytes]] = []
+        steps = 0
+        while True:
+            e = entry(ref_lsn, ref_idx)
+            steps += 1
+            if steps > max_steps:
+                raise _bad("channel chain too long (a reference cycle?)", ref_lsn)
+            if e.kind == FULL:
+                base, flags = list(e.items), e.flags
+                break
+            if e.kind == DELTA:
+                tails.append(own_items(e, ref_lsn, ref_idx))
+                if (e.prev_lsn, e.prev_idx) >= (ref_lsn, ref_idx):
+                    raise _bad("DELTA reference does not point backwards", ref_lsn)
+                ref_lsn, ref_idx = e.prev_lsn, e.prev_idx
+                continue
+            if e.kind == SNAP:
+                refs = snap_refs(e)
+                if not refs:
+                    raise _bad("SNAP without references", ref_lsn)
+                for r in refs:
+                    if r >= (ref_lsn, ref_idx):
+                        raise _bad("SNAP reference does not point backwards", ref_lsn)
+                base, flags = value(*refs[0])
+                for r in refs[1:]:
+                    base.extend(own_items(entry(*r), *r))
+                break
+            raise _bad(f"unknown entry kind {e.kind}", ref_lsn)
+        for t in reversed(tails):
+            base.extend(t)
+        return base, flags
+
+    return value(lsn, idx)
+
+
+class Codec:
+    """Per-item compression with a size threshold (see the module docstring)."""
+
+    __slots__ = ("min_bytes", "_level", "compress", "_local")
+
+    def __init__(self, compress_min_bytes: int = 1024, level: int = 3) -> None:
+        self.min_bytes = compress_min_bytes
+        self._level = level
+        # compress(data) -> bytes: one compressor, for the one thread that holds the store's
+        # write lock (the commit path: no thread-local lookup per item)
+        self.compress = zstandard.ZstdCompressor(level=level).compress
+        self._local = threading.local()     # pack()/unpack() run on any thread: one each
+
+    def pack(self, data: bytes) -> tuple[bytes, bool]:
+        """Maybe compress one serialized item; returns ``(stored, compressed)``."""
+        if len(data) >= self.min_bytes or data[:4] == _ZSTD_MAGIC:
+            c = getattr(self._local, "c", None)
+            if c is None:
+                c = self._local.c = zstandard.ZstdCompressor(level=self._level)
+            return c.compress(data), True
+        return data, False
+
+    def unpack(self, data: bytes) -> bytes:
+        if data[:4] == _ZSTD_MAGIC:
+            d = getattr(self._local, "d", None)
+            if d is None:
+                d = self._local.d = zstandard.ZstdDecompressor()
+            return d.decompress(data)
+        return data

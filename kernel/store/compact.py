@@ -1,0 +1,252 @@
+"""Compaction: copy the live data to the tail, then drop the prefix (crash-safe).
+
+Protocol (a replay at open follows the same records, see
+:meth:`durkv.store.replay.LogIndex.apply`):
+
+1. roll the backend to a new segment, append ``COMPACT_BEGIN`` at LSN ``B``;
+2. for each live checkpoint (per thread and namespace, oldest first) append a
+   ``COPY_CKPT`` frame, then one ``COPY_WRITES`` frame per task with its pending
+   writes merged (idempotency already resolved; a list value held as an entry is
+   copied as an entry, which the next checkpoint's copy then refers to);
+   then, per run, a ``COPY_JOURNAL`` frame for each journal record;
+3. flush, append ``COMPACT_END(B)`` durably;
+4. ``remove_prefix(B)``: the log records ``start_lsn = B`` and unlinks the old
+   segments.
+
+A crash before END leaves the old records authoritative: replay ignores
+copies without an END, and any later ordinary record abandons them. A crash
+after END but before the unlink: replay switches to the copies at END, and the
+next writer finishes the unlink.
+
+Channel entries are copied **re-chained**, not flattened: every entry a live
+checkpoint needs (its head entry and, transitively, the DELTA ``prev``/SNAP
+references behind it) is copied once, in LSN order, with its references
+rewritten. Bytes stay linear in the live data (flattening every checkpoint's
+list into a FULL entry would be quadratic), entries that only dead checkpoints
+used are dropped, and a pruned thread keeps exactly the items its kept
+checkpoints read.
+
+:class:`Compaction` is one run of it, over the backend, the
+:class:`~durkv.store.replay.LogIndex` (the live data, and the replay that switches
+to the copies) and the :class:`~durkv.store.reads.Reads` (the merged pending
+writes); the store calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ..errors import BackendError
+from ..payload import (
+    DELTA, F_REFS, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref,
+)
+from .delta import LaneHead
+from .index import Lane
+from .reads import Reads
+from .records import (
+    K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL, K_COPY_WRITES, CkptHead,
+    CompactBeginHead, CompactEndHead, JournalHead, PendingWrite, WritesHead, pack_head,
+    read_head,
+)
+from .replay import LogIndex
+
+__all__ = ["Compaction"]
+
+Ref = tuple[int, int]
+
+
+class _Frames:
+    """A small cache of old payloads (one frame is read for several entries)."""
+
+    def __init__(self, read, cap: int = 512) -> None:
+        self._read = read
+        self._cap = cap
+        self._d: dict[int, bytes] = {}
+
+    def __call__(self, lsn: int) -> bytes:
+        p = self._d.get(lsn)
+        if p is None:
+            if len(self._d) >= self._cap:
+                self._d.pop(next(iter(self._d)))
+            p = self._d[lsn] = self._read(lsn)
+        return p
+
+
+class Compaction:
+    """One compaction of a store (see the module docstring); :meth:`run` once."""
+
+    def __init__(self, backend: Any, index: LogIndex, reads: Reads, url: str) -> None:
+        self._b = backend
+        self._index = index
+        self._reads = reads
+        self.url = url
+        self._frames = _Frames(backend.read)
+        self._mapped: dict[Ref, Ref] = {}    # old entry -> its copy
+
+    def run(self) -> dict[str, Any]:
+        """Copy the live data after a BEGIN, end it durably, switch the index to the
+        copies and drop the old prefix; returns the figures of ``Store.compact``."""
+        b = self._b
+        b.flush()                   # exit policy: count (and keep) what is still buffered
+        bytes_before = b.size_bytes()
+        heads = self._materialized_heads()
+        begin = self._begin()
+        kept = sum(self._copy_lane(t, n, lane) for t, n, lane in list(self._index.ix.lanes()))
+        self._copy_journals()
+        self._end(begin)
+        self._index.replay_compaction(begin)
+        self._keep_heads(heads)
+        b.remove_prefix(begin)
+        self._index.scan_pos = max(self._index.scan_pos, b.start_lsn)
+        if self._index.index_every:
+            self._index.write_snapshot()     # open then replays nothing of the copies
+        return {"bytes_before": bytes_before, "bytes_after": b.size_bytes(),
+                "checkpoints_kept": kept, "journal_records_kept": sum(
+                    len(v) for v in self._index.ix.journals.values())}
+
+    # -- the steps ---------------------------------------------------------------------------
+
+    def _materialized_heads(self) -> dict[tuple[str, str], LaneHead]:
+        return {(t, n): lane.head for t, n, lane in self._index.ix.lanes()
+                if lane.head is not None}
+
+    def _begin(self) -> int:
+        self._b.roll()
+        # BEGIN and the copies are buffered ("exit"): the flush before END makes them durable
+        return self._b.append(encode_commit(CompactBeginHead(K_COMPACT_BEGIN).pack(), ()),
+                              "exit")
+
+    def _end(self, begin: int) -> None:
+        b = self._b
+        b.flush()
+        b.append(encode_commit(CompactEndHead(K_COMPACT_END, begin).pack(), ()), "sync")
+        b.flush()
+
+    def _copy_lane(self, t: str, n: str, lane: Lane) -> int:
+        """Copy every checkpoint of the lane with its pending writes, then the writes to
+        checkpoint ids the lane does not hold; returns how many checkpoints were copied."""
+        pending = self._reads.pending_writes
+        for cid, lsn in zip(lane.ids, lane.lsns):
+            self._copy_checkpoint(t, n, lsn)
+            self._copy_writes(t, n, cid, pending(lane, lsn, raw=True))
+        for cid in lane.orphan_writes():
+            self._copy_writes(t, n, cid, pending(lane, -1, cid, raw=True))
+        return len(lane.ids)
+
+    def _copy_checkpoint(self, t: str, n: str, lsn: int) -> None:
+        raw = read_head(self._frames(lsn), lsn)
+        h = CkptHead.of(raw, lsn)
+        new_lsn = self._b.next_lsn
+        entries: list[Entry] = []
+        self._copy_entries(h.chans.values(), new_lsn, entries)
+        mapped = self._mapped
+        h = h._replace(kind=K_COPY_CKPT, thread=t, ns=n, chans={
+            ch: list(mapped[tuple(ref)]) for ch, ref in h.chans.items()})
+        # fields a later version added after the known ones are copied as they are
+        hb = pack_head([*h, *raw[len(h):]]) if len(raw) > len(h) else h.pack()
+        self._append_copy(hb, entries, new_lsn)
+
+    def _copy_writes(self, t: str, n: str, cid: str, writes: list[PendingWrite]) -> None:
+        """One frame per (task, path) with the merged writes (values copied as stored).
+        A list value held as an entry is copied as the entry, so that a copied checkpoint
+        referring to it (F_REFS) finds it copied already and refers to the copy."""
+        by_task: dict[tuple[str, str], list] = {}
+        for w in writes:
+            by_task.setdefault((w.task_id, w.task_path), []).append(w)
+        mapped = self._mapped
+        for (task, path), ws in by_task.items():
+            new_lsn = self._b.next_lsn
+            entries: list[Entry] = []
+            recs = []
+            for w in ws:
+                v = w.value
+                if type(v) is tuple:      # (lsn, idx) of the entry whose items are the list
+                    if v not in mapped:
+                        self._copy_entries([v], new_lsn, entries)
+                    # in this frame: its index; copied into an earlier one already (the
+                    # checkpoint's, a copied thread's writes): its reference
+                    v = mapped[v][1] if mapped[v][0] == new_lsn else list(mapped[v])
+                recs.append([w.idx, w.channel, v])
+            hb = WritesHead(K_COPY_WRITES, t, n, cid, task, path, False, recs).pack()
+            self._append_copy(hb, entries, new_lsn)
+
+    def _copy_journals(self) -> None:
+        """Each journal record again, under the run it is indexed by (a copied journal's
+        frames may name the source run)."""
+        b = self._b
+        for run_id, lsns in list(self._index.ix.journals.items()):
+            for lsn in lsns:
+                h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
+                b.append(encode_commit(JournalHead(K_COPY_JOURNAL, run_id, h.rec).pack(), ()),
+                         "exit")
+
+    def _append_copy(self, hb: bytes, entries: list[Entry], new_lsn: int) -> None:
+        got = self._b.append(encode_commit(hb, entries), "exit")
+        if got != new_lsn:     # before END: the old data stays authoritative
+            raise BackendError(f"compaction of {self.url}: frame landed at LSN {got}, "
+                               f"expected {new_lsn}; nothing was lost, the copies are ignored")
+
+    # -- channel entries, re-chained ---------------------------------------------------------
+
+    def _needed(self, refs: Iterable) -> list[tuple[Ref, Entry]]:
+        """Old entries reachable from ``refs`` and not copied yet, in LSN order."""
+        mapped = self._mapped
+        todo = [tuple(r) for r in refs]
+        seen: dict[Ref, Entry] = {}
+        while todo:
+            r = todo.pop()
+            if r in mapped or r in seen:
+                continue
+            e = seen[r] = entry_at(self._frames(r[0]), r[1])
+            if e.kind == DELTA:
+                todo.append((e.prev_lsn, e.prev_idx))
+                if e.flags & F_REFS:
+                    todo.extend(unpack_ref(x) for x in e.items)
+            elif e.kind == SNAP:
+                todo.extend(unpack_ref(x) for x in e.items)
+        return sorted(seen.items())
+
+    def _copy_entries(self, refs: Iterable, lsn: int, entries: list[Entry]) -> None:
+        """Append to ``entries`` (of the frame at ``lsn``) the copies of every entry
+        ``refs`` need, their references rewritten to the copies."""
+        mapped = self._mapped
+        for r, e in self._needed(refs):
+            new = (lsn, len(entries))
+            if e.kind == FULL:
+                entries.append(Entry(FULL, e.items, e.flags))
+            elif e.kind == DELTA:
+                p = mapped[(e.prev_lsn, e.prev_idx)]
+                items = e.items
+                if e.flags & F_REFS:
+                    items = [pack_ref(*mapped[unpack_ref(x)]) for x in items]
+                entries.append(Entry(DELTA, items, e.flags, e.depth, p[0], p[1]))
+            else:
+                items = [pack_ref(*mapped[unpack_ref(x)]) for x in e.items]
+                entries.append(Entry(SNAP, items, e.flags))
+            mapped[r] = new
+
+    def _keep_heads(self, heads: dict[tuple[str, str], LaneHead]) -> None:
+        """Carry each lane's materialized newest state over to the copies.
+
+        Keeping the very objects that were put (not a reload from the log) keeps
+        delta detection working for the next put of a running agent.
+        """
+        mapped = self._mapped
+
+        def remap(packed: bytes) -> bytes:
+            return pack_ref(*mapped[unpack_ref(packed)])
+
+        for (t, n), head in heads.items():
+            lane = self._index.ix.lane(t, n)
+            if lane is None or not lane.ids or lane.ids[-1] != head.cid:
+                continue
+            try:
+                for c in head.chans.values():
+                    c.ref = mapped[tuple(c.ref)]
+                    if c.loaded:
+                        c.base = remap(c.base)
+                        c.deltas = [remap(d) for d in c.deltas]
+            except KeyError:
+                continue   # defensive: reload from the log instead
+            head.lsn = lane.lsns[-1]
+            lane.head = head

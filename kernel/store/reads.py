@@ -1,0 +1,143 @@
+"""Point reads of the store: one checkpoint (the newest from memory, an older one from
+its frame) and the merged pending writes of a checkpoint.
+
+:class:`Reads` holds the backend, the :class:`~durkv.store.replay.LogIndex` (the index
+it looks checkpoints up in: a compaction replaces it), the
+:class:`~durkv.store.delta.Channels` (the newest state) and the serde; the store calls
+it under its lock. Streams of checkpoints are :mod:`durkv.store.history`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import CorruptionError
+from ..payload import F_VALUE, Codec, entry_at
+from .delta import Channels
+from .index import Lane
+from .records import (
+    K_CKPT, K_COPY_CKPT, Checkpoint, CkptHead, PendingWrite, WritesHead, read_head,
+)
+from .replay import LogIndex
+
+__all__ = ["Reads", "checkpoint_fields"]
+
+_CID = CkptHead._fields.index("cid")
+
+
+def checkpoint_fields(payload: bytes, cid: str, lsn: int, url: str) -> list:
+    """The head of the checkpoint frame at ``lsn``, which the index says holds ``cid``,
+    as the list of ``CkptHead``'s fields (length checked: the history walk unpacks it);
+    a frame that is something else is never returned as it (a log cut and reused under
+    a reader, FORMAT.md 2a)."""
+    h = read_head(payload, lsn)
+    if h[0] == K_CKPT or h[0] == K_COPY_CKPT:
+        h = CkptHead.fields(h, lsn)
+        if h[_CID] == cid:
+            return h
+    raise CorruptionError(
+        f"store {url}: frame {lsn} does not hold checkpoint {cid!r}; the log changed "
+        "under this handle (repaired by `durkv recover`?): refresh() or reopen the store",
+        kind="bad_record", lsn=lsn)
+
+
+class _WriteItems:
+    """A pending write's list value as its stored items (decoded after the merge)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+
+class Reads:
+    """Checkpoints and pending writes read back (under the store's lock)."""
+
+    def __init__(self, backend: Any, index: LogIndex, channels: Channels, serde: Any,
+                 codec: Codec, url: str) -> None:
+        self._b = backend
+        self._index = index
+        self._channels = channels
+        self._loads = serde.loads
+        self._codec = codec
+        self.url = url
+
+    def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Checkpoint | None:
+        """A checkpoint with its values and pending writes (``None`` id: the newest), or
+        None when there is no such checkpoint."""
+        lane = self._index.ix.lane(thread_id, ns)
+        if lane is None or not lane.ids:
+            return None
+        head = lane.head
+        if checkpoint_id is None or (head is not None and checkpoint_id == head.cid):
+            return self._newest(thread_id, ns, lane)
+        pos = lane.find(checkpoint_id)
+        if pos < 0:
+            return None
+        lsn = lane.lsns[pos]
+        h = CkptHead.of(checkpoint_fields(self._b.read(lsn), checkpoint_id, lsn, self.url))
+        return self.checkpoint(thread_id, ns, lane, lsn, h)
+
+    def _newest(self, thread_id: str, ns: str, lane: Lane) -> Checkpoint:
+        """The newest checkpoint of ``lane``, from its materialized state (no frame read)."""
+        channels = self._channels
+        head = channels.head(lane)
+        loads = self._loads
+        return Checkpoint(
+            thread_id, ns, head.cid, head.parent, loads(head.ckpt_b), loads(head.meta_b),
+            dict(head.versions), {ch: channels.value(c) for ch, c in head.chans.items()},
+            self.pending_writes(lane, head.lsn))
+
+    def checkpoint(self, thread_id: str, ns: str, lane: Lane, lsn: int,
+                   h: CkptHead) -> Checkpoint:
+        """The checkpoint of head ``h`` (frame ``lsn``): one ``read_channel`` per channel."""
+        loads = self._loads
+        unpack = self._codec.unpack
+        values = {}
+        for ch, (rl, ri) in h.chans.items():
+            items, flags = self._b.read_channel(rl, ri)
+            if flags & F_VALUE:
+                values[ch] = loads(unpack(items[0]))
+            else:
+                values[ch] = [loads(unpack(x)) for x in items]
+        return Checkpoint(thread_id, ns, h.cid, h.parent, loads(h.ckpt_b), loads(h.meta_b),
+                          h.versions, values, self.pending_writes(lane, lsn))
+
+    def pending_writes(self, lane: Lane, ckpt_lsn: int, cid: str | None = None,
+                       raw: bool = False) -> list[PendingWrite]:
+        """The merged pending writes of the checkpoint at ``ckpt_lsn`` (-1: the orphan writes
+        to ``cid``); ``raw``: values left as stored (bytes, or the ``(lsn, idx)`` of the
+        entry holding a list's items), as compaction copies them."""
+        wl = lane.writes_of(ckpt_lsn) if ckpt_lsn >= 0 else lane.orphan_writes().get(cid, [])
+        if not wl:
+            return []
+        merged: dict[tuple[str, int], PendingWrite] = {}
+        for w in wl:
+            payload = self._b.read(w)
+            h = WritesHead.of(read_head(payload, w), w)
+            task, path, replace = h.task_id, h.task_path, h.replace
+            for idx, ch, vb in h.writes:
+                key = (task, idx)
+                if replace or key not in merged:
+                    if type(vb) is int:
+                        # a list held as entry vb of this frame (FORMAT.md section 5)
+                        vb = (w, vb) if raw else _WriteItems(entry_at(payload, vb).items)
+                    elif type(vb) is list:
+                        # ... or as the items of an entry of an earlier frame
+                        vb = (vb[0], vb[1]) if raw else _WriteItems(
+                            entry_at(self._b.read(vb[0]), vb[1]).items)
+                    merged[key] = PendingWrite(task, ch, vb, idx, path)
+        out = sorted(merged.values(), key=lambda p: (p.task_path, p.task_id, p.idx))
+        if not raw:
+            self._decode_values(out)
+        return out
+
+    def _decode_values(self, writes: list[PendingWrite]) -> None:
+        unpack = self._codec.unpack
+        loads = self._loads
+        for p in writes:
+            v = p.value
+            if type(v) is _WriteItems:
+                p.value = [loads(unpack(x)) for x in v.items]
+            else:
+                p.value = loads(unpack(v))

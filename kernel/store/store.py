@@ -1,0 +1,561 @@
+"""The checkpoint store: threads, checkpoints, delta-encoded channels, pending writes.
+
+Every change is ONE log frame (a COMMIT payload, docs/FORMAT.md section 5)
+whose head is a msgpack list starting with a record kind; deletes, copies and
+prunes are small records too, so a reopen replays them. The index is rebuilt at
+open from the frame heads only: from the newest ``K_INDEX`` snapshot on, when the
+log has one (``index_every``).
+
+>>> import durkv
+>>> with durkv.open("memory://") as store:
+...     store.put("t", "", "1", checkpoint={}, metadata={}, values={"msgs": ["hi"]},
+...               versions={"msgs": 1})
+...     store.put("t", "", "2", checkpoint={}, metadata={}, values={"msgs": ["hi", "yo"]},
+...               versions={"msgs": 2}, parent_id="1")
+...     [c.values["msgs"] for c in store.history("t")]
+[['hi', 'yo'], ['hi']]
+
+:class:`Store` is the facade: it checks arguments, holds the lock and the open/closed
+state, and composes the objects that do the work, each of its own module --
+:class:`~durkv.store.appender.Appender` (frames to the backend),
+:class:`~durkv.store.replay.LogIndex` (the index, replay, snapshots),
+:class:`~durkv.store.delta.Channels` (channel encoding, the newest state),
+:class:`~durkv.store.writer.Writer` (put, put_writes, journal records),
+:class:`~durkv.store.reads.Reads` and :class:`~durkv.store.history.History`,
+:class:`~durkv.store.edits.Edits` (deletes, copies, prunes) and
+:class:`~durkv.store.compact.Compaction`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Iterator, Sequence
+
+from ..errors import ConfigError, ReadOnlyError
+from ..payload import Codec
+from ..serde import Serde, default_serde
+from .appender import Appender
+from .compact import Compaction
+from .delta import Channels
+from .edits import Edits
+from .history import History
+from .reads import Reads
+from .records import (
+    DURABILITIES, ChannelEntry, Checkpoint, check_id, check_ids, check_limit, check_opt_id,
+    heads_of, JournalHead,
+)
+from .replay import LogIndex
+from .writer import Writer, check_put, check_writes
+
+__all__ = ["Store", "open_store"]
+
+
+class Store:
+    """A checkpoint store over one backend. Create with :func:`durkv.open`."""
+
+    def __init__(self, backend: Any, *, url: str, durability: str = "sync",
+                 read_only: bool = False, serde: Serde | None = None, snapshot_every: int = 64,
+                 compress_min_bytes: int = 1024, max_commit_bytes: int = 256 << 20,
+                 delta_check: str = "prefix", index_every: int = 50_000) -> None:
+        self._b = backend
+        self.url = url
+        self.durability = durability
+        self.read_only = read_only = bool(read_only or backend.read_only)
+        self.serde = serde = serde if serde is not None else default_serde
+        self._dumps, self._loads = serde.dumps, serde.loads
+        self.snapshot_every = snapshot_every
+        self.delta_check = delta_check
+        self.max_commit_bytes = max_commit_bytes
+        self._lock = threading.RLock()
+        self._closed = False
+        codec = Codec(compress_min_bytes)
+        self._appender = Appender(backend, durability, max_commit_bytes)
+        self._index = LogIndex(backend, self._appender, url, index_every)
+        self._channels = Channels(backend, serde, codec, snapshot_every=snapshot_every,
+                                  delta_check=delta_check)
+        self._writer = Writer(self._appender, self._index, self._channels, serde, codec, url)
+        self._reads = Reads(backend, self._index, self._channels, serde, codec, url)
+        self._history = History(self._lock, self._check_open, backend, self._index,
+                                self._reads, serde, codec, url)
+        self._edits = Edits(self._appender, self._index, self._writer, backend, serde.loads)
+        self._load_index()
+        if not read_only:
+            self._index.shadow = None   # a compaction cut short by a crash: its copies are dead
+            if self._index.compacted_at > backend.start_lsn:
+                # a compaction finished (END is durable) but its old frames were not removed
+                backend.remove_prefix(self._index.compacted_at)
+
+    # -- the index, as the log builds it (durkv.store.replay) --------------------------------
+
+    def _load_index(self) -> None:
+        """Build the index from the log: the newest snapshot, then the frames after it."""
+        self._index.reset()
+        self._restore_index()
+        self._replay()
+
+    def _restore_index(self) -> None:
+        self._index.restore()
+
+    def _replay(self) -> None:
+        self._index.replay()
+
+    def _write_index(self) -> None:
+        self._index.write_snapshot()
+
+    def _append(self, payload: bytes, durability: str | None) -> int:
+        with self._lock:
+            return self._appender.append(payload, durability)
+
+    # the replay state, read as attributes of the store (tests and debugging)
+    _ix = property(lambda self: self._index.ix)
+    _shadow = property(lambda self: self._index.shadow)
+    _shadow_begin = property(lambda self: self._index.shadow_begin)
+    _compacted_at = property(lambda self: self._index.compacted_at)
+    _scan_pos = property(lambda self: self._index.scan_pos)
+    _index_lsn = property(lambda self: self._index.index_lsn)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "read-only" if self.read_only else self.durability
+        return f"<durkv.Store {self.url} {mode}{' closed' if self._closed else ''}>"
+
+    def flush(self) -> None:
+        """Make every commit so far durable, under any policy."""
+        with self._lock:
+            self._check_open()
+            self._b.flush()
+
+    def close(self) -> None:
+        """Flush and release the backend. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if not self.read_only and self._index.stale():
+                    self._index.write_snapshot()
+            except Exception:
+                pass    # a snapshot is only a shortcut; the log is intact without it
+            finally:
+                self._b.close()
+
+    def verify(self, deep: bool = False) -> Any:
+        """Check the stored bytes (local: the log's verify report)."""
+        return self._b.verify(deep)
+
+    def refresh(self) -> None:
+        """See frames a concurrent writer committed since open (read-only handles; a
+        writer's index is always current, so this is a no-op for it)."""
+        with self._lock:
+            self._check_open()
+            if self.read_only:
+                if self._b.refresh():
+                    self._load_index()      # the log was repaired under us: remap from scratch
+                else:
+                    self._replay()
+
+    def size_bytes(self) -> int:
+        return self._b.size_bytes()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError(f"store {self.url} is closed; open it again with durkv.open()")
+
+    def _check_write(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise ReadOnlyError(f"store {self.url} is open read-only; "
+                                "open it without read_only=True to write")
+
+    def _durability(self, durability: str | None) -> str | None:
+        if durability is not None and durability not in DURABILITIES:
+            raise ConfigError(f"unknown durability {durability!r}; use one of "
+                              + ", ".join(DURABILITIES))
+        return durability
+
+    # -- writes (durkv.store.writer) ---------------------------------------------------------
+
+    def put(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, *, checkpoint: dict,
+            metadata: dict, values: dict[str, Any], versions: dict[str, Any],
+            parent_id: str | None = None, durability: str | None = None,
+            all_values: dict[str, Any] | None = None) -> None:
+        """Commit one checkpoint as one frame.
+
+        Args:
+            checkpoint: opaque record (LangGraph: its checkpoint dict minus channel_values).
+            metadata: metadata dict (``history(filter=...)`` matches on it).
+            values: new values of the channels whose version changed.
+            versions: ALL channel versions of this checkpoint. A channel in ``versions``
+                but not in ``values`` keeps its entry of the base -- the parent (or
+                newest) checkpoint -- when ``all_values`` is None; a channel absent from
+                both has no value.
+            parent_id: the checkpoint this one follows (None: the newest of the thread+ns).
+            durability: override the store's policy for this commit.
+            all_values: every value of the checkpoint (LangGraph: ``channel_values``).
+                Given, a channel in ``versions`` but not in ``values`` keeps the base's
+                entry only when the base holds it at the same version (a version names
+                one value, as LangGraph's savers key blobs by it); otherwise it is
+                stored from ``all_values`` (or has no value if absent there). A copy or
+                fork -- saved whole with nothing in ``values`` -- then reads back its
+                own values, never its base's; a linear put still costs only its change.
+
+        Raises:
+            ConfigError: missing/empty ids. SerializationError: a value the serde
+                cannot encode (nothing is committed). FrameTooLargeError: the commit
+                exceeds ``max_commit_bytes``.
+        """
+        check_put(thread_id, checkpoint_ns, checkpoint_id, parent_id, values, versions,
+                  all_values)
+        if durability is not None:
+            self._durability(durability)
+        dur = durability or self.durability
+        writer = self._writer
+        ckpt_b, meta_b = writer.serialize(checkpoint, metadata, checkpoint_id, thread_id)
+        with self._lock:
+            if self._closed or self.read_only:
+                self._check_write()
+            lsn = writer.put(thread_id, checkpoint_ns, checkpoint_id, parent_id, ckpt_b, meta_b,
+                             values, versions, all_values, dur)
+        # outside the lock, so that concurrent committers share one write and one fsync
+        self._appender.settle(lsn, dur)
+
+    def put_writes(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, task_id: str,
+                   writes: Sequence[tuple[int, str, Any]], *, task_path: str = "",
+                   durability: str | None = None) -> None:
+        """Store pending writes ``(idx, channel, value)`` of a task against a checkpoint.
+
+        Idempotent on (thread, ns, checkpoint, task, idx), as LangGraph's savers: a
+        later write to an existing key is ignored, unless every write of the call
+        is to a special channel (``__error__``, ``__interrupt__``, ...), which
+        overwrite. Default durability: written to the OS (``async``) -- they ride
+        on the next commit's fsync and survive a process kill -- or buffered under
+        the ``exit`` policy.
+        """
+        check_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, writes, task_path)
+        dur = self._durability(durability)
+        if dur is None:
+            dur = "exit" if self.durability == "exit" else "async"
+        if not writes:
+            return
+        recs, lists, replace = self._writer.encode_writes(task_id, writes)
+        with self._lock:
+            self._check_write()
+            lsn = self._writer.put_writes(thread_id, checkpoint_ns, checkpoint_id, task_id,
+                                          task_path, recs, lists, replace, dur)
+        self._appender.settle(lsn, dur)      # outside the lock (group commit)
+
+    # -- reads (durkv.store.reads, durkv.store.history) --------------------------------------
+
+    def get(self, thread_id: str, checkpoint_ns: str = "",
+            checkpoint_id: str | None = None) -> Checkpoint | None:
+        """A checkpoint with its values and pending writes; ``None`` id = the newest.
+
+        Returns None when there is no such checkpoint.
+        """
+        check_id("thread_id", thread_id)
+        check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        check_opt_id("checkpoint_id", checkpoint_id)
+        with self._lock:
+            self._check_open()
+            return self._reads.get(thread_id, checkpoint_ns, checkpoint_id)
+
+    def history(self, thread_id: str | None = None, checkpoint_ns: str | None = None, *,
+                before: str | None = None, limit: int | None = None,
+                filter: dict | None = None,  # noqa: A002
+                values: bool = True) -> Iterator[Checkpoint]:
+        """Checkpoints newest first (by id, across threads too), streamed.
+
+        Args:
+            thread_id: one thread, or None for all.
+            checkpoint_ns: one namespace, or None for all.
+            before: only checkpoints with an id lower than this.
+            limit: at most this many.
+            filter: metadata keys that must equal the given values.
+            values: False yields headers only -- ids, parent, checkpoint record,
+                metadata and versions, with ``values == {}`` and ``writes == []``:
+                one frame read per checkpoint, no channel read, no deserialized value.
+
+        Each yielded checkpoint has its own ``values`` dict and, for a list channel,
+        its own list object (mutating it changes no other checkpoint), as ``get``
+        returns; non-list values are deserialized afresh per checkpoint (immutable
+        scalars may be shared). The **items** of list channels may be shared
+        between the checkpoints of one walk: an older checkpoint's list is a prefix
+        slice of a newer one's whenever the newer entry extends the older (the
+        agent-loop case), which makes a full listing O(total items) rather than
+        O(N^2) reads and deserializations (see the module docstring). Do not mutate
+        the items in place if you keep several checkpoints' values.
+        """
+        if thread_id is not None:
+            check_id("thread_id", thread_id)
+        if checkpoint_ns is not None:
+            check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        check_opt_id("before", before)
+        check_limit(limit)
+        if filter is not None and not isinstance(filter, dict):
+            raise ConfigError(f"filter must be a dict of metadata keys and values, got "
+                              f"{type(filter).__name__}")
+        return self._history.checkpoints(thread_id, checkpoint_ns, before, limit, filter,
+                                         values)
+
+    def channel_entries(self, thread_id: str, checkpoint_ns: str, channel: str, *,
+                        before: str | None = None,
+                        limit: int | None = None) -> Iterator[ChannelEntry]:
+        """What each checkpoint wrote to ``channel``, newest first.
+
+        Yields a :class:`ChannelEntry` per checkpoint of (thread, ns) whose commit
+        wrote the channel (checkpoints that left it unchanged or have no value are
+        skipped): ``"append"`` with only the appended items for a delta, ``"full"``
+        with the whole list, or ``"value"`` for a non-list value. Reading the
+        appends back to the nearest ``"full"`` rebuilds the list without reading
+        it whole at every step (LangGraph's ``get_delta_channel_history``).
+        """
+        check_id("thread_id", thread_id)
+        check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        check_id("channel", channel)
+        check_opt_id("before", before)
+        check_limit(limit)
+        return self._history.channel_entries(thread_id, checkpoint_ns, channel, before, limit)
+
+    def threads(self) -> list[str]:
+        """Ids of the threads that have at least one checkpoint, sorted."""
+        with self._lock:
+            return sorted(t for t, nss in self._index.ix.threads.items()
+                          if any(lane.ids for lane in nss.values()))
+
+    def namespaces(self, thread_id: str) -> list[str]:
+        """Namespaces of a thread that have at least one checkpoint, sorted."""
+        check_id("thread_id", thread_id)
+        with self._lock:
+            nss = self._index.ix.threads.get(thread_id, {})
+            return sorted(n for n, lane in nss.items() if lane.ids)
+
+    # -- deletes, copies, prunes (durkv.store.edits) -----------------------------------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Remove a thread: every namespace, checkpoint and pending write."""
+        check_id("thread_id", thread_id)
+        with self._lock:
+            self._check_write()
+            self._edits.delete_thread(thread_id)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every namespace, checkpoint and pending write of a thread to another
+        (merged into the target if it exists). The copy shares the source's frames.
+
+        Raises:
+            RunConflictError: both threads have a run journal. Two journals merged in
+                log order would make the target replay the source's recorded results
+                (and effects) as its own; nothing is written.
+        """
+        check_id("thread_id", source_thread_id)
+        check_id("thread_id", target_thread_id)
+        with self._lock:
+            self._check_write()
+            self._edits.copy_thread(source_thread_id, target_thread_id)
+
+    def delete_runs(self, run_ids: Sequence[str]) -> None:
+        """Remove the checkpoints (and their writes) whose ``metadata["run_id"]`` is in
+        ``run_ids``. Reads every checkpoint's metadata: O(checkpoints). A bare string
+        is one run id (``delete_runs("run-1")``), never a set of characters."""
+        runs = set(check_ids("run_ids", run_ids))    # a bare string is one run id
+        if not runs:
+            return
+        with self._lock:
+            self._check_write()
+            self._edits.delete_runs(runs)
+
+    def prune(self, thread_ids: Sequence[str], *, keep_last: int = 1) -> None:
+        """Per (thread, ns) of the given threads keep only the newest ``keep_last``
+        checkpoints (0: remove all). Kept checkpoints still read correctly: their
+        delta chains stay in the log until :meth:`compact` copies what they need."""
+        thread_ids = check_ids("thread_ids", thread_ids)    # a bare string is one id
+        if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 0:
+            raise ConfigError(f"keep_last must be an int >= 0, got {keep_last!r}")
+        with self._lock:
+            self._check_write()
+            self._edits.prune(thread_ids, keep_last)
+
+    # -- run journals (the records of durkv.runtime; docs/FORMAT.md section 5a) -------------
+
+    def append_journal(self, run_id: str, record: dict, *, durable: bool = False) -> int:
+        """Append one journal record of ``run_id``; return its LSN.
+
+        ``record`` is a msgpack-able dict (user values already serde bytes). With
+        ``durable=True`` it is fdatasync'd before this returns whatever the store's
+        policy (concurrent callers share one fsync); otherwise the store's policy applies.
+        """
+        if type(run_id) is not str or not run_id:
+            check_id("run_id", run_id)
+        wait = durable or self.durability == "sync"
+        with self._lock:
+            if self._closed or self.read_only:
+                self._check_write()
+            lsn = self._writer.append_journal(run_id, record, wait, self.durability)
+        if wait:
+            self._b.wait_durable(lsn)      # outside the lock: group commit
+        return lsn
+
+    def journal(self, run_id: str) -> list[dict]:
+        """The journal records of ``run_id`` in log order (read by LSN, no scan)."""
+        with self._lock:
+            self._check_open()
+            lsns = self._index.ix.journals.get(run_id)
+            if not lsns:
+                return []
+            # one read of every record's head and one decode (not one binding call each)
+            return [JournalHead.of(h, lsn).rec
+                    for h, lsn in zip(heads_of(self._b.read_heads(lsns)), lsns)]
+
+    def journal_length(self, run_id: str) -> int:
+        """How many journal records ``run_id`` has (O(1): a reader's staleness check)."""
+        lsns = self._index.ix.journals.get(run_id)
+        return len(lsns) if lsns is not None else 0
+
+    def journal_runs(self) -> list[str]:
+        """Ids of the runs that have a journal, sorted."""
+        with self._lock:
+            self._check_open()
+            return sorted(self._index.ix.journals)
+
+    # -- compaction, archive -----------------------------------------------------------------
+
+    def compact(self) -> dict:
+        """Copy live data to the tail and drop everything older (crash-safe).
+
+        Returns ``{"bytes_before", "bytes_after", "checkpoints_kept"}``.
+        """
+        with self._lock:
+            self._check_write()
+            self._writer.forget_frames()     # every LSN is about to move
+            return Compaction(self._b, self._index, self._reads, self.url).run()
+
+    def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:
+        """Archive this (local) store's sealed segments to ``s3://bucket/prefix``; with
+        ``seal``, seal the active segment first so that every commit so far goes too.
+        Options and result: :func:`durkv.backends.s3.archive` (needs ``durkv[s3]``)."""
+        from durkv.backends.s3 import archive_backend
+
+        with self._lock:
+            self._check_open()
+        # the lock is held only to seal: commits go on while sealed segments upload
+        return archive_backend(self._b, url, seal=seal, lock=self._lock, **options)
+
+    # -- open --------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, url: str, *, durability: str = "sync", read_only: bool = False,
+             serde: Serde | None = None, snapshot_every: int = 64,
+             compress_min_bytes: int = 1024, segment_bytes: int | None = None,
+             flush_interval_ms: int = 10, recovery: str = "tolerate_tail",
+             max_commit_bytes: int = 256 << 20, delta_check: str = "prefix",
+             index_every: int = 50_000, takeover: bool = False) -> Any:
+        """Open (creating if needed) a store.
+
+        Args:
+            url: a path or ``file://path`` (local C log), ``memory://`` (private) or
+                ``memory://name`` (shared within the process).
+            durability: ``sync`` | ``async`` | ``exit`` (see DESIGN.md).
+            read_only: a reader: no lock, no writes; call ``refresh()`` to see new commits.
+            serde: an object with ``dumps``/``loads``; default msgpack with extension types.
+            snapshot_every: deltas between SNAP entries of a list channel (K).
+            compress_min_bytes: zstd-compress serialized items at least this large.
+            segment_bytes, flush_interval_ms, recovery: passed to the local log.
+            max_commit_bytes: refuse (FrameTooLargeError) a commit larger than this.
+            delta_check: how a new list is recognised as the old one plus appended items:
+                ``"prefix"`` (the default; exact: the whole committed prefix is compared,
+                one memcmp of item pointers, ~0.15 ns per item, and any difference writes a
+                FULL entry) or
+                ``"identity"`` (O(1): first/middle/last items must be the same objects; only
+                for callers whose lists change by appending alone -- a replacement at another
+                position plus an append in one step is NOT seen). See :mod:`durkv.store.delta`.
+            index_every: append an index snapshot (``K_INDEX``) every this many frames, and
+                at close and after a compaction when anything was committed since the last
+                one, so that open replays only the frames after it. 0: write none (open
+                still uses the snapshots already in the log).
+            takeover: ``s3://`` only: take the store over from a writer that died; that
+                writer is fenced (its next commit fails with ``FencedError``).
+
+        >>> import durkv
+        >>> store = durkv.open("memory://")
+        >>> store.put("t", "", "1", checkpoint={}, metadata={}, values={"x": 1}, versions={"x": 1})
+        >>> store.get("t").values
+        {'x': 1}
+        """
+        from durkv.backends import open_backend
+
+        url = _check_url(url)
+        _check_options(segment_bytes, flush_interval_ms, recovery, durability, snapshot_every,
+                       compress_min_bytes, index_every, delta_check, max_commit_bytes, serde)
+        backend = open_backend(url, durability=durability, read_only=read_only,
+                               segment_bytes=segment_bytes, flush_interval_ms=flush_interval_ms,
+                               recovery=recovery, takeover=takeover)
+        try:
+            return cls(backend, url=str(url), durability=durability, read_only=read_only,
+                       serde=serde, snapshot_every=snapshot_every,
+                       compress_min_bytes=compress_min_bytes,
+                       max_commit_bytes=max_commit_bytes, delta_check=delta_check,
+                       index_every=index_every)
+        except BaseException:
+            backend.close()
+            raise
+
+
+# ``durkv.store.open_store(url, ...)``: a plain :class:`Store` (``durkv.open`` gives one
+# with the runtime's verbs, :class:`durkv.runtime.RuntimeStore`)
+open_store = Store.open
+
+
+def _check_url(url: Any) -> str:
+    """A store URL as a string; a NUL in it is refused, as ``os`` refuses it in a path
+    (the C layer would cut the path there: '/w/d3\\0A' opened /w/d3)."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str):
+        raise ConfigError(f"store URL must be a string or path, got {type(url).__name__}")
+    if "\0" in url:
+        raise ConfigError(f"store URL {url!r} contains a NUL character, which no path can "
+                          "hold; pass the path without it")
+    try:
+        url.encode()
+    except UnicodeEncodeError:
+        raise ConfigError(f"store URL {url!r} is not valid Unicode text") from None
+    return url
+
+
+
+def _check_options(segment_bytes: Any, flush_interval_ms: Any, recovery: Any, durability: Any,
+                   snapshot_every: Any, compress_min_bytes: Any, index_every: Any,
+                   delta_check: Any, max_commit_bytes: Any, serde: Any) -> None:
+    """The options of :meth:`Store.open`, checked before anything is opened."""
+    if segment_bytes is not None and (type(segment_bytes) is not int
+                                      or not 0 < segment_bytes < (1 << 48)):
+        raise ConfigError(f"segment_bytes must be a positive int (bytes), got {segment_bytes!r}")
+    if type(flush_interval_ms) is not int or not 0 < flush_interval_ms < (1 << 31):
+        raise ConfigError(f"flush_interval_ms must be a positive int, got {flush_interval_ms!r}")
+    if not isinstance(recovery, str):
+        raise ConfigError(f"recovery must be a string such as 'tolerate_tail', got {recovery!r}")
+    if not isinstance(durability, str) or durability not in DURABILITIES:
+        raise ConfigError(f"unknown durability {durability!r}; use one of "
+                          + ", ".join(DURABILITIES))
+    if not isinstance(snapshot_every, int) or snapshot_every < 1:
+        raise ConfigError(f"snapshot_every must be an int >= 1, got {snapshot_every!r}")
+    if not isinstance(compress_min_bytes, int) or compress_min_bytes < 0:
+        raise ConfigError(f"compress_min_bytes must be an int >= 0, got {compress_min_bytes!r}")
+    if type(index_every) is not int or index_every < 0:
+        raise ConfigError(f"index_every must be an int >= 0, got {index_every!r}")
+    if delta_check not in ("identity", "prefix"):
+        raise ConfigError(f"delta_check must be 'identity' or 'prefix', got {delta_check!r}")
+    if not isinstance(max_commit_bytes, int) or not 0 < max_commit_bytes < (1 << 30):
+        raise ConfigError("max_commit_bytes must be between 1 and 1 GiB - 1, "
+                          f"got {max_commit_bytes!r}")
+    if serde is not None and not (callable(getattr(serde, "dumps", None))
+                                  and callable(getattr(serde, "loads", None))):
+        raise ConfigError("serde must have dumps(obj) -> bytes and loads(bytes) -> obj")

@@ -1,0 +1,416 @@
+"""The write path: checkpoints (``put``), pending writes (``put_writes``), journal records.
+
+A :class:`Writer` holds the :class:`~durkv.store.appender.Appender`, the
+:class:`~durkv.store.replay.LogIndex` it keeps current, the
+:class:`~durkv.store.delta.Channels` that encode a checkpoint's channels, and two
+memories of recent frames: the list items a checkpoint and its pending writes share
+(:class:`SharedItems`, docs/FORMAT.md section 5) and the fingerprints that make a
+retried identical ``put_writes`` a no-op. The store checks the arguments (the
+``check_*`` functions here) and calls the writer under its lock; a ``sync`` commit is
+waited for after the lock is released (group commit).
+
+The heads are packed as lists in the order of their typed definitions
+(:mod:`durkv.store.records`; ``tests/test_records.py`` holds the two to each other):
+packing a plain list is cheaper than building and packing the NamedTuple, and these
+are the commit paths.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import msgpack
+import xxhash
+
+from ..durability import STRENGTH
+from ..errors import ConfigError, FrameTooLargeError, SerializationError
+from ..payload import F_ZSTD, FULL, Codec, encode_commit
+from .appender import Appender
+from .delta import Channels, ChanState, LaneHead
+from .index import Lane
+from .records import K_CKPT, K_JOURNAL, K_WRITES, SPECIAL_WRITE_CHANNELS, check_id
+from .replay import LogIndex
+
+__all__ = ["Writer", "SharedItems", "check_put", "check_writes"]
+
+_VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) holds
+_MEMORY = 4096      # entries kept by each memory of recent frames before it is cleared
+
+
+# -- arguments -------------------------------------------------------------------------------
+
+def check_put(thread_id: Any, checkpoint_ns: Any, checkpoint_id: Any, parent_id: Any,
+              values: Any, versions: Any, all_values: Any) -> None:
+    """The arguments of ``Store.put``, checked (the common case in a few type tests)."""
+    if type(thread_id) is not str or not thread_id:
+        check_id("thread_id", thread_id)
+    if type(checkpoint_ns) is not str:
+        check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+    if type(checkpoint_id) is not str or not checkpoint_id:
+        check_id("checkpoint_id", checkpoint_id)
+    if parent_id is not None and type(parent_id) is not str:
+        raise ConfigError(f"parent_id must be a string or None, got {parent_id!r}")
+    if type(values) is not dict or type(versions) is not dict:
+        if not isinstance(values, dict) or not isinstance(versions, dict):
+            raise ConfigError("values and versions must be dicts keyed by channel name, got "
+                              f"{type(values).__name__} and {type(versions).__name__}")
+    # Refuse what the frame head cannot hold or readers cannot list: channel names that
+    # are not strings, versions that are not a str, an int of at most 64 bits or a float
+    # (a bad one used to commit, and then ``durkv ls`` failed for the whole store).
+    for ch, v in versions.items():
+        if type(ch) is not str or type(v) not in _VERSION_TYPES or (
+                type(v) is int and not -(1 << 63) <= v < (1 << 64)):
+            if not isinstance(ch, str):
+                raise ConfigError(f"channel names must be strings, got {type(ch).__name__} "
+                                  f"{ch!r} in versions")
+            if (not isinstance(v, (str, int, float)) or isinstance(v, bool)
+                    or (isinstance(v, int) and not -(1 << 63) <= v < (1 << 64))):
+                raise ConfigError(f"the version of channel {ch!r} must be a str, an int of "
+                                  f"at most 64 bits or a float, got {type(v).__name__} {v!r}")
+    for ch in values:
+        if not isinstance(ch, str):
+            raise ConfigError(f"channel names must be strings, got {type(ch).__name__} {ch!r} "
+                              "in values")
+    if all_values is not None and not isinstance(all_values, dict):
+        raise ConfigError(f"all_values must be a dict or None, got {type(all_values).__name__}")
+
+
+def check_writes(thread_id: Any, checkpoint_ns: Any, checkpoint_id: Any, task_id: Any,
+                 writes: Any, task_path: Any) -> None:
+    """The ids and the container of ``Store.put_writes`` (each write: :func:`check_write`)."""
+    check_id("thread_id", thread_id)
+    check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+    check_id("checkpoint_id", checkpoint_id)
+    check_id("task_id", task_id)
+    check_id("task_path", task_path, allow_empty=True)
+    if isinstance(writes, (str, bytes, dict)) or not hasattr(writes, "__iter__"):
+        raise ConfigError(f"writes must be a list of (idx, channel, value), got "
+                          f"{type(writes).__name__}")
+
+
+def check_write(w: Any) -> None:
+    """One ``(idx, channel, value)`` of ``put_writes`` (the fast test inline, then this)."""
+    if not (type(w) is tuple and len(w) == 3 and type(w[0]) is int
+            and -(1 << 63) <= w[0] < (1 << 63) and type(w[1]) is str
+            and w[1].isascii() and w[1]):
+        if not isinstance(w, (tuple, list)) or len(w) != 3:
+            raise ConfigError(f"each write must be (idx: int, channel: str, value), got {w!r}")
+        idx, ch, _v = w
+        if (not isinstance(idx, int) or isinstance(idx, bool)
+                or not -(1 << 63) <= idx < (1 << 63)):
+            raise ConfigError(f"the idx of a write must be an int of at most 64 bits, "
+                              f"got {idx!r}")
+        check_id("channel", ch)
+
+
+# -- the items a checkpoint and its pending writes share ---------------------------------------
+
+class SharedItems:
+    """List items written once and referred to by the other record (FORMAT.md section 5).
+
+    A pending write of list value stores its items as an entry; the next checkpoint
+    of the task's checkpoint refers to those items instead of storing them again
+    (``from_writes``, by (thread, ns, checkpoint), popped by that put). The other way round, a pending
+    write that arrives after the checkpoint that folded it in refers to the items that
+    checkpoint stored (``from_checkpoint``, by (thread, ns, parent checkpoint)).
+    """
+
+    __slots__ = ("from_writes", "from_checkpoint")
+
+    def __init__(self) -> None:
+        # (thread, ns, checkpoint) -> {channel: [((lsn, entry idx), serialized items)]}
+        self.from_writes: dict[tuple[str, str, str], dict[str, list]] = {}
+        # (thread, ns, parent checkpoint) -> {channel: ((lsn, idx), serialized items)}
+        self.from_checkpoint: dict[tuple[str, str, str], dict[str, tuple]] = {}
+
+    def clear(self) -> None:
+        self.from_writes.clear()
+        self.from_checkpoint.clear()
+
+    def add_writes(self, key: tuple[str, str, str], lsn: int, lists: list) -> None:
+        pend = self.from_writes
+        if len(pend) >= _MEMORY:
+            pend.clear()
+        by_ch = pend.setdefault(key, {})
+        for rec, ch, _items, raws, _flags in lists:
+            by_ch.setdefault(ch, []).append(((lsn, rec[2]), raws))
+
+    def add_checkpoint(self, key: tuple[str, str, str], fresh: dict[str, tuple]) -> None:
+        """The DELTA items a checkpoint stored of its own, for a pending write of its
+        parent ``key`` that arrives later (LangGraph's async executor)."""
+        if len(self.from_checkpoint) >= _MEMORY:
+            self.from_checkpoint.clear()
+        self.from_checkpoint[key] = fresh
+
+
+# -- the writer -------------------------------------------------------------------------------
+
+class Writer:
+    """The store's commit paths (see the module docstring); every method under the lock."""
+
+    def __init__(self, appender: Appender, index: LogIndex, channels: Channels, serde: Any,
+                 codec: Codec, url: str) -> None:
+        self._ap = appender
+        self._index = index
+        self._channels = channels
+        self._dumps = serde.dumps
+        self._codec = codec
+        self.url = url
+        self._hpack = msgpack.Packer(use_bin_type=True)    # frame heads, under the lock
+        self.shared = SharedItems()
+        self._wfp: dict[int, tuple[int, int]] = {}   # xxh3 of recent write frames -> lsn, rank
+
+    def forget_retries(self) -> None:
+        """A record changed what an identical put_writes would mean (delete, remove)."""
+        self._wfp.clear()
+
+    def forget_frames(self) -> None:
+        """Every LSN is about to move (compaction): nothing recent may be referred to."""
+        self._ap.forget()
+        self._wfp.clear()
+        self.shared.clear()
+
+    # -- put -------------------------------------------------------------------------------
+
+    def serialize(self, checkpoint: dict, metadata: dict, checkpoint_id: str,
+                  thread_id: str) -> tuple[bytes, bytes]:
+        """The checkpoint record and metadata as serde bytes (before the lock)."""
+        dumps = self._dumps
+        try:
+            return dumps(checkpoint), dumps(metadata)
+        except Exception as e:
+            raise SerializationError(f"cannot serialize the checkpoint record or metadata of "
+                                     f"{checkpoint_id!r}: {e}", thread_id=thread_id) from e
+
+    def put(self, thread_id: str, ns: str, cid: str, parent_id: str | None, ckpt_b: bytes,
+            meta_b: bytes, values: dict, versions: dict, all_values: dict | None,
+            durability: str) -> int:
+        """Commit checkpoint ``cid`` as one frame; returns its LSN (queued: the caller
+        settles it outside the lock, :meth:`Appender.settle`)."""
+        lane = self._index.ix.lane(thread_id, ns)
+        head = None if lane is None else (lane.head or self._channels.head(lane))
+        lsn = self._ap.next
+        if lsn < 0:
+            lsn = self._ap.next_lsn()
+        # linear: the put follows the newest checkpoint (an agent loop): deltas on its state
+        linear = head is not None and cid > head.cid and (
+            parent_id is None or parent_id == head.cid)
+        entries: list = []
+        chans, refs, fresh = self._encode_channels(lane, head, linear, thread_id, ns,
+                                                   parent_id, values, versions, all_values,
+                                                   lsn, entries)
+        hb = self._pack_checkpoint_head(thread_id, ns, cid, parent_id, ckpt_b, meta_b,
+                                        versions, refs)
+        self._append_checkpoint(encode_commit(hb, entries), lsn, thread_id, cid, durability)
+        if lane is None:
+            lane = self._index.ix.lane(thread_id, ns, True)
+        lane.add(cid, lsn)
+        if fresh is not None and parent_id is not None:
+            self.shared.add_checkpoint((thread_id, ns, parent_id), fresh)
+        if linear or head is None or cid > head.cid:
+            # the newest checkpoint: its state stays materialized for the next put and get
+            lane.head = LaneHead(cid, lsn, parent_id, ckpt_b, meta_b, dict(versions), chans)
+        elif cid == head.cid:
+            lane.head = None   # the newest was replaced: reload on demand
+        self._index.maybe_snapshot(lsn)
+        return lsn
+
+    def _encode_channels(self, lane: Lane | None, head: LaneHead | None, linear: bool,
+                         thread_id: str, ns: str, parent_id: str | None, values: dict,
+                         versions: dict, all_values: dict | None, lsn: int,
+                         entries: list) -> tuple[dict[str, ChanState], dict[str, tuple],
+                                                 dict | None]:
+        """Append the entries of the put's channels to ``entries``; return every channel's
+        state, ``{channel: (lsn, idx)}`` of the entry holding its value, and the items of
+        the DELTAs of its own it stored, ``{channel: ((lsn, idx), serialized items)}``
+        (None: no such DELTA), for a late pending write of the parent to refer to.
+
+        A channel in ``values`` is encoded (a delta on the base's state when linear); one
+        only in ``versions`` keeps the base's entry -- the parent's, or the newest's --
+        unless ``all_values`` says the base holds another version (then its own value
+        from ``all_values`` is stored)."""
+        channels = self._channels
+        if linear:
+            base, base_versions = head.chans, head.versions
+            # list items the parent's pending writes stored (FORMAT.md section 5)
+            pend = self.shared.from_writes.pop((thread_id, ns, head.cid), None)
+        elif head is None:
+            base, base_versions, pend = {}, {}, None
+        else:
+            base, base_versions = channels.parent_state(lane, head, parent_id)
+            pend = None
+        encode = channels.encode
+        chans: dict[str, ChanState] = {}
+        refs: dict[str, tuple] = {}
+        fresh = None
+        for ch, v in values.items():
+            c = chans[ch] = encode(ch, v, base.get(ch) if linear else None, lsn, entries,
+                                   pend.get(ch) if pend else None)
+            refs[ch] = c.ref
+            if c.fresh is not None:
+                if fresh is None:
+                    fresh = {}
+                fresh[ch] = c.fresh
+                c.fresh = None
+        for ch in versions:
+            if ch not in chans:
+                c = base.get(ch)
+                if c is not None and (all_values is None
+                                      or base_versions.get(ch, c) == versions[ch]):
+                    chans[ch] = c
+                    refs[ch] = c.ref
+                elif all_values is not None and ch in all_values:
+                    # the base holds another version: this checkpoint's own value
+                    c = chans[ch] = encode(ch, all_values[ch], c if linear else None, lsn,
+                                           entries)
+                    refs[ch] = c.ref
+        return chans, refs, fresh
+
+    def _pack_checkpoint_head(self, thread_id: str, ns: str, cid: str, parent_id: str | None,
+                              ckpt_b: bytes, meta_b: bytes, versions: dict,
+                              refs: dict) -> bytes:
+        """The head of a K_CKPT frame: the fields of ``CkptHead``, in order."""
+        try:
+            return self._hpack.pack([K_CKPT, thread_id, ns, cid, parent_id, ckpt_b, meta_b,
+                                     versions, refs])
+        except Exception as e:
+            # the types were checked: what is left is text msgpack cannot encode
+            for name, x in (("thread_id", thread_id), ("checkpoint_ns", ns),
+                            ("checkpoint_id", cid), ("parent_id", parent_id),
+                            *(("channel", ch) for ch in versions)):
+                if x is not None:
+                    check_id(name, x, allow_empty=True)
+            raise SerializationError(f"cannot serialize the head of {cid!r}: {e}",
+                                     thread_id=thread_id) from e
+
+    def _append_checkpoint(self, payload: bytes, lsn: int, thread_id: str, cid: str,
+                           durability: str) -> None:
+        """Queue the frame, which must land at ``lsn`` (the LSN its entries refer to)."""
+        if len(payload) > self._ap.max_commit_bytes:
+            raise FrameTooLargeError(
+                f"checkpoint {cid!r} of thread {thread_id!r} is {len(payload)} "
+                f"bytes, over max_commit_bytes={self._ap.max_commit_bytes}; store big values "
+                "elsewhere or raise max_commit_bytes", thread_id=thread_id, size=len(payload))
+        got = self._ap.queue(payload, durability)
+        if got != lsn:
+            raise ConfigError(f"store {self.url}: frame landed at LSN {got}, expected {lsn}; "
+                              "is another writer appending to this log?")
+
+    # -- pending writes ----------------------------------------------------------------------
+
+    def encode_writes(self, task_id: str, writes: Sequence) -> tuple[list, list, bool]:
+        """Serialize the writes (before the lock): ``(records, list values, replace)``.
+
+        A list value is stored element by element, as the items a channel delta of the
+        next checkpoint can refer to (FORMAT.md section 5): its record's value is set
+        when the frame is built (:meth:`put_writes`). ``replace``: every write is to a
+        special channel (they overwrite; others keep the first value of a key)."""
+        recs = []
+        lists = []      # (rec, channel, stored items, serialized items, flags) of list values
+        replace = True
+        pack = self._codec.pack
+        dumps = self._dumps
+        for w in writes:
+            check_write(w)
+            idx, ch, v = w
+            try:
+                if type(v) is list:
+                    raws = [dumps(x) for x in v]
+                    rec = [idx, ch, 0]
+                    items = []
+                    zc = 0
+                    for r in raws:
+                        b, z = pack(r)
+                        items.append(b)
+                        zc += z
+                    lists.append((rec, ch, items, raws, F_ZSTD if zc and zc == len(raws) else 0))
+                else:
+                    rec = [idx, ch, pack(dumps(v))[0]]
+            except Exception as e:
+                raise SerializationError(f"cannot serialize pending write to channel {ch!r} "
+                                         f"of task {task_id!r}: {e}", channel=ch) from e
+            recs.append(rec)
+            if ch not in SPECIAL_WRITE_CHANNELS:
+                replace = False
+        return recs, lists, replace
+
+    def put_writes(self, thread_id: str, ns: str, cid: str, task_id: str, task_path: str,
+                   recs: list, lists: list, replace: bool, durability: str) -> int:
+        """Commit the pending writes of a task as one frame (none when an identical frame
+        was appended at least as durably: a retry); returns its LSN (queued: the caller
+        settles it outside the lock)."""
+        key = (thread_id, ns, cid)
+        entries: list = []
+        if lists:
+            lists = self._place_lists(key, lists, entries)
+        hb = self._hpack.pack([K_WRITES, thread_id, ns, cid, task_id, task_path, replace,
+                               recs])               # the fields of WritesHead, in order
+        payload = encode_commit(hb, entries)
+        if len(payload) > self._ap.max_commit_bytes:
+            raise FrameTooLargeError(f"pending writes of task {task_id!r} are "
+                                     f"{len(payload)} bytes, over max_commit_bytes="
+                                     f"{self._ap.max_commit_bytes}", thread_id=thread_id,
+                                     size=len(payload))
+        # a retried identical call (LangGraph re-puts writes on resume) is a no-op in
+        # ignore mode: skip the frame when an identical one was appended at least as durably
+        rank = STRENGTH[durability]
+        fp = None if replace else xxhash.xxh3_64_intdigest(payload)
+        seen = self._wfp.get(fp) if fp is not None else None
+        if seen is not None and seen[1] >= rank:
+            return seen[0]
+        lsn = self._ap.queue(payload, durability)
+        self._index.ix.add_write(thread_id, ns, cid, lsn)
+        if lists:     # the next checkpoint refers to these items instead of storing them
+            self.shared.add_writes(key, lsn, lists)
+        self._index.maybe_snapshot(lsn)
+        if fp is not None:
+            if len(self._wfp) >= _MEMORY:
+                self._wfp.clear()
+            self._wfp[fp] = (lsn, rank)
+        return lsn
+
+    def _place_lists(self, key: tuple[str, str, str], lists: list, entries: list) -> list:
+        """Give each list value its place: the items a checkpoint committed concurrently
+        already stored (referred to), or an entry of this frame (appended to ``entries``);
+        returns the lists stored here. Under the lock: that checkpoint either registered
+        its items (then this write refers to them) or will find this write's."""
+        late = self.shared.from_checkpoint.get(key)
+        kept = []
+        for x in lists:
+            rec, ch, items, raws, flags = x
+            got = late.get(ch) if late else None
+            if got is not None and got[1] == raws:
+                rec[2] = list(got[0])   # stored by the checkpoint already: refer to it
+                continue
+            rec[2] = len(entries)       # the value is the items of this entry
+            entries.append((FULL, items, flags, 0, 0, 0))
+            kept.append(x)
+        return kept
+
+    # -- run journals ------------------------------------------------------------------------
+
+    def append_journal(self, run_id: str, record: dict, wait: bool, durability: str) -> int:
+        """Append one journal record (a running agent's hot path); returns its LSN."""
+        try:
+            hb = self._hpack.pack([K_JOURNAL, run_id, record])   # JournalHead's fields
+        except Exception as e:
+            raise SerializationError(f"cannot encode a journal record of run {run_id!r}: "
+                                     f"{e}", run_id=run_id) from e
+        # a COMMIT payload with no entries: head_len head n_entries=0 (FORMAT.md 5)
+        payload = b"".join((len(hb).to_bytes(4, "little"), hb, b"\0\0\0\0"))
+        ap = self._ap
+        if len(payload) > ap.max_commit_bytes:
+            raise FrameTooLargeError(
+                f"a journal record of run {run_id!r} is {len(payload)} bytes, over "
+                f"max_commit_bytes={ap.max_commit_bytes}; keep big values elsewhere and "
+                "journal a reference, or raise max_commit_bytes", run_id=run_id,
+                size=len(payload))
+        # A record to be waited for is only queued here ("exit": no write, no wait): the
+        # caller's wait, outside the lock, writes and fdatasyncs it with whatever other
+        # threads queued meanwhile -- one write and one fsync per group. ("async" waited
+        # here for its own write, behind a running fsync and under this lock, so
+        # concurrent durable records each got a write and an fsync of their own.)
+        lsn = ap.append(payload, "exit" if wait else durability)
+        self._index.ix.add_journal(run_id, lsn)
+        self._index.maybe_snapshot(lsn)
+        return lsn
