@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any
 from .channels import (
     DELTA, F_REFS, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref,
 )
+from .ckpthead import CkptHeads
 from .errors import BackendError
 from .records import (
     K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL, K_COPY_WRITES, CkptHead,
-    CompactBeginHead, CompactEndHead, JournalHead, WritesHead, pack_head, read_head,
+    CompactBeginHead, CompactEndHead, JournalHead, WritesHead, read_head,
 )
 
 if TYPE_CHECKING:
@@ -134,11 +135,12 @@ def compact(store: "Store") -> dict[str, Any]:
                                    "ignored")
 
     old_heads = {}
+    copy_heads = CkptHeads()     # the copies' heads: deltas against keyframes among the copies
     for t, n, lane in list(store._ix.lanes()):
         if lane.head is not None:
             old_heads[(t, n)] = lane.head
         for cid, lsn in zip(lane.ids, lane.lsns):
-            raw = read_head(frames(lsn), lsn)
+            raw = store._ckh.full(frames, read_head(frames(lsn), lsn), lsn)   # a delta resolved
             h = CkptHead.of(raw, lsn)
             new_lsn = b.next_lsn
             entries: list[Entry] = []
@@ -146,12 +148,13 @@ def compact(store: "Store") -> dict[str, Any]:
             h = h._replace(kind=K_COPY_CKPT, thread=t, ns=n, chans={
                 ch: list(mapped[tuple(ref)]) for ch, ref in h.chans.items()})
             # fields a later version added after the known ones are copied as they are
-            hb = pack_head([*h, *raw[len(h):]]) if len(raw) > len(h) else h.pack()
+            hb = copy_heads.pack([*h, *raw[len(h):]])
             got = b.append(encode_commit(hb, entries), "exit")
             if got != new_lsn:     # before END: the old data stays authoritative
                 raise BackendError(f"compaction of {store.url}: frame landed at LSN {got}, "
                                    f"expected {new_lsn}; nothing was lost, the copies are "
                                    "ignored")
+            copy_heads.written(got)
             kept += 1
             writes = store._read_writes(lane, lsn, raw=True)
             if writes:

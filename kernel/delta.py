@@ -65,7 +65,6 @@ from ._listprefix import has_prefix, join_tagged
 from .channels import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, entry_at, pack_ref
 from .errors import SerializationError
 from .index import Lane
-from .records import CkptHead, read_head
 
 __all__ = ["ChannelState", "join_tagged"]
 
@@ -268,14 +267,14 @@ class ChannelState:
         if pos < 0:
             return {}, {}
         lsn = lane.lsns[pos]
-        h = CkptHead.of(read_head(self._b.read(lsn), lsn), lsn)
+        h = self._ckh.load(self._b.read, lsn)
         return {ch: _Chan(tuple(ref), False) for ch, ref in h.chans.items()}, h.versions
 
     # -- materialized latest state -----------------------------------------------------------
 
     def _load_head(self, lane: Lane) -> _Head:
         lsn = lane.lsns[-1]
-        h = CkptHead.of(read_head(self._b.read(lsn), lsn), lsn)
+        h = self._ckh.load(self._b.read, lsn)
         head = _Head(h.cid, lsn, h.parent, h.ckpt_b, h.meta_b, h.versions,
                      {ch: _Chan(tuple(ref), False) for ch, ref in h.chans.items()})
         lane.head = head

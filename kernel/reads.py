@@ -31,6 +31,7 @@ from .channels import (
     DELTA, F_REFS, F_VALUE, FULL, SNAP, entry_at, entry_header, snap_ref_at, snap_refs,
 )
 from .errors import ConfigError, CorruptionError, DurkvError, NotFoundError
+from .ckpthead import CkptHeads
 from .index import Lane
 from .records import (
     K_CKPT, K_COPY_CKPT, ChannelEntry, Checkpoint, PendingWrite, check_id, check_limit,
@@ -44,15 +45,14 @@ _IMMUTABLE = frozenset((str, int, float, bool, bytes, complex, type(None)))
 _MISS = object()
 
 
-def _checkpoint_head(payload: bytes, cid: str, lsn: int, url: str) -> CkptHead:
+def _checkpoint_head(heads: CkptHeads, read: Any, payload: bytes, cid: str, lsn: int,
+                     url: str) -> CkptHead:
     """The head of the checkpoint frame at ``lsn``, which the index says holds ``cid``;
     a frame that is something else is never returned as it (a log cut and reused under
-    a reader, FORMAT.md 2a)."""
+    a reader, FORMAT.md 2a). A delta head is resolved against its base (``heads``)."""
     h = read_head(payload, lsn)
-    if h[0] == K_CKPT or h[0] == K_COPY_CKPT:
-        c = CkptHead.of(h, lsn)
-        if c.cid == cid:
-            return c
+    if (h[0] == K_CKPT or h[0] == K_COPY_CKPT) and len(h) > 3 and h[3] == cid:
+        return CkptHead.of(heads.full(read, h, lsn), lsn)
     raise CorruptionError(
         f"store {url}: frame {lsn} does not hold checkpoint {cid!r}; the log changed "
         "under this handle (repaired by `durkv recover`?): refresh() or reopen the store",
@@ -184,13 +184,14 @@ class Reads:
             if pos < 0:
                 return None
             lsn = lane.lsns[pos]
-            h = _checkpoint_head(self._b.read(lsn), checkpoint_id, lsn, self.url)
+            h = _checkpoint_head(self._ckh, self._b.read, self._b.read(lsn), checkpoint_id, lsn,
+                                 self.url)
             return self._read_checkpoint(thread_id, checkpoint_ns, lane, lsn, h)
 
     def _read_checkpoint(self, thread_id: str, ns: str, lane: Lane, lsn: int,
                          h: CkptHead | None = None, metadata: dict | None = None) -> Checkpoint:
         if h is None:
-            h = CkptHead.of(read_head(self._b.read(lsn), lsn), lsn)
+            h = self._ckh.load(self._b.read, lsn)
         loads = self._loads
         unpack = self._codec.unpack
         values = {}
@@ -312,7 +313,7 @@ class Reads:
                 if got is None:
                     continue
                 lane, lsn, payload = got
-                h = _checkpoint_head(payload, cid, lsn, self.url)
+                h = _checkpoint_head(self._ckh, self._b.read, payload, cid, lsn, self.url)
                 meta = None
                 if filter:
                     meta = loads(h.meta_b)
@@ -462,7 +463,7 @@ class Reads:
                 if got is None:
                     continue
                 lane, lsn, payload = got
-                ref = CkptHead.of(read_head(payload, lsn), lsn).chans.get(channel)
+                ref = self._ckh.load(self._b.read, lsn, payload).chans.get(channel)
                 if ref is None or ref[0] != lsn:
                     continue
                 e = entry_at(payload, ref[1])

@@ -54,6 +54,7 @@ __all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
 
 # record kinds: the first element of every frame head (part of the format: never renumber)
 K_CKPT = 1          # [1, thread, ns, cid, parent, ckpt_b, meta_b, versions, {ch: [lsn, idx]}]
+#                     or, a delta head: [1, thread, ns, cid, base_lsn, z] (durkv.ckpthead)
 K_WRITES = 2        # [2, thread, ns, cid, task_id, task_path, replace, [[idx, ch, value]...]]
 #                     value: bytes | entry k of this frame | [lsn, idx] (FORMAT.md s. 5)
 K_DEL_THREAD = 3    # [3, thread]
@@ -67,7 +68,8 @@ K_INDEX = 10        # [10, 2, own_lsn, compacted_at, state, journals]  (index sn
 K_JOURNAL = 11      # [11, run_id, rec]  (one run-journal event, opaque to the store)
 K_COPY_JOURNAL = 12  # as K_JOURNAL, written by compact()
 K_DEL_JOURNAL = 13  # [13, [run_id, ...]]  (delete_runs)
-INDEX_VERSION = 2   # 1 had no journals: passed over (docs/FORMAT.md section 5)
+INDEX_VERSION = 3   # 1 had no journals: passed over (docs/FORMAT.md section 5); 3 = 2 in a
+INDEX_VERSIONS = (2, 3)  # log that may hold delta checkpoint heads (older readers pass it over)
 
 # LangGraph's WRITES_IDX_MAP channels: a put_writes made only of these overwrites
 SPECIAL_WRITE_CHANNELS = frozenset(("__error__", "__scheduled__", "__interrupt__", "__resume__"))
@@ -180,6 +182,27 @@ class CkptHead(NamedTuple):
     meta_b: bytes
     versions: dict
     chans: dict
+
+
+class CkptDeltaHead(NamedTuple):
+    """K_CKPT / K_COPY_CKPT stored as a delta: ``z`` is the head's fields after ``cid``,
+    zstd-compressed against the head of frame ``base`` (see :mod:`durkv.ckpthead`)."""
+
+    kind: int
+    thread: str
+    ns: str
+    cid: str
+    base: int
+    z: bytes
+
+
+def ckpt_view(h: list, lsn: int = -1) -> Any:
+    """The typed view of a checkpoint head: :class:`CkptDeltaHead` when element 4 is an
+    int (a full head's parent is a str or None), else :class:`CkptHead`. Both hold
+    thread, ns and cid at 1-3, which is all replay reads."""
+    if len(h) > 4 and type(h[4]) is int:
+        return CkptDeltaHead.of(h, lsn)
+    return CkptHead.of(h, lsn)
 
 
 class WritesHead(NamedTuple):
@@ -301,7 +324,7 @@ def check_ids(name: str, ids: Any) -> list[str]:
 # longer head, from a later version, keeps its known prefix); only the length, since replay
 # decodes every record and has dispatched on the kind already. ``pack()`` is its bytes.
 # (A NamedTuple cannot take a mixin base, so the two methods are attached here.)
-for _cls in (CkptHead, WritesHead, DelThreadHead, CopyThreadHead, RemoveHead, CompactBeginHead,
+for _cls in (CkptHead, CkptDeltaHead, WritesHead, DelThreadHead, CopyThreadHead, RemoveHead, CompactBeginHead,
              CompactEndHead, IndexHead, JournalHead, DelJournalHead):
     _cls.of = staticmethod(_typed_view(_cls))
     _cls.pack = _pack

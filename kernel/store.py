@@ -29,6 +29,7 @@ import msgpack
 import xxhash
 
 from .channels import F_ZSTD, FULL, Codec, encode_commit
+from .ckpthead import CkptHeads
 from .delta import ChannelState, _Chan, _Head
 from .durability import STRENGTH
 from .errors import (
@@ -38,14 +39,14 @@ from .errors import (
 from .index import Index, dump_index, dump_journals, load_index, load_journals
 from .reads import Reads
 from .records import (  # noqa: F401 - re-exported: the store's public types and record kinds
-    DURABILITIES, INDEX_VERSION, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT,
+    DURABILITIES, INDEX_VERSION, INDEX_VERSIONS, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT,
     K_COPY_JOURNAL, K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX,
     K_JOURNAL, K_REMOVE, K_WRITES,
     SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, check_id, check_ids,
 )
 from .records import (
     CkptHead, CompactEndHead, CopyThreadHead, DelJournalHead, DelThreadHead, IndexHead,
-    JournalHead, RemoveHead, WritesHead, heads_of, pack_head, read_head,
+    JournalHead, RemoveHead, WritesHead, ckpt_view, heads_of, pack_head, read_head,
 )
 from .serde import Serde, default_serde
 
@@ -128,6 +129,7 @@ class Store(ChannelState, Reads):
         self._compacted_at = -1
         self._scan_pos = self._b.start_lsn
         self._index_lsn = self._b.start_lsn - 1   # LSN of the newest K_INDEX known
+        self._ckh = CkptHeads()   # checkpoint heads: keyframes, delta bases (FORMAT.md 5)
         self._restore_index()
         self._replay()
 
@@ -235,7 +237,7 @@ class Store(ChannelState, Reads):
                 # the head's msgpack list header, then its first element (the kind)
                 if len(p) > 5 and 0x91 <= p[4] <= 0x9f and p[5] == K_INDEX:
                     h = IndexHead.of(read_head(p, lsn), lsn)
-                    if (h.kind != K_INDEX or h.version != INDEX_VERSION or h.lsn != lsn
+                    if (h.kind != K_INDEX or h.version not in INDEX_VERSIONS or h.lsn != lsn
                             or type(h.compacted_at) is not int
                             or not -1 <= h.compacted_at < lsn):
                         raise ValueError("bad K_INDEX header")
@@ -305,7 +307,7 @@ class Store(ChannelState, Reads):
                 return
             ix = self._ix
         if kind == K_CKPT or kind == K_COPY_CKPT:
-            c = CkptHead.of(h, lsn)
+            c = ckpt_view(h, lsn)     # full or delta head: ids at the same places
             ix.add_checkpoint(c.thread, c.ns, c.cid, lsn)
         elif kind == K_WRITES or kind == K_COPY_WRITES:
             w = WritesHead.of(h, lsn)
@@ -424,8 +426,8 @@ class Store(ChannelState, Reads):
                         chans[ch] = c
                         refs[ch] = c.ref
             try:
-                hb = self._hpack.pack(CkptHead(K_CKPT, thread_id, checkpoint_ns, checkpoint_id,
-                                               parent_id, ckpt_b, meta_b, versions, refs))
+                hb = self._ckh.pack(CkptHead(K_CKPT, thread_id, checkpoint_ns, checkpoint_id,
+                                             parent_id, ckpt_b, meta_b, versions, refs))
             except Exception as e:
                 # the types were checked: what is left is text msgpack cannot encode
                 for name, x in (("thread_id", thread_id), ("checkpoint_ns", checkpoint_ns),
@@ -449,6 +451,7 @@ class Store(ChannelState, Reads):
                 raise ConfigError(f"store {self.url}: frame landed at LSN {got}, expected {lsn}; "
                                   "is another writer appending to this log?")
             self._next_lsn = got + 1
+            self._ckh.written(got)     # a full head becomes the lane's keyframe
             if lane is None:
                 lane = self._ix.lane(thread_id, checkpoint_ns, True)
             ids = lane.ids
@@ -678,7 +681,7 @@ class Store(ChannelState, Reads):
             for t, n, lane in list(self._ix.lanes()):
                 cids = []
                 for cid, lsn in zip(lane.ids, lane.lsns):
-                    meta = self._loads(CkptHead.of(read_head(self._b.read(lsn), lsn), lsn).meta_b)
+                    meta = self._loads(self._ckh.load(self._b.read, lsn).meta_b)
                     if isinstance(meta, dict) and meta.get("run_id") in runs:
                         cids.append(cid)
                 if cids:
@@ -786,6 +789,7 @@ class Store(ChannelState, Reads):
             self._wfp.clear()
             self._wpend.clear()     # their LSNs are about to move
             self._cpend.clear()
+            self._ckh.forget()      # so are the keyframes
             return compact(self)
 
     def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:
