@@ -44,6 +44,7 @@ MAX_KEYFRAME = 64 << 10  # larger heads are stored whole and never become keyfra
 MAX_LANES = 128         # lanes whose keyframe (and ~40 KB compressor) the writer keeps
 MAX_BASES = 32          # decompressors the reader keeps, by base LSN (a history walk's bases)
 MAX_BACKOFF = 6         # after k misses in a row, the next 2**k - 1 puts do not try
+POOR = 0.4              # a delta over this share of its full head retires its keyframe
 
 _RAW = zstandard.DICT_TYPE_RAWCONTENT
 
@@ -55,13 +56,15 @@ def _unpackb(b: bytes) -> Any:
 class _Keyframe:
     """The writer's keyframe of one lane: its LSN, head bytes and (lazily) a compressor."""
 
-    __slots__ = ("lsn", "hb", "comp", "count", "misses", "skip")
+    __slots__ = ("lsn", "hb", "comp", "count", "misses", "skip", "rekeyed", "retire")
 
-    def __init__(self, lsn: int, hb: bytes, misses: int, skip: int) -> None:
+    def __init__(self, lsn: int, hb: bytes, misses: int, skip: int, rekeyed: bool) -> None:
         self.lsn, self.hb, self.comp = lsn, hb, None
         self.count = 0          # deltas written against it
         self.misses = misses    # delta attempts in a row that did not save a quarter
         self.skip = skip        # puts left before the next attempt (backoff after a miss)
+        self.rekeyed = rekeyed  # it replaced a keyframe retired for compressing poorly
+        self.retire = False     # retired for that: the next put is the next keyframe
 
     def compressor(self) -> Any:
         if self.comp is None:
@@ -113,8 +116,12 @@ class CkptHeads:
                     tail = packb(list(head[4:]))
                     z = kf.compressor().compress(tail)
                     if len(z) * 4 <= len(tail) * 3:      # it saves at least a quarter
-                        self._pending = (key, None, 0, 0)
-                        return packb((head[0], head[1], head[2], head[3], kf.lsn, z))
+                        out = packb((head[0], head[1], head[2], head[3], kf.lsn, z))
+                        # over POOR of the full head: a keyframe unlike the heads that
+                        # follow it (LangGraph's input checkpoint starts every thread)
+                        poor = len(out) > POOR * (len(tail) + len(out) - len(z))
+                        self._pending = (key, None, poor, 0)
+                        return out
                     misses = min(kf.misses + 1, MAX_BACKOFF)
                     skip = (1 << misses) - 1
             hb = packb(head if type(head) is list else list(head))
@@ -126,20 +133,23 @@ class CkptHeads:
         got, self._pending = self._pending, None
         if got is None:
             return
-        key, hb, misses, skip = got
+        key, hb, misses, skip = got     # for a delta (hb None): key, None, poor, 0
         kfs = self._kf
+        kf = kfs.get(key)
         if hb is None:                  # a delta against the lane's keyframe
-            kf = kfs.get(key)
             if kf is not None:
                 kf.count += 1
                 kf.misses = 0
+                if misses and not kf.rekeyed:     # poor: retire it, once in a row
+                    kf.count = KEYFRAME_EVERY
+                    kf.retire = True
             return
         if not MIN_HEAD <= len(hb) <= MAX_KEYFRAME:
             return                      # stored whole, never a keyframe
         kfs.pop(key, None)
         if len(kfs) >= MAX_LANES:
             del kfs[next(iter(kfs))]    # the lane whose keyframe is the oldest
-        kfs[key] = _Keyframe(lsn, hb, misses, skip)
+        kfs[key] = _Keyframe(lsn, hb, misses, skip, kf is not None and kf.retire)
 
     def forget(self) -> None:
         """Drop every keyframe (their frames are about to move: compaction)."""
