@@ -45,6 +45,7 @@ MAX_LANES = 128         # lanes whose keyframe (and ~40 KB compressor) the write
 MAX_BASES = 32          # decompressors the reader keeps, by base LSN (a history walk's bases)
 MAX_BACKOFF = 6         # after k misses in a row, the next 2**k - 1 puts do not try
 POOR = 0.4              # a delta over this share of its full head retires its keyframe
+KEEP = 0.75             # a delta is written only if z is at most this share of what it holds
 
 _RAW = zstandard.DICT_TYPE_RAWCONTENT
 
@@ -115,7 +116,7 @@ class CkptHeads:
                 else:
                     tail = packb(list(head[4:]))
                     z = kf.compressor().compress(tail)
-                    if len(z) * 4 <= len(tail) * 3:      # it saves at least a quarter
+                    if len(z) <= KEEP * len(tail):       # it saves at least a quarter
                         out = packb((head[0], head[1], head[2], head[3], kf.lsn, z))
                         # over POOR of the full head: a keyframe unlike the heads that
                         # follow it (LangGraph's input checkpoint starts every thread)
