@@ -39,7 +39,7 @@ from .records import K_CKPT, K_COPY_CKPT, CkptDeltaHead, CkptHead, read_head
 __all__ = ["CkptHeads", "KEYFRAME_EVERY"]
 
 KEYFRAME_EVERY = 64     # deltas per keyframe: the dictionary stays close to what it compresses
-MIN_HEAD = 96           # smaller heads are stored whole (a zstd frame costs ~15 bytes)
+MIN_HEAD = 96           # smaller heads never become keyframes (a zstd frame costs ~15 B)
 MAX_KEYFRAME = 64 << 10  # larger heads are stored whole and never become keyframes
 MAX_LANES = 128         # lanes whose keyframe (and ~40 KB compressor) the writer keeps
 MAX_BASES = 32          # decompressors the reader keeps, by base LSN (a history walk's bases)
@@ -114,7 +114,7 @@ class CkptHeads:
                 if kf.skip:
                     misses, skip = kf.misses, kf.skip - 1
                 else:
-                    tail = packb(list(head[4:]))
+                    tail = packb(head[4:])     # a tuple or list: a msgpack array
                     z = kf.compressor().compress(tail)
                     if len(z) <= KEEP * len(tail):       # it saves at least a quarter
                         out = packb((head[0], head[1], head[2], head[3], kf.lsn, z))
@@ -125,7 +125,7 @@ class CkptHeads:
                         return out
                     misses = min(kf.misses + 1, MAX_BACKOFF)
                     skip = (1 << misses) - 1
-            hb = packb(head if type(head) is list else list(head))
+            hb = packb(head)
         self._pending = (key, hb, misses, skip)
         return hb
 
