@@ -202,9 +202,11 @@ class CkptHeads:
         """(thread, ns, decompressor) of keyframe ``base``, checked and cached."""
         try:
             p = read(base)
-        except NotFoundError:
-            raise _bad(lsn, f"delta checkpoint head of frame {lsn} names base frame {base}, "
-                            "which the log no longer holds") from None
+        except NotFoundError as e:
+            # as for the checkpoint's own frame: a reader whose view predates a compaction
+            # (refresh() or reopen), never another frame read in its place
+            raise NotFoundError(f"{e}: the keyframe of the delta checkpoint head of frame "
+                                f"{lsn}", lsn=lsn, base=base) from None
         bh = read_head(p, base)
         if (bh[0] not in (K_CKPT, K_COPY_CKPT) or len(bh) < 9 or type(bh[4]) is int
                 or type(bh[1]) is not str or type(bh[2]) is not str):
