@@ -115,7 +115,8 @@ def _serde(name: str):
     return None
 
 
-def _put_run(s, thread: str, ns: str, n: int, start: int = 0, prefix: str = "c") -> None:
+def _put_run(s, thread: str, ns: str, n: int, start: int = 0, prefix: str = "c",
+             gen: int = 0) -> None:
     """An agent loop of ``n`` checkpoints with LangGraph-sized heads."""
     got = s.get(thread, ns)
     msgs = list(got.values["msgs"]) if got is not None else []
@@ -129,7 +130,7 @@ def _put_run(s, thread: str, ns: str, n: int, start: int = 0, prefix: str = "c")
                                             "agent": {"branch:to:agent": i}},
                           "updated_channels": ["messages"]},
               metadata={"source": "loop", "step": i, "parents": {},
-                        "run_id": f"run-{thread}-{i // 50}"},
+                        "run_id": f"run-{thread}-{i // 50}", **({"gen": gen} if gen else {})},
               values={"msgs": msgs, "branch:to:agent": None},
               versions={"__start__": 2, "msgs": i + 3, "branch:to:agent": i + 3})
         parent = cid
@@ -335,3 +336,40 @@ def test_an_older_reader_refuses_a_store_with_delta_heads_at_open(tmp_path, monk
     monkeypatch.setattr(store_mod, "ckpt_view", CkptHead.of)
     with pytest.raises(durkv.CorruptionError, match="CkptHead head has 6 fields, needs 9"):
         durkv.open(path, read_only=True)
+
+
+def test_a_reader_across_recover_never_decodes_against_an_old_keyframe(tmp_path):
+    """A reader that cached a keyframe, across `recover --skip-corrupt` and a writer that
+    puts the same thread's checkpoint ids again at the cut LSNs (new keyframes where
+    the old ones were): before refresh() it never returns the new frames' heads decoded
+    against the old keyframe as checkpoints; after it, the new checkpoints read back."""
+    import logtools as lt
+    from durkv.log import recover
+
+    path = tmp_path / "s.durkv"
+    with durkv.open(str(path), segment_bytes=4096, index_every=0) as s:
+        _put_run(s, "t", "", 30)
+    reader = durkv.open(str(path), read_only=True)
+    old = {c.checkpoint_id: c.metadata for c in reader.history("t", values=False)}
+    base = read_head(reader._b.read(reader._ix.lane("t", "").lsns[5]), 5)[4]
+    assert base == 0 and 0 in reader._ckh._bases   # frame 0: the cached keyframe
+    seg, frame = lt.frame_at(path, 0)
+    lt.flip_byte(seg.path, frame.offset + lt.FRAME_HDR + 3)
+    recover(str(path), skip_corrupt=True)       # cuts the whole log
+    with durkv.open(str(path), index_every=0) as w:
+        assert w.get("t") is None
+        _put_run(w, "t", "", 30, gen=2)        # the same ids, other heads, at the same LSNs
+        assert w._ix.lane("t", "").lsns[0] == 0
+        for i in range(30):
+            w.put_writes("t", "", f"c{i:05d}", "task", [(0, "x", i)])
+    for cid in old:
+        try:
+            cp = reader.get("t", "", cid)
+        except (durkv.CorruptionError, NotFoundError, durkv.DurkvError):
+            continue
+        assert cp is None or cp.metadata == old[cid]
+    reader.refresh()
+    new = {c.checkpoint_id: c.metadata for c in reader.history("t", values=False)}
+    assert set(new) == set(old)
+    assert all(m["step"] == int(c[1:]) and m["gen"] == 2 for c, m in new.items())
+    reader.close()
