@@ -62,6 +62,7 @@ RANKS = {
     "durkv.serde": 30,
     "durkv.index": 30,
     "durkv.records": 31,
+    "durkv.ckpthead": 31.5,         # checkpoint heads: keyframes and deltas (records' heads)
     "durkv.delta": 32,
     "durkv.reads": 32,
     "durkv.compact": 33,
