@@ -30,8 +30,8 @@ from typing import Any, Iterator
 from .channels import (
     DELTA, F_REFS, F_VALUE, FULL, SNAP, entry_at, entry_header, snap_ref_at, snap_refs,
 )
-from .errors import ConfigError, CorruptionError, DurkvError, NotFoundError
 from .ckpthead import CkptHeads
+from .errors import ConfigError, CorruptionError, DurkvError, NotFoundError
 from .index import Lane
 from .records import (
     K_CKPT, K_COPY_CKPT, ChannelEntry, Checkpoint, PendingWrite, check_id, check_limit,

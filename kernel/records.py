@@ -14,7 +14,8 @@ values); the channel map gives, for every channel that has a value in this
 checkpoint, the ``[lsn, idx]`` of the entry holding it -- an entry of this frame
 for a changed channel, of an earlier frame for an unchanged one (so unchanged
 channels cost a reference, and any checkpoint reads each channel with one
-``read_channel``). Pending-write records resolve in log order: ``replace``
+``read_channel``). A checkpoint head may be stored as a delta, ``[kind, thread, ns,
+cid, base_lsn, z]`` (:class:`CkptDeltaHead`; :mod:`durkv.ckpthead` resolves it). Pending-write records resolve in log order: ``replace``
 false = a key (task_id, idx) already present keeps its first value (LangGraph's
 INSERT OR IGNORE), true = it is overwritten (special channels only). A write's
 value is its serde bytes, or (a list) the int index of the entry of this frame
@@ -32,7 +33,8 @@ and the orphan writes; no channel values), the LSN it was written at and the
 last compaction's BEGIN LSN (-1: none). The writer appends one at close, after a
 compaction and every ``index_every`` frames; open reads the frames backwards for
 the newest one that decodes and checks, and replays only the frames after it.
-Version 2 adds the run journals' LSNs (``journals`` = :func:`durkv.index.dump_journals`).
+Version 2 adds the run journals' LSNs (``journals`` = :func:`durkv.index.dump_journals`);
+version 3 is the same layout in a log that may hold delta checkpoint heads.
 It changes nothing when replayed (like any record, it abandons an unfinished
 compaction). It is only a shortcut: a bad one is skipped for an older one or a
 full replay.
@@ -64,12 +66,14 @@ K_COMPACT_BEGIN = 6  # [6]
 K_COMPACT_END = 7   # [7, begin_lsn]
 K_COPY_CKPT = 8     # as K_CKPT, written by compact() between BEGIN and END
 K_COPY_WRITES = 9   # as K_WRITES, written by compact()
-K_INDEX = 10        # [10, 2, own_lsn, compacted_at, state, journals]  (index snapshot)
+K_INDEX = 10        # [10, 3, own_lsn, compacted_at, state, journals]  (index snapshot)
 K_JOURNAL = 11      # [11, run_id, rec]  (one run-journal event, opaque to the store)
 K_COPY_JOURNAL = 12  # as K_JOURNAL, written by compact()
 K_DEL_JOURNAL = 13  # [13, [run_id, ...]]  (delete_runs)
-INDEX_VERSION = 3   # 1 had no journals: passed over (docs/FORMAT.md section 5); 3 = 2 in a
-INDEX_VERSIONS = (2, 3)  # log that may hold delta checkpoint heads (older readers pass it over)
+# K_INDEX versions (docs/FORMAT.md section 5): 1 had no journals (passed over); 3 is 2's
+# layout in a log that may hold delta checkpoint heads (older readers pass it over)
+INDEX_VERSION = 3
+INDEX_VERSIONS = (2, 3)     # the versions this reader accepts
 
 # LangGraph's WRITES_IDX_MAP channels: a put_writes made only of these overwrites
 SPECIAL_WRITE_CHANNELS = frozenset(("__error__", "__scheduled__", "__interrupt__", "__resume__"))
@@ -324,8 +328,8 @@ def check_ids(name: str, ids: Any) -> list[str]:
 # longer head, from a later version, keeps its known prefix); only the length, since replay
 # decodes every record and has dispatched on the kind already. ``pack()`` is its bytes.
 # (A NamedTuple cannot take a mixin base, so the two methods are attached here.)
-for _cls in (CkptHead, CkptDeltaHead, WritesHead, DelThreadHead, CopyThreadHead, RemoveHead, CompactBeginHead,
-             CompactEndHead, IndexHead, JournalHead, DelJournalHead):
+for _cls in (CkptHead, CkptDeltaHead, WritesHead, DelThreadHead, CopyThreadHead, RemoveHead,
+             CompactBeginHead, CompactEndHead, IndexHead, JournalHead, DelJournalHead):
     _cls.of = staticmethod(_typed_view(_cls))
     _cls.pack = _pack
 del _cls

@@ -39,8 +39,8 @@ from .errors import (
 from .index import Index, dump_index, dump_journals, load_index, load_journals
 from .reads import Reads
 from .records import (  # noqa: F401 - re-exported: the store's public types and record kinds
-    DURABILITIES, INDEX_VERSION, INDEX_VERSIONS, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT,
-    K_COPY_JOURNAL, K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX,
+    DURABILITIES, INDEX_VERSION, INDEX_VERSIONS, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END,
+    K_COPY_CKPT, K_COPY_JOURNAL, K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX,
     K_JOURNAL, K_REMOVE, K_WRITES,
     SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint, PendingWrite, check_id, check_ids,
 )
