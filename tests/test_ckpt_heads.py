@@ -373,3 +373,32 @@ def test_a_reader_across_recover_never_decodes_against_an_old_keyframe(tmp_path)
     assert set(new) == set(old)
     assert all(m["step"] == int(c[1:]) and m["gen"] == 2 for c, m in new.items())
     reader.close()
+
+
+def _head(i: int, noise: bytes = b"") -> CkptHead:
+    return CkptHead(K_CKPT, "t", "", f"c{i:05d}", f"c{i - 1:05d}",
+                    b"ts 2026-11-30T22:02:%06d versions_seen agent branch:to:agent" % i + noise,
+                    b"source loop step %d parents" % i, {"messages": i, "__start__": 2},
+                    {"messages": [2 * i, 0], "branch:to:agent": [2 * i, 1]})
+
+
+def test_the_writer_keyframes_every_64_deltas_and_backs_off_on_ciphertext(monkeypatch):
+    heads = ckpthead.CkptHeads()
+    kinds = []
+    for i in range(300):
+        hb = heads.pack(_head(i))
+        heads.written(i)
+        kinds.append(type(msgpack.unpackb(hb)[4]) is int)
+    assert kinds.count(False) <= 300 // (KEYFRAME_EVERY + 1) + 2
+    assert all(kinds[1:KEYFRAME_EVERY + 1])
+    # ciphertext: no delta saves a quarter; attempts back off (not one per put)
+    tries = []
+    real = ckpthead._Keyframe.compressor
+    monkeypatch.setattr(ckpthead._Keyframe, "compressor",
+                        lambda self: tries.append(1) or real(self))
+    heads = ckpthead.CkptHeads()
+    for i in range(300):
+        hb = heads.pack(_head(i, os.urandom(1000)))
+        heads.written(i)
+        assert type(msgpack.unpackb(hb)[4]) is not int
+    assert len(tries) <= 12
