@@ -6,9 +6,9 @@ and tests that import it keep working. New code imports :mod:`durkv.store.record
 
 from .store.records import *  # noqa: F401,F403
 from .store.records import (  # noqa: F401 - the record kinds and heads, as before
-    INDEX_VERSION, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL,
+    INDEX_VERSION, INDEX_VERSIONS, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL,
     K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX, K_JOURNAL, K_REMOVE,
-    K_WRITES, CkptHead, CompactBeginHead, CompactEndHead, CopyThreadHead, DelJournalHead,
-    DelThreadHead, IndexHead, JournalHead, RemoveHead, WritesHead, checkpoint_head, heads_of,
-    pack_head, read_head,
+    K_WRITES, CkptDeltaHead, CkptHead, CompactBeginHead, CompactEndHead, CopyThreadHead, DelJournalHead,
+    DelThreadHead, IndexHead, JournalHead, RemoveHead, WritesHead, heads_of, pack_head,
+    read_head,
 )

@@ -38,8 +38,11 @@ CASES = [
     (r.RemoveHead(r.K_REMOVE, [["t", "", ["c1", "c2"]]]), [5, [["t", "", ["c1", "c2"]]]]),
     (r.CompactBeginHead(r.K_COMPACT_BEGIN), [6]),
     (r.CompactEndHead(r.K_COMPACT_END, 41), [7, 41]),
+    # version 3: the layout of 2, in a log that may hold delta checkpoint heads
     (r.IndexHead(r.K_INDEX, r.INDEX_VERSION, 99, -1, [["t", []]], [["run", b"\1"]]),
-     [10, 2, 99, -1, [["t", []]], [["run", b"\1"]]]),
+     [10, 3, 99, -1, [["t", []]], [["run", b"\1"]]]),
+    (r.CkptDeltaHead(r.K_CKPT, "t", "", "c3", 17, b"(\xb5/\xfd"),
+     [1, "t", "", "c3", 17, b"(\xb5/\xfd"]),
     (r.JournalHead(r.K_JOURNAL, "run-1", {"kind": "step", "n": 1}),
      [11, "run-1", {"kind": "step", "n": 1}]),
     (r.JournalHead(r.K_COPY_JOURNAL, "run-1", b"opaque"), [12, "run-1", b"opaque"]),

@@ -9,7 +9,7 @@ import pytest
 
 import durkv
 from durkv.channels import DELTA, FULL, SNAP, decode_commit
-from durkv.store import K_CKPT, _head_of
+from durkv.store import K_CKPT
 
 
 
@@ -204,8 +204,8 @@ def test_unchanged_channels_carry_over_and_absent_channels_drop(url):
         assert s.get("t", "", "2").values == {"a": 2, "b": [1]}
         assert s.get("t").values == {"b": [1]}
         lane = s._ix.lane("t", "")
-        head2 = _head_of(s._b.read(lane.lsns[1]))
-        assert head2[0] == K_CKPT and head2[8]["b"][0] == lane.lsns[0]   # a ref, no copy
+        head2 = s._heads.load(s._b.read, lane.lsns[1])     # the full head, if a delta
+        assert head2.kind == K_CKPT and head2.chans["b"][0] == lane.lsns[0]   # a ref, no copy
 
 
 def test_a_copy_saved_whole_reads_back_its_own_values(url):
@@ -227,8 +227,8 @@ def test_a_copy_saved_whole_reads_back_its_own_values(url):
         assert s.get("t", "", "3").values == two
         assert s.get("t", "", "4").values == {"a": 1, "b": [1], "c": "k"}
         lane = s._ix.lane("t", "")
-        head3 = _head_of(s._b.read(lane.lsns[2]))
-        assert head3[8]["c"][0] == lane.lsns[0]          # same version as the base: a ref
+        head3 = s._heads.load(s._b.read, lane.lsns[2])
+        assert head3.chans["c"][0] == lane.lsns[0]          # same version as the base: a ref
     if url != "memory://":
         with durkv.open(url) as s:
             assert s.get("t", "", "3").values == two
@@ -574,7 +574,7 @@ def test_local_read_channel_agrees_with_python(tmp_path):
         agent_run(s, 10)
         lane = s._ix.lane("t", "")
         for lsn in lane.lsns:
-            ref = _head_of(s._b.read(lsn))[8]["msgs"]
+            ref = s._heads.load(s._b.read, lsn).chans["msgs"]
             assert s._b.read_channel(*ref) == resolve_channel(s._b.read, *ref)
         assert s.verify(deep=True).ok
 

@@ -5,6 +5,7 @@ module         owns
 =============  =================================================================
 ``records``    the frame heads (one typed definition per record kind, one checked
                decoder) and the result types (Checkpoint, PendingWrite, ...)
+``ckpthead``   checkpoint heads stored whole (keyframes) or as zstd deltas of one
 ``index``      the in-memory index: per (thread, ns) lane, checkpoint ids and LSNs
 ``appender``   frames to the backend: the next LSN, the policy, small records
 ``replay``     the index as the log builds it: replay, K_INDEX snapshots
@@ -18,7 +19,7 @@ module         owns
 =============  =================================================================
 
 Each object gets what it uses in its constructor (no mixin reads another's
-attributes), and imports point down (records, index < appender < replay < delta <
+attributes), and imports point down (records, index < ckpthead < appender < replay < delta <
 writer, reads < history, edits, compact < store: the ranks of tests/test_layers.py).
 The package re-exports the public names, as the module ``durkv.store`` did.
 """

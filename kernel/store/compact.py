@@ -40,13 +40,13 @@ from ..errors import BackendError
 from ..payload import (
     DELTA, F_REFS, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref,
 )
+from .ckpthead import CkptHeads
 from .delta import LaneHead
 from .index import Lane
 from .reads import Reads
 from .records import (
     K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL, K_COPY_WRITES, CkptHead,
-    CompactBeginHead, CompactEndHead, JournalHead, PendingWrite, WritesHead, pack_head,
-    read_head,
+    CompactBeginHead, CompactEndHead, JournalHead, PendingWrite, WritesHead, read_head,
 )
 from .replay import LogIndex
 
@@ -75,10 +75,13 @@ class _Frames:
 class Compaction:
     """One compaction of a store (see the module docstring); :meth:`run` once."""
 
-    def __init__(self, backend: Any, index: LogIndex, reads: Reads, url: str) -> None:
+    def __init__(self, backend: Any, index: LogIndex, reads: Reads, heads: CkptHeads,
+                 url: str) -> None:
         self._b = backend
         self._index = index
         self._reads = reads
+        self._heads = heads                 # resolves the old heads (deltas included)
+        self._copy_heads = CkptHeads()      # the copies: deltas of keyframes among the copies
         self.url = url
         self._frames = _Frames(backend.read)
         self._mapped: dict[Ref, Ref] = {}    # old entry -> its copy
@@ -134,7 +137,8 @@ class Compaction:
         return len(lane.ids)
 
     def _copy_checkpoint(self, t: str, n: str, lsn: int) -> None:
-        raw = read_head(self._frames(lsn), lsn)
+        frames = self._frames
+        raw = self._heads.full(frames, read_head(frames(lsn), lsn), lsn)   # a delta resolved
         h = CkptHead.of(raw, lsn)
         new_lsn = self._b.next_lsn
         entries: list[Entry] = []
@@ -143,8 +147,8 @@ class Compaction:
         h = h._replace(kind=K_COPY_CKPT, thread=t, ns=n, chans={
             ch: list(mapped[tuple(ref)]) for ch, ref in h.chans.items()})
         # fields a later version added after the known ones are copied as they are
-        hb = pack_head([*h, *raw[len(h):]]) if len(raw) > len(h) else h.pack()
-        self._append_copy(hb, entries, new_lsn)
+        self._append_copy(self._copy_heads.pack([*h, *raw[len(h):]]), entries, new_lsn)
+        self._copy_heads.written(new_lsn)
 
     def _copy_writes(self, t: str, n: str, cid: str, writes: list[PendingWrite]) -> None:
         """One frame per (task, path) with the merged writes (values copied as stored).

@@ -70,7 +70,7 @@ from .._listprefix import has_prefix, join_tagged
 from ..errors import SerializationError
 from ..payload import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Codec, entry_at, pack_ref
 from .index import Lane
-from .records import checkpoint_head
+from .ckpthead import CkptHeads
 
 __all__ = ["Channels", "ChanState", "LaneHead", "join_tagged"]
 
@@ -140,9 +140,10 @@ class Channels:
     Every method runs under the store's lock.
     """
 
-    def __init__(self, backend: Any, serde: Any, codec: Codec, *, snapshot_every: int,
-                 delta_check: str) -> None:
+    def __init__(self, backend: Any, serde: Any, codec: Codec, heads: CkptHeads, *,
+                 snapshot_every: int, delta_check: str) -> None:
         self._b = backend
+        self._heads = heads
         self._dumps = serde.dumps
         self._loads = serde.loads
         # optional batch form (LangGraphSerde has one): many list items in one call
@@ -317,7 +318,7 @@ class Channels:
         if pos < 0:
             return {}, {}
         lsn = lane.lsns[pos]
-        h = checkpoint_head(self._b.read(lsn), lsn)
+        h = self._heads.load(self._b.read, lsn)
         return {ch: ChanState(tuple(ref), False) for ch, ref in h.chans.items()}, h.versions
 
     # -- materialized latest state -----------------------------------------------------------
@@ -332,7 +333,7 @@ class Channels:
 
     def load_head(self, lane: Lane) -> LaneHead:
         lsn = lane.lsns[-1]
-        h = checkpoint_head(self._b.read(lsn), lsn)
+        h = self._heads.load(self._b.read, lsn)
         head = LaneHead(h.cid, lsn, h.parent, h.ckpt_b, h.meta_b, h.versions,
                         {ch: ChanState(tuple(ref), False) for ch, ref in h.chans.items()})
         lane.head = head

@@ -13,9 +13,10 @@ from typing import Any
 
 from ..errors import RunConflictError
 from .appender import Appender
+from .ckpthead import CkptHeads
 from .records import (
     K_COPY_THREAD, K_DEL_JOURNAL, K_DEL_THREAD, K_REMOVE, CopyThreadHead, DelJournalHead,
-    DelThreadHead, RemoveHead, checkpoint_head,
+    DelThreadHead, RemoveHead,
 )
 from .replay import LogIndex
 from .writer import Writer
@@ -27,8 +28,9 @@ class Edits:
     """delete_thread, copy_thread, delete_runs, prune (see :class:`durkv.store.Store`)."""
 
     def __init__(self, appender: Appender, index: LogIndex, writer: Writer, backend: Any,
-                 loads: Any) -> None:
+                 heads: CkptHeads, loads: Any) -> None:
         self._ap = appender
+        self._heads = heads
         self._index = index
         self._writer = writer
         self._b = backend
@@ -74,7 +76,7 @@ class Edits:
             self._index.maybe_snapshot(lsn)
 
     def _run_of(self, lsn: int) -> Any:
-        meta = self._loads(checkpoint_head(self._b.read(lsn), lsn).meta_b)
+        meta = self._loads(self._heads.load(self._b.read, lsn).meta_b)
         return meta.get("run_id") if isinstance(meta, dict) else None
 
     def prune(self, thread_ids: list[str], keep_last: int) -> None:

@@ -34,8 +34,8 @@ from ..payload import (
     DELTA, F_REFS, F_VALUE, FULL, SNAP, Codec, entry_at, entry_header, snap_ref_at, snap_refs,
 )
 from .index import Lane
-from .reads import Reads, checkpoint_fields
-from .records import ChannelEntry, Checkpoint, checkpoint_head
+from .reads import Reads
+from .records import ChannelEntry, Checkpoint
 from .replay import LogIndex
 
 __all__ = ["History"]
@@ -197,8 +197,8 @@ class History:
         if got is None:
             return None
         lane, lsn, payload = got
-        _k, _t, _n, cid, parent, ckpt_b, meta_b, versions, chans = checkpoint_fields(
-            payload, cid, lsn, self.url)
+        _k, _t, _n, cid, parent, ckpt_b, meta_b, versions, chans = self._reads.fields_of(
+            payload, cid, lsn)
         loads = self._loads
         meta = loads(meta_b)
         if filter and not (isinstance(meta, dict)
@@ -317,7 +317,7 @@ class History:
                 if got is None:
                     continue
                 lane, lsn, payload = got
-                ref = checkpoint_head(payload, lsn).chans.get(channel)
+                ref = self._reads.head_at(lsn, payload).chans.get(channel)
                 if ref is None or ref[0] != lsn:
                     continue
                 e = entry_at(payload, ref[1])

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import CorruptionError
 from ..payload import F_VALUE, Codec, entry_at
+from .ckpthead import CkptHeads
 from .delta import Channels
 from .index import Lane
 from .records import (
@@ -25,16 +26,16 @@ __all__ = ["Reads", "checkpoint_fields"]
 _CID = CkptHead._fields.index("cid")
 
 
-def checkpoint_fields(payload: bytes, cid: str, lsn: int, url: str) -> list:
+def checkpoint_fields(heads: CkptHeads, read: Any, payload: bytes, cid: str, lsn: int,
+                      url: str) -> list:
     """The head of the checkpoint frame at ``lsn``, which the index says holds ``cid``,
-    as the list of ``CkptHead``'s fields (length checked: the history walk unpacks it);
-    a frame that is something else is never returned as it (a log cut and reused under
-    a reader, FORMAT.md 2a)."""
+    as the list of ``CkptHead``'s fields (length checked: the history walk unpacks it;
+    a delta head resolved against its keyframe by ``heads``, ``read`` reading it); a
+    frame that is something else is never returned as it (a log cut and reused under a
+    reader, FORMAT.md 2a)."""
     h = read_head(payload, lsn)
-    if h[0] == K_CKPT or h[0] == K_COPY_CKPT:
-        h = CkptHead.fields(h, lsn)
-        if h[_CID] == cid:
-            return h
+    if (h[0] == K_CKPT or h[0] == K_COPY_CKPT) and len(h) > _CID and h[_CID] == cid:
+        return CkptHead.fields(heads.full(read, h, lsn), lsn)
     raise CorruptionError(
         f"store {url}: frame {lsn} does not hold checkpoint {cid!r}; the log changed "
         "under this handle (repaired by `durkv recover`?): refresh() or reopen the store",
@@ -53,10 +54,11 @@ class _WriteItems:
 class Reads:
     """Checkpoints and pending writes read back (under the store's lock)."""
 
-    def __init__(self, backend: Any, index: LogIndex, channels: Channels, serde: Any,
-                 codec: Codec, url: str) -> None:
+    def __init__(self, backend: Any, index: LogIndex, channels: Channels, heads: CkptHeads,
+                 serde: Any, codec: Codec, url: str) -> None:
         self._b = backend
         self._index = index
+        self._heads = heads
         self._channels = channels
         self._loads = serde.loads
         self._codec = codec
@@ -75,8 +77,16 @@ class Reads:
         if pos < 0:
             return None
         lsn = lane.lsns[pos]
-        h = CkptHead.of(checkpoint_fields(self._b.read(lsn), checkpoint_id, lsn, self.url))
+        h = CkptHead.of(self.fields_of(self._b.read(lsn), checkpoint_id, lsn))
         return self.checkpoint(thread_id, ns, lane, lsn, h)
+
+    def fields_of(self, payload: bytes, cid: str, lsn: int) -> list:
+        """:func:`checkpoint_fields` of frame ``lsn`` (``payload``), said to hold ``cid``."""
+        return checkpoint_fields(self._heads, self._b.read, payload, cid, lsn, self.url)
+
+    def head_at(self, lsn: int, payload: bytes | None = None) -> CkptHead:
+        """The full typed head of the checkpoint frame at ``lsn`` (``payload`` if at hand)."""
+        return self._heads.load(self._b.read, lsn, payload)
 
     def _newest(self, thread_id: str, ns: str, lane: Lane) -> Checkpoint:
         """The newest checkpoint of ``lane``, from its materialized state (no frame read)."""

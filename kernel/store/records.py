@@ -14,7 +14,9 @@ values); the channel map gives, for every channel that has a value in this
 checkpoint, the ``[lsn, idx]`` of the entry holding it -- an entry of this frame
 for a changed channel, of an earlier frame for an unchanged one (so unchanged
 channels cost a reference, and any checkpoint reads each channel with one
-``read_channel``). Pending-write records resolve in log order: ``replace``
+``read_channel``). A checkpoint head may be stored as a delta, ``[kind, thread, ns,
+cid, base_lsn, z]`` (:class:`CkptDeltaHead`; :mod:`durkv.store.ckpthead` resolves it).
+Pending-write records resolve in log order: ``replace``
 false = a key (task_id, idx) already present keeps its first value (LangGraph's
 INSERT OR IGNORE), true = it is overwritten (special channels only). A write's
 value is its serde bytes, or (a list) the int index of the entry of this frame
@@ -32,7 +34,8 @@ and the orphan writes; no channel values), the LSN it was written at and the
 last compaction's BEGIN LSN (-1: none). The writer appends one at close, after a
 compaction and every ``index_every`` frames; open reads the frames backwards for
 the newest one that decodes and checks, and replays only the frames after it.
-Version 2 adds the run journals' LSNs (``journals`` = :func:`durkv.store.index.dump_journals`).
+Version 2 adds the run journals' LSNs (``journals`` = :func:`durkv.store.index.dump_journals`);
+version 3 is the same layout in a log that may hold delta checkpoint heads.
 It changes nothing when replayed (like any record, it abandons an unfinished
 compaction). It is only a shortcut: a bad one is skipped for an older one or a
 full replay.
@@ -54,6 +57,7 @@ __all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
 
 # record kinds: the first element of every frame head (part of the format: never renumber)
 K_CKPT = 1          # [1, thread, ns, cid, parent, ckpt_b, meta_b, versions, {ch: [lsn, idx]}]
+#                     or, a delta head: [1, thread, ns, cid, base_lsn, z] (durkv.store.ckpthead)
 K_WRITES = 2        # [2, thread, ns, cid, task_id, task_path, replace, [[idx, ch, value]...]]
 #                     value: bytes | entry k of this frame | [lsn, idx] (FORMAT.md s. 5)
 K_DEL_THREAD = 3    # [3, thread]
@@ -67,7 +71,10 @@ K_INDEX = 10        # [10, 2, own_lsn, compacted_at, state, journals]  (index sn
 K_JOURNAL = 11      # [11, run_id, rec]  (one run-journal event, opaque to the store)
 K_COPY_JOURNAL = 12  # as K_JOURNAL, written by compact()
 K_DEL_JOURNAL = 13  # [13, [run_id, ...]]  (delete_runs)
-INDEX_VERSION = 2   # 1 had no journals: passed over (docs/FORMAT.md section 5)
+# K_INDEX versions (docs/FORMAT.md section 5): 1 had no journals (passed over); 3 is 2's
+# layout in a log that may hold delta checkpoint heads (older readers pass it over)
+INDEX_VERSION = 3
+INDEX_VERSIONS = (2, 3)     # the versions this reader accepts
 
 # LangGraph's WRITES_IDX_MAP channels: a put_writes made only of these overwrites
 SPECIAL_WRITE_CHANNELS = frozenset(("__error__", "__scheduled__", "__interrupt__", "__resume__"))
@@ -189,6 +196,19 @@ class CkptHead(NamedTuple):
     chans: dict
 
 
+class CkptDeltaHead(NamedTuple):
+    """K_CKPT / K_COPY_CKPT stored as a delta: ``z`` is the head's fields after ``cid``,
+    zstd-compressed against the head of frame ``base`` (see :mod:`durkv.store.ckpthead`).
+    A full head's ``parent`` (element 4) is a str or None, a delta's ``base`` an int."""
+
+    kind: int
+    thread: str
+    ns: str
+    cid: str
+    base: int
+    z: bytes
+
+
 class WritesHead(NamedTuple):
     """K_WRITES / K_COPY_WRITES: ``writes`` is ``[[idx, channel, value], ...]``."""
 
@@ -254,12 +274,6 @@ class DelJournalHead(NamedTuple):
     run_ids: list
 
 
-def checkpoint_head(payload: bytes, lsn: int) -> CkptHead:
-    """The typed head of the checkpoint frame ``payload`` at ``lsn``: the one place a
-    checkpoint's head is loaded (writer, reads, history and compaction call it)."""
-    return CkptHead.of(read_head(payload, lsn), lsn)
-
-
 def heads_of(array_b: Any) -> list[list]:
     """The heads of a backend's ``read_heads`` answer (one msgpack array, one decode)."""
     return _unpackb(array_b)
@@ -315,8 +329,8 @@ def check_ids(name: str, ids: Any) -> list[str]:
 # decodes every record and has dispatched on the kind already. ``fields(h, lsn)`` is the
 # same check returning the list (the hot paths unpack it). ``pack()`` is its bytes.
 # (A NamedTuple cannot take a mixin base, so the two methods are attached here.)
-for _cls in (CkptHead, WritesHead, DelThreadHead, CopyThreadHead, RemoveHead, CompactBeginHead,
-             CompactEndHead, IndexHead, JournalHead, DelJournalHead):
+for _cls in (CkptHead, CkptDeltaHead, WritesHead, DelThreadHead, CopyThreadHead, RemoveHead,
+             CompactBeginHead, CompactEndHead, IndexHead, JournalHead, DelJournalHead):
     _of, _fields_of = _typed_views(_cls)
     _cls.of = staticmethod(_of)
     _cls.fields = staticmethod(_fields_of)

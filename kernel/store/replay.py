@@ -19,9 +19,9 @@ from ..payload import encode_commit
 from .appender import Appender
 from .index import Index, dump_index, dump_journals, load_index, load_journals
 from .records import (
-    INDEX_VERSION, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL,
+    INDEX_VERSION, INDEX_VERSIONS, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL,
     K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX, K_JOURNAL, K_REMOVE,
-    K_WRITES, CkptHead, CompactEndHead, CopyThreadHead, DelJournalHead, DelThreadHead,
+    K_WRITES, CkptDeltaHead, CkptHead, CompactEndHead, CopyThreadHead, DelJournalHead, DelThreadHead,
     IndexHead, JournalHead, RemoveHead, WritesHead, read_head,
 )
 
@@ -101,7 +101,12 @@ class LogIndex:
             if ix is None:
                 return
         if kind == K_CKPT or kind == K_COPY_CKPT:
-            _k, thread, ns, cid, _p, _c, _m, _v, _ch = CkptHead.fields(h, lsn)
+            # a delta head (element 4 an int, its base: FORMAT.md 5) holds the ids at the
+            # same places as a full one: replay never decompresses it
+            if len(h) > 4 and type(h[4]) is int:
+                _k, thread, ns, cid, _b, _z = CkptDeltaHead.fields(h, lsn)
+            else:
+                _k, thread, ns, cid, _p, _c, _m, _v, _ch = CkptHead.fields(h, lsn)
             ix.add_checkpoint(thread, ns, cid, lsn)
         elif kind == K_WRITES or kind == K_COPY_WRITES:
             _k, thread, ns, cid, _t, _tp, _r, _w = WritesHead.fields(h, lsn)
@@ -170,7 +175,7 @@ class LogIndex:
                 if not _is_index_frame(p):
                     continue
                 h = IndexHead.of(read_head(p, lsn), lsn)
-                if (h.kind != K_INDEX or h.version != INDEX_VERSION or h.lsn != lsn
+                if (h.kind != K_INDEX or h.version not in INDEX_VERSIONS or h.lsn != lsn
                         or type(h.compacted_at) is not int
                         or not -1 <= h.compacted_at < lsn):
                     raise ValueError("bad K_INDEX header")

@@ -36,6 +36,7 @@ from ..errors import ConfigError, ReadOnlyError
 from ..payload import Codec
 from ..serde import Serde, default_serde
 from .appender import Appender
+from .ckpthead import CkptHeads
 from .compact import Compaction
 from .delta import Channels
 from .edits import Edits
@@ -72,13 +73,17 @@ class Store:
         codec = Codec(compress_min_bytes)
         self._appender = Appender(backend, durability, max_commit_bytes)
         self._index = LogIndex(backend, self._appender, url, index_every)
-        self._channels = Channels(backend, serde, codec, snapshot_every=snapshot_every,
+        # checkpoint heads: the writer's keyframes, the readers' delta bases (FORMAT.md 5)
+        self._heads = heads = CkptHeads()
+        self._channels = Channels(backend, serde, codec, heads, snapshot_every=snapshot_every,
                                   delta_check=delta_check)
-        self._writer = Writer(self._appender, self._index, self._channels, serde, codec, url)
-        self._reads = Reads(backend, self._index, self._channels, serde, codec, url)
+        self._writer = Writer(self._appender, self._index, self._channels, heads, serde, codec,
+                              url)
+        self._reads = Reads(backend, self._index, self._channels, heads, serde, codec, url)
         self._history = History(self._lock, self._check_open, backend, self._index,
                                 self._reads, serde, codec, url)
-        self._edits = Edits(self._appender, self._index, self._writer, backend, serde.loads)
+        self._edits = Edits(self._appender, self._index, self._writer, backend, heads,
+                            serde.loads)
         self._load_index()
         if not read_only:
             self._index.shadow = None   # a compaction cut short by a crash: its copies are dead
@@ -91,6 +96,7 @@ class Store:
     def _load_index(self) -> None:
         """Build the index from the log: the newest snapshot, then the frames after it."""
         self._index.reset()
+        self._heads.forget()    # after a repair an LSN may hold another frame (FORMAT.md 2a)
         self._restore_index()
         self._replay()
 
@@ -435,7 +441,7 @@ class Store:
         with self._lock:
             self._check_write()
             self._writer.forget_frames()     # every LSN is about to move
-            return Compaction(self._b, self._index, self._reads, self.url).run()
+            return Compaction(self._b, self._index, self._reads, self._heads, self.url).run()
 
     def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:
         """Archive this (local) store's sealed segments to ``s3://bucket/prefix``; with

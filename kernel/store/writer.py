@@ -26,6 +26,7 @@ from ..durability import STRENGTH
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from ..payload import F_ZSTD, FULL, Codec, encode_commit
 from .appender import Appender
+from .ckpthead import CkptHeads
 from .delta import Channels, ChanState, LaneHead
 from .index import Lane
 from .records import K_CKPT, K_JOURNAL, K_WRITES, SPECIAL_WRITE_CHANNELS, check_id
@@ -148,9 +149,10 @@ class SharedItems:
 class Writer:
     """The store's commit paths (see the module docstring); every method under the lock."""
 
-    def __init__(self, appender: Appender, index: LogIndex, channels: Channels, serde: Any,
-                 codec: Codec, url: str) -> None:
+    def __init__(self, appender: Appender, index: LogIndex, channels: Channels,
+                 heads: CkptHeads, serde: Any, codec: Codec, url: str) -> None:
         self._ap = appender
+        self._heads = heads        # checkpoint heads stored as deltas of a keyframe
         self._index = index
         self._channels = channels
         self._dumps = serde.dumps
@@ -169,6 +171,7 @@ class Writer:
         self._ap.forget()
         self._wfp.clear()
         self.shared.clear()
+        self._heads.forget()      # the keyframes move too
 
     # -- put -------------------------------------------------------------------------------
 
@@ -269,10 +272,11 @@ class Writer:
     def _pack_checkpoint_head(self, thread_id: str, ns: str, cid: str, parent_id: str | None,
                               ckpt_b: bytes, meta_b: bytes, versions: dict,
                               refs: dict) -> bytes:
-        """The head of a K_CKPT frame: the fields of ``CkptHead``, in order."""
+        """The head of a K_CKPT frame: the fields of ``CkptHead``, in order, stored whole
+        or as a delta of the lane's keyframe (FORMAT.md section 5)."""
         try:
-            return self._hpack.pack([K_CKPT, thread_id, ns, cid, parent_id, ckpt_b, meta_b,
-                                     versions, refs])
+            return self._heads.pack((K_CKPT, thread_id, ns, cid, parent_id, ckpt_b, meta_b,
+                                     versions, refs))
         except Exception as e:
             # the types were checked: what is left is text msgpack cannot encode
             for name, x in (("thread_id", thread_id), ("checkpoint_ns", ns),
@@ -295,6 +299,7 @@ class Writer:
         if got != lsn:
             raise ConfigError(f"store {self.url}: frame landed at LSN {got}, expected {lsn}; "
                               "is another writer appending to this log?")
+        self._heads.written(got)      # a full head becomes the lane's keyframe
 
     # -- pending writes ----------------------------------------------------------------------
 
