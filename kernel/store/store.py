@@ -61,13 +61,10 @@ class Store:
                  delta_check: str = "prefix", index_every: int = 50_000) -> None:
         self._b = backend
         self.url = url
-        self.durability = durability
         self.read_only = read_only = bool(read_only or backend.read_only)
         self.serde = serde = serde if serde is not None else default_serde
         self._dumps, self._loads = serde.dumps, serde.loads
-        self.snapshot_every = snapshot_every
-        self.delta_check = delta_check
-        self.max_commit_bytes = max_commit_bytes
+        self._delta_check = delta_check
         self._lock = threading.RLock()
         self._closed = False
         codec = Codec(compress_min_bytes)
@@ -112,6 +109,13 @@ class Store:
     def _append(self, payload: bytes, durability: str | None) -> int:
         with self._lock:
             return self._appender.append(payload, durability)
+
+    # the store's options, each held once by the object that uses it (read-only: reopen the
+    # store to change one)
+    durability = property(lambda self: self._appender.durability)
+    max_commit_bytes = property(lambda self: self._appender.max_commit_bytes)
+    snapshot_every = property(lambda self: self._channels.snapshot_every)
+    delta_check = property(lambda self: self._delta_check)
 
     # the replay state, read as attributes of the store (tests and debugging)
     _ix = property(lambda self: self._index.ix)
