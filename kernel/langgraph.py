@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -192,6 +193,9 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         self._owns_store = False
         # guards the read-modify-write of prune, which spans several store calls
         self._prune_lock = threading.Lock()
+        # notified after each put: durkv.langgraph.step/tool wait on it for the checkpoint
+        # their task runs on (wait_for_checkpoint)
+        self._landed = threading.Condition()
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -332,6 +336,8 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         self.store.put(thread_id, ns, cid, checkpoint=record, metadata=metadata, values=values,
                        versions=versions, parent_id=parent_id, durability=self._policy(conf),
                        all_values=all_values)
+        with self._landed:
+            self._landed.notify_all()
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                                  "checkpoint_id": cid}}
 
@@ -379,6 +385,40 @@ class DurkvSaver(BaseCheckpointSaver[int]):
             ),
             pending_writes=[(w.task_id, w.channel, w.value) for w in writes],
         )
+
+    # ---- the checkpoint a task runs on -----------------------------------------------
+
+    def wait_for_checkpoint(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str,
+                            timeout: float = 60.0) -> bool:
+        """Block until checkpoint ``checkpoint_id`` is committed (True), or ``timeout``
+        seconds pass (False). Under ``durability="async"`` LangGraph saves a checkpoint
+        in the background while the tasks it names already run: durkv.langgraph.step and
+        tool wait here so that no journal record precedes its task's checkpoint."""
+        has = self.store.has_checkpoint
+        if has(thread_id, checkpoint_ns, checkpoint_id):
+            return True
+        deadline = time.monotonic() + timeout
+        with self._landed:
+            while not has(thread_id, checkpoint_ns, checkpoint_id):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._landed.wait(min(left, 0.05))   # a put by another handle: re-check
+        return True
+
+    async def await_checkpoint(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str,
+                               timeout: float = 60.0) -> bool:
+        """:meth:`wait_for_checkpoint` for async nodes: polls, so that an ``aput`` on the
+        same event loop can run meanwhile."""
+        has = self.store.has_checkpoint
+        deadline = time.monotonic() + timeout
+        delay = 0.0002
+        while not has(thread_id, checkpoint_ns, checkpoint_id):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        return True
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint named by ``config`` (its latest if no checkpoint_id), or None."""

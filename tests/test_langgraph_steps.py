@@ -109,3 +109,60 @@ def test_async_node_and_errors(tmp_path):
         assert [k.rsplit(":", 1)[1] for k in effects] == ["0", "1"]
     with pytest.raises(durkv.ConfigError, match="inside a LangGraph node"):
         lg_tool(a, 1)
+
+
+def test_a_tool_waits_for_its_tasks_checkpoint_under_async(tmp_path):
+    """Under durability="async" LangGraph saves a checkpoint in the background while the
+    tasks it names (their ids derive from it) already run. A process SIGKILLed after a
+    tool's receipt but before that checkpoint was saved used to re-run the node under a
+    new task id, so the tool ran again: the email sent twice. The tool now waits for its
+    task's checkpoint before its intent is journaled."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    child = Path(__file__).with_name("lg_async_window_child.py")
+    store, work = str(tmp_path / "lg.durkv"), tmp_path / "work"
+    work.mkdir()
+    killed = subprocess.run([sys.executable, str(child), store, str(work), "slow"],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert len((work / "effects").read_text().split()) == 1    # sent once, then killed
+    done = subprocess.run([sys.executable, str(child), store, str(work), "fast"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "['sent to a@b', 'done']"
+    assert len((work / "effects").read_text().split()) == 1, "the tool ran again"
+
+
+def test_async_node_tools_wait_for_their_checkpoint_and_exit_mode_does_not(tmp_path):
+    """The same wait for async nodes (``atool``/``astep`` poll, so that a lagging
+    ``aput`` on the same event loop runs meanwhile); under durability="exit" LangGraph
+    saves no checkpoint before the graph stops, so nothing is waited for."""
+    seen = []
+
+    class LaggingSaver(DurkvSaver):
+        async def aput(self, *args, **kwargs):
+            await asyncio.sleep(0.2)
+            return await super().aput(*args, **kwargs)
+
+    @durkv.tool(name="send")
+    async def send(x, *, idempotency_key):
+        return x
+
+    async def node(state, config):
+        from durkv.langgraph import astep, atool
+        cid = config["configurable"]["checkpoint_map"][""]
+        x = await astep("draft", lambda: "d")
+        y = await atool(send, 1)
+        seen.append(saver.store.has_checkpoint("th-4", "", cid))
+        return {"log": [x, y]}
+
+    with LaggingSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        g = _graph(saver, node)
+        out = asyncio.run(g.ainvoke({"log": []}, {"configurable": {"thread_id": "th-4"}},
+                                    durability="async"))
+        assert out["log"] == ["d", 1] and seen == [True]
+        out = asyncio.run(g.ainvoke({"log": []}, {"configurable": {"thread_id": "th-5"}},
+                                    durability="exit"))
+        assert out["log"] == ["d", 1]

@@ -14,6 +14,14 @@ again.
 ...     receipt = tool(send_email, to=state["to"], body=state["draft"])
 ...     return {"sent": receipt}
 
+A task id names the checkpoint the task runs on, and under ``durability="async"``
+LangGraph saves that checkpoint in the background while the task already runs. Were
+the process killed before the save, the re-run would start from an older checkpoint
+under new task ids, and meet none of the recorded steps: a tool would run again. So
+each call in a node of the root graph first waits for the task's checkpoint to be
+committed (at once under ``sync``). Under ``exit`` checkpoints are saved only when the
+graph stops, and inside subgraphs nothing is waited for: see GUARANTEES.md.
+
 Approvals stay LangGraph's ``interrupt()``; the tool after it is what must happen
 once.
 """
@@ -27,7 +35,7 @@ from typing import Any, Callable
 
 from langgraph.config import get_config
 
-from ..errors import ConfigError
+from ..errors import BackendError, ConfigError
 from .run import Run
 from .tools import Retry
 
@@ -37,6 +45,9 @@ _CHECKPOINTER = "__pregel_checkpointer"     # LangGraph's CONFIG_KEY_* (stable s
 _TASK_ID = "__pregel_task_id"
 _RUNTIME = "__pregel_runtime"
 _SCRATCHPAD = "__pregel_scratchpad"
+_CHECKPOINT_MAP = "checkpoint_map"          # {parent ns: the checkpoint its tasks run on}
+_DURABILITY = "__pregel_durability"
+_WAIT_S = 60.0
 
 _lock = threading.Lock()
 _runs: "weakref.WeakKeyDictionary[Any, dict[str, Run]]" = weakref.WeakKeyDictionary()
@@ -46,7 +57,41 @@ _calls: "OrderedDict[str, tuple[Any, int]]" = OrderedDict()
 _MAX_TASKS = 4096
 
 
-def _where(config: dict | None, key: str | None) -> tuple[Run, str]:
+def _task_checkpoint(conf: dict) -> tuple[Any, str, str, str] | None:
+    """(saver, thread, ns, checkpoint id) of the checkpoint a task of the root graph runs
+    on, which the journal waits for (None: nothing to wait for). A subgraph's tasks do not
+    wait: whether and under which namespace a subgraph saves its checkpoints depends on
+    how it was compiled (``checkpointer=False`` saves none), so one may never appear."""
+    saver = conf.get(_CHECKPOINTER)
+    cmap = conf.get(_CHECKPOINT_MAP)
+    if (not cmap or len(cmap) != 1 or conf.get(_DURABILITY) == "exit"
+            or not hasattr(saver, "wait_for_checkpoint")):
+        return None
+    cid = cmap.get("")
+    return None if cid is None else (saver, conf["thread_id"], "", cid)
+
+
+def _not_saved(thread_id: str, ns: str, cid: str) -> BackendError:
+    return BackendError(
+        f"the checkpoint {cid!r} (thread {thread_id!r}, ns {ns!r}) that this task runs on "
+        f"was not committed within {_WAIT_S:.0f} s; durkv journals no step before it (after "
+        "a crash the task would re-run under another id and miss its records): check why "
+        "the checkpointer's put does not finish", thread_id=thread_id, checkpoint_id=cid)
+
+
+def _wait_checkpoint(pending: tuple | None) -> None:
+    if pending is not None and not pending[0].wait_for_checkpoint(*pending[1:], _WAIT_S):
+        raise _not_saved(*pending[1:])
+
+
+async def _after_checkpoint(pending: tuple | None, awaitable: Any) -> Any:
+    if pending is not None and not await pending[0].await_checkpoint(*pending[1:], _WAIT_S):
+        awaitable.close()
+        raise _not_saved(*pending[1:])
+    return await awaitable
+
+
+def _where(config: dict | None, key: str | None) -> tuple[Run, str, tuple | None]:
     if config is None:
         try:
             config = get_config()
@@ -79,14 +124,15 @@ def _where(config: dict | None, key: str | None) -> tuple[Run, str]:
         else:
             sid = f"{task_id}:{key}"
     run.refresh()
-    return run, sid
+    return run, sid, _task_checkpoint(conf)
 
 
 def step(name: str, fn: Callable, *args: Any, config: dict | None = None,
          prompt_version: Any = None, retry: Retry | None = None, key: str | None = None,
          secret: bool = False, **kwargs: Any) -> Any:
     """:meth:`durkv.Run.step` inside a LangGraph node (see the module docstring)."""
-    run, sid = _where(config, key)
+    run, sid, pending = _where(config, key)
+    _wait_checkpoint(pending)
     return run.step(name, fn, *args, prompt_version=prompt_version, retry=retry, key=sid,
                     secret=secret, **kwargs)
 
@@ -95,7 +141,8 @@ def tool(fn: Callable, *args: Any, config: dict | None = None, retry: Retry | No
          key: str | None = None, secret: bool = False, **kwargs: Any) -> Any:
     """:meth:`durkv.Run.tool` inside a LangGraph node: the ``@durkv.tool`` gets
     ``idempotency_key = f"{thread_id}:{task_id}:{index}"``."""
-    run, sid = _where(config, key)
+    run, sid, pending = _where(config, key)
+    _wait_checkpoint(pending)
     return run.tool(fn, *args, retry=retry, key=sid, secret=secret, **kwargs)
 
 
@@ -103,13 +150,15 @@ def astep(name: str, fn: Callable, *args: Any, config: dict | None = None,
           prompt_version: Any = None, retry: Retry | None = None, key: str | None = None,
           secret: bool = False, **kwargs: Any):
     """Awaitable :func:`step` for async nodes (ids claimed in the order of the calls)."""
-    run, sid = _where(config, key)
-    return run.astep(name, fn, *args, prompt_version=prompt_version, retry=retry, key=sid,
-                     secret=secret, **kwargs)
+    run, sid, pending = _where(config, key)
+    return _after_checkpoint(pending, run.astep(
+        name, fn, *args, prompt_version=prompt_version, retry=retry, key=sid, secret=secret,
+        **kwargs))
 
 
 def atool(fn: Callable, *args: Any, config: dict | None = None, retry: Retry | None = None,
           key: str | None = None, secret: bool = False, **kwargs: Any):
     """Awaitable :func:`tool` for async nodes (ids claimed in the order of the calls)."""
-    run, sid = _where(config, key)
-    return run.atool(fn, *args, retry=retry, key=sid, secret=secret, **kwargs)
+    run, sid, pending = _where(config, key)
+    return _after_checkpoint(pending, run.atool(fn, *args, retry=retry, key=sid, secret=secret,
+                                                **kwargs))

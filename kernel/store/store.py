@@ -340,6 +340,16 @@ class Store:
             return sorted(t for t, nss in self._index.ix.threads.items()
                           if any(lane.ids for lane in nss.values()))
 
+    def has_checkpoint(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
+        """Whether checkpoint ``checkpoint_id`` of the thread and namespace is committed
+        (an index lookup: no frame is read)."""
+        check_id("thread_id", thread_id)
+        check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
+        check_id("checkpoint_id", checkpoint_id)
+        with self._lock:
+            lane = self._index.ix.lane(thread_id, checkpoint_ns)
+            return lane is not None and lane.find(checkpoint_id) >= 0
+
     def namespaces(self, thread_id: str) -> list[str]:
         """Namespaces of a thread that have at least one checkpoint, sorted."""
         check_id("thread_id", thread_id)
