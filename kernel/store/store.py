@@ -19,6 +19,7 @@ log has one (``index_every``).
 state, and composes the objects that do the work, each of its own module --
 :class:`~durkv.store.appender.Appender` (frames to the backend),
 :class:`~durkv.store.replay.LogIndex` (the index, replay, snapshots),
+:class:`~durkv.store.ckpthead.CkptHeads` (checkpoint heads: keyframes and deltas),
 :class:`~durkv.store.delta.Channels` (channel encoding, the newest state),
 :class:`~durkv.store.writer.Writer` (put, put_writes, journal records),
 :class:`~durkv.store.reads.Reads` and :class:`~durkv.store.history.History`,
