@@ -322,32 +322,47 @@ class History:
             return
         count = 0
         heads = _Heads()
+        salvage = getattr(self._b, "recovery", None) == "salvage"
         for cid, lsn, lane in self._walk(thread_id, checkpoint_ns, lane, before):
             if limit is not None and count >= limit:
                 return
             with self._lock:
-                got = heads.get(lsn)
-                if got is not None and self._index.ix.lane(thread_id, checkpoint_ns) is lane:
-                    payload, h = got     # read as its child's parent (no compaction since)
-                else:
-                    got = self._frame(thread_id, checkpoint_ns, lane, cid, lsn)
-                    if got is None:
-                        continue
-                    lane, lsn, payload = got
-                    h = self._reads.head_at(lsn, payload)
-                ref = h.chans.get(channel)
-                if ref is None:
-                    continue
-                ref = (ref[0], ref[1])
-                base = self._parent_ref(thread_id, checkpoint_ns, h.parent, channel, heads)
-                if base == ref:
-                    continue        # left unchanged since its parent
-                out = self._entry(cid, ref, base, lsn, payload)
+                try:
+                    out = self._checkpoint_entry(thread_id, checkpoint_ns, channel, lane, cid,
+                                                 lsn, heads, salvage)
+                except (NotFoundError, CorruptionError):
+                    if not salvage:
+                        raise
+                    continue        # salvage: what crosses the damage is skipped, as in history
+            if out is None:
+                continue
             yield out
             count += 1
 
+    def _checkpoint_entry(self, t: str, n: str, channel: str, lane: Lane, cid: str, lsn: int,
+                          heads: _Heads, salvage: bool) -> ChannelEntry | None:
+        """What checkpoint ``cid`` of the walk wrote to ``channel`` (under the lock); None
+        when it is gone, has no value or left it as its parent had it."""
+        got = heads.get(lsn)
+        if got is not None and self._index.ix.lane(t, n) is lane:
+            payload, h = got     # read as its child's parent (no compaction since)
+        else:
+            got = self._frame(t, n, lane, cid, lsn)
+            if got is None:
+                return None
+            lane, lsn, payload = got
+            h = self._reads.head_at(lsn, payload)
+        ref = h.chans.get(channel)
+        if ref is None:
+            return None
+        ref = (ref[0], ref[1])
+        base = self._parent_ref(t, n, h.parent, channel, heads, salvage)
+        if base == ref:
+            return None         # left unchanged since its parent
+        return self._entry(cid, ref, base, lsn, payload)
+
     def _parent_ref(self, t: str, n: str, parent: str | None, channel: str,
-                    heads: _Heads) -> tuple[int, int] | None:
+                    heads: _Heads, salvage: bool) -> tuple[int, int] | None:
         """The entry of ``channel`` in checkpoint ``parent`` of lane (t, n) (under the
         lock); None when it has none or the lane does not hold that checkpoint (nor, in
         salvage mode, a frame of it that still reads: its child then reports its whole
@@ -365,7 +380,7 @@ class History:
                 payload = self._b.read(plsn)
                 got = heads.put(plsn, (payload, self._reads.head_at(plsn, payload)))
             except (NotFoundError, CorruptionError):
-                if getattr(self._b, "recovery", None) != "salvage":
+                if not salvage:
                     raise
                 return None
         r = got[1].chans.get(channel)
