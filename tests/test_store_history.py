@@ -2,7 +2,8 @@
 
 Every test compares what ``history`` yields with what was put and with what
 ``get`` reads for the same checkpoint (``get`` of an older checkpoint reads its
-channels from the log with ``read_channel``: an independent path).
+channels from the log with ``read_channel``: an independent path); the long loop
+also checks ``channel_entries`` against what was put (``check_entries``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,31 @@ def check(store, expect, thread=None, *, compare_get=True):
     return got
 
 
+def check_entries(store, expect, thread, channel="msgs"):
+    """channel_entries(thread) keeps its promise against what was put: an "append" is
+    exactly what the checkpoint's value adds to its parent's, a "full" is its whole
+    value, a checkpoint whose parent the thread no longer holds (or has none) is listed
+    whole, and one left out holds its parent's value. Returns the entries."""
+    want = {cid: v for (t, cid), v in expect.items() if t == thread}
+    got = [(e.checkpoint_id, e.kind, e.value)
+           for e in store.channel_entries(thread, "", channel)]
+    assert [c for c, _k, _v in got] == sorted((c for c, _k, _v in got), reverse=True)
+    listed = {c: (k, v) for c, k, v in got}
+    for cid, w in want.items():
+        value = w["values"][channel]
+        parent = w["parent"] if w["parent"] in want else None
+        if cid not in listed:
+            assert parent is not None and want[parent]["values"][channel] == value, cid
+            continue
+        kind, v = listed[cid]
+        if kind == "append":
+            assert parent is not None, cid
+            assert want[parent]["values"][channel] + v == value, cid
+        else:       # a fork's, a replaced item's or one whose parent is gone: whole
+            assert (kind, v) == ("full", value), cid
+    return got
+
+
 def forget(expect, thread, keep):
     for k in [k for k in expect if k[0] == thread and k[1] not in keep]:
         del expect[k]
@@ -129,23 +155,32 @@ def test_long_loop_with_forks_copies_prunes_compaction_and_reopen(url):
         c.msgs, c.state, c.parent, c.i = list(a.msgs), dict(a.state), a.parent, 5000
         c.run(30)
         check(s, expect)
+        entries = {t: check_entries(s, expect, t) for t in "abc"}
+        assert entries["c"][-len(entries["a"]):] == entries["a"]     # the copy's history
         s.compact()
         check(s, expect)
+        assert {t: check_entries(s, expect, t) for t in "abc"} == entries
         s.prune(["b"], keep_last=25)
         forget(expect, "b", {b.cid(i) for i in range(b.i - 25, b.i)})
         check(s, expect, "b")
+        entries["b"] = check_entries(s, expect, "b")
+        assert entries["b"][-1][1] == "full"          # the oldest kept: its parent is gone
         s.close()
         s = durkv.open(url, **opts)
         check(s, expect)
+        assert {t: check_entries(s, expect, t) for t in "abc"} == entries
         s.compact()
         check(s, expect)
+        assert {t: check_entries(s, expect, t) for t in "abc"} == entries
         b.store = s
         b.run(20)                      # reopened and compacted: the chains go on
         s.prune(["b"], keep_last=30)
         forget(expect, "b", {b.cid(i) for i in range(b.i - 30, b.i)})
+        entries["b"] = check_entries(s, expect, "b")
         s.close()
         s = durkv.open(url, read_only=True)
         check(s, expect)
+        assert {t: check_entries(s, expect, t) for t in "abc"} == entries
     finally:
         s.close()
 
