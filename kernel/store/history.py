@@ -343,8 +343,9 @@ class History:
                           heads: _Heads, salvage: bool) -> ChannelEntry | None:
         """What checkpoint ``cid`` of the walk wrote to ``channel`` (under the lock); None
         when it is gone, has no value or left it as its parent had it."""
+        cur = self._index.ix.lane(t, n)
         got = heads.get(lsn)
-        if got is not None and self._index.ix.lane(t, n) is lane:
+        if got is not None and cur is lane:
             payload, h = got     # read as its child's parent (no compaction since)
         else:
             got = self._frame(t, n, lane, cid, lsn)
@@ -356,20 +357,19 @@ class History:
         if ref is None:
             return None
         ref = (ref[0], ref[1])
-        base = self._parent_ref(t, n, h.parent, channel, heads, salvage)
+        base = self._parent_ref(cur, h.parent, channel, heads, salvage)
         if base == ref:
             return None         # left unchanged since its parent
         return self._entry(cid, ref, base, lsn, payload)
 
-    def _parent_ref(self, t: str, n: str, parent: str | None, channel: str,
+    def _parent_ref(self, cur: Lane | None, parent: str | None, channel: str,
                     heads: _Heads, salvage: bool) -> tuple[int, int] | None:
-        """The entry of ``channel`` in checkpoint ``parent`` of lane (t, n) (under the
-        lock); None when it has none or the lane does not hold that checkpoint (nor, in
-        salvage mode, a frame of it that still reads: its child then reports its whole
-        value, as for any checkpoint whose parent is gone)."""
+        """The entry of ``channel`` in checkpoint ``parent`` of the current lane ``cur``
+        (under the lock); None when it has none or the lane does not hold that
+        checkpoint (nor, in salvage mode, a frame of it that still reads: its child then
+        reports its whole value, as for any checkpoint whose parent is gone)."""
         if parent is None:
             return None
-        cur = self._index.ix.lane(t, n)
         pos = cur.find(parent) if cur is not None else -1
         if pos < 0:
             return None
@@ -392,19 +392,17 @@ class History:
         ``ref``, its parent's ``base`` (see :meth:`channel_entries`)."""
         loads = self._loads
         unpack = self._codec.unpack
-
-        def at(r: tuple[int, int]) -> Any:
-            return entry_at(payload if r[0] == lsn else self._b.read(r[0]), r[1])
-
-        head = e = at(ref)
+        read = self._b.read
+        head = e = entry_at(payload if ref[0] == lsn else read(ref[0]), ref[1])
         if e.kind == SNAP and e.items:
-            e = at(unpack_ref(e.items[-1]))     # the SNAP follows the DELTA it ends with
+            rl, ri = unpack_ref(e.items[-1])    # the SNAP follows the DELTA it ends with
+            e = entry_at(payload if rl == lsn else read(rl), ri)
         if e.kind == DELTA and base is not None:
             seg = [e]
             prev = (e.prev_lsn, e.prev_idx)
             if prev != base and not e.flags & F_REFS:
                 # its own items follow the DELTA naming the parent's pending writes
-                e2 = at(prev)
+                e2 = entry_at(payload if prev[0] == lsn else read(prev[0]), prev[1])
                 if e2.kind == DELTA and e2.flags & F_REFS:
                     seg.insert(0, e2)
                     prev = (e2.prev_lsn, e2.prev_idx)
@@ -431,23 +429,16 @@ class History:
         return out
 
 
-class _Heads:
-    """The last few checkpoint frames a channel-entries walk read as a parent, with their
-    heads, by LSN (an LSN is written once): the parent is usually the walk's next
+class _Heads(dict):
+    """``{lsn: (payload, head)}`` of the last few checkpoint frames a channel-entries walk
+    read as a parent (an LSN is written once): the parent is usually the walk's next
     checkpoint, which then needs neither a read nor a decode."""
 
-    __slots__ = ("_d",)
+    __slots__ = ()
     CAP = 4
 
-    def __init__(self) -> None:
-        self._d: dict[int, Any] = {}
-
-    def get(self, lsn: int) -> Any:
-        return self._d.get(lsn)
-
     def put(self, lsn: int, got: tuple[bytes, Any]) -> tuple[bytes, Any]:
-        d = self._d
-        if len(d) >= self.CAP:
-            del d[next(iter(d))]
-        d[lsn] = got
+        if len(self) >= self.CAP:
+            del self[next(iter(self))]
+        self[lsn] = got
         return got
