@@ -320,3 +320,30 @@ def test_compaction_and_puts_during_a_walk(url):
                 s.prune(["t"], keep_last=100)
                 s.compact()
         assert seen == [loop.cid(i) for i in range(119, 24, -1)]
+
+
+def test_channel_entries_with_compaction_and_puts_during_the_walk(url):
+    """A compaction in the middle of a channel_entries walk (every LSN rewritten, the
+    parent heads the walk kept included) changes nothing it yields; a prune in the middle
+    makes the oldest kept checkpoint report its whole value, as a new walk would."""
+    expect: dict = {}
+    with durkv.open(url, snapshot_every=4) as s:
+        loop = Loop(s, "t", expect)
+        loop.run(120)
+        first = [(e.checkpoint_id, e.kind, e.value) for e in s.channel_entries("t", "", "msgs")]
+        seen = []
+        for k, e in enumerate(s.channel_entries("t", "", "msgs")):
+            seen.append((e.checkpoint_id, e.kind, e.value))
+            if k == 30:
+                s.compact()
+            if k == 60:
+                loop.run(5)                  # newer ids: not yielded by this walk
+                s.prune(["t"], keep_last=100)
+                s.compact()
+        last = [(e.checkpoint_id, e.kind, e.value) for e in s.channel_entries("t", "", "msgs")]
+        assert seen[:62] == first[:62]
+        tail = {c for c, _k, _v in seen[62:]}
+        assert seen[62:] == [x for x in last if x[0] in tail]
+        assert seen[-1][0] == loop.cid(25) and seen[-1][1] == "full"
+        check_entries(s, {k: v for k, v in expect.items()
+                          if k[1] >= loop.cid(25)}, "t")
