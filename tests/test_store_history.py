@@ -347,3 +347,17 @@ def test_channel_entries_with_compaction_and_puts_during_the_walk(url):
         assert seen[-1][0] == loop.cid(25) and seen[-1][1] == "full"
         check_entries(s, {k: v for k, v in expect.items()
                           if k[1] >= loop.cid(25)}, "t")
+
+
+def test_channel_entries_end_when_the_thread_is_deleted_during_the_walk(url):
+    """Once the thread is deleted, a walk under way yields nothing more (its parents are
+    gone too: there is nothing left to tell an append from)."""
+    expect: dict = {}
+    with durkv.open(url) as s:
+        Loop(s, "t", expect).run(20)
+        seen = []
+        for e in s.channel_entries("t", "", "n"):
+            seen.append(e.checkpoint_id)
+            if len(seen) == 5:
+                s.delete_thread("t")
+        assert len(seen) == 5

@@ -344,6 +344,8 @@ class History:
         """What checkpoint ``cid`` of the walk wrote to ``channel`` (under the lock); None
         when it is gone, has no value or left it as its parent had it."""
         cur = self._index.ix.lane(t, n)
+        if cur is None:
+            return None         # the thread was deleted since the walk listed it
         got = heads.get(lsn)
         if got is not None and cur is lane:
             payload, h = got     # read as its child's parent (no compaction since)
@@ -362,7 +364,7 @@ class History:
             return None         # left unchanged since its parent
         return self._entry(cid, ref, base, lsn, payload)
 
-    def _parent_ref(self, cur: Lane | None, parent: str | None, channel: str,
+    def _parent_ref(self, cur: Lane, parent: str | None, channel: str,
                     heads: _Heads, salvage: bool) -> tuple[int, int] | None:
         """The entry of ``channel`` in checkpoint ``parent`` of the current lane ``cur``
         (under the lock); None when it has none or the lane does not hold that
@@ -370,7 +372,7 @@ class History:
         reports its whole value, as for any checkpoint whose parent is gone)."""
         if parent is None:
             return None
-        pos = cur.find(parent) if cur is not None else -1
+        pos = cur.find(parent)
         if pos < 0:
             return None
         plsn = cur.lsns[pos]
