@@ -2,7 +2,8 @@
 
 Every test compares what ``history`` yields with what was put and with what
 ``get`` reads for the same checkpoint (``get`` of an older checkpoint reads its
-channels from the log with ``read_channel``: an independent path).
+channels from the log with ``read_channel``: an independent path); the long loop
+also checks ``channel_entries`` against what was put (``check_entries``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,31 @@ def check(store, expect, thread=None, *, compare_get=True):
     return got
 
 
+def check_entries(store, expect, thread, channel="msgs"):
+    """channel_entries(thread) keeps its promise against what was put: an "append" is
+    exactly what the checkpoint's value adds to its parent's, a "full" is its whole
+    value, a checkpoint whose parent the thread no longer holds (or has none) is listed
+    whole, and one left out holds its parent's value. Returns the entries."""
+    want = {cid: v for (t, cid), v in expect.items() if t == thread}
+    got = [(e.checkpoint_id, e.kind, e.value)
+           for e in store.channel_entries(thread, "", channel)]
+    assert [c for c, _k, _v in got] == sorted((c for c, _k, _v in got), reverse=True)
+    listed = {c: (k, v) for c, k, v in got}
+    for cid, w in want.items():
+        value = w["values"][channel]
+        parent = w["parent"] if w["parent"] in want else None
+        if cid not in listed:
+            assert parent is not None and want[parent]["values"][channel] == value, cid
+            continue
+        kind, v = listed[cid]
+        if kind == "append":
+            assert parent is not None, cid
+            assert want[parent]["values"][channel] + v == value, cid
+        else:       # a fork's, a replaced item's or one whose parent is gone: whole
+            assert (kind, v) == ("full", value), cid
+    return got
+
+
 def forget(expect, thread, keep):
     for k in [k for k in expect if k[0] == thread and k[1] not in keep]:
         del expect[k]
@@ -129,23 +155,32 @@ def test_long_loop_with_forks_copies_prunes_compaction_and_reopen(url):
         c.msgs, c.state, c.parent, c.i = list(a.msgs), dict(a.state), a.parent, 5000
         c.run(30)
         check(s, expect)
+        entries = {t: check_entries(s, expect, t) for t in "abc"}
+        assert entries["c"][-len(entries["a"]):] == entries["a"]     # the copy's history
         s.compact()
         check(s, expect)
+        assert {t: check_entries(s, expect, t) for t in "abc"} == entries
         s.prune(["b"], keep_last=25)
         forget(expect, "b", {b.cid(i) for i in range(b.i - 25, b.i)})
         check(s, expect, "b")
+        entries["b"] = check_entries(s, expect, "b")
+        assert entries["b"][-1][1] == "full"          # the oldest kept: its parent is gone
         s.close()
         s = durkv.open(url, **opts)
         check(s, expect)
+        assert {t: check_entries(s, expect, t) for t in "abc"} == entries
         s.compact()
         check(s, expect)
+        assert {t: check_entries(s, expect, t) for t in "abc"} == entries
         b.store = s
         b.run(20)                      # reopened and compacted: the chains go on
         s.prune(["b"], keep_last=30)
         forget(expect, "b", {b.cid(i) for i in range(b.i - 30, b.i)})
+        entries["b"] = check_entries(s, expect, "b")
         s.close()
         s = durkv.open(url, read_only=True)
         check(s, expect)
+        assert {t: check_entries(s, expect, t) for t in "abc"} == entries
     finally:
         s.close()
 
@@ -285,3 +320,44 @@ def test_compaction_and_puts_during_a_walk(url):
                 s.prune(["t"], keep_last=100)
                 s.compact()
         assert seen == [loop.cid(i) for i in range(119, 24, -1)]
+
+
+def test_channel_entries_with_compaction_and_puts_during_the_walk(url):
+    """A compaction in the middle of a channel_entries walk (every LSN rewritten, the
+    parent heads the walk kept included) changes nothing it yields; a prune in the middle
+    makes the oldest kept checkpoint report its whole value, as a new walk would."""
+    expect: dict = {}
+    with durkv.open(url, snapshot_every=4) as s:
+        loop = Loop(s, "t", expect)
+        loop.run(120)
+        first = [(e.checkpoint_id, e.kind, e.value) for e in s.channel_entries("t", "", "msgs")]
+        seen = []
+        for k, e in enumerate(s.channel_entries("t", "", "msgs")):
+            seen.append((e.checkpoint_id, e.kind, e.value))
+            if k == 30:
+                s.compact()
+            if k == 60:
+                loop.run(5)                  # newer ids: not yielded by this walk
+                s.prune(["t"], keep_last=100)
+                s.compact()
+        last = [(e.checkpoint_id, e.kind, e.value) for e in s.channel_entries("t", "", "msgs")]
+        assert seen[:62] == first[:62]
+        tail = {c for c, _k, _v in seen[62:]}
+        assert seen[62:] == [x for x in last if x[0] in tail]
+        assert seen[-1][0] == loop.cid(25) and seen[-1][1] == "full"
+        check_entries(s, {k: v for k, v in expect.items()
+                          if k[1] >= loop.cid(25)}, "t")
+
+
+def test_channel_entries_end_when_the_thread_is_deleted_during_the_walk(url):
+    """Once the thread is deleted, a walk under way yields nothing more (its parents are
+    gone too: there is nothing left to tell an append from)."""
+    expect: dict = {}
+    with durkv.open(url) as s:
+        Loop(s, "t", expect).run(20)
+        seen = []
+        for e in s.channel_entries("t", "", "n"):
+            seen.append(e.checkpoint_id)
+            if len(seen) == 5:
+                s.delete_thread("t")
+        assert len(seen) == 5

@@ -69,6 +69,35 @@ def check(store, model: Model) -> None:
                 latest = store.get(t, ns)
                 assert latest.checkpoint_id == max(cps)
                 assert latest.values == cps[max(cps)]["values"]
+            for ch in ("m", "s"):
+                check_entries(store, t, ns, ch, cps)
+
+
+def check_entries(store, t, ns, ch, cps) -> list:
+    """channel_entries against the model: an "append" is what the checkpoint's value adds
+    to its parent's, any other entry its whole value, a checkpoint left out holds its
+    parent's value, and one whose parent the lane no longer holds is listed."""
+    got = [(e.checkpoint_id, e.kind, e.value) for e in store.channel_entries(t, ns, ch)]
+    assert [c for c, _k, _v in got] == sorted((c for c, _k, _v in got), reverse=True)
+    listed = {c: (k, v) for c, k, v in got}
+    assert set(listed) <= set(cps)
+    for cid, cp in cps.items():
+        value = cp["values"][ch]
+        parent = cp["parent"] if cp["parent"] in cps else None
+        if cid not in listed:
+            assert parent is not None and cps[parent]["values"][ch] == value, (t, ns, ch, cid)
+        elif listed[cid][0] == "append":
+            assert parent is not None, (t, ns, ch, cid)
+            assert cps[parent]["values"][ch] + listed[cid][1] == value, (t, ns, ch, cid)
+        else:
+            assert listed[cid] == ("full" if ch == "m" else "value", value), (t, ns, ch, cid)
+    return got
+
+
+def all_entries(store, model: Model) -> dict:
+    return {(t, ns, ch): [(e.checkpoint_id, e.kind, e.value)
+                          for e in store.channel_entries(t, ns, ch)]
+            for t, nss in model.t.items() for ns in nss for ch in ("m", "s")}
 
 
 def run_ops(ops, snapshot_every):
@@ -105,7 +134,7 @@ def run_ops(ops, snapshot_every):
                 store.put(t, ns, cid, checkpoint={"c": cid}, metadata={"run_id": run},
                           values=values, versions=versions, parent_id=parent)
                 model.t.setdefault(t, {}).setdefault(ns, {})[cid] = {
-                    "values": model_vals, "writes": {}, "run": run}
+                    "values": model_vals, "writes": {}, "run": run, "parent": parent}
             elif kind == "writes":
                 _, t, ns, task, ws = o
                 lane = model.lane(t, ns)
@@ -143,7 +172,8 @@ def run_ops(ops, snapshot_every):
                 if not late:
                     commit()
                 lane[parent]["writes"].setdefault(("agent", 0), ("m", items))
-                lane[cid] = {"values": {"m": new, "s": pv["s"]}, "writes": {}, "run": run}
+                lane[cid] = {"values": {"m": new, "s": pv["s"]}, "writes": {}, "run": run,
+                             "parent": parent}
             elif kind == "lwrites":
                 _, t, ns, task, idx, n = o
                 lane = model.lane(t, ns)
@@ -171,7 +201,8 @@ def run_ops(ops, snapshot_every):
                         have = tgt.setdefault(ns, {}).get(cid)
                         if have is None:
                             tgt[ns][cid] = {"values": cp["values"], "writes": dict(cp["writes"]),
-                                           "run": cp["run"], "wild": cp.get("wild", False)}
+                                           "run": cp["run"], "wild": cp.get("wild", False),
+                                           "parent": cp["parent"]}
                         else:
                             for wk, wv in cp["writes"].items():
                                 if wk in have["writes"] and have["writes"][wk] != wv:
@@ -192,10 +223,15 @@ def run_ops(ops, snapshot_every):
                         for cid in [c for c, cp in cps.items() if cp["run"] == o[1]]:
                             del cps[cid]
             elif kind == "compact":
+                # what each checkpoint wrote reads the same wherever its entries were copied
+                before = all_entries(store, model)
                 store.compact()
+                assert all_entries(store, model) == before
             elif kind == "reopen":
+                before = all_entries(store, model)
                 store.close()
                 store = durkv.open(path, **opts)
+                assert all_entries(store, model) == before
             for t in list(model.t):
                 model.t[t] = {ns: cps for ns, cps in model.t[t].items() if cps}
                 if not model.t[t]:

@@ -163,3 +163,28 @@ def test_a_checkpoint_sharing_a_damaged_write_names_the_lost_frame(tmp_path):
     with durkv.open(p, recovery="salvage") as r:
         with pytest.raises(CorruptionError, match=rf"names no entry \(lsn {wlsn} entry 0\)"):
             r.get("t", "", "2")
+
+
+def test_salvage_channel_entries_go_past_a_missing_middle_segment(tmp_path):
+    """channel_entries in salvage mode lists every checkpoint that still reads, as history
+    does, instead of stopping at the hole: one whose frame is lost is skipped, and so is
+    the one after it (its parent is lost: its whole value would be reported, and that
+    chain crosses the hole); every other one reports its append."""
+    d = tmp_path / "agent.durkv"
+    with durkv.open(str(d), segment_bytes=2048, snapshot_every=4) as s:
+        for i in range(N):
+            s.put("t", "", _cid(i), checkpoint={"i": i}, metadata={"i": i},
+                  values={"msgs": _msgs(i)}, versions={"msgs": i + 1},
+                  parent_id=_cid(i - 1) if i else None)
+    lost = _lsn_range(d, 2)
+    lt.segment_files(d)[2].unlink()
+    with durkv.open(str(d), recovery="salvage") as s:
+        got = {e.checkpoint_id: (e.kind, e.value) for e in s.channel_entries("t", "", "msgs")}
+        for i in range(N):      # one frame per put: LSN = i
+            if i in lost or i - 1 in lost:
+                assert _cid(i) not in got, i
+            elif i == 0:
+                assert got[_cid(i)] == ("full", _msgs(0))
+            else:
+                assert got[_cid(i)] == ("append", _msgs(i)[-1:]), i
+        assert len(got) == N - len(lost) - 1

@@ -24,7 +24,11 @@ references behind it) is copied once, in LSN order, with its references
 rewritten. Bytes stay linear in the live data (flattening every checkpoint's
 list into a FULL entry would be quadratic), entries that only dead checkpoints
 used are dropped, and a pruned thread keeps exactly the items its kept
-checkpoints read.
+checkpoints read. Each entry lands in the first copy that needs it (a pruned
+checkpoint's in the oldest kept one's frame, a ``copy_thread`` target's in its
+source's, a late pending write's in the write's), so after a compaction the frame
+that holds an entry does not tell which checkpoint wrote it: readers tell that
+from the chains (:meth:`durkv.store.history.History.channel_entries`).
 
 :class:`Compaction` is one run of it, over the backend, the
 :class:`~durkv.store.replay.LogIndex` (the live data, and the replay that switches

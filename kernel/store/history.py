@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 from ..errors import CorruptionError, DurkvError, NotFoundError
 from ..payload import (
     DELTA, F_REFS, F_VALUE, FULL, SNAP, Codec, entry_at, entry_header, snap_ref_at, snap_refs,
+    unpack_ref,
 )
 from .index import Lane
 from .reads import Reads
@@ -300,50 +301,126 @@ class History:
                    (snap_ref_at(payload, items_offset, j) for j in range(n_refs)))
 
     def channel_entries(self, thread_id: str, checkpoint_ns: str, channel: str,
-                         before: str | None, limit: int | None) -> Iterator[ChannelEntry]:
-        """The entries of :meth:`durkv.store.Store.channel_entries` (arguments checked)."""
+                        before: str | None, limit: int | None) -> Iterator[ChannelEntry]:
+        """The entries of :meth:`durkv.store.Store.channel_entries` (arguments checked).
+
+        What a checkpoint wrote is told by the entry chains alone, never by which frame
+        holds an entry: a compaction copies each entry once, into the first copy that
+        needs it (a pruned checkpoint's into the oldest kept one's frame, a copied
+        thread's into the source's, a late pending write's into the write's), so after
+        one the frame says nothing about who wrote an entry. A checkpoint wrote the
+        channel when its entry is not its parent's; what it appended are the DELTAs one
+        commit writes (an F_REFS DELTA naming the parent's pending writes, then one of
+        its own items, behind a SNAP when one follows them) between its entry and its
+        parent's. Without that parent in the lane (none, pruned, deleted) or a chain of
+        that shape, its whole value is reported. O(what is consumed): a head per
+        checkpoint (its parent's is usually the next one of the walk, so kept) and the
+        entries of one commit."""
         with self._lock:
             lane = self._index.ix.lane(thread_id, checkpoint_ns)
         if lane is None:
             return
         count = 0
-        loads = self._loads
-        unpack = self._codec.unpack
+        heads = _Heads()
+        salvage = getattr(self._b, "recovery", None) == "salvage"
         for cid, lsn, lane in self._walk(thread_id, checkpoint_ns, lane, before):
             if limit is not None and count >= limit:
                 return
             with self._lock:
-                got = self._frame(thread_id, checkpoint_ns, lane, cid, lsn)
-                if got is None:
-                    continue
-                lane, lsn, payload = got
-                ref = self._reads.head_at(lsn, payload).chans.get(channel)
-                if ref is None or ref[0] != lsn:
-                    continue
-                e = entry_at(payload, ref[1])
-                if e.kind == SNAP:
-                    last = e.items[-1]
-                    rl, ri = int.from_bytes(last[:8], "little"), int.from_bytes(last[8:], "little")
-                    e = entry_at(payload if rl == lsn else self._b.read(rl), ri)
-                    ref = (rl, ri)
-                if e.kind == DELTA:
-                    # this commit's DELTAs (items of its own, or F_REFS naming the items
-                    # the parent's pending writes stored) chain within its frame
-                    items = self._own_items(e, ref[0])
-                    while e.prev_lsn == lsn and ref[0] == lsn:
-                        e = entry_at(payload, e.prev_idx)
-                        if e.kind != DELTA:
-                            break
-                        items = self._own_items(e, lsn) + items
-                    out = ChannelEntry(cid, "append", [loads(unpack(x)) for x in items])
-                elif e.flags & F_VALUE:
-                    out = ChannelEntry(cid, "value", loads(unpack(e.items[0])))
-                else:
-                    out = ChannelEntry(cid, "full", [loads(unpack(x)) for x in e.items])
+                try:
+                    out = self._checkpoint_entry(thread_id, checkpoint_ns, channel, lane, cid,
+                                                 lsn, heads, salvage)
+                except (NotFoundError, CorruptionError):
+                    if not salvage:
+                        raise
+                    continue        # salvage: what crosses the damage is skipped, as in history
+            if out is None:
+                continue
             yield out
             count += 1
 
-    def _own_items(self, e: Any, lsn: int) -> list[bytes]:
+    def _checkpoint_entry(self, t: str, n: str, channel: str, lane: Lane, cid: str, lsn: int,
+                          heads: _Heads, salvage: bool) -> ChannelEntry | None:
+        """What checkpoint ``cid`` of the walk wrote to ``channel`` (under the lock); None
+        when it is gone, has no value or left it as its parent had it."""
+        cur = self._index.ix.lane(t, n)
+        if cur is None:
+            return None         # the thread was deleted since the walk listed it
+        got = heads.get(lsn)
+        if got is not None and cur is lane:
+            payload, h = got     # read as its child's parent (no compaction since)
+        else:
+            got = self._frame(t, n, lane, cid, lsn)
+            if got is None:
+                return None
+            lane, lsn, payload = got
+            h = self._reads.head_at(lsn, payload)
+        ref = h.chans.get(channel)
+        if ref is None:
+            return None
+        ref = (ref[0], ref[1])
+        base = self._parent_ref(cur, h.parent, channel, heads, salvage)
+        if base == ref:
+            return None         # left unchanged since its parent
+        return self._entry(cid, ref, base, lsn, payload)
+
+    def _parent_ref(self, cur: Lane, parent: str | None, channel: str,
+                    heads: _Heads, salvage: bool) -> tuple[int, int] | None:
+        """The entry of ``channel`` in checkpoint ``parent`` of the current lane ``cur``
+        (under the lock); None when it has none or the lane does not hold that
+        checkpoint (nor, in salvage mode, a frame of it that still reads: its child then
+        reports its whole value, as for any checkpoint whose parent is gone)."""
+        if parent is None:
+            return None
+        pos = cur.find(parent)
+        if pos < 0:
+            return None
+        plsn = cur.lsns[pos]
+        got = heads.get(plsn)
+        if got is None:
+            try:
+                payload = self._b.read(plsn)
+                got = heads.put(plsn, (payload, self._reads.head_at(plsn, payload)))
+            except (NotFoundError, CorruptionError):
+                if not salvage:
+                    raise
+                return None
+        r = got[1].chans.get(channel)
+        return None if r is None else (r[0], r[1])
+
+    def _entry(self, cid: str, ref: tuple[int, int], base: tuple[int, int] | None, lsn: int,
+               payload: bytes) -> ChannelEntry:
+        """What checkpoint ``cid`` (frame ``lsn``) wrote to a channel whose entry is
+        ``ref``, its parent's ``base`` (see :meth:`channel_entries`)."""
+        loads = self._loads
+        unpack = self._codec.unpack
+        read = self._b.read
+        head = e = entry_at(payload if ref[0] == lsn else read(ref[0]), ref[1])
+        if e.kind == SNAP and e.items:
+            rl, ri = unpack_ref(e.items[-1])    # the SNAP follows the DELTA it ends with
+            e = entry_at(payload if rl == lsn else read(rl), ri)
+        if e.kind == DELTA and base is not None:
+            seg = [e]
+            prev = (e.prev_lsn, e.prev_idx)
+            if prev != base and not e.flags & F_REFS:
+                # its own items follow the DELTA naming the parent's pending writes
+                e2 = entry_at(payload if prev[0] == lsn else read(prev[0]), prev[1])
+                if e2.kind == DELTA and e2.flags & F_REFS:
+                    seg.insert(0, e2)
+                    prev = (e2.prev_lsn, e2.prev_idx)
+            if prev == base:
+                items = [x for d in seg for x in self._own_items(d)]
+                return ChannelEntry(cid, "append", [loads(unpack(x)) for x in items])
+        # a FULL entry, or no parent to tell its own items from: the whole value
+        if head.kind == FULL:
+            items, flags = head.items, head.flags       # in hand: no read
+        else:
+            items, flags = self._b.read_channel(ref[0], ref[1])
+        if flags & F_VALUE:
+            return ChannelEntry(cid, "value", loads(unpack(items[0])))
+        return ChannelEntry(cid, "full", [loads(unpack(x)) for x in items])
+
+    def _own_items(self, e: Any) -> list[bytes]:
         """A DELTA's own items; with F_REFS, the items of the entries it names."""
         if not e.flags & F_REFS:
             return e.items
@@ -352,3 +429,18 @@ class History:
         for rl, ri in snap_refs(e):
             out.extend(entry_at(read(rl), ri).items)
         return out
+
+
+class _Heads(dict):
+    """``{lsn: (payload, head)}`` of the last few checkpoint frames a channel-entries walk
+    read as a parent (an LSN is written once): the parent is usually the walk's next
+    checkpoint, which then needs neither a read nor a decode."""
+
+    __slots__ = ()
+    CAP = 4
+
+    def put(self, lsn: int, got: tuple[bytes, Any]) -> tuple[bytes, Any]:
+        if len(self) >= self.CAP:
+            del self[next(iter(self))]
+        self[lsn] = got
+        return got

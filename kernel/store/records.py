@@ -111,8 +111,8 @@ class Checkpoint:
 class ChannelEntry:
     """What one checkpoint wrote to a channel (see :meth:`Store.channel_entries`).
 
-    ``kind`` is ``"append"`` (``value`` = the list of items appended to the
-    previous value), ``"full"`` (``value`` = the whole list) or ``"value"``
+    ``kind`` is ``"append"`` (``value`` = the list of items the checkpoint appended
+    to its parent's value), ``"full"`` (``value`` = the whole list) or ``"value"``
     (``value`` = a whole non-list value).
     """
 

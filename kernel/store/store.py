@@ -319,14 +319,21 @@ class Store:
     def channel_entries(self, thread_id: str, checkpoint_ns: str, channel: str, *,
                         before: str | None = None,
                         limit: int | None = None) -> Iterator[ChannelEntry]:
-        """What each checkpoint wrote to ``channel``, newest first.
+        """What each checkpoint wrote to ``channel``, newest first, relative to its parent.
 
-        Yields a :class:`ChannelEntry` per checkpoint of (thread, ns) whose commit
-        wrote the channel (checkpoints that left it unchanged or have no value are
-        skipped): ``"append"`` with only the appended items for a delta, ``"full"``
-        with the whole list, or ``"value"`` for a non-list value. Reading the
-        appends back to the nearest ``"full"`` rebuilds the list without reading
-        it whole at every step (LangGraph's ``get_delta_channel_history``).
+        Yields a :class:`ChannelEntry` per checkpoint of (thread, ns) whose entry for
+        the channel is not its parent's (checkpoints that left it unchanged or have no
+        value are skipped): ``"append"`` with only the items it appended to its
+        parent's value, ``"full"`` with the whole list, or ``"value"`` for a non-list
+        value. A checkpoint whose parent the thread no longer holds (the oldest kept
+        after :meth:`prune`, the first after a :meth:`delete_runs` gap) or that was put
+        without a ``parent_id`` reports its whole value (``"full"``/``"value"``): its
+        history before it is gone or unknown, and no checkpoint is said to have
+        appended another's items. So reading the appends back to the nearest
+        ``"full"`` rebuilds each checkpoint's list without reading it whole at every
+        step. The same before and after :meth:`compact` and a reopen; a
+        :meth:`copy_thread` target lists its source's entries (docs/GUARANTEES.md
+        section 10).
         """
         check_id("thread_id", thread_id)
         check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
