@@ -482,6 +482,7 @@ class SegmentLog:
 
     def wait_durable(self, lsn: int) -> None:
         """Block until frame ``lsn`` (and all before it) is durable."""
+        _check_lsn(lsn)
         h = self._handle()
         if self._batch:
             self._drain()
@@ -492,6 +493,7 @@ class SegmentLog:
     def wait_written(self, lsn: int) -> None:
         """Block until frame ``lsn`` (and all before it) is written to the OS: what an
         ``async`` append promises, for a frame appended under ``exit`` (queued only)."""
+        _check_lsn(lsn)
         h = self._handle()
         if self._batch:
             self._drain()
@@ -550,8 +552,10 @@ class SegmentLog:
         h = self._h
         if h is None:
             self._handle()
-        if lsn < 0:
-            raise NotFoundError(f"lsn {lsn} is not in the log")
+        if type(lsn) is not int or not 0 <= lsn < (1 << 63):
+            if type(lsn) is int and lsn < 0:
+                raise NotFoundError(f"lsn {lsn} is not in the log")
+            _check_lsn(lsn)
         if self._batch and lsn >= self._bfirst:
             with self._block:               # still in the `exit` batch: served from memory
                 i = lsn - self._bfirst
@@ -654,6 +658,13 @@ class SegmentLog:
         damage the log was cut at (``lost_first_lsn`` on are unreadable; the handle is then
         read-only until ``durkv recover --skip-corrupt``)."""
         return self._recovery_damage
+
+
+def _check_lsn(lsn: object) -> None:
+    """An LSN argument is an int in the log's range (a str, a float or a negative number
+    is a caller's mistake, told as one rather than as cffi's TypeError/OverflowError)."""
+    if type(lsn) is not int or not 0 <= lsn < (1 << 63):
+        raise ConfigError(f"an LSN is an int from 0 to 2**63-1, got {lsn!r}")
 
 
 def _split_items(data: bytes, n: int) -> list[bytes]:

@@ -420,3 +420,16 @@ def test_wait_written_writes_a_queued_frame_and_refuses_an_unappended_lsn(log_di
         log.wait_written(lsn)                 # already written: returns at once
         with pytest.raises(NotFoundError):
             log.wait_written(lsn + 1)
+
+
+@pytest.mark.parametrize("bad", [-1, "3", None, 2.0, True, 1 << 70])
+def test_lsn_arguments_that_are_not_lsns_are_config_errors(log_dir, bad):
+    from durkv.errors import ConfigError
+    with SegmentLog.open(log_dir) as log:
+        log.append(b"x")
+        for call in (log.wait_durable, log.wait_written):
+            with pytest.raises(ConfigError, match="an LSN is an int"):
+                call(bad)
+        if bad != -1:
+            with pytest.raises(ConfigError, match="an LSN is an int"):
+                log.read(bad)
