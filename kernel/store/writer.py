@@ -6,8 +6,8 @@ A :class:`Writer` holds the :class:`~durkv.store.appender.Appender`, the
 memories of recent frames: the list items a checkpoint and its pending writes share
 (:class:`SharedItems`, docs/FORMAT.md section 5) and the fingerprints that make a
 retried identical ``put_writes`` a no-op. The store checks the arguments (the
-``check_*`` functions here) and calls the writer under its lock; a ``sync`` commit is
-waited for after the lock is released (group commit).
+``check_*`` functions here) and calls the writer under its lock; a commit is only
+queued there, and waited for after the lock is released (group commit).
 
 The heads are packed as lists in the order of their typed definitions
 (:mod:`durkv.store.records`; ``tests/test_records.py`` holds the two to each other):
