@@ -45,8 +45,7 @@ def test_not_done_authorizes_one_call_and_a_second_kill_is_in_doubt_again(tmp_pa
     with durkv.open(str(path)) as s:
         with pytest.raises(durkv.InDoubtError) as ei:
             _run(s, "pay", mode, pay_agent, work)
-        err = ei.value         # item 19: where, like Interrupted
-        assert (err.run_id, err.step_id, err.key) == ("pay", "1", "pay:1")
+        err = ei.value
         s.resolve("pay", "1", done=False, by="ops")         # the operator: it did not happen
     _killed_child(path, work, "pay", "pay", mode)           # the authorized call, killed again
     assert effects(work) == [("pay", "pay:1"), ("pay", "pay:1")]
@@ -62,6 +61,7 @@ def test_not_done_authorizes_one_call_and_a_second_kill_is_in_doubt_again(tmp_pa
         (_, pay) = s.run("pay").journal()
         assert (pay.state, pay.retry_count, pay.idempotency_key) == ("done", 1, "pay:1")
     assert durkv.log.verify(str(path), deep=True).ok
+    assert (err.run_id, err.step_id, err.key) == ("pay", "1", "pay:1")    # item 19
 
 
 # -- item 5: a decision and a resolution are final; a race has exactly one winner -------------
