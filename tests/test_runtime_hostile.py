@@ -219,6 +219,35 @@ def test_gathered_pipelines_replay_after_a_kill(tmp_path):
     assert effects(work)[:len(before)] == before
 
 
+def test_the_task_factory_chains_the_loops_and_is_restored_and_runs_can_overlap():
+    made = []
+
+    def mine(loop, coro, **kw):
+        made.append(1)
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    async def one(s, rid, delay):
+        async with s.arun(rid) as run:
+            async def item(i):
+                await asyncio.sleep(delay * (3 - i))
+                return await run.astep("m", lambda i=i: i)
+            await asyncio.gather(*(item(i) for i in range(3)))
+            await asyncio.sleep(delay)
+        return [e.step_id for e in run.journal()]
+
+    async def main(s):
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(mine)
+        # two runs in two tasks, entered and exited in different orders
+        a, b = await asyncio.gather(one(s, "a", 0.01), one(s, "b", 0.002))
+        assert loop.get_task_factory() is mine          # restored
+        return a, b
+    with durkv.open("memory://") as s:
+        a, b = asyncio.run(main(s))
+        assert sorted(a) == sorted(b) == ["0/0", "1/0", "2/0"] and made
+        assert asyncio.run(main(s)) == (a, b)           # replayed with the same ids
+
+
 def test_a_key_that_looks_like_a_task_id_is_refused():
     with durkv.open("memory://") as s, s.run("r") as run:
         with pytest.raises(durkv.ConfigError, match="N/N"):

@@ -70,7 +70,8 @@ def _task_factory(loop: Any, coro: Any, **kw: Any) -> Any:
         ctx = contextvars.copy_context()
         ctx.run(_scope.set, parent.child())
         kw["context"] = ctx
-    prev = _loops[loop][0]
+    st = _loops.get(loop)
+    prev = st[0] if st is not None else None
     return prev(loop, coro, **kw) if prev is not None else asyncio.Task(coro, loop=loop, **kw)
 
 
@@ -89,7 +90,7 @@ class AsyncVerbs:
         durkv's task factory, chained to the loop's, gives the tasks it creates a path."""
         loop = asyncio.get_running_loop()
         st = _loops.get(loop)
-        if st is None or loop.get_task_factory() is not _task_factory:
+        if st is None:      # else ours is installed (or chained by a factory set since)
             st = _loops[loop] = [loop.get_task_factory(), 0]
             loop.set_task_factory(_task_factory)
         st[1] += 1
