@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import (
     AccessDeniedError, ApprovalMismatchError, ArchiveConflictError, BackendError, ConfigError,
-    CorruptionError, DurkvError, FencedError, FrameTooLargeError, IdempotencyConflictError,
+    CorruptionError, DecisionConflictError, DurkvError, FencedError, FrameTooLargeError, IdempotencyConflictError,
     InDoubtError, Interrupted, LogFailedError, NonDeterminismError, NoSuchBucketError,
     NotFoundError, ReadOnlyError, RunBusyError, RunConflictError, SerializationError,
     StaleReaderError, StepFailedError, StoreLockedError, VersionDriftError,
@@ -41,5 +41,5 @@ __all__ = [
     "InDoubtError", "VersionDriftError", "ApprovalMismatchError", "RunConflictError",
     "RunBusyError", "StepFailedError", "Interrupted", "StaleReaderError",
     "ArchiveConflictError", "AccessDeniedError", "NoSuchBucketError", "tool", "Retry", "Run", "Decision",
-    "JournalEntry", "RunInfo",
+    "JournalEntry", "RunInfo", "DecisionConflictError",
 ]

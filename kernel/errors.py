@@ -84,6 +84,13 @@ class InDoubtError(DurkvError):
 
     code = "in_doubt"
 
+    def __init__(self, message: str, *, run_id: str | None = None,
+                 step_id: str | None = None, key: str | None = None, **context: Any) -> None:
+        super().__init__(message, run_id=run_id, step_id=step_id, key=key, **context)
+        self.run_id = run_id        # like Interrupted: where, and the key to check with
+        self.step_id = step_id
+        self.key = key
+
 
 class VersionDriftError(DurkvError):
     """A recorded prompt/tool version differs from the running one (``on_drift="fail"``)."""
@@ -95,6 +102,14 @@ class ApprovalMismatchError(DurkvError):
     """An approval was decided for another (action, payload) than the code now asks about."""
 
     code = "approval_mismatch"
+
+
+class DecisionConflictError(DurkvError):
+    """A decision (``decide``) or a resolution (``resolve``) contradicts the one already
+    recorded for that step: the first one recorded is final. Operational, not usage: two
+    operators answered at once, and the other one's answer is the run's."""
+
+    code = "decision_conflict"
 
 
 class RunConflictError(DurkvError):
@@ -199,5 +214,5 @@ __all__ = [
     "StaleReaderError",
     "ArchiveConflictError", "AccessDeniedError", "NoSuchBucketError",
     "InDoubtError", "VersionDriftError", "ApprovalMismatchError", "RunConflictError",
-    "RunBusyError", "StepFailedError", "Interrupted",
+    "RunBusyError", "StepFailedError", "Interrupted", "DecisionConflictError",
 ]

@@ -279,7 +279,7 @@ def test_approval_pause_decide_resume(url):
         assert run.status == "waiting" and box.keys == []
         d = s.decide("r", "0", True, by="ann", note="ok")
         assert d.approved and s.decide("r", "0", True).by == "ann"    # idempotent
-        with pytest.raises(durkv.ConfigError, match="already approved"):
+        with pytest.raises(durkv.DecisionConflictError, match="already approved"):
             s.decide("r", "0", False)
     with durkv.open(url) as s:
         agent(s)

@@ -67,7 +67,9 @@ def test_at_most_once_tool_killed_between_intent_and_receipt(tmp_path, done):
             ("plan", "done"), ("pay", "done"), ("ship", "done")]
         assert j[1].result_receipt == {"paid": 10}
         assert j[1].retry_count == (0 if done else 1)
-        with pytest.raises(durkv.ConfigError, match="has a receipt"):
+        # done=True: the resolution is final; done=False: the call it authorized has a receipt
+        with pytest.raises(durkv.DecisionConflictError if done else durkv.ConfigError,
+                           match="already resolved as done" if done else "has a receipt"):
             s.resolve("pay", "1", done=False)
         with s.run("pay") as run:      # finished: a replay calls nothing
             assert pay_agent(run, work) == "shipped"

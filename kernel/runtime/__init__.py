@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store import Store
+from ..store import Store, check_ids
 from .control import decide, resolve, runs
 from .journal import JournalEntry, RunInfo
-from .run import NO_INPUT, Decision, Run
+from .run import NO_INPUT, Decision, Run, check_not_driven
 from .tools import Retry, tool
 
 __all__ = ["Run", "Decision", "Retry", "tool", "JournalEntry", "RunInfo", "RuntimeStore"]
@@ -51,6 +51,12 @@ class RuntimeStore(Store):
         """
         return Run(self, run_id, input, on_drift=on_drift, secret_input=secret_input,
                    clock=clock, sleep=sleep)
+
+    def delete_runs(self, run_ids: Any) -> None:
+        """:meth:`durkv.store.Store.delete_runs`, refused with :class:`durkv.RunBusyError`
+        for a run that a ``with store.run(...)`` of this process is driving."""
+        check_not_driven(self, check_ids("run_ids", run_ids))
+        super().delete_runs(run_ids)
 
     arun = run      # the same object is also an async context manager
     decide = decide

@@ -1,32 +1,124 @@
-"""The awaitable forms of a run's verbs: ``astep``, ``atool``, ``aapprove``, ``asleep``.
+"""The awaitable forms of a run's verbs: ``astep``, ``atool``, ``aapprove``, ``asleep``,
+``acompensate``.
 
 Each claims its step id when called (not when awaited), so calls issued together
 (``asyncio.gather``) get ids in the order they were issued. Tools' intent and
 receipt fsyncs run in a worker thread (concurrent calls share them: group commit).
+
+Step ids per asyncio task: inside ``async with store.arun(...)`` every task created
+(directly or not) by the run's own task gets a *path*, its parent's path and its index
+among the tasks its parent created (``"2"``, ``"2.0"``), assigned at creation by a task
+factory; a call without ``key=`` in such a task gets the id ``"<path>/<n>"`` (its n-th
+call). Creation order within one task is that task's own code, so the ids do not depend
+on the order in which awaits complete: ``asyncio.gather`` of per-item pipelines replays.
+Calls in the run's own task keep the ids ``"0"``, ``"1"``...; runs created before
+(no ``tid`` in their RUN record) keep one counter for every task.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
+import re
 import time
+import weakref
 from itertools import count
 from typing import Any, Callable
 
-from .plan import ONCE, Plan, err_type
-from .tools import Retry
+from .plan import ONCE, Plan, err_type, plain_version
+from .tools import Retry, tool_spec
 
-__all__ = ["AsyncVerbs"]
+__all__ = ["AsyncVerbs", "SCOPED_ID", "scoped_id", "is_async"]
+
+SCOPED_ID = re.compile(r"[0-9]+(\.[0-9]+)*/[0-9]+")    # the ids of calls in tasks
+
+# the task scope of the running asyncio task (None: not inside a run's task tree)
+_scope: contextvars.ContextVar["TaskScope | None"] = contextvars.ContextVar(
+    "durkv_task_scope", default=None)
+# per event loop: [the task factory durkv's replaced, how many runs use durkv's]
+_loops: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+
+
+class TaskScope:
+    """Where an asyncio task stands in a run's task tree, and its counters."""
+
+    __slots__ = ("run", "path", "steps", "children")
+
+    def __init__(self, run: Any, path: str) -> None:
+        self.run, self.path = run, path
+        self.steps = count()
+        self.children = count()
+
+    def child(self) -> "TaskScope":
+        i = next(self.children)
+        return TaskScope(self.run, f"{self.path}.{i}" if self.path else str(i))
+
+
+def scoped_id(run: Any) -> str | None:
+    """The next automatic step id of the running task in ``run`` (None: the run's own
+    task, or a thread or task outside the run's tree: the run's one counter)."""
+    sc = _scope.get()
+    if sc is None or sc.run is not run or not sc.path:
+        return None
+    return f"{sc.path}/{next(sc.steps)}"
+
+
+def _task_factory(loop: Any, coro: Any, **kw: Any) -> Any:
+    parent = _scope.get()      # the creating task's scope (the factory runs in its context)
+    if parent is not None and kw.get("context") is None:
+        ctx = contextvars.copy_context()
+        ctx.run(_scope.set, parent.child())
+        kw["context"] = ctx
+    st = _loops.get(loop)
+    prev = st[0] if st is not None else None
+    return prev(loop, coro, **kw) if prev is not None else asyncio.Task(coro, loop=loop, **kw)
+
+
+def is_async(fn: Any) -> bool:
+    spec = tool_spec(fn)
+    return spec.is_async if spec is not None else inspect.iscoroutinefunction(fn)
 
 
 class AsyncVerbs:
     """Mixed into :class:`durkv.runtime.Run` (uses its planning and recording methods)."""
+
+    _scope_token: Any = None
+
+    def _scope_tasks(self) -> None:
+        """Make this (the run's own) task the root of the run's task tree (``__aenter__``):
+        durkv's task factory, chained to the loop's, gives the tasks it creates a path."""
+        loop = asyncio.get_running_loop()
+        st = _loops.get(loop)
+        if st is None:      # else ours is installed (or chained by a factory set since)
+            st = _loops[loop] = [loop.get_task_factory(), 0]
+            loop.set_task_factory(_task_factory)
+        st[1] += 1
+        self._scope_token = _scope.set(TaskScope(self, ""))
+        self._plain = False
+
+    def _unscope_tasks(self) -> None:
+        token, self._scope_token = self._scope_token, None
+        if token is None:
+            return
+        try:
+            _scope.reset(token)
+        except ValueError:          # exited in another context than entered
+            _scope.set(None)
+        loop = asyncio.get_running_loop()
+        st = _loops.get(loop)
+        if st is not None:
+            st[1] -= 1
+            if st[1] <= 0 and loop.get_task_factory() is _task_factory:
+                loop.set_task_factory(st[0])      # the loop's own factory again
+                del _loops[loop]
 
     def astep(self, name: str, fn: Callable, *args: Any, prompt_version: Any = None,
               retry: Retry | None = None, key: str | None = None, secret: bool = False,
               retry_failed: bool = False, **kwargs: Any):
         """Awaitable :meth:`step`; ``fn`` may be a coroutine function."""
         sid = self._sid(key)
+        prompt_version = plain_version(prompt_version)      # checked before the call
         inputs, fp = self._inputs("step", name, args, kwargs, secret)
         p = self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
         return self._astep(p, fn, args, kwargs, retry)
@@ -36,8 +128,8 @@ class AsyncVerbs:
         if p.replay:
             return self._outcome(p.entry)
         r = retry or ONCE
-        tries: list = []
-        for i in count():
+        tries = list(p.tries)
+        for i in count(len(tries)):      # the budget goes on across executions
             try:
                 result = fn(*args, **kwargs)
                 if inspect.isawaitable(result):
@@ -48,6 +140,7 @@ class AsyncVerbs:
                 if not r.retries(exc, i):
                     self._record_step(p, exc=exc, tries=tries)
                     raise
+                self._try(p, tries)
                 await _asleep(r.sleep, r.delay(i))
         self._record_step(p, result, tries=tries)
         return result
@@ -67,8 +160,8 @@ class AsyncVerbs:
         if p.replay:
             return self._done(p, self._outcome(p.entry))
         r = retry or ONCE
-        tries: list = []
-        for i in count():
+        tries = list(p.tries)
+        for i in count(len(tries)):      # the budget goes on across executions
             await asyncio.to_thread(self._intent, p)
             try:
                 result = fn(*args, idempotency_key=p.key, **kwargs)
@@ -80,6 +173,7 @@ class AsyncVerbs:
                 if not r.retries(exc, i):
                     await asyncio.to_thread(self._receipt, p, None, exc, tries)
                     raise
+                await asyncio.to_thread(self._try, p, tries)
                 await _asleep(r.sleep, r.delay(i))
                 p.rc += 1
         await asyncio.to_thread(self._receipt, p, result, None, tries)
@@ -93,9 +187,14 @@ class AsyncVerbs:
             return self._approve_at(sid, action, payload)
         return go()
 
-    def asleep(self, seconds: float):
+    async def acompensate(self) -> list:
+        """Awaitable :meth:`compensate`: sync and async undos, newest first, each awaited."""
+        return [await self._atool(p, undo, (result,), {}, None)
+                for p, undo, result in self._undos()]
+
+    def asleep(self, seconds: float, *, key: str | None = None):
         """Awaitable :meth:`sleep`."""
-        left, slept = self._plan_sleep(seconds)
+        left, slept = self._plan_sleep(seconds, key)
 
         async def go() -> None:
             if slept:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
-           "E_RESOLVE", "E_STATUS", "E_WARN", "Entry", "RunState", "RunInfo", "fold", "apply",
+           "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "Entry", "RunState", "RunInfo", "fold", "apply",
            "JournalEntry", "STATUSES", "bulk_load"]
 
 # journal events: the "e" field of a record (part of the format: never renumber)
@@ -28,6 +28,7 @@ E_DECISION = 6
 E_RESOLVE = 7
 E_STATUS = 8
 E_WARN = 9
+E_TRY = 10      # a failed attempt that will be retried (its error; before the next attempt)
 
 STATUSES = ("running", "waiting", "sleeping", "in_doubt", "finished", "failed")
 
@@ -42,7 +43,7 @@ class Entry:
     __slots__ = ("step_id", "gen", "kind", "name", "fp", "inputs", "prompt_version",
                  "tool_version", "key", "retry_count", "at_most_once", "comp_of", "result",
                  "err", "done", "tries", "decision", "resolved", "started", "ended",
-                 "warnings")
+                 "warnings", "in_flight")
 
     def __init__(self, step_id: str, gen: int, kind: str, name: str, fp: int) -> None:
         self.step_id = step_id
@@ -66,6 +67,7 @@ class Entry:
         self.started: float | None = None
         self.ended: float | None = None
         self.warnings: tuple = ()
+        self.in_flight = False               # tools: the latest intent has no outcome yet
 
 
 @dataclass
@@ -83,6 +85,7 @@ class RunState:
     status_step: str | None = None
     message: str | None = None
     updated: float | None = None
+    task_ids: bool = False      # step ids of asyncio tasks are scoped by task (RUN "tid")
 
     def latest(self, step_id: str) -> Entry | None:
         gens = self.entries.get(step_id)
@@ -158,6 +161,8 @@ def apply(st: RunState, r: dict) -> None:
         e.retry_count = r.get("rc", 0)
         e.at_most_once = bool(r.get("amo"))
         e.comp_of = r.get("comp")
+        e.resolved = None      # a new attempt: an earlier "not done" authorized it, and only it
+        e.in_flight = True
     elif ev == E_RECEIPT:
         e = _entry(st, r, "tool")
         e.result, e.err, e.done = r.get("r"), r.get("err"), True
@@ -168,14 +173,24 @@ def apply(st: RunState, r: dict) -> None:
         e.inputs = r.get("in")
     elif ev == E_DECISION:
         e = _entry(st, r, "approval")
-        e.decision = r
-        e.ended = t
+        if e.decision is None:       # a decision is final: the first one in the log holds
+            e.decision = r
+            e.ended = t
     elif ev == E_RESOLVE:
         e = _entry(st, r, "tool")
+        if e.resolved is not None or e.done:
+            return          # final: the first answer about this attempt holds
         e.resolved = r
         if r.get("done"):
             e.result, e.err, e.done = r.get("r"), None, True
             e.ended = t
+    elif ev == E_TRY:
+        e = _entry(st, r, r.get("k", "tool"))
+        e.tries = (*e.tries, r.get("err"))
+        e.in_flight = False         # that attempt failed: the next one is not in doubt
+        if e.kind != "tool":        # a tool's retry_count is its intents' (calls - 1)
+            e.retry_count = len(e.tries)
+            e.prompt_version = r.get("pv")
     elif ev == E_WARN:
         e = st.latest(r["s"])
         if e is not None:
@@ -185,6 +200,7 @@ def apply(st: RunState, r: dict) -> None:
         st.status_step, st.message = r.get("s"), r.get("msg")
     elif ev == E_RUN:
         st.fp, st.input, st.created = r.get("fp"), r.get("in"), t
+        st.task_ids = bool(r.get("tid"))
         st.status, st.until, st.status_step, st.message = "running", None, None, None
     else:
         return      # an event this reader does not know

@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 import logging
 import random as _random
+import struct
 import sys
 import threading
 import time
@@ -34,25 +35,25 @@ import uuid as _uuid
 import weakref
 from dataclasses import dataclass
 from itertools import count
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import xxhash
 
 from ..errors import (
-    ApprovalMismatchError, ConfigError, DurkvError, IdempotencyConflictError, InDoubtError, Interrupted,
-    NonDeterminismError, RunBusyError, RunConflictError, SerializationError, StepFailedError,
-    VersionDriftError,
+    ApprovalMismatchError, ConfigError, DurkvError, FrameTooLargeError, IdempotencyConflictError,
+    InDoubtError, Interrupted, NonDeterminismError, RunBusyError, RunConflictError,
+    SerializationError, StepFailedError, VersionDriftError,
 )
-from .aio import AsyncVerbs
+from .aio import SCOPED_ID, AsyncVerbs, is_async, scoped_id
 from .journal import (
-    E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_WARN, Entry, JournalEntry,
+    E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_TRY, E_WARN, Entry, JournalEntry,
     apply, bulk_load, fold,
 )
-from .plan import ONCE, Plan, err_type
+from .plan import ONCE, Plan, err_type, plain_version
 from .tools import Retry, ToolSpec, tool_spec
 from .view import describe
 
-__all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "fingerprint"]
+__all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "fingerprint", "check_not_driven"]
 
 log = logging.getLogger("durkv")
 
@@ -68,6 +69,16 @@ _open_lock = threading.Lock()
 
 def fingerprint(b: bytes) -> int:
     return xxhash.xxh3_64_intdigest(b)
+
+
+def check_not_driven(store: Any, run_ids: Any) -> None:
+    """Refuse to delete runs that a ``with store.run(...)`` of this process is driving: its
+    next record would start a journal with no RUN record, which another input replays."""
+    with _open_lock:
+        busy = sorted(set(run_ids) & _open_runs.get(store, set()))
+    if busy:
+        raise RunBusyError(f"run {busy[0]!r} is being driven by a `with store.run(...)` in "
+                           "this process; delete it after that block ends", run_id=busy[0])
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,8 @@ class Run(AsyncVerbs):
         self._st: Any = None
         self._seen = 0          # journal records folded into _st
         self._opened = False
+        self._plain = False     # open, and every automatic step id comes from self._n
+        self._task_ids = False  # asyncio tasks' step ids are scoped by task (see aio.py)
         self.status: str | None = None
         self.interrupt: Interrupted | None = None
 
@@ -150,9 +163,12 @@ class Run(AsyncVerbs):
 
     async def __aenter__(self) -> "Run":
         self.open()
+        if self._task_ids:
+            self._scope_tasks()
         return self
 
     async def __aexit__(self, et: Any, exc: Any, tb: Any) -> bool:
+        self._unscope_tasks()
         return self.close(exc)
 
     def open(self) -> None:
@@ -174,14 +190,14 @@ class Run(AsyncVerbs):
         except BaseException:
             self._release()
             raise
-        self._opened = True
+        self._opened = self._plain = True
 
     def attach(self) -> "Run":
         """Use the run's journal without claiming it: for code whose driver is someone
         else (LangGraph nodes, several of which may run at once on one thread id).
         Nothing is written at close; :meth:`refresh` rereads what others appended."""
         self._open_journal()
-        self._opened = True
+        self._opened = self._plain = True
         return self
 
     def refresh(self) -> None:
@@ -196,6 +212,7 @@ class Run(AsyncVerbs):
         with bulk_load():
             st = self._st = fold(self.run_id, self.store.journal(self.run_id))
         self._seen = self.store.journal_length(self.run_id)
+        self._task_ids = st.task_ids
         fp = in_b = None
         if self._input is not NO_INPUT:
             try:
@@ -206,10 +223,13 @@ class Run(AsyncVerbs):
             fp = fingerprint(b)
             in_b = None if self._secret_input or len(b) > MAX_INLINE_INPUTS else b
         if st.fp is None and not st.order:
-            rec = {"e": E_RUN, "t": self._clock(), "fp": fp}
+            # tid: a run created now scopes its asyncio tasks' step ids (older runs keep one
+            # counter, so that their journals replay)
+            rec = {"e": E_RUN, "t": self._clock(), "fp": fp, "tid": 1}
             if in_b is not None:
                 rec["in"] = in_b
             self._append(rec)
+            self._task_ids = True
             self.status = "running"
             return
         if fp is not None and st.fp is not None and fp != st.fp:
@@ -230,7 +250,7 @@ class Run(AsyncVerbs):
         (``with`` then ends quietly and ``run.status == "waiting"``)."""
         if not self._opened:
             return False
-        self._opened = False
+        self._opened = self._plain = False
         try:
             return self._record_end(exc)
         except DurkvError as e:
@@ -290,10 +310,12 @@ class Run(AsyncVerbs):
     def _sid(self, key: str | None) -> str:
         self._check_open()
         if key is None:
-            return str(next(self._n))      # count() is atomic under the GIL
-        if type(key) is not str or not key or key.isdigit():
-            raise ConfigError(f"key= must be a non-empty string that is not a number (numbers "
-                              f"are the automatic step ids), got {key!r}")
+            sid = None if self._plain else scoped_id(self)
+            return str(next(self._n)) if sid is None else sid   # count(): atomic (GIL)
+        if type(key) is not str or not key or key.isdigit() or (
+                "/" in key and SCOPED_ID.fullmatch(key)):
+            raise ConfigError(f"key= must be a non-empty string that is not a number or "
+                              f"'N/N' (those are the automatic step ids), got {key!r}")
         return key
 
     def _inputs(self, kind: str, name: str, args: tuple, kwargs: dict,
@@ -369,6 +391,9 @@ class Run(AsyncVerbs):
             return p
         p.t0 = self._clock()
         p.gen = e.gen
+        if not e.done:      # failed attempts journaled, then interrupted: go on with the budget
+            p.tries = e.tries
+            return p
         if e.err is not None and retry_failed:
             p.gen = e.gen + 1
             log.info("durkv: run %r step %s: retrying a recorded failure (retry_failed=True)",
@@ -395,6 +420,19 @@ class Run(AsyncVerbs):
                           "nothing was recorded and the step will run again: return plain data")
         self._append(rec)
 
+    def _try(self, p: Plan, tries: list) -> None:
+        """Journal a failed attempt that will be retried, before the next attempt: a
+        re-execution goes on with the budget left (a tool's next intent, fsync'd, makes
+        it durable; a step's follows the store's policy like the step's own record)."""
+        rec: dict = {"e": E_TRY, "t": self._clock(), "s": p.sid, "err": tries[-1]}
+        if p.gen:
+            rec["g"] = p.gen
+        if p.spec is None:      # a step: no entry yet (its record comes at the end)
+            rec.update(k=p.kind, n=p.name, fp=p.fp)
+            if p.version is not None:
+                rec["pv"] = p.version
+        self._append(rec)
+
     def step(self, name: str, fn: Callable, *args: Any, prompt_version: Any = None,
              retry: Retry | None = None, key: str | None = None, secret: bool = False,
              retry_failed: bool = False, **kwargs: Any) -> Any:
@@ -410,7 +448,9 @@ class Run(AsyncVerbs):
             secret: journal only the inputs' fingerprint, not the inputs.
             retry_failed: call again even if a final failure is recorded.
         """
-        sid = str(next(self._n)) if key is None and self._opened else self._sid(key)
+        sid = str(next(self._n)) if key is None and self._plain else self._sid(key)
+        if prompt_version is not None and type(prompt_version) is not str:
+            prompt_version = plain_version(prompt_version)     # checked before the call
         inputs, fp = self._inputs("step", name, args, kwargs, secret)
         gens = self._st.entries.get(sid)
         if gens is None:
@@ -433,8 +473,8 @@ class Run(AsyncVerbs):
         if p.replay:
             return self._outcome(p.entry)
         r = retry or ONCE
-        tries: list = []
-        for i in count():
+        tries = list(p.tries)
+        for i in count(len(tries)):      # the budget goes on across executions
             try:
                 result = fn(*args, **kwargs)
                 break
@@ -443,6 +483,7 @@ class Run(AsyncVerbs):
                 if not r.retries(exc, i):
                     self._record_step(p, exc=exc, tries=tries)
                     raise
+                self._try(p, tries)
                 log.info("durkv: run %r step %s attempt %d failed: %s", self.run_id, sid, i + 1,
                          exc)
                 r.sleep(r.delay(i))
@@ -485,6 +526,10 @@ class Run(AsyncVerbs):
             p.entry, p.replay = e, True
             return p
         # an intent without a receipt: the call may or may not have happened
+        p.tries = e.tries
+        if not e.in_flight:     # its last attempt failed (journaled): go on with the budget
+            p.rc = e.retry_count + 1
+            return p
         if e.resolved is not None and not e.resolved.get("done"):
             p.rc = e.retry_count + 1
             log.warning("durkv: run %r step %s (%r): resolved as not done; calling it (key %s)",
@@ -527,7 +572,22 @@ class Run(AsyncVerbs):
         self._add_outcome(rec, p, result, exc, tries,
                           f"the call happened but has no receipt: a re-execution calls it "
                           f"again with the same key ({p.key}). Return plain data")
-        self._append(rec, durable=True)
+        try:
+            self._append(rec, durable=True)
+        except FrameTooLargeError as e:
+            raise FrameTooLargeError(
+                f"tool {p.name!r} (step {p.sid} of run {self.run_id!r}, key {p.key}) was "
+                f"called and returned, but its receipt is too large to journal ({e}); the "
+                f"call happened and is unrecorded: {self._unrecorded(p)}. Return a smaller "
+                "result (store the payload elsewhere and return a reference to it)",
+                run_id=self.run_id, step_id=p.sid, key=p.key) from e
+
+    def _unrecorded(self, p: Plan) -> str:
+        if p.spec is not None and p.spec.at_most_once:
+            return (f"the next execution reports it in doubt; resolve it with store.resolve("
+                    f"{self.run_id!r}, {p.sid!r}, done=True, result=<a reference to the "
+                    "payload>)")
+        return f"the next execution calls it again with the same key ({p.key})"
 
     def _add_outcome(self, rec: dict, p: Plan, result: Any, exc: BaseException | None,
                      tries: list | None, if_unencodable: str) -> None:
@@ -541,6 +601,13 @@ class Run(AsyncVerbs):
         try:
             rec["r"] = self._dumps(result)
         except Exception as e:
+            if inspect.isawaitable(result):      # fn is async: its body has not run
+                getattr(result, "close", lambda: None)()
+                raise ConfigError(
+                    f"{p.kind} {p.name!r} (step {p.sid} of run {self.run_id!r}) returned an "
+                    f"awaitable: the function is async and was not awaited, nothing was "
+                    f"recorded; use `await run.a{p.kind}(...)` inside `async with "
+                    "store.arun(...)`", run_id=self.run_id, step_id=p.sid) from e
             raise SerializationError(
                 f"the result of {p.kind} {p.name!r} (step {p.sid} of run {self.run_id!r}) "
                 f"cannot be serialized ({e}); {if_unencodable}", run_id=self.run_id,
@@ -560,6 +627,9 @@ class Run(AsyncVerbs):
         called again with the same key (``retry_count + 1``), or, for an at-most-once
         tool, raises :class:`durkv.InDoubtError`."""
         spec = self._spec(fn, kwargs)
+        if spec.is_async:       # refused before its intent: run.tool would never await it
+            raise ConfigError(f"run.tool({spec.name!r}): an async tool; call it with `await "
+                              "run.atool(...)` (inside `async with store.arun(...)`)")
         p = self._plan_tool(self._sid(key), spec, args, kwargs, secret,
                             retry_failed=retry_failed)
         return self._call_tool(p, fn, args, kwargs, retry)
@@ -569,8 +639,8 @@ class Run(AsyncVerbs):
         if p.replay:
             return self._done(p, self._outcome(p.entry))
         r = retry or ONCE
-        tries: list = []
-        for i in count():
+        tries = list(p.tries)
+        for i in count(len(tries)):      # the budget goes on across executions
             self._intent(p)
             try:
                 result = fn(*args, idempotency_key=p.key, **kwargs)
@@ -580,6 +650,7 @@ class Run(AsyncVerbs):
                 if not r.retries(exc, i):
                     self._receipt(p, exc=exc, tries=tries)
                     raise
+                self._try(p, tries)
                 r.sleep(r.delay(i))
                 p.rc += 1
         self._receipt(p, result, tries=tries)
@@ -587,19 +658,27 @@ class Run(AsyncVerbs):
 
     def compensate(self) -> list:
         """Run the undos of this run's completed tools that declared ``compensate=``,
-        newest first; each is a durable tool call with its own key. Returns their results."""
+        newest first; each is a durable tool call with its own key. Returns their results.
+        An async undo is refused before any is called: use ``await run.acompensate()``."""
         self._check_open()
-        out = []
+        for _sid, spec, _r in self._compensable:
+            if is_async(spec.compensate):
+                raise ConfigError(f"run.compensate(): the undo {spec.compensate!r} is async; "
+                                  "use `await run.acompensate()`")
+        return [self._call_tool(p, undo, (result,), {}, None)
+                for p, undo, result in self._undos()]
+
+    def _undos(self) -> Iterator[tuple[Plan, Callable, Any]]:
+        """The undos to call, newest first, each planned (given its step id) when reached."""
+        self._check_open()
         todo, self._compensable = self._compensable, []
         for sid, spec, recorded in reversed(todo):
             result = self._loads(recorded)
             undo = spec.compensate
             uspec = tool_spec(undo) or ToolSpec(
-                getattr(undo, "__qualname__", repr(undo)), None, False,
-                None, inspect.iscoroutinefunction(undo))
-            p = self._plan_tool(self._sid(None), uspec, (result,), {}, False, comp_of=sid)
-            out.append(self._call_tool(p, undo, (result,), {}, None))
-        return out
+                getattr(undo, "__qualname__", repr(undo)), None, False, None, is_async(undo))
+            yield self._plan_tool(self._sid(None), uspec, (result,), {}, False,
+                                  comp_of=sid), undo, result
 
     # -- approvals ---------------------------------------------------------------------------
 
@@ -642,34 +721,42 @@ class Run(AsyncVerbs):
 
     # -- time and chance ---------------------------------------------------------------------
 
-    def _recorded(self, kind: str, make: Callable[[], Any]) -> Any:
-        p = self._plan_step(self._sid(None), kind, kind, None, None, None)
+    def _recorded(self, kind: str, make: Callable[[], Any], key: str | None) -> Any:
+        p = self._plan_step(self._sid(key), kind, kind, None, None, None)
         if p.replay:
             return self._outcome(p.entry)
         v = make()
         self._record_step(p, v)
         return v
 
-    def now(self) -> float:
-        """The wall clock (unix seconds), recorded: a re-execution gets the same time."""
-        return self._recorded("now", self._clock)
+    def now(self, *, key: str | None = None) -> float:
+        """The wall clock (unix seconds), recorded: a re-execution gets the same time.
+        ``key=`` names the step (threads), as for :meth:`step`."""
+        return self._recorded("now", self._clock, key)
 
-    def random(self) -> float:
-        """``random.random()``, recorded."""
-        return self._recorded("random", _random.random)
+    def random(self, *, key: str | None = None) -> float:
+        """``random.random()``, recorded (``key=`` as for :meth:`now`)."""
+        return self._recorded("random", _random.random, key)
 
-    def uuid(self) -> _uuid.UUID:
-        """A new ``uuid4``, recorded."""
-        return self._recorded("uuid", _uuid.uuid4)
+    def uuid(self, *, key: str | None = None) -> _uuid.UUID:
+        """A new ``uuid4``, recorded (``key=`` as for :meth:`now`)."""
+        return self._recorded("uuid", _uuid.uuid4, key)
 
-    def _plan_sleep(self, seconds: float) -> tuple[float, bool]:
+    def _plan_sleep(self, seconds: float, key: str | None) -> tuple[float, bool]:
         # NaN passes `seconds < 0` and slept not at all; inf recorded a wake time, then
         # time.sleep raised OverflowError; True is an int
         if (not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
                 or not 0 <= seconds <= MAX_SLEEP):
             raise ConfigError(f"sleep seconds must be a number from 0 to {MAX_SLEEP:.0e}, got "
                               f"{seconds!r}")
-        p = self._plan_step(self._sid(None), "sleep", "sleep", None, None, None)
+        sid = self._sid(key)
+        # the length asked for is the sleep's input: another one at a recorded sleep is an
+        # IdempotencyConflictError (a sleep recorded before lengths were, fp 0, is not checked)
+        fp = fingerprint(struct.pack("<d", seconds))
+        e = self._st.latest(sid)
+        p = self._plan_step(sid, "sleep", "sleep", None if e is not None and not e.fp else fp,
+                            None, None)
+        p.fp = fp
         if p.replay:
             wake = self._outcome(p.entry)
         else:
@@ -680,9 +767,11 @@ class Run(AsyncVerbs):
             self._status("sleeping", p.sid, until=wake)
         return left, left > 0
 
-    def sleep(self, seconds: float) -> None:
-        """Sleep durably: the wake-up time is recorded, a re-execution sleeps what is left."""
-        left, slept = self._plan_sleep(seconds)
+    def sleep(self, seconds: float, *, key: str | None = None) -> None:
+        """Sleep durably: the wake-up time is recorded, a re-execution sleeps what is left
+        (asking for another length there is an IdempotencyConflictError; ``key=`` as for
+        :meth:`step`)."""
+        left, slept = self._plan_sleep(seconds, key)
         if slept:
             self._sleep(left)
             self._status("running")
