@@ -9,13 +9,16 @@ Before the fix the at-most-once tool whose receipt was cut was simply called aga
 from __future__ import annotations
 
 import json
+import operator
 import os
 import subprocess
 import sys
+from typing import Annotated
 
 import logtools as lt
 import pytest
 from click.testing import CliRunner
+from typing_extensions import TypedDict
 
 import durkv
 import durkv.log
@@ -23,6 +26,10 @@ from durkv.cli.main import cli
 from durkv.store.records import K_REPAIR, read_head
 
 CALLS: list[tuple[str, str]] = []
+
+
+class State(TypedDict):     # the LangGraph test's state
+    log: Annotated[list, operator.add]
 
 
 @durkv.tool(at_most_once=True)
@@ -59,6 +66,11 @@ def _build(d) -> int:
     seg, frame = lt.frame_at(d, intent)
     lt.flip_byte(seg.path, frame.offset + lt.FRAME_HDR + 3)
     return intent
+
+
+@pytest.fixture(autouse=True)
+def _no_calls_yet():
+    CALLS.clear()
 
 
 @pytest.fixture
@@ -226,3 +238,58 @@ def test_a_store_never_repaired_reads_no_journal_for_it(tmp_path):
         with s.run("r") as r:
             agent(r)
             assert r._repair is None
+
+
+def test_a_langgraph_thread_touched_by_a_repair_holds_its_tools(tmp_path):
+    """durkv.langgraph.tool in a thread whose receipt was cut: the node runs again from
+    the surviving checkpoint, and the tool is held in doubt instead of charging twice."""
+    pytest.importorskip("langgraph")
+    from langgraph.graph import END, START, StateGraph
+
+    from durkv.langgraph import DurkvSaver
+    from durkv.langgraph import tool as lg_tool
+
+    def node(state):
+        return {"log": [lg_tool(pay, 10)["paid"]]}
+
+    g = StateGraph(State)
+    g.add_node("act", node)
+    g.add_edge(START, "act")
+    g.add_edge("act", END)
+    path, cfg = tmp_path / "lg.durkv", {"configurable": {"thread_id": "th-1"}}
+    with DurkvSaver.open(str(path)) as saver:
+        assert g.compile(checkpointer=saver).invoke({"log": []}, cfg)["log"] == [10]
+        s = saver.store
+        lsns = s._index.ix.journals["th-1"]
+        intent = next(n for n, r in zip(lsns, s.journal("th-1")) if r.get("e") == 3)
+    assert [c[0] for c in CALLS] == ["pay"]
+    CALLS.clear()
+    seg, frame = lt.frame_at(path, intent)
+    lt.flip_byte(seg.path, frame.offset + lt.FRAME_HDR + 3)
+    rep = durkv.log.recover(str(path), skip_corrupt=True)
+    with DurkvSaver.open(str(path)) as saver:
+        note = json.loads((path / "repairs" / f"{rep.repair}.json").read_text())
+        assert "th-1" in note["runs"] and "th-1" in note["threads"]
+        with pytest.raises(durkv.InDoubtError, match=rep.repair):
+            g.compile(checkpointer=saver).invoke(None, cfg)
+    assert CALLS == []
+
+
+def test_killed_between_the_record_and_the_note_records_it_again_as_one_repair(repaired):
+    """The REPAIR record is durable before the note says `recorded`; a kill between the
+    two makes the next open append it again: the same id, one repair to the runtime."""
+    d, rid = repaired
+    from durkv import repairnotes
+    with durkv.open(str(d)):
+        pass
+    note = repairnotes.read(str(d), rid)
+    repairnotes.write(str(d), dict(note, state="cut"))    # the note as the kill left it
+    with durkv.open(str(d)) as s:
+        assert len([n for n, p in s._b.scan(0) if read_head(p, n)[0] == K_REPAIR]) == 2
+        assert s.acknowledge_repair("victim", by="ops") == [rid]
+        with pytest.raises(durkv.InDoubtError, match=r"store.resolve\('late', '1'"):
+            with s.run("late") as r:
+                agent(r)
+        with s.run("victim") as r:       # one acknowledgement covers both records
+            agent(r)
+    assert CALLS == [("pay", "victim:1"), ("notify", "victim:2")]
