@@ -293,3 +293,18 @@ def test_killed_between_the_record_and_the_note_records_it_again_as_one_repair(r
         with s.run("victim") as r:       # one acknowledgement covers both records
             agent(r)
     assert CALLS == [("pay", "victim:1"), ("notify", "victim:2")]
+
+
+def test_async_tools_of_a_damaged_run_are_held_too(repaired):
+    import asyncio
+    d, rid = repaired
+
+    async def main(s):
+        async with s.arun("victim") as r:
+            await r.astep("plan", lambda: "p")
+            await r.atool(pay, 10)
+
+    with durkv.open(str(d)) as s:
+        with pytest.raises(durkv.InDoubtError, match=rid):
+            asyncio.run(main(s))
+    assert CALLS == []
