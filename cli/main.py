@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from .. import __version__
+from .. import __version__, repairnotes
+from .. import open as open_store
 from ..errors import CorruptionError, DurkvError
 from . import output, reports
 from .archive import archive, restore
@@ -121,10 +122,16 @@ def _quarantine(path: str) -> dict[str, int]:
 @click.option("--skip-corrupt", is_flag=True,
               help="Also cut mid-log corruption (the log is cut at the last good frame "
                    "before it; every removed byte is copied to PATH/quarantine/ first).")
+@click.option("--ack", "ack", metavar="RUN", multiple=True,
+              help="Acknowledge every repair that touched run RUN (repeatable): its tools "
+                   "follow the usual rules again. Changes nothing in the log.")
+@click.option("--by", default=None, help="Who acknowledges (recorded with --ack).")
+@click.option("--note", default=None, help="Why (recorded with --ack).")
 @output.json_option
 @output.quiet_option
 @click.pass_context
 def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
+            ack: tuple[str, ...], by: str | None, note: str | None,
             as_json: bool, quiet: bool) -> None:
     """Repair a log: quarantine a torn tail; cut corruption on request.
 
@@ -135,6 +142,11 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
     copied to PATH/quarantine/ and fsync'd; nothing is deleted. Running it twice
     is a no-op. Takes the writer lock: stop the writer first.
 
+    A cut of more than a torn tail also names the runs and threads whose records
+    it may have removed (REPAIR record, docs/GUARANTEES.md 16a): those runs are
+    `damaged`, and their tool calls without a surviving receipt are held in doubt
+    until resolved, or until `--ack RUN` acknowledges the repair for the run.
+
     Exit status: 0 the log is clean now (or would be, with --dry-run),
     3 corruption remains, 1 the store is locked or cannot be read.
 
@@ -143,9 +155,12 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
         durkv recover --dry-run ./agent.durkv
         durkv recover ./agent.durkv
         durkv recover --skip-corrupt ./agent.durkv
+        durkv recover ./agent.durkv --ack ticket-42 --by alice
     """
     ctx.meta[JSON_KEY] = as_json
     where = log_dir(path)
+    if ack:
+        ctx.exit(_acknowledge(where, ack, by, note, as_json, quiet))
     log = log_module()
     skip_hint = reports.skip_corrupt_hint(where)
     before = _quarantine(where)
@@ -161,13 +176,14 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
     kept = {p: n for p, n in _quarantine(where).items() if before.get(p) != n}
     after = None if dry_run or refused else log.verify(where)
     clean = not refused and (after is None or reports.is_clean(after))
+    repair = _record_repair(where, report.repair) if clean and report.repair else None
 
     if as_json:
         output.emit_json({
             "path": where, "dry_run": dry_run, "skip_corrupt": skip_corrupt,
             "ok": clean, "refused": refused, "report": report.to_dict(),
             "quarantined": [{"file": p, "bytes": n} for p, n in kept.items()],
-            "after": None if after is None else after.to_dict(),
+            "after": None if after is None else after.to_dict(), "repair": repair,
         })
     if refused:
         first = next(d for d in report.damage if reports.kind_name(d.kind) != "torn_tail")
@@ -189,11 +205,46 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
                        f"{where}/quarantine/")
         if after is not None:
             click.echo(f"{'ok' if clean else 'DAMAGED'}: {reports.summary(after)}")
+        if repair is not None:
+            _echo_repair(repair)
     if not clean:
         for d in after.damage:
             click.echo(f"error: still damaged after recover: {reports.damage_line(d)}", err=True)
         ctx.exit(EXIT_CORRUPT)
     ctx.exit(EXIT_OK)
+
+
+def _record_repair(where: str, note_id: str) -> dict:
+    """Open the store once (a writer open records the cut's REPAIR record: FORMAT.md 6a)
+    and return what the note says it touched."""
+    open_store(where).close()
+    n = repairnotes.read(where, note_id)
+    return {"id": note_id, "state": n.get("state"), "lost_first_lsn": n.get("lost_first_lsn"),
+            "repair_lsn": n.get("repair_lsn"), "runs": n.get("runs", []),
+            "threads": n.get("threads", []), "quarantined": n.get("files", [])}
+
+
+def _echo_repair(r: dict) -> None:
+    runs, threads = r["runs"], r["threads"]
+    click.echo(f"repair {r['id']}: records from LSN {r['lost_first_lsn']} were cut; "
+               f"{len(runs)} run(s) marked damaged: {', '.join(runs) or 'none'}; "
+               f"{len(threads)} thread(s) in the cut: {', '.join(threads) or 'none'}")
+    if runs:
+        click.echo("their tool calls without a surviving receipt are held in doubt: resolve "
+                   "each, or acknowledge with: durkv recover PATH --ack RUN --by NAME")
+
+
+def _acknowledge(where: str, runs: tuple[str, ...], by: str | None, note: str | None,
+                 as_json: bool, quiet: bool) -> int:
+    with open_store(where) as store:
+        done = {r: store.acknowledge_repair(r, by=by, note=note) for r in runs}
+    if as_json:
+        output.emit_json({"path": where, "acknowledged": done})
+    elif not quiet:
+        for r, ids in done.items():
+            click.echo(f"run {r}: repair {', '.join(ids)} acknowledged" if ids else
+                       f"run {r}: every repair was already acknowledged")
+    return EXIT_OK
 
 
 for command in (ls, history, show, demo, archive, restore):

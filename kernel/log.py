@@ -35,6 +35,7 @@ from .payload import (  # noqa: F401  (re-exported)
     DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Entry, decode_commit, encode_commit, pack_ref,
     resolve_channel, snap_refs,
 )
+from . import repairnotes
 from .durability import ASYNC, DURABILITIES, EXIT, SYNC
 from .errors import (
     ConfigError, CorruptionError, DurkvError, FrameTooLargeError, LogFailedError,
@@ -103,6 +104,7 @@ class Report:
     damage: list[Damage] = field(default_factory=list)
     frames_ok: int = 0
     next_lsn: int = 0
+    repair: str | None = None   # recover: the id of the repair note of a cut (FORMAT.md 6a)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -711,9 +713,28 @@ def recover(path: str | os.PathLike, *, skip_corrupt: bool = False,
     ``skip_corrupt``, cut the log at the first damage (every removed byte is copied to
     ``quarantine/`` first). Idempotent. ``dry_run`` changes nothing and reports the plan.
 
+    A cut of more than a torn tail is announced first by a durable note in ``repairs/``
+    (docs/FORMAT.md 6a; ``report.repair`` is its id): the next store open names the runs
+    it touched, even if this process dies right after the cut.
+
     Raises CorruptionError (with ``.report``) for mid-log damage without ``skip_corrupt``.
     """
     path = os.fspath(path)
+    if dry_run or not skip_corrupt:
+        return _recover(path, skip_corrupt, dry_run)
+    note = repairnotes.begin(path, _recover(path, True, True))
+    try:
+        report = _recover(path, True, False)
+    except StoreLockedError:
+        if note is not None:        # refused before anything changed
+            repairnotes.void(path, note, "the store was locked")
+        raise
+    if note is not None:
+        report.repair = repairnotes.finish(path, note, report)["id"]
+    return report
+
+
+def _recover(path: str, skip_corrupt: bool, dry_run: bool) -> Report:
     out = ffi.new("dkv_report **")
     rc = lib.dkv_recover(os.fsencode(path), 1 if skip_corrupt else 0, 1 if dry_run else 0, out)
     report = None

@@ -39,6 +39,7 @@ RANKS = {
     # log: the C segment log and the commit-payload format it frames
     "durkv._seglog": 10,            # compiled (cffi)
     "durkv.payload": 11,            # commit-payload codec, shared by the log and the store
+    "durkv.repairnotes": 11.5,      # repairs/<id>.json: a cut's durable witness (FORMAT 6a)
     "durkv.log": 12,
     "durkv.channels": 13,           # kept for compatibility: re-exports durkv.payload
     # backends: append/read/scan of commit payloads
@@ -72,6 +73,7 @@ RANKS = {
     "durkv.store.history": 35,      # newest-first streams
     "durkv.store.edits": 35,        # delete, copy, prune
     "durkv.store.compact": 35,      # compaction
+    "durkv.store.repair": 35,       # what a cut removed: the runs/threads in its bytes
     "durkv.store.store": 36,        # Store: the facade composing them
     "durkv.store": 37,              # the package: re-exports the public names
     "durkv.records": 38,            # kept for compatibility: re-export durkv.store.records
@@ -84,6 +86,7 @@ RANKS = {
     "durkv.runtime.plan": 61,
     "durkv.runtime.view": 61,
     "durkv.runtime.aio": 62,
+    "durkv.runtime.repair": 62,     # the repair guard: touched runs, damage, acknowledge
     "durkv.runtime.run": 63,
     "durkv.runtime.control": 64,
     "durkv.runtime.langgraph_steps": 64,

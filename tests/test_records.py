@@ -18,6 +18,7 @@ import durkv
 from durkv import records as r
 from durkv.channels import decode_head, encode_commit
 from durkv.errors import CorruptionError
+from durkv.store import records as sr
 
 FIXTURE = Path(__file__).parent / "fixtures" / "v1-store"
 
@@ -47,6 +48,8 @@ CASES = [
      [11, "run-1", {"kind": "step", "n": 1}]),
     (r.JournalHead(r.K_COPY_JOURNAL, "run-1", b"opaque"), [12, "run-1", b"opaque"]),
     (r.DelJournalHead(r.K_DEL_JOURNAL, ["run-1", "run-2"]), [13, ["run-1", "run-2"]]),
+    (sr.RepairHead(sr.K_REPAIR, ["run-1", "run-2"], {"e": 20, "rep": "x"}),
+     [14, ["run-1", "run-2"], {"e": 20, "rep": "x"}]),
 ]
 
 

@@ -24,6 +24,7 @@ from ..store import Store, check_ids
 from .control import decide, resolve, runs
 from .journal import JournalEntry, RunInfo
 from .run import NO_INPUT, Decision, Run, check_not_driven
+from .repair import acknowledge, mark_damaged, record_pending
 from .tools import Retry, tool
 
 __all__ = ["Run", "Decision", "Retry", "tool", "JournalEntry", "RunInfo", "RuntimeStore"]
@@ -61,4 +62,25 @@ class RuntimeStore(Store):
     arun = run      # the same object is also an async context manager
     decide = decide
     resolve = resolve
-    runs = runs
+
+    @classmethod
+    def open(cls, url: str, **options: Any) -> "RuntimeStore":
+        """:meth:`durkv.store.Store.open`, then (a writer) the REPAIR record of every cut
+        by ``recover --skip-corrupt`` not recorded yet (docs/FORMAT.md 6a)."""
+        store = super().open(url, **options)
+        try:
+            record_pending(store)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def runs(self) -> list[RunInfo]:
+        """Every run with a journal and its status (see :func:`durkv.runtime.control.runs`);
+        a run a repair touched and nobody acknowledged shows ``damaged``."""
+        return mark_damaged(self, runs(self))
+
+    def acknowledge_repair(self, run_id: str, *, by: Any = None, note: Any = None) -> list[str]:
+        """The operator's word for every repair that touched ``run_id`` (docs/GUARANTEES.md
+        16a): its tools follow the usual rules again. Returns the repair ids acknowledged."""
+        return acknowledge(self, run_id, by=by, note=note)

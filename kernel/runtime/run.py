@@ -50,6 +50,7 @@ from .journal import (
     apply, bulk_load, fold,
 )
 from .plan import ONCE, Plan, err_type, plain_version
+from .repair import damage_of
 from .tools import Retry, ToolSpec, tool_spec
 from .view import describe
 
@@ -143,6 +144,7 @@ class Run(AsyncVerbs):
         self._compensable: list[tuple[str, ToolSpec, bytes]] = []
         self._st: Any = None
         self._seen = 0          # journal records folded into _st
+        self._repair: Any = None    # a repair cut records of this run (runtime/repair.py)
         self._opened = False
         self._plain = False     # open, and every automatic step id comes from self._n
         self._task_ids = False  # asyncio tasks' step ids are scoped by task (see aio.py)
@@ -207,12 +209,14 @@ class Run(AsyncVerbs):
             with self._lock, bulk_load():
                 self._st = fold(self.run_id, self.store.journal(self.run_id))
                 self._seen = self.store.journal_length(self.run_id)
+                self._repair = damage_of(self.store, self.run_id)
 
     def _open_journal(self) -> None:
         with bulk_load():
             st = self._st = fold(self.run_id, self.store.journal(self.run_id))
         self._seen = self.store.journal_length(self.run_id)
         self._task_ids = st.task_ids
+        self._repair = damage_of(self.store, self.run_id)   # None unless ever repaired
         fp = in_b = None
         if self._input is not NO_INPUT:
             try:
@@ -562,7 +566,16 @@ class Run(AsyncVerbs):
             rec["amo"] = True
         if p.comp_of is not None:
             rec["comp"] = p.comp_of
+        # a repair may have cut this call's records: held until the operator's word
+        held = self._repair is not None and self._repair.doubt(
+            p.sid, p.gen, p.key, p.name, self._st.latest(p.sid))
+        if held:
+            rec["cut"] = self._repair.ids[0]     # an intent no call follows
         self._append(rec, durable=True)
+        if held:
+            log.error("durkv: in-doubt step: %s", held)
+            self._status("in_doubt", p.sid, held)
+            raise InDoubtError(held, run_id=self.run_id, step_id=p.sid, key=p.key)
 
     def _receipt(self, p: Plan, result: Any = None, exc: BaseException | None = None,
                  tries: list | None = None) -> None:

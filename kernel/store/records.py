@@ -71,6 +71,7 @@ K_INDEX = 10        # [10, 2, own_lsn, compacted_at, state, journals]  (index sn
 K_JOURNAL = 11      # [11, run_id, rec]  (one run-journal event, opaque to the store)
 K_COPY_JOURNAL = 12  # as K_JOURNAL, written by compact()
 K_DEL_JOURNAL = 13  # [13, [run_id, ...]]  (delete_runs)
+K_REPAIR = 14       # [14, [run_id, ...], rec]  (a repair: rec is a journal record of each run)
 # K_INDEX versions (docs/FORMAT.md section 5): 1 had no journals (passed over); 3 is 2's
 # layout in a log that may hold delta checkpoint heads (older readers pass it over)
 INDEX_VERSION = 3
@@ -269,6 +270,16 @@ class JournalHead(NamedTuple):
     rec: Any
 
 
+class RepairHead(NamedTuple):
+    """K_REPAIR: one journal record (``rec``) of every run in ``run_ids``, in one frame
+    (docs/FORMAT.md 6a). The layout of :class:`JournalHead` with a list of run ids, so a
+    journal read of this frame's LSN gets ``rec`` like any journal record's."""
+
+    kind: int
+    run_ids: list
+    rec: Any
+
+
 class DelJournalHead(NamedTuple):
     kind: int
     run_ids: list
@@ -330,7 +341,8 @@ def check_ids(name: str, ids: Any) -> list[str]:
 # same check returning the list (the hot paths unpack it). ``pack()`` is its bytes.
 # (A NamedTuple cannot take a mixin base, so the two methods are attached here.)
 for _cls in (CkptHead, CkptDeltaHead, WritesHead, DelThreadHead, CopyThreadHead, RemoveHead,
-             CompactBeginHead, CompactEndHead, IndexHead, JournalHead, DelJournalHead):
+             CompactBeginHead, CompactEndHead, IndexHead, JournalHead, DelJournalHead,
+             RepairHead):
     _of, _fields_of = _typed_views(_cls)
     _cls.of = staticmethod(_of)
     _cls.fields = staticmethod(_fields_of)

@@ -21,8 +21,8 @@ from .index import Index, dump_index, dump_journals, load_index, load_journals
 from .records import (
     INDEX_VERSION, INDEX_VERSIONS, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL,
     K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX, K_JOURNAL, K_REMOVE,
-    K_WRITES, CkptDeltaHead, CkptHead, CompactEndHead, CopyThreadHead, DelJournalHead, DelThreadHead,
-    IndexHead, JournalHead, RemoveHead, WritesHead, read_head,
+    K_REPAIR, K_WRITES, CkptDeltaHead, CkptHead, CompactEndHead, CopyThreadHead, DelJournalHead,
+    DelThreadHead, IndexHead, JournalHead, RemoveHead, RepairHead, WritesHead, read_head,
 )
 
 __all__ = ["LogIndex"]
@@ -30,7 +30,7 @@ __all__ = ["LogIndex"]
 _COPIES = frozenset((K_COPY_CKPT, K_COPY_WRITES, K_COPY_JOURNAL))
 # the records applied to the live index as they are when no compaction is being replayed
 _PLAIN = frozenset((K_CKPT, K_WRITES, K_DEL_THREAD, K_COPY_THREAD, K_REMOVE, K_JOURNAL,
-                    K_DEL_JOURNAL))
+                    K_DEL_JOURNAL, K_REPAIR))
 
 
 def _is_index_frame(p: bytes) -> bool:
@@ -125,6 +125,9 @@ class LogIndex:
         elif kind == K_DEL_JOURNAL:
             for r in DelJournalHead.of(h, lsn).run_ids:
                 ix.journals.pop(r, None)
+        elif kind == K_REPAIR:          # one record of each run it names (FORMAT.md 6a)
+            for r in RepairHead.of(h, lsn).run_ids:
+                ix.add_journal(r, lsn)
         # K_INDEX (a snapshot of what was replayed so far) changes nothing, and unknown
         # kinds are skipped: a newer writer's record this reader does not know
 

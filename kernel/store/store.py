@@ -33,8 +33,9 @@ import os
 import threading
 from typing import Any, Iterator, Sequence
 
+from .. import repairnotes
 from ..errors import ConfigError, ReadOnlyError
-from ..payload import Codec
+from ..payload import Codec, encode_commit
 from ..serde import Serde, default_serde
 from .appender import Appender
 from .ckpthead import CkptHeads
@@ -44,9 +45,10 @@ from .edits import Edits
 from .history import History
 from .reads import Reads
 from .records import (
-    DURABILITIES, ChannelEntry, Checkpoint, check_id, check_ids, check_limit, check_opt_id,
-    heads_of, JournalHead,
+    DURABILITIES, K_REPAIR, ChannelEntry, Checkpoint, check_id, check_ids, check_limit,
+    check_opt_id, heads_of, JournalHead, RepairHead,
 )
+from .repair import CutContents, local_path, read_cut
 from .replay import LogIndex
 from .writer import Writer, check_put, check_writes
 
@@ -83,6 +85,10 @@ class Store:
         self._edits = Edits(self._appender, self._index, self._writer, backend, heads,
                             serde.loads)
         self._load_index()
+        # a cut by `recover --skip-corrupt` leaves a note (FORMAT.md 6a): looked for once
+        # here, so that a store never repaired costs its runs nothing
+        self._path = local_path(backend)
+        self._repaired = self._path is not None and repairnotes.any_notes(self._path)
         if not read_only:
             self._index.shadow = None   # a compaction cut short by a crash: its copies are dead
             if self._index.compacted_at > backend.start_lsn:
@@ -452,6 +458,49 @@ class Store:
         with self._lock:
             self._check_open()
             return sorted(self._index.ix.journals)
+
+    # -- repairs of the log (docs/FORMAT.md 6a; durkv.runtime.repair decides their runs) ----
+
+    @property
+    def repaired(self) -> bool:
+        """Whether ``recover --skip-corrupt`` ever cut this store's log (a note in
+        ``repairs/``, looked for at open): only then may a run's journal hold a repair."""
+        return self._repaired
+
+    def pending_repairs(self) -> list[dict]:
+        """The notes of cuts no REPAIR record names yet (a writer's job: none when
+        read-only), oldest first."""
+        if self._path is None or self.read_only:
+            return []
+        return repairnotes.pending(self._path)
+
+    def repair_note(self, note_id: str) -> Any:
+        """``with store.repair_note(id) as note:`` -- the note as it is on disk, under its
+        exclusive lock (one process records a cut; the others find it recorded)."""
+        return repairnotes.locked(self._path, note_id)
+
+    def cut_contents(self, note: dict) -> CutContents:
+        """The run and thread ids read from the quarantined bytes of a note's cut (a
+        ``planned`` note: whatever quarantine/ gained since it was written)."""
+        files = note.get("files")
+        if files is None:
+            before = set(note.get("before", ()))
+            files = [n for n in repairnotes.quarantine_names(self._path) if n not in before]
+        return read_cut(self._path, files, note["lost_first_lsn"])
+
+    def record_repair(self, note: dict, run_ids: list[str], rec: dict) -> int:
+        """Append the REPAIR record (``rec`` becomes a journal record of every run in
+        ``run_ids``; fdatasync'd), then mark ``note`` recorded. Returns the record's LSN."""
+        payload = encode_commit(RepairHead(K_REPAIR, run_ids, rec).pack(), ())
+        with self._lock:
+            self._check_write()
+            lsn = self._appender.append(payload, "exit")
+            self._index.apply(lsn, [K_REPAIR, run_ids, rec])
+        self._b.wait_durable(lsn)
+        repairnotes.write(self._path, dict(note, state="recorded", repair_lsn=lsn,
+                                           runs=run_ids, threads=rec.get("threads", [])))
+        self._repaired = True
+        return lsn
 
     # -- compaction, archive -----------------------------------------------------------------
 
