@@ -83,6 +83,8 @@ def _same(a, b):
     """Equal and of the same type, recursively (what a replay must give back)."""
     assert type(a) is type(b), (a, b)
     assert a == b
+    if isinstance(a, (dt.datetime, dt.time)):       # == compares instants, not zones
+        assert a.tzinfo == b.tzinfo and a.fold == b.fold, (a, b)
     if isinstance(a, dict):
         assert list(a) == list(b)
         for k in a:
@@ -101,6 +103,29 @@ def test_enums_namedtuples_collections_and_zones_read_back_as_their_own_type(val
     if isinstance(value, dt.datetime):
         assert out.tzinfo is value.tzinfo or out.tzname() == value.tzname()
         assert out.fold == value.fold
+
+
+def test_checkpoint_values_keep_their_type_after_reopen(tmp_path):
+    """The default serde is the store's: channel values (a list stored as deltas too),
+    pending writes and metadata read back as the types that were put."""
+    import durkv
+
+    path = str(tmp_path / "s.durkv")
+    items = [Color.RED, Point(1, 2), OrderedDict(b=1, a=2)]
+    with durkv.open(path) as s:
+        for i in range(3):
+            s.put("t", "", f"{i}", checkpoint={}, metadata={"mode": Mode.PAGE},
+                  values={"log": items[:i + 1], "when": dt.datetime(2026, 3, 7, tzinfo=NY),
+                          "n": Counter(a=i)},
+                  versions={"log": i + 1, "when": 1, "n": i + 1},
+                  parent_id=None if i == 0 else f"{i - 1}")
+        s.put_writes("t", "", "2", "task", [(0, "log", [Level.HIGH])])
+    with durkv.open(path) as s:
+        got = s.get("t")
+        _same(got.values, {"log": items, "when": dt.datetime(2026, 3, 7, tzinfo=NY),
+                           "n": Counter(a=2)})
+        _same(got.metadata, {"mode": Mode.PAGE})
+        _same(got.writes[0].value, [Level.HIGH])
 
 
 def test_a_zoneinfo_datetime_keeps_its_zone_across_dst():

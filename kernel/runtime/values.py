@@ -21,6 +21,7 @@ True
 from __future__ import annotations
 
 import collections
+import datetime as _dt
 import enum
 import re
 from typing import Any, Callable
@@ -60,6 +61,8 @@ def _differs(a: Any, b: Any, path: str) -> str | None:
     if type(a) is not type(b):
         return (f"a {type(a).__qualname__} at {where} reads back as a "
                 f"{type(b).__qualname__}")
+    if isinstance(a, (_dt.datetime, _dt.time)) and (a.tzinfo != b.tzinfo or a.fold != b.fold):
+        return f"the zone of the {type(a).__qualname__} at {where} reads back as {b.tzinfo!r}"
     if isinstance(a, dict):
         if list(a) != list(b):
             return f"the keys of the {type(a).__qualname__} at {where} read back otherwise"
