@@ -29,6 +29,8 @@ from typing import Annotated, NamedTuple
 
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typing_extensions import TypedDict
 
 import durkv
@@ -359,6 +361,65 @@ def test_fingerprint_stays_cheap_for_plain_inputs():
     b, fp = v.encode([[7, "prompt"], {"k": 1}])
     assert fp == xxhash.xxh3_64_intdigest(b)
     assert v.encode([[{"b": 1, "a": 2}], {}])[1] == v.encode([[{"a": 2, "b": 1}], {}])[1]
+
+
+json_like = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**63, max_value=2**64 - 1)
+    | st.floats() | st.text() | st.binary(),
+    lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=30)
+
+any_value = st.recursive(
+    json_like | st.integers() | st.sampled_from([Mode.PAGE, Level.LOW]) | st.binary().map(bytearray)
+    | st.datetimes(timezones=st.just(NY)),
+    lambda c: st.lists(c) | st.tuples(c, c) | st.builds(Span, c, c)
+    | st.dictionaries(st.text() | st.integers() | st.tuples(st.text()), c)
+    | st.frozensets(st.text() | st.integers()) | st.sets(st.text() | st.integers())
+    | st.dictionaries(st.text(), c).map(collections.OrderedDict)
+    | st.dictionaries(st.text(), st.integers()).map(collections.Counter)
+    | st.dictionaries(st.text(), c).map(lambda d: collections.defaultdict(list, d)),
+    max_leaves=25)
+
+
+def _reordered(v):
+    """The same value built in another order: dict entries and set items reversed."""
+    t = type(v)
+    if t in (dict, collections.Counter, collections.defaultdict):
+        out = t() if t is not collections.defaultdict else t(v.default_factory)
+        for k in reversed(list(v)):
+            dict.__setitem__(out, _reordered(k), _reordered(v[k]))
+        return out
+    if t is collections.OrderedDict:
+        return t((_reordered(k), _reordered(x)) for k, x in v.items())
+    if t in (set, frozenset):
+        return t(reversed([_reordered(x) for x in v]))
+    if t is list:
+        return [_reordered(x) for x in v]
+    if t is tuple or t is Span:
+        items = [_reordered(x) for x in v]
+        return tuple(items) if t is tuple else Span(*items)
+    return v
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_like)
+def test_the_c_sort_and_the_python_walk_fingerprint_alike(value):
+    """JSON-like data is sorted by ormsgpack in C when it is installed; every other value
+    by the walk: both must give the bytes the walk gives."""
+    from durkv.runtime.values import Values
+    from durkv.serde import default_serde
+
+    v = Values(default_serde)
+    assert v.encode(value)[1] == v.canonical(value) == v.encode(_reordered(value))[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_value)
+def test_a_value_built_in_another_order_fingerprints_the_same(value):
+    from durkv.runtime.values import Values
+    from durkv.serde import default_serde
+
+    v = Values(default_serde)
+    assert v.encode(value)[1] == v.encode(_reordered(value))[1] == v.canonical(value)
 
 
 # ---- item 9: a recorded failure replays as its own class --------------------------------

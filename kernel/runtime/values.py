@@ -24,6 +24,7 @@ import collections
 import datetime as _dt
 import enum
 import re
+from operator import itemgetter
 from typing import Any, Callable
 
 import msgpack
@@ -31,7 +32,7 @@ import xxhash
 
 from ..errors import SerializationError, StepFailedError
 from ..serde import (
-    EXT_COUNTER, EXT_DEFAULTDICT, EXT_ENUM, EXT_FROZENSET, EXT_SET, MsgpackSerde, class_path,
+    EXT_ENUM, EXT_FROZENSET, EXT_SET, MsgpackSerde, class_path,
     find_class,
 )
 
@@ -40,13 +41,34 @@ __all__ = ["Values", "fingerprint"]
 _EXT_FOREIGN = 127     # fingerprints only: a value the default serde cannot encode, as the
                        # store serde's bytes
 
-# A default-serde encoding with none of these bytes holds no map of two or more keys and
-# no set, frozenset, Counter, defaultdict or Enum: it is canonical as it is. A match may be
-# a false alarm (the byte inside a string or a float): that only takes the slower path.
-_codes = bytes([EXT_SET, EXT_FROZENSET, EXT_ENUM, EXT_COUNTER, EXT_DEFAULTDICT])
-_UNORDERED = re.compile(
-    rb"[\x82-\x8f\xde\xdf]|[\xd4-\xd8][%s]|\xc7.[%s]|\xc8..[%s]|\xc9....[%s]"
-    % ((re.escape(_codes),) * 4), re.DOTALL).search
+# A default-serde encoding depends on an order only through a map of two or more entries,
+# or a set, frozenset, Enum (its value may hold a set), Counter or defaultdict (extension
+# types). Bytes with none of these header bytes hold none of them: they are canonical as
+# they are. A byte found may be a false alarm (inside a string): that takes the slower,
+# still exact, path.
+_MAYBE = re.compile(rb"[\x82-\x8f\xc7-\xc9\xd4-\xd8\xde\xdf]").search
+_EXT = re.compile(rb"[\xc7-\xc9\xd4-\xd8]").search     # may hold an extension type
+
+try:        # ormsgpack (LangGraph installs it) sorts map keys in C: JSON-like data (what
+    import ormsgpack      # steps mostly take) is made canonical without a Python walk
+except ImportError:       # pragma: no cover - durkv does not depend on it
+    ormsgpack = None
+else:       # every type but JSON-like data goes to _not_plain, so to the Python walk
+    _ORM = (ormsgpack.OPT_SORT_KEYS | ormsgpack.OPT_PASSTHROUGH_TUPLE
+            | ormsgpack.OPT_PASSTHROUGH_SUBCLASS | ormsgpack.OPT_PASSTHROUGH_BIG_INT
+            | ormsgpack.OPT_PASSTHROUGH_DATETIME | ormsgpack.OPT_PASSTHROUGH_ENUM
+            | ormsgpack.OPT_PASSTHROUGH_UUID | ormsgpack.OPT_PASSTHROUGH_DATACLASS)
+_LEAVES = frozenset([str, int, float, bool, bytes, type(None)])
+_first = itemgetter(0)
+
+
+def _array_header(n: int) -> bytes:
+    return bytes((0x90 | n,)) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 65536
+                                              else b"\xdd" + n.to_bytes(4, "big"))
+
+
+def _not_plain(obj: Any) -> Any:
+    raise TypeError(type(obj).__qualname__)
 
 
 def fingerprint(b: bytes) -> int:
@@ -117,8 +139,17 @@ class Values:
     def encode(self, value: Any) -> tuple[bytes, int]:
         """The serde bytes of ``value`` and its canonical fingerprint."""
         b = self.dumps(value)
-        if self._fast and _UNORDERED(b) is None:
-            return b, fingerprint(b)             # the hot path: canonical as encoded
+        if self._fast:
+            if _MAYBE(b) is None:
+                return b, fingerprint(b)         # the hot path: canonical as encoded
+            if ormsgpack is not None and _EXT(b) is None:
+                # no extension type (bytearray, tuple, set...): only maps to sort, which
+                # ormsgpack does byte for byte as the walk below would, in C
+                try:
+                    return b, fingerprint(ormsgpack.packb(value, option=_ORM,
+                                                          default=_not_plain))
+                except Exception:
+                    pass                         # a non-str key, a big int: the walk
         return b, self.canonical(value)
 
     def canonical(self, value: Any) -> int:
@@ -126,39 +157,46 @@ class Values:
         return fingerprint(self._canon.dumps(self._sorted(value)))
 
     def _sorted(self, v: Any) -> Any:
+        """``v`` with its maps and sets in canonical order (leaves are passed over inline:
+        this walk is the cost of a fingerprint off the hot path)."""
         t = type(v)
-        if t is list:
-            return [self._sorted(x) for x in v]
+        sort = self._sorted
+        if t is list or t is tuple:
+            out = [x if type(x) in _LEAVES else sort(x) for x in v]
+            return out if t is list else tuple(out)
         if t is dict or t is collections.Counter or t is collections.defaultdict:
-            out = t() if t is not collections.defaultdict else t(v.default_factory)
-            dict.update(out, self._ordered((self._sorted(k), self._sorted(x))
-                                           for k, x in v.items()))
-            return out
-        if t is tuple:
-            return tuple(self._sorted(x) for x in v)
+            return self._sorted_map(v, t)
         if t is set or t is frozenset:
-            items = sorted(self._key_bytes(self._sorted(x)) for x in v)
+            items = sorted([self._canon.dumps(x if type(x) in _LEAVES else sort(x)) for x in v])
             return msgpack.ExtType(EXT_SET if t is set else EXT_FROZENSET,
-                                   msgpack.Packer().pack_array_header(len(items)) + b"".join(items))
+                                   _array_header(len(items)) + b"".join(items))
         if t is collections.OrderedDict:         # its order is part of its value
-            return t((self._sorted(k), self._sorted(x)) for k, x in v.items())
+            return t([(sort(k), sort(x)) for k, x in v.items()])
         if isinstance(v, enum.Enum):             # by name: its value may hold a set
             try:
                 return msgpack.ExtType(EXT_ENUM, self._canon.dumps([*class_path(t), v.name]))
             except TypeError:                    # not reachable: the store serde's bytes
                 return v
         if isinstance(v, tuple) and hasattr(t, "_fields"):
-            return tuple.__new__(t, [self._sorted(x) for x in v])
+            return tuple.__new__(t, [sort(x) for x in v])
         return v
 
-    def _key_bytes(self, v: Any) -> bytes:
-        return self._canon.dumps(v)
-
-    def _ordered(self, pairs: Any) -> list:
-        pairs = list(pairs)
-        if all(type(k) is str for k, _ in pairs):
-            return sorted(pairs, key=lambda kv: kv[0])
-        return sorted(pairs, key=lambda kv: self._key_bytes(kv[0]))
+    def _sorted_map(self, v: Any, t: type) -> Any:
+        """A dict (Counter, defaultdict) with its entries in canonical order: by key when
+        every key is a str, else by the canonical bytes of the key."""
+        sort = self._sorted
+        pairs = [(k if type(k) in _LEAVES else sort(k), x if type(x) in _LEAVES else sort(x))
+                 for k, x in v.items()]
+        if len(pairs) > 1:
+            if all([type(k) is str for k in v]):
+                pairs.sort(key=_first)
+            else:
+                pairs.sort(key=lambda kv: self._canon.dumps(kv[0]))
+        if t is dict:
+            return dict(pairs)
+        out = t() if t is collections.Counter else t(v.default_factory)
+        dict.update(out, pairs)
+        return out
 
     def matches(self, recorded: int | None, fp: int, recorded_in: bytes | None,
                 shape: Callable[[Any], Any] = lambda v: v) -> bool:
