@@ -20,7 +20,6 @@ import datetime as _dt
 import decimal
 import enum
 import importlib
-import re
 import sys
 import threading
 import uuid
@@ -147,7 +146,7 @@ def _refusal(obj: Any) -> str:
     return "not a type this serde stores; store plain data (dict, list, str, numbers) instead"
 
 
-_BIN = re.compile(b"[\xc4-\xc6]").search     # a bin header (or a false alarm)
+_SCALARS = frozenset([str, int, float, bool, bytes, type(None)])
 
 
 def _has_buffer(obj: Any) -> bool:
@@ -155,9 +154,14 @@ def _has_buffer(obj: Any) -> bool:
     if t is bytearray or t is memoryview:
         return True
     if isinstance(obj, dict):
-        return any(_has_buffer(k) or _has_buffer(v) for k, v in obj.items())
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return any(_has_buffer(v) for v in obj)
+        for k, v in obj.items():
+            if (type(k) not in _SCALARS and _has_buffer(k)) or (
+                    type(v) not in _SCALARS and _has_buffer(v)):
+                return True
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            if type(v) not in _SCALARS and _has_buffer(v):
+                return True
     return False
 
 
@@ -232,9 +236,10 @@ class MsgpackSerde:
             b = pk.pack(obj)
         except Exception as e:
             raise self._refused(obj, e) from e
-        if _BIN(b) is not None and _has_buffer(obj):
+        if (0xC4 in b or 0xC5 in b or 0xC6 in b) and _has_buffer(obj):   # memchr: ~30 ns
             # msgpack packs a bytearray or memoryview as bin itself, without asking the
-            # hook: a value holding one (rare: a bin header byte first) is packed again
+            # hook: a value holding one is packed again. Only bytes with a bin header byte
+            # (bytes values, some non-ASCII text) are walked to look for one
             return self.dumps(_swap_buffers(obj, ""))
         return b
 

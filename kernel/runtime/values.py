@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import datetime as _dt
 import enum
-import re
 from operator import itemgetter
 from typing import Any, Callable
 
@@ -46,8 +45,9 @@ _EXT_FOREIGN = 127     # fingerprints only: a value the default serde cannot enc
 # types). Bytes with none of these header bytes hold none of them: they are canonical as
 # they are. A byte found may be a false alarm (inside a string): that takes the slower,
 # still exact, path.
-_MAYBE = re.compile(rb"[\x82-\x8f\xc7-\xc9\xd4-\xd8\xde\xdf]").search
-_EXT = re.compile(rb"[\xc7-\xc9\xd4-\xd8]").search     # may hold an extension type
+_EXT_HEADS = [0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8]
+_MAYBE = bytes(i in (*range(0x82, 0x90), 0xDE, 0xDF, *_EXT_HEADS) for i in range(256))
+_EXT = bytes(i in _EXT_HEADS for i in range(256))      # may hold an extension type
 
 try:        # ormsgpack (LangGraph installs it) sorts map keys in C: JSON-like data (what
     import ormsgpack      # steps mostly take) is made canonical without a Python walk
@@ -140,9 +140,9 @@ class Values:
         """The serde bytes of ``value`` and its canonical fingerprint."""
         b = self.dumps(value)
         if self._fast:
-            if _MAYBE(b) is None:
+            if 1 not in b.translate(_MAYBE):     # one C pass (a regex is ~8x slower)
                 return b, fingerprint(b)         # the hot path: canonical as encoded
-            if ormsgpack is not None and _EXT(b) is None:
+            if ormsgpack is not None and 1 not in b.translate(_EXT):
                 # no extension type (bytearray, tuple, set...): only maps to sort, which
                 # ormsgpack does byte for byte as the walk below would, in C
                 try:
