@@ -422,6 +422,25 @@ def test_a_value_built_in_another_order_fingerprints_the_same(value):
     assert v.encode(value)[1] == v.encode(_reordered(value))[1] == v.canonical(value)
 
 
+def test_fingerprints_are_canonical_under_the_langgraph_serde():
+    """Through DurkvSaver the store serde is LangGraph's: containers are still sorted by
+    durkv, and what only LangGraph encodes (a message) is fingerprinted by its bytes."""
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import AIMessage
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from durkv.langgraph_serde import LangGraphSerde
+    from durkv.runtime.values import Values
+
+    v = Values(LangGraphSerde(JsonPlusSerializer()))
+    msgs = [AIMessage(content="hi", id="m1")]
+    one = v.encode([[{"tags": {"s", "t", "u"}, "msgs": msgs}], {"k": 1, "j": 2}])[1]
+    two = v.encode([[{"msgs": msgs, "tags": {"u", "t", "s"}}], {"j": 2, "k": 1}])[1]
+    other = v.encode([[{"msgs": [AIMessage(content="ho", id="m1")], "tags": {"s", "t", "u"}}],
+                      {"k": 1, "j": 2}])[1]
+    assert one == two != other
+
+
 # ---- item 9: a recorded failure replays as its own class --------------------------------
 
 class CodeError(Exception):

@@ -30,10 +30,7 @@ import msgpack
 import xxhash
 
 from ..errors import SerializationError, StepFailedError
-from ..serde import (
-    EXT_ENUM, EXT_FROZENSET, EXT_SET, MsgpackSerde, class_path,
-    find_class,
-)
+from ..serde import EXT_ENUM, EXT_FROZENSET, EXT_SET, MsgpackSerde, class_path, find_class
 
 __all__ = ["Values", "fingerprint"]
 
@@ -49,15 +46,17 @@ _EXT_HEADS = [0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8]
 _MAYBE = bytes(i in (*range(0x82, 0x90), 0xDE, 0xDF, *_EXT_HEADS) for i in range(256))
 _EXT = bytes(i in _EXT_HEADS for i in range(256))      # may hold an extension type
 
-try:        # ormsgpack (LangGraph installs it) sorts map keys in C: JSON-like data (what
-    import ormsgpack      # steps mostly take) is made canonical without a Python walk
-except ImportError:       # pragma: no cover - durkv does not depend on it
-    ormsgpack = None
-else:       # every type but JSON-like data goes to _not_plain, so to the Python walk
+# ormsgpack (LangGraph installs it; durkv does not depend on it) sorts map keys in C, so
+# JSON-like data, what steps mostly take, is made canonical without a Python walk. Every
+# other type is passed to _not_plain, which sends the value to the walk.
+try:
+    import ormsgpack
     _ORM = (ormsgpack.OPT_SORT_KEYS | ormsgpack.OPT_PASSTHROUGH_TUPLE
             | ormsgpack.OPT_PASSTHROUGH_SUBCLASS | ormsgpack.OPT_PASSTHROUGH_BIG_INT
             | ormsgpack.OPT_PASSTHROUGH_DATETIME | ormsgpack.OPT_PASSTHROUGH_ENUM
             | ormsgpack.OPT_PASSTHROUGH_UUID | ormsgpack.OPT_PASSTHROUGH_DATACLASS)
+except (ImportError, AttributeError):     # pragma: no cover - absent, or too old
+    ormsgpack = None
 _LEAVES = frozenset([str, int, float, bool, bytes, type(None)])
 _first = itemgetter(0)
 
