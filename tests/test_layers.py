@@ -83,6 +83,7 @@ RANKS = {
     # runtime (kernel/runtime/): the run journal, over the store's public API
     "durkv.runtime.journal": 60,
     "durkv.runtime.tools": 60,
+    "durkv.runtime.values": 60,     # recorded values, canonical fingerprints, exceptions
     "durkv.runtime.plan": 61,
     "durkv.runtime.view": 61,
     "durkv.runtime.aio": 62,

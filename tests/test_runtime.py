@@ -454,8 +454,8 @@ class QuotaError(Exception):
     pass
 
 
-def test_recorded_failure_types_are_rebuilt_only_from_loaded_modules(url):
-    from durkv.runtime.run import _rebuild
+def test_recorded_failure_types_are_rebuilt_and_a_missing_class_is_named(url):
+    from durkv.runtime.values import Values
 
     def quota():
         raise QuotaError("over quota", 3)
@@ -465,9 +465,10 @@ def test_recorded_failure_types_are_rebuilt_only_from_loaded_modules(url):
             with pytest.raises(QuotaError) as ei, s.run("r") as run:
                 run.step("q", quota)
             assert ei.value.args == ("over quota", 3)
-    loads = durkv.open("memory://").serde.loads
-    e = _rebuild(["not_imported_anywhere.Boom", "boom", None], loads)
-    assert isinstance(e, durkv.StepFailedError) and "boom" in str(e)
+    e = Values(durkv.open("memory://").serde).rebuild(
+        ["not_imported_anywhere.Boom", "boom", None], "run 'r' step 0 ('q')")
+    assert isinstance(e, durkv.StepFailedError)
+    assert "not_imported_anywhere.Boom: boom" in str(e) and "cannot be found" in str(e)
 
 
 def test_one_run_object_executed_twice(url):

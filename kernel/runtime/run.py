@@ -28,7 +28,6 @@ import inspect
 import logging
 import random as _random
 import struct
-import sys
 import threading
 import time
 import uuid as _uuid
@@ -37,12 +36,10 @@ from dataclasses import dataclass
 from itertools import count
 from typing import Any, Callable, Iterator
 
-import xxhash
-
 from ..errors import (
     ApprovalMismatchError, ConfigError, DurkvError, FrameTooLargeError, IdempotencyConflictError,
     InDoubtError, Interrupted, NonDeterminismError, RunBusyError, RunConflictError,
-    SerializationError, StepFailedError, VersionDriftError,
+    SerializationError, VersionDriftError,
 )
 from .aio import SCOPED_ID, AsyncVerbs, is_async, scoped_id
 from .journal import (
@@ -52,6 +49,7 @@ from .journal import (
 from .plan import ONCE, Plan, err_type, plain_version
 from .repair import damage_of
 from .tools import Retry, ToolSpec, tool_spec
+from .values import Values, fingerprint
 from .view import describe
 
 __all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "fingerprint", "check_not_driven"]
@@ -66,10 +64,6 @@ NO_INPUT: Any = object()     # store.run() without input=: no input fingerprint 
 # runs open in this process, per store (a second driver gets RunBusyError)
 _open_runs: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 _open_lock = threading.Lock()
-
-
-def fingerprint(b: bytes) -> int:
-    return xxhash.xxh3_64_intdigest(b)
 
 
 def check_not_driven(store: Any, run_ids: Any) -> None:
@@ -91,30 +85,6 @@ class Decision:
     by: Any = None
     note: Any = None
     decided_at: float | None = None
-
-
-def _rebuild(err: list, loads: Callable[[bytes], Any]) -> BaseException:
-    """The recorded exception again: its class (an Exception subclass of a module this
-    process has already imported: a journal never makes us import code) with its
-    recorded args; else a StepFailedError with its type and message."""
-    tname, msg, args_b = err[0], err[1], err[2]
-    mod, _, qual = tname.rpartition(".")
-    obj: Any = None
-    while mod and obj is None:
-        obj = sys.modules.get(mod)
-        for part in qual.split(".") if obj is not None else ():
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if obj is None:          # a class nested in a module path: module.sub.Class
-            mod, _, head = mod.rpartition(".")
-            qual = f"{head}.{qual}"
-    if isinstance(obj, type) and issubclass(obj, Exception) and args_b is not None:
-        try:
-            return obj(*loads(args_b))
-        except Exception:
-            pass
-    return StepFailedError(f"{tname}: {msg}", error_type=tname)
 
 
 class Run(AsyncVerbs):
@@ -139,6 +109,7 @@ class Run(AsyncVerbs):
         self._sleep = sleep or time.sleep
         self._dumps = store.serde.dumps
         self._loads = store.serde.loads
+        self._values = Values(store.serde)     # recorded values, fingerprints, exceptions
         self._lock = threading.RLock()
         self._n = count()
         self._compensable: list[tuple[str, ToolSpec, bytes]] = []
@@ -220,11 +191,10 @@ class Run(AsyncVerbs):
         fp = in_b = None
         if self._input is not NO_INPUT:
             try:
-                b = self._dumps(self._input)
+                b, fp = self._values.encode(self._input)
             except Exception as e:
                 raise SerializationError(f"the input of run {self.run_id!r} cannot be "
                                          f"serialized: {e}", run_id=self.run_id) from e
-            fp = fingerprint(b)
             in_b = None if self._secret_input or len(b) > MAX_INLINE_INPUTS else b
         if st.fp is None and not st.order:
             # tid: a run created now scopes its asyncio tasks' step ids (older runs keep one
@@ -236,7 +206,8 @@ class Run(AsyncVerbs):
             self._task_ids = True
             self.status = "running"
             return
-        if fp is not None and st.fp is not None and fp != st.fp:
+        if (fp is not None and st.fp is not None
+                and not self._values.matches(st.fp, fp, st.input)):
             raise RunConflictError(
                 f"run {self.run_id!r} exists with another input (fingerprint {st.fp:016x}, "
                 f"now {fp:016x}); two jobs must not share a run id: use a new run id, or the "
@@ -325,7 +296,7 @@ class Run(AsyncVerbs):
     def _inputs(self, kind: str, name: str, args: tuple, kwargs: dict,
                  secret: bool) -> tuple[Any, int]:
         try:
-            b = self._dumps([list(args), kwargs])
+            b, fp = self._values.encode([list(args), kwargs])
         except Exception as e:
             raise SerializationError(
                 f"the inputs of {kind} {name!r} in run {self.run_id!r} cannot be serialized "
@@ -333,7 +304,7 @@ class Run(AsyncVerbs):
                 "pass plain data (a client object belongs in the function, not its "
                 "arguments)", run_id=self.run_id) from e
         keep = None if secret or len(b) > MAX_INLINE_INPUTS else b
-        return keep, fingerprint(b)
+        return keep, fp
 
     def _check(self, sid: str, kind: str, name: str, fp: int | None) -> Entry | None:
         e = self._st.latest(sid)
@@ -346,7 +317,7 @@ class Run(AsyncVerbs):
                 "recorded run: run it with the code that started it, or use a new run id",
                 run_id=self.run_id, step_id=sid, recorded=f"{e.kind} {e.name}",
                 requested=f"{kind} {name}")
-        if fp is not None and e.fp != fp:
+        if fp is not None and not self._values.matches(e.fp, fp, e.inputs):
             raise IdempotencyConflictError(
                 f"run {self.run_id!r} step {sid} ({name!r}) was recorded with inputs "
                 f"{e.fp:016x}, now called with {fp:016x}; the same step must get the same "
@@ -374,15 +345,12 @@ class Run(AsyncVerbs):
 
     def _outcome(self, e: Entry) -> Any:
         if e.err is not None:
-            raise _rebuild(e.err, self._loads)
+            raise self._values.rebuild(e.err, f"run {self.run_id!r} step {e.step_id} "
+                                       f"({e.name!r})", run_id=self.run_id, step_id=e.step_id)
         return self._loads(e.result)
 
     def _err(self, exc: BaseException) -> list:
-        try:
-            args_b = self._dumps(list(exc.args))
-        except Exception:
-            args_b = None
-        return [err_type(exc), str(exc), args_b]
+        return self._values.error(exc)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -612,7 +580,7 @@ class Run(AsyncVerbs):
             rec["err"] = self._err(exc)
             return
         try:
-            rec["r"] = self._dumps(result)
+            rec["r"] = self._values.record(result)
         except Exception as e:
             if inspect.isawaitable(result):      # fn is async: its body has not run
                 getattr(result, "close", lambda: None)()
@@ -709,8 +677,8 @@ class Run(AsyncVerbs):
 
     def _approve_at(self, sid: str, action: str, payload: Any) -> Decision:
         try:
-            pb = self._dumps(payload)
-            fp = fingerprint(self._dumps([action, payload]))
+            pb = self._values.record(payload)
+            fp = self._values.encode([action, payload])[1]
         except Exception as e:
             raise SerializationError(f"the payload of approval {action!r} cannot be serialized: "
                                      f"{e}", run_id=self.run_id) from e
@@ -721,7 +689,8 @@ class Run(AsyncVerbs):
             log.info("durkv: run %r step %s waits for approval of %r", self.run_id, sid, action)
             raise Interrupted(self.run_id, sid, action, payload)
         d = e.decision
-        if d is not None and d.get("fp") != fp or d is None and e.fp != fp:
+        if not self._values.matches(e.fp if d is None else d.get("fp"), fp, e.inputs,
+                                    lambda p: [action, p]):
             what = "decided" if d is not None else "requested"
             raise ApprovalMismatchError(
                 f"run {self.run_id!r} step {sid}: approval of {action!r} was {what} for "
