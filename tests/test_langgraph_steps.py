@@ -321,3 +321,63 @@ def test_keyless_calls_from_a_second_thread_of_a_task_are_refused_before_the_cal
         assert [e.planned_action for e in j] == ["send"]  # ... nor journaled
         out = graph.invoke({"log": ["keyed"]}, {"configurable": {"thread_id": "t-keyed"}})
         assert out["log"] == ["keyed", "a", "b", "c"]
+
+
+# ---- issue 15 items 18 and 21: the Run cache, int thread ids --------------------------------
+
+def test_an_int_thread_id_works_for_steps_and_tools_as_for_the_saver(tmp_path):
+    """DurkvSaver stores thread_id=7 as "7"; durkv.langgraph.step/tool raised ConfigError
+    for it (and for 0). They now use the same thread (and run) id."""
+    effects = []
+
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        effects.append(idempotency_key)
+        return to
+
+    def node(state):
+        return {"log": [lg_step("draft", lambda: "d"), lg_tool(send, "a@b")]}
+
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        graph = _graph(saver, node)
+        for tid in (7, 0):
+            assert graph.invoke({"log": []}, {"configurable": {"thread_id": tid}})["log"] == [
+                "d", "a@b"]
+            assert saver.get_tuple({"configurable": {"thread_id": str(tid)}}) is not None
+            assert [e.planned_action for e in durkv.Run(saver.store, str(tid)).journal()] == [
+                "draft", "send"]
+    assert [k.split(":")[0] for k in effects] == ["7", "0"]
+
+
+def _runs_alive(store) -> int:
+    import gc
+
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, durkv.Run) and o.store is store)
+
+
+def test_the_run_cache_holds_what_is_in_use_not_every_thread_ever_seen():
+    """One Run per thread id was cached for the store's lifetime: 3,001 after 3,000
+    threads were finished and deleted. A deleted thread's Run goes at once; an idle
+    thread's stays only among the last few used (it is rebuilt from the store)."""
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        return to
+
+    async def node(state):            # async: no thread pool per invoke (twice as fast)
+        return {"log": [lg_tool(send, "a@b")]}
+
+    async def invoke_all(graph, prefix, n, delete):
+        for i in range(n):
+            await graph.ainvoke({"log": []}, {"configurable": {"thread_id": f"{prefix}-{i}"}})
+            if delete:
+                saver.delete_thread(f"{prefix}-{i}")
+
+    with DurkvSaver.open("memory://", durability="exit") as saver:
+        graph = _graph(saver, node)
+        asyncio.run(invoke_all(graph, "d", 3000, delete=True))
+        assert _runs_alive(saver.store) == 0
+        asyncio.run(invoke_all(graph, "k", 300, delete=False))
+        assert _runs_alive(saver.store) <= 64
+        out = asyncio.run(graph.ainvoke({"log": []}, {"configurable": {"thread_id": "k-0"}}))
+        assert out["log"] == ["a@b", "a@b"]     # a dropped Run is rebuilt from its journal
