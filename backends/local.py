@@ -119,21 +119,25 @@ class LocalBackend:
             self._tail = None      # a roll in progress (or a writer handle): look each time
         else:
             path = os.path.join(self.path, last.name)
-            same = self._tail is not None and self._tail[0] == path
-            self._tail = (path, size if same else -1)    # a new segment: read it once more
+            same = self._tail is not None and self._tail[0] == path and size is not None
+            self._tail = (path, size if same else -1)   # -1: read the new segment once more
         return False
 
-    def _tail_size(self) -> int:
+    def _tail_size(self) -> int | None:
         try:
-            return os.stat(self._tail[0]).st_size if self._tail is not None else -1
+            return os.stat(self._tail[0]).st_size if self._tail is not None else None
         except OSError:
-            return -1
+            return None
 
     def tail_moved(self) -> bool:
         """Read-only handles: whether a writer may have appended since the last
         :meth:`refresh` -- the active segment's size changed (an append, a seal when the
-        writer rolls, a repair's cut). One ``stat``, whatever the log's length."""
-        return self._tail is None or self._tail_size() != self._tail[1]
+        writer rolls, a repair's cut) or the file is gone. One ``stat``, whatever the
+        log's length."""
+        if self._tail is None:
+            return True
+        size = self._tail_size()
+        return size is None or size != self._tail[1]
 
     def roll(self) -> None:
         self._log.seal()

@@ -2,7 +2,7 @@
 ``graph.invoke`` on thread ``t`` (a node appending ``n`` to ``log``) per line read from
 stdin, printing ``DONE n`` after each; ``quit`` ends it.
 
-Usage: lg_writer_child.py STORE
+Usage: lg_writer_child.py STORE SEGMENT_BYTES   (small segments: the writer rolls often)
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ class State(TypedDict):
     log: Annotated[list, operator.add]
 
 
-def main(path: str) -> None:
+def main(path: str, segment_bytes: int) -> None:
     g = StateGraph(State)
     g.add_node("add", lambda s: {"log": [s["n"]]})
     g.add_edge(START, "add")
     g.add_edge("add", END)
-    with DurkvSaver.open(path, durability="sync") as saver:
+    with DurkvSaver.open(path, durability="sync", segment_bytes=segment_bytes) as saver:
         graph = g.compile(checkpointer=saver)
         n = 0
         for line in sys.stdin:
@@ -39,4 +39,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]))

@@ -381,3 +381,54 @@ def test_the_run_cache_holds_what_is_in_use_not_every_thread_ever_seen():
         assert _runs_alive(saver.store) <= 64
         out = asyncio.run(graph.ainvoke({"log": []}, {"configurable": {"thread_id": "k-0"}}))
         assert out["log"] == ["a@b", "a@b"]     # a dropped Run is rebuilt from its journal
+
+
+def test_async_toolnode_tools_are_keyed_by_their_tool_call_id(tmp_path):
+    """Under ainvoke the ToolNode gathers the tool calls as coroutines (an async tool) or
+    runs them in executor threads (a sync tool): either way each call's id names its
+    tool call, whatever order the calls reach durkv in."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool as lc_tool
+    from langgraph.graph import MessagesState
+    from langgraph.prebuilt import ToolNode
+
+    from durkv.langgraph import atool
+
+    keys = []
+
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        keys.append((to, idempotency_key))
+        return to
+
+    @lc_tool
+    async def notify(i: int) -> str:
+        """Notify recipient i (async)."""
+        await asyncio.sleep(0.01 * (3 - i))          # the last call reaches durkv first
+        return await atool(send, f"n{i}")
+
+    @lc_tool
+    def mail(i: int) -> str:
+        """Mail recipient i (sync, in an executor thread)."""
+        import time
+        time.sleep(0.01 * (3 - i))
+        return lg_tool(send, f"m{i}")
+
+    def agent(state):
+        calls = [{"name": name, "args": {"i": i}, "id": f"{name}_{i}"}
+                 for name in ("notify", "mail") for i in range(3)]
+        return {"messages": [AIMessage("", tool_calls=calls)]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode([notify, mail]))
+    g.add_edge(START, "agent")
+    g.add_edge("agent", "tools")
+    g.add_edge("tools", END)
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        out = asyncio.run(g.compile(checkpointer=saver).ainvoke(
+            {"messages": []}, {"configurable": {"thread_id": "tn"}}))
+    assert sorted(m.content for m in out["messages"] if m.type == "tool") == sorted(
+        f"{p}{i}" for p in "nm" for i in range(3))
+    name = {"n": "notify", "m": "mail"}
+    assert all(key.endswith(f":{name[to[0]]}_{to[1]}:0") for to, key in keys), keys
