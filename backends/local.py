@@ -62,6 +62,9 @@ class LocalBackend:
         # salvage / point_in_time recovery can open a writer's log read-only
         self.read_only = bool(self._log.read_only)
         self._closed = False
+        # read-only: (active segment file, its size before the last refresh read it), or
+        # None: not known (no refresh yet, or the last segment was sealed): see tail_moved
+        self._tail: tuple[str, int] | None = None
 
     @property
     def next_lsn(self) -> int:
@@ -99,6 +102,7 @@ class LocalBackend:
         return self._log.read_channel(lsn, idx)
 
     def refresh(self) -> bool:
+        size = self._tail_size()       # before the log reads: it reads at least this much
         try:
             self._log.refresh()
         except StaleReaderError:
@@ -107,8 +111,33 @@ class LocalBackend:
             fresh = self._mod.SegmentLog.open(self.path, **self._kw)
             old, self._log = self._log, fresh
             old.close()
+            self._tail = None
             return True
+        segs = self._log.segments() if self.read_only else None
+        last = segs[-1] if segs else None
+        if last is None or last.sealed:
+            self._tail = None      # a roll in progress (or a writer handle): look each time
+        else:
+            path = os.path.join(self.path, last.name)
+            same = self._tail is not None and self._tail[0] == path and size is not None
+            self._tail = (path, size if same else -1)   # -1: read the new segment once more
         return False
+
+    def _tail_size(self) -> int | None:
+        try:
+            return os.stat(self._tail[0]).st_size if self._tail is not None else None
+        except OSError:
+            return None
+
+    def tail_moved(self) -> bool:
+        """Read-only handles: whether a writer may have appended since the last
+        :meth:`refresh` -- the active segment's size changed (an append, a seal when the
+        writer rolls, a repair's cut) or the file is gone. One ``stat``, whatever the
+        log's length."""
+        if self._tail is None:
+            return True
+        size = self._tail_size()
+        return size is None or size != self._tail[1]
 
     def roll(self) -> None:
         self._log.seal()

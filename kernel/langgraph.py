@@ -93,13 +93,16 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from .durability import DURABILITIES
 from .errors import ConfigError
 from .langgraph_serde import EMPTY, LangGraphSerde
+from .runtime.langgraph_steps import astep, atool, forget_thread, step, thread_key, tool
 
 try:  # the configurable key LangGraph's pregel loop carries its durability mode in
     from langgraph._internal._constants import CONFIG_KEY_DURABILITY
 except ImportError:  # pragma: no cover - older/newer layouts
     CONFIG_KEY_DURABILITY = "__pregel_durability"
 
-__all__ = ["DurkvSaver", "LangGraphSerde", "POLICY_FOR_MODE"]
+# step/tool/astep/atool: durable steps and tools inside nodes (kept in the runtime,
+# re-exported here: the public names are durkv.langgraph.step / tool)
+__all__ = ["DurkvSaver", "LangGraphSerde", "POLICY_FOR_MODE", "step", "tool", "astep", "atool"]
 
 POLICY_FOR_MODE = {"sync": "sync", "async": "async", "exit": "async"}
 """durkv commit policy for each LangGraph ``durability=`` mode (see module doc)."""
@@ -146,10 +149,7 @@ def _check_checkpoint(checkpoint: Any, new_versions: Any) -> None:
 
 
 def _thread_id(conf: Mapping[str, Any]) -> str:
-    tid = conf.get("thread_id")
-    if tid is None or tid == "":
-        raise ConfigError(_MISSING_THREAD)
-    return tid if type(tid) is str else str(tid)
+    return thread_key(conf.get("thread_id"))
 
 
 def _check_durability(durability: str | None) -> None:
@@ -207,7 +207,9 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         Use it as a context manager (sync or async) or call :meth:`close`.
 
         Args:
-            url: a path or ``file://`` URL (local log) or ``memory://``.
+            url: a path or ``file://`` URL (local log), or ``memory://`` (also
+                ``":memory:"``, as for SqliteSaver). ``read_only=True`` (a store option)
+                opens a reader that follows a writer in another process.
             durability: ``None`` follows LangGraph's ``durability=`` per call;
                 a policy name pins it for every commit.
             serde: LangGraph serializer (default ``JsonPlusSerializer``).
@@ -222,6 +224,8 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
         _check_durability(durability)
+        if str(url) == ":memory:":      # SqliteSaver's idiom for a saver in memory
+            url = "memory://"
         adapter = LangGraphSerde(serde if serde is not None else JsonPlusSerializer())
         store_options.setdefault("durability", durability or "async")
         store = open_store(url, serde=adapter, **store_options)
@@ -242,6 +246,15 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     def flush(self) -> None:
         """Make every commit so far durable, whatever policy it had."""
         self.store.flush()
+
+    def refresh(self) -> None:
+        """Read-only savers: see what a writer committed since. Reads on a local store do
+        this themselves whenever the log grew (one ``stat`` per read finds out)."""
+        self.store.refresh()
+
+    def _catch_up(self) -> None:
+        if self.store.read_only:
+            self.store.refresh_if_moved()
 
     def __enter__(self) -> DurkvSaver:
         return self
@@ -424,6 +437,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         """The checkpoint named by ``config`` (its latest if no checkpoint_id), or None."""
         conf = _conf(config)
         cid = conf.get("checkpoint_id")
+        self._catch_up()
         ck = self.store.get(_thread_id(conf), conf.get("checkpoint_ns") or "", cid)
         if ck is None:
             return None
@@ -447,6 +461,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
             raise ConfigError(f"filter must be a dict, got {type(filter).__name__}")
         if limit is not None and limit <= 0:
             return
+        self._catch_up()
         if cid is not None:  # one checkpoint, if it passes the other filters
             if thread_id is None or (before_id is not None and cid >= before_id):
                 return
@@ -477,6 +492,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         conf = _conf(config)
         thread_id = _thread_id(conf)
         ns = conf.get("checkpoint_ns") or ""
+        self._catch_up()
         remaining = set(channels)
         collected: dict[str, list[PendingWrite]] = {c: [] for c in channels}
         seeds: dict[str, Any] = {}
@@ -532,6 +548,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of a thread, in every namespace."""
         self.store.delete_thread(str(thread_id))
+        forget_thread(self, thread_id)      # the journal's Run cached for its steps/tools
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) whose metadata run_id is in ``run_ids``.
@@ -562,7 +579,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         with self._prune_lock:
             for tid in thread_ids:
                 if strategy == "delete":
-                    self.store.delete_thread(tid)
+                    self.delete_thread(tid)
                     continue
                 keep = max((self._needed_depth(tid, ns) for ns in self.store.namespaces(tid)),
                            default=1)
@@ -659,7 +676,3 @@ class DurkvSaver(BaseCheckpointSaver[int]):
             channels: Sequence[str]) -> Mapping[str, DeltaChannelHistory]:
         return self.get_delta_channel_history(config=config, channels=channels)
 
-
-# durable steps and tools inside nodes (kept in the runtime; re-exported here: the public
-# names are durkv.langgraph.step / tool)
-from .runtime.langgraph_steps import astep, atool, step, tool  # noqa: E402,F401

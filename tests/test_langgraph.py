@@ -597,3 +597,62 @@ def test_loads_many_equals_loads_item_by_item():
         items = [s.dumps(v) for v in values]
         got = s.loads_many(items)
         assert got == [s.loads(b) for b in items] == values
+
+
+# ---- issue 15 item 21: int thread ids, ":memory:", a read-only saver that follows ----------
+
+def test_open_memory_like_sqlitesaver_makes_a_saver_in_memory(tmp_path, monkeypatch):
+    """DurkvSaver.open(":memory:") (SqliteSaver's idiom) created a directory ":memory:"."""
+    monkeypatch.chdir(tmp_path)
+    with DurkvSaver.open(":memory:") as saver:
+        assert saver.store.url.startswith("memory://")
+        graph = loop_graph(3).compile(checkpointer=saver)
+        assert graph.invoke({"n": 0, "messages": []}, cfg())["n"] == 3
+        assert saver.get_tuple(cfg())
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("segment_bytes", [64 << 20, 4096])
+def test_a_read_only_saver_follows_a_writer_in_another_process(tmp_path, segment_bytes):
+    """A read-only DurkvSaver showed the state as of its open until a private
+    store.refresh(). Reads now catch up whenever the log grew (also across the writer's
+    segment rolls: 4 KiB segments); a read that finds nothing new costs one stat."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = str(tmp_path / "shared.durkv")
+    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("lg_writer_child.py")),
+                              path, str(segment_bytes)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    conf = cfg("t")
+
+    def writer_step(n):
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == f"DONE {n}"
+
+    try:
+        writer_step(0)
+        with DurkvSaver.open(path, read_only=True) as reader:
+            assert reader.get_tuple(conf).checkpoint["channel_values"]["log"] == [0]
+            for n in range(1, 4):
+                writer_step(n)
+                assert reader.get_tuple(conf).checkpoint["channel_values"]["log"] == [
+                    *range(n + 1)]
+                assert len(list(reader.list(conf))) == 3 * (n + 1)
+            refreshes = []
+            real = reader.store.refresh
+            reader.store.refresh = lambda: refreshes.append(1) or real()
+            for _ in range(200):                        # nothing new: no refresh
+                reader.get_tuple(conf)
+            assert refreshes == []
+            writer_step(4)
+            assert reader.get_tuple(conf).checkpoint["channel_values"]["log"] == [*range(5)]
+            assert refreshes == [1] or segment_bytes == 4096 and len(refreshes) <= 2
+            reader.refresh()                            # the public verb
+    finally:
+        child.stdin.write("quit\n")
+        child.stdin.close()
+        child.wait(timeout=60)
+    assert child.returncode == 0

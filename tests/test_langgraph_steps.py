@@ -166,3 +166,269 @@ def test_async_node_tools_wait_for_their_checkpoint_and_exit_mode_does_not(tmp_p
         out = asyncio.run(g.ainvoke({"log": []}, {"configurable": {"thread_id": "th-5"}},
                                     durability="exit"))
         assert out["log"] == ["d", 1]
+
+
+# ---- issue 15: the state of a task lives as long as the task -------------------------------
+
+class Fan(TypedDict):
+    n: int
+    done: Annotated[list, operator.add]
+
+
+def test_a_send_fan_out_of_4500_async_workers_keeps_every_tasks_call_index():
+    """The per-task call index lived in an LRU of 4,096 task ids: with 4,500 workers in
+    flight the second call of an evicted worker got index 0 again and silently returned
+    the first call's receipt (4,500 effects instead of 9,000). It now lives with the task."""
+    from langgraph.types import Send
+
+    effects = []
+
+    @durkv.tool(name="touch")
+    def touch(i, *, idempotency_key):
+        effects.append((idempotency_key, i))
+        return idempotency_key
+
+    async def worker(state):         # the same call twice: two effects, by two keys
+        first = lg_tool(touch, state["n"])
+        await asyncio.sleep(0)          # every worker makes its first call before any second
+        second = lg_tool(touch, state["n"])
+        return {"done": [first != second]}
+
+    g = StateGraph(Fan)
+    g.add_node("worker", worker)
+    g.add_conditional_edges(START, lambda s: [Send("worker", {"n": i}) for i in range(4500)])
+    g.add_edge("worker", END)
+    with DurkvSaver.open("memory://") as saver:
+        out = asyncio.run(g.compile(checkpointer=saver).ainvoke(
+            {"n": 0, "done": []}, {"configurable": {"thread_id": "fan"}}, durability="exit"))
+    assert len(effects) == 9000                 # main: 4,500 (second calls replayed)
+    assert len({k for k, _ in effects}) == 9000
+    assert sorted(i for _, i in effects) == sorted(list(range(4500)) * 2)
+    assert len(out["done"]) == 4500 and all(out["done"])
+
+
+# ---- issue 15: a new attempt of a node calls a failed step or tool again, same key ----------
+
+def _flaky(fail_times: int, exc: type = ConnectionError):
+    calls = []
+
+    @durkv.tool(name="charge")
+    def charge(amount, *, idempotency_key):
+        calls.append(idempotency_key)
+        if len(calls) <= fail_times:
+            raise exc(f"service down ({len(calls)})")
+        return {"charged": amount}
+
+    return charge, calls
+
+
+def test_a_langgraph_retry_policy_calls_a_failed_tool_again_with_the_same_key(tmp_path):
+    """The recorded failure was replayed to every retry: RetryPolicy(max_attempts=3)
+    failed all three attempts after one call. A retry is a new attempt: the recorded
+    success before it is returned, the failed tool and step are called again."""
+    from langgraph.types import RetryPolicy
+
+    charge, calls = _flaky(1)
+    sent, models = [], []
+
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        sent.append(idempotency_key)
+        return "sent"
+
+    def model():
+        models.append(1)
+        if len(models) == 1:
+            raise TimeoutError("model timed out")
+        return "plan"
+
+    def node(state):
+        a = lg_tool(send, "a@b")              # succeeds in attempt 1: never called again
+        p = lg_step("plan", model)            # fails in attempt 1
+        r = lg_tool(charge, 10)               # fails in attempt 2
+        return {"log": [a, p, r["charged"]]}
+
+    g = StateGraph(State)
+    g.add_node("act", node, retry_policy=RetryPolicy(
+        max_attempts=3, initial_interval=0.001, jitter=False,
+        retry_on=(ConnectionError, TimeoutError)))
+    g.add_edge(START, "act")
+    g.add_edge("act", END)
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        out = g.compile(checkpointer=saver).invoke({"log": []},
+                                                   {"configurable": {"thread_id": "r1"}})
+        assert out["log"] == ["sent", "plan", 10]
+        assert len(sent) == 1 and len(models) == 2
+        assert len(calls) == 2 and calls[0] == calls[1], calls    # the same logical call
+        j = [e for e in durkv.Run(saver.store, "r1").journal() if e.planned_action == "charge"]
+        assert [e.idempotency_key for e in j] == calls
+
+
+def test_invoke_none_after_a_failed_tool_calls_it_again_with_the_same_key(tmp_path):
+    """Re-invoking a thread whose node failed in a durkv tool raised the recorded error
+    forever: the thread was stuck. A new execution calls the failed tool again."""
+    charge, calls = _flaky(2, ValueError)
+    cfg = {"configurable": {"thread_id": "r2"}}
+    path = str(tmp_path / "lg.durkv")
+
+    def node(state):
+        return {"log": [lg_tool(charge, 5)["charged"]]}
+
+    with DurkvSaver.open(path) as saver:
+        graph = _graph(saver, node)
+        with pytest.raises(ValueError, match=r"service down \(1\)"):
+            graph.invoke({"log": []}, cfg)
+    with DurkvSaver.open(path) as saver:         # another process resumes it
+        graph = _graph(saver, node)
+        with pytest.raises(ValueError, match=r"service down \(2\)"):
+            graph.invoke(None, cfg)
+        assert graph.invoke(None, cfg)["log"] == [5]
+        assert graph.invoke(None, cfg)["log"] == [5]     # finished: nothing is called
+    assert len(calls) == 3 and len(set(calls)) == 1, calls
+
+
+# ---- issue 15: calls from several threads of one task need key= ----------------------------
+
+def test_keyless_calls_from_a_second_thread_of_a_task_are_refused_before_the_call(tmp_path):
+    """Automatic ids follow the order of the calls, which threads do not keep: a keyless
+    call from another thread of the same task is a ConfigError before anything is called
+    or journaled; with key= the same calls go through."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    effects = []
+
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        effects.append((to, idempotency_key))
+        return to
+
+    def node(state, config):
+        first = lg_tool(send, "a")                       # the node's own thread
+        with ThreadPoolExecutor(2) as pool:
+            if state["log"] == ["keyed"]:
+                more = list(pool.map(lambda to: lg_tool(send, to, config=config, key=to),
+                                     ["b", "c"]))
+            else:
+                more = [pool.submit(lg_tool, send, "b", config=config).result()]
+        return {"log": [first, *more]}
+
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        graph = _graph(saver, node)
+        with pytest.raises(durkv.ConfigError, match="two threads of one LangGraph task.*key="):
+            graph.invoke({"log": []}, {"configurable": {"thread_id": "t-threads"}})
+        assert [to for to, _ in effects] == ["a"]        # "b" was never called ...
+        j = durkv.Run(saver.store, "t-threads").journal()
+        assert [e.planned_action for e in j] == ["send"]  # ... nor journaled
+        out = graph.invoke({"log": ["keyed"]}, {"configurable": {"thread_id": "t-keyed"}})
+        assert out["log"] == ["keyed", "a", "b", "c"]
+
+
+# ---- issue 15 items 18 and 21: the Run cache, int thread ids --------------------------------
+
+def test_an_int_thread_id_works_for_steps_and_tools_as_for_the_saver(tmp_path):
+    """DurkvSaver stores thread_id=7 as "7"; durkv.langgraph.step/tool raised ConfigError
+    for it (and for 0). They now use the same thread (and run) id."""
+    effects = []
+
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        effects.append(idempotency_key)
+        return to
+
+    def node(state):
+        return {"log": [lg_step("draft", lambda: "d"), lg_tool(send, "a@b")]}
+
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        graph = _graph(saver, node)
+        for tid in (7, 0):
+            assert graph.invoke({"log": []}, {"configurable": {"thread_id": tid}})["log"] == [
+                "d", "a@b"]
+            assert saver.get_tuple({"configurable": {"thread_id": str(tid)}}) is not None
+            assert [e.planned_action for e in durkv.Run(saver.store, str(tid)).journal()] == [
+                "draft", "send"]
+    assert [k.split(":")[0] for k in effects] == ["7", "0"]
+
+
+def _runs_alive(store) -> int:
+    import gc
+
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, durkv.Run) and o.store is store)
+
+
+def test_the_run_cache_holds_what_is_in_use_not_every_thread_ever_seen():
+    """One Run per thread id was cached for the store's lifetime: 3,001 after 3,000
+    threads were finished and deleted. A deleted thread's Run goes at once; an idle
+    thread's stays only among the last few used (it is rebuilt from the store)."""
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        return to
+
+    async def node(state):            # async: no thread pool per invoke (twice as fast)
+        return {"log": [lg_tool(send, "a@b")]}
+
+    async def invoke_all(graph, prefix, n, delete):
+        for i in range(n):
+            await graph.ainvoke({"log": []}, {"configurable": {"thread_id": f"{prefix}-{i}"}})
+            if delete:
+                saver.delete_thread(f"{prefix}-{i}")
+
+    with DurkvSaver.open("memory://", durability="exit") as saver:
+        graph = _graph(saver, node)
+        asyncio.run(invoke_all(graph, "d", 3000, delete=True))
+        assert _runs_alive(saver.store) == 0
+        asyncio.run(invoke_all(graph, "k", 300, delete=False))
+        assert _runs_alive(saver.store) <= 64
+        out = asyncio.run(graph.ainvoke({"log": []}, {"configurable": {"thread_id": "k-0"}}))
+        assert out["log"] == ["a@b", "a@b"]     # a dropped Run is rebuilt from its journal
+
+
+def test_async_toolnode_tools_are_keyed_by_their_tool_call_id(tmp_path):
+    """Under ainvoke the ToolNode gathers the tool calls as coroutines (an async tool) or
+    runs them in executor threads (a sync tool): either way each call's id names its
+    tool call, whatever order the calls reach durkv in."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool as lc_tool
+    from langgraph.graph import MessagesState
+    from langgraph.prebuilt import ToolNode
+
+    from durkv.langgraph import atool
+
+    keys = []
+
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        keys.append((to, idempotency_key))
+        return to
+
+    @lc_tool
+    async def notify(i: int) -> str:
+        """Notify recipient i (async)."""
+        await asyncio.sleep(0.01 * (3 - i))          # the last call reaches durkv first
+        return await atool(send, f"n{i}")
+
+    @lc_tool
+    def mail(i: int) -> str:
+        """Mail recipient i (sync, in an executor thread)."""
+        import time
+        time.sleep(0.01 * (3 - i))
+        return lg_tool(send, f"m{i}")
+
+    def agent(state):
+        calls = [{"name": name, "args": {"i": i}, "id": f"{name}_{i}"}
+                 for name in ("notify", "mail") for i in range(3)]
+        return {"messages": [AIMessage("", tool_calls=calls)]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode([notify, mail]))
+    g.add_edge(START, "agent")
+    g.add_edge("agent", "tools")
+    g.add_edge("tools", END)
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        out = asyncio.run(g.compile(checkpointer=saver).ainvoke(
+            {"messages": []}, {"configurable": {"thread_id": "tn"}}))
+    assert sorted(m.content for m in out["messages"] if m.type == "tool") == sorted(
+        f"{p}{i}" for p in "nm" for i in range(3))
+    name = {"n": "notify", "m": "mail"}
+    assert all(key.endswith(f":{name[to[0]]}_{to[1]}:0") for to, key in keys), keys

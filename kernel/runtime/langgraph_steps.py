@@ -3,11 +3,20 @@
 In a node of a graph compiled with :class:`durkv.langgraph.DurkvSaver`, the
 store is found through the node's config (its checkpointer), the run id is the
 thread id, and the step id is LangGraph's task id plus the call's index within
-this execution of the task. LangGraph derives task ids deterministically from
+this attempt of the task. LangGraph derives task ids deterministically from
 the checkpoint, node and path, so a node that LangGraph re-runs after a crash
 (or after an ``interrupt()``) meets the same step ids and gets the recorded
 results back: a tool whose receipt was written before the crash is not called
 again.
+
+Each attempt of a task -- a RetryPolicy retry, or a new execution (a re-invoke after a
+failure, a resume after a crash or an interrupt) -- counts its calls from 0 again: a
+recorded result is returned, a recorded *failure* is called again, with the same
+idempotency key (it is the same logical call; LangGraph decides whether to retry).
+Inside a tool run by the prebuilt ``ToolNode`` (which runs a message's tool calls in
+threads), the index counts within the tool call, and the id names it:
+``{task_id}:{tool_call_id}:{index}``. Anywhere else, calls without ``key=`` from two
+threads of one task are refused before the second is made (ConfigError).
 
 >>> from durkv.langgraph import tool            # doctest: +SKIP
 >>> def node(state):                             # doctest: +SKIP
@@ -31,33 +40,180 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from contextvars import ContextVar
 from typing import Any, Callable
 
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.tracers.context import register_configure_hook
 from langgraph.config import get_config
 
 from ..errors import BackendError, ConfigError
-from .run import Run
+from .run import SAME_KEY, Run
 from .tools import Retry
 
-__all__ = ["step", "tool", "astep", "atool"]
+__all__ = ["step", "tool", "astep", "atool", "thread_key", "forget_thread"]
 
 _CHECKPOINTER = "__pregel_checkpointer"     # LangGraph's CONFIG_KEY_* (stable since 0.2)
 _TASK_ID = "__pregel_task_id"
 _RUNTIME = "__pregel_runtime"
-_SCRATCHPAD = "__pregel_scratchpad"
+_SEND = "__pregel_send"                     # the task's ``writes.extend``
 _CHECKPOINT_MAP = "checkpoint_map"          # {parent ns: the checkpoint its tasks run on}
 _DURABILITY = "__pregel_durability"
 _WAIT_S = 60.0
+_KEEP_RUNS = 64          # idle threads whose Run stays cached (a Run is rebuilt from the store)
 
 _lock = threading.Lock()
-_runs: "weakref.WeakKeyDictionary[Any, dict[str, Run]]" = weakref.WeakKeyDictionary()
-# task id -> (the attempt's marker object, calls so far); a retry of the node by
-# LangGraph is a new attempt (a new Runtime object) and counts from 0 again
-_calls: "OrderedDict[str, tuple[Any, int]]" = OrderedDict()
-_MAX_TASKS = 4096
 
 
-def _task_checkpoint(conf: dict) -> tuple[Any, str, str, str] | None:
+def thread_key(thread_id: Any) -> str:
+    """A LangGraph thread id as durkv's thread and run id: a str as is, any other value
+    (an int) as ``str()``, as DurkvSaver stores it; None or "" is a ConfigError."""
+    if thread_id is None or thread_id == "":
+        raise ConfigError("checkpointer needs configurable.thread_id; "
+                          "pass config={'configurable': {'thread_id': ...}}")
+    return thread_id if type(thread_id) is str else str(thread_id)
+
+
+# ---- the Run of each thread -------------------------------------------------------------
+#
+# A Run holds a thread's folded journal. The tasks that use it hold it (their _Task, below);
+# the cache holds it weakly, plus the last _KEEP_RUNS threads used, so that the next
+# superstep does not fold the journal again; DurkvSaver.delete_thread drops it. Dropping a
+# Run loses nothing: it is rebuilt from the store.
+
+class _Runs:
+    __slots__ = ("live", "recent")
+
+    def __init__(self) -> None:
+        self.live: "weakref.WeakValueDictionary[str, Run]" = weakref.WeakValueDictionary()
+        self.recent: "OrderedDict[str, Run]" = OrderedDict()
+
+
+# keyed by the saver (not the store, which every Run references: that would keep it alive)
+_runs: "weakref.WeakKeyDictionary[Any, _Runs]" = weakref.WeakKeyDictionary()
+
+
+def _run_of(saver: Any, thread_id: str) -> Run:
+    runs = _runs.get(saver)
+    if runs is None:
+        runs = _runs[saver] = _Runs()
+    run = runs.live.get(thread_id)
+    if run is None:
+        run = runs.live[thread_id] = Run(saver.store, thread_id).attach()
+    runs.recent[thread_id] = run
+    runs.recent.move_to_end(thread_id)
+    if len(runs.recent) > _KEEP_RUNS:
+        runs.recent.popitem(last=False)
+    return run
+
+
+def forget_thread(saver: Any, thread_id: Any) -> None:
+    """Drop the cached Run of a thread (DurkvSaver.delete_thread calls this)."""
+    with _lock:
+        runs = _runs.get(saver)
+        if runs is not None:
+            runs.recent.pop(str(thread_id), None)
+            runs.live.pop(str(thread_id), None)
+
+
+# ---- the tool call a LangChain tool runs for ---------------------------------------------
+#
+# The prebuilt ToolNode runs the tool calls of one message in threads (or as gathered
+# coroutines): the order in which their bodies reach durkv is not deterministic, their ids
+# must come from the tool call. LangChain hands the call's id only to callbacks
+# (on_tool_start(tool_call_id=...)); this handler, added to every callback manager through
+# LangChain's configure hook, notes it under the tool run's id, which the tool body finds as
+# the parent run of its config's callbacks.
+
+class _ToolCalls(BaseCallbackHandler):
+    run_inline = True      # called in the tool's own thread, before its body runs
+    ignore_llm = ignore_chain = ignore_retriever = ignore_chat_model = True
+    ignore_retry = ignore_custom_event = True     # (tool events come under ignore_agent)
+
+    def __init__(self) -> None:
+        self.ids: dict[Any, str] = {}
+
+    def on_tool_start(self, serialized: Any, input_str: str, *, run_id: Any,
+                      **kwargs: Any) -> None:
+        call_id = kwargs.get("tool_call_id")
+        if call_id:
+            self.ids[run_id] = str(call_id)
+
+    def on_tool_end(self, output: Any, *, run_id: Any, **kwargs: Any) -> None:
+        self.ids.pop(run_id, None)
+
+    def on_tool_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
+        self.ids.pop(run_id, None)
+
+
+_tool_calls = _ToolCalls()
+register_configure_hook(ContextVar("durkv_tool_calls", default=_tool_calls), inheritable=True)
+
+
+def _tool_call_id(config: dict) -> str | None:
+    return _tool_calls.ids.get(getattr(config.get("callbacks"), "parent_run_id", None))
+
+
+# ---- the calls of one task attempt --------------------------------------------------------
+
+class _Task:
+    """The automatic call ids of one LangGraph task, kept as long as the task itself: per
+    attempt (a RetryPolicy retry is attempt 2, 3, ...: ids count from 0 again), per scope
+    (the node's body, or one tool call of a ToolNode): [next index, claiming thread]."""
+
+    __slots__ = ("run", "attempt", "scopes", "ref")
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.attempt: Any = None
+        self.scopes: dict[str | None, list] = {}
+        self.ref: Any = None
+
+    def claim(self, attempt: Any, scope: str | None) -> int:
+        if attempt != self.attempt:
+            self.attempt, self.scopes = attempt, {}
+        me = threading.get_ident()
+        slot = self.scopes.get(scope)
+        if slot is None:
+            self.scopes[scope] = [1, me]
+            return 0
+        if slot[1] != me:
+            raise ConfigError(
+                "durkv.langgraph.step/tool without key= called from two threads of one "
+                "LangGraph task: the automatic ids follow the order of the calls, which "
+                "threads do not keep, so a re-run could give one call another's id. Pass "
+                "key= (a name unique in the node, e.g. the item the thread works on); "
+                "nothing was called")
+        slot[0] += 1
+        return slot[0] - 1
+
+
+# id(the task's writes buffer) -> its _Task. LangGraph gives each task one buffer (a deque,
+# whose extend is the task's CONFIG_KEY_SEND) for its lifetime (a retry clears it); the
+# entry goes when the buffer does (a weak reference's callback): no bound, no eviction.
+_tasks: dict[int, _Task] = {}
+
+
+def _task_of(buf: Any) -> _Task | None:
+    t = _tasks.get(id(buf))
+    return t if t is not None and t.ref() is buf else None
+
+
+def _drop(key: int, ref: Any) -> None:
+    t = _tasks.get(key)
+    if t is not None and t.ref is ref:
+        del _tasks[key]
+
+
+def _attempt(conf: dict) -> Any:
+    """LangGraph's attempt number of the task (1, then 2, 3, ... under a RetryPolicy)."""
+    info = getattr(conf.get(_RUNTIME), "execution_info", None)
+    return getattr(info, "node_attempt", 1)
+
+
+# ---- where a call is journaled ------------------------------------------------------------
+
+def _task_checkpoint(conf: dict, thread_id: str) -> tuple[Any, str, str, str] | None:
     """(saver, thread, ns, checkpoint id) of the checkpoint a task of the root graph runs
     on, which the journal waits for (None: nothing to wait for). A subgraph's tasks do not
     wait: whether and under which namespace a subgraph saves its checkpoints depends on
@@ -68,7 +224,7 @@ def _task_checkpoint(conf: dict) -> tuple[Any, str, str, str] | None:
             or not hasattr(saver, "wait_for_checkpoint")):
         return None
     cid = cmap.get("")
-    return None if cid is None else (saver, conf["thread_id"], "", cid)
+    return None if cid is None else (saver, thread_id, "", cid)
 
 
 def _not_saved(thread_id: str, ns: str, cid: str) -> BackendError:
@@ -91,7 +247,8 @@ async def _after_checkpoint(pending: tuple | None, awaitable: Any) -> Any:
     return await awaitable
 
 
-def _where(config: dict | None, key: str | None) -> tuple[Run, str, tuple | None]:
+def _node_config(config: dict | None) -> tuple[dict, dict, Any, str]:
+    """(config, its configurable, the saver, the thread id) of the calling LangGraph task."""
     if config is None:
         try:
             config = get_config()
@@ -99,32 +256,48 @@ def _where(config: dict | None, key: str | None) -> tuple[Run, str, tuple | None
             raise ConfigError("durkv.langgraph.step/tool must run inside a LangGraph node "
                               "(or get the node's config as config=)") from e
     conf = config.get("configurable") or {}
-    store = getattr(conf.get(_CHECKPOINTER), "store", None)
+    saver = conf.get(_CHECKPOINTER)
+    store = getattr(saver, "store", None)
     if store is None or not hasattr(store, "append_journal"):
         raise ConfigError("durkv.langgraph.step/tool need a graph compiled with a DurkvSaver "
                           "(graph.compile(checkpointer=DurkvSaver.open(url)))")
-    thread_id, task_id = conf.get("thread_id"), conf.get(_TASK_ID)
-    if not thread_id or not task_id:
+    if not conf.get(_TASK_ID) or conf.get("thread_id") in (None, ""):
         raise ConfigError("durkv.langgraph.step/tool need a thread_id in the config "
                           "(config={'configurable': {'thread_id': ...}}) and a LangGraph task")
-    marker = conf.get(_RUNTIME) or conf.get(_SCRATCHPAD)
+    return config, conf, saver, thread_key(conf["thread_id"])
+
+
+def _task(conf: dict, saver: Any, thread_id: str, keyed: bool) -> _Task:
+    buf = getattr(conf.get(_SEND), "__self__", None)     # the task's writes buffer
+    t = _task_of(buf) if buf is not None else None
+    if t is not None:
+        return t
+    t = _Task(_run_of(saver, thread_id))
+    try:
+        t.ref = weakref.ref(buf, lambda ref, key=id(buf): _drop(key, ref))
+    except TypeError:            # no buffer (a config put together by hand): no count
+        if not keyed:
+            raise ConfigError("durkv.langgraph.step/tool found no LangGraph task to number "
+                              "its calls in (a config without the task's writes); pass "
+                              "key= (a name unique in the node); nothing was called") from None
+        return t
+    _tasks[id(buf)] = t
+    return t
+
+
+def _where(config: dict | None, key: str | None) -> tuple[Run, str, tuple | None]:
+    config, conf, saver, thread_id = _node_config(config)
+    task_id = conf[_TASK_ID]
     with _lock:
-        runs = _runs.setdefault(store, {})
-        run = runs.get(thread_id)
-        if run is None:
-            run = runs[thread_id] = Run(store, str(thread_id)).attach()
-        if key is None:
-            seen = _calls.get(task_id)
-            n = seen[1] if seen is not None and seen[0] is marker else 0
-            _calls[task_id] = (marker, n + 1)
-            _calls.move_to_end(task_id)
-            if len(_calls) > _MAX_TASKS:
-                _calls.popitem(last=False)
-            sid = f"{task_id}:{n}"
-        else:
+        t = _task(conf, saver, thread_id, key is not None)
+        if key is not None:
             sid = f"{task_id}:{key}"
-    run.refresh()
-    return run, sid, _task_checkpoint(conf)
+        else:
+            call_id = _tool_call_id(config)
+            n = t.claim(_attempt(conf), call_id)
+            sid = f"{task_id}:{n}" if call_id is None else f"{task_id}:{call_id}:{n}"
+    t.run.refresh()
+    return t.run, sid, _task_checkpoint(conf, thread_id)
 
 
 def step(name: str, fn: Callable, *args: Any, config: dict | None = None,
@@ -134,16 +307,19 @@ def step(name: str, fn: Callable, *args: Any, config: dict | None = None,
     run, sid, pending = _where(config, key)
     _wait_checkpoint(pending)
     return run.step(name, fn, *args, prompt_version=prompt_version, retry=retry, key=sid,
-                    secret=secret, **kwargs)
+                    secret=secret, retry_failed=True, **kwargs)
 
 
 def tool(fn: Callable, *args: Any, config: dict | None = None, retry: Retry | None = None,
          key: str | None = None, secret: bool = False, **kwargs: Any) -> Any:
     """:meth:`durkv.Run.tool` inside a LangGraph node: the ``@durkv.tool`` gets
-    ``idempotency_key = f"{thread_id}:{task_id}:{index}"``."""
+    ``idempotency_key = f"{thread_id}:{task_id}:{index}"`` (in a tool run by a ToolNode:
+    ``f"{thread_id}:{task_id}:{tool_call_id}:{index}"``; with ``key=``:
+    ``f"{thread_id}:{task_id}:{key}"``)."""
     run, sid, pending = _where(config, key)
     _wait_checkpoint(pending)
-    return run.tool(fn, *args, retry=retry, key=sid, secret=secret, **kwargs)
+    return run.tool(fn, *args, retry=retry, key=sid, secret=secret, retry_failed=SAME_KEY,
+                    **kwargs)
 
 
 def astep(name: str, fn: Callable, *args: Any, config: dict | None = None,
@@ -153,7 +329,7 @@ def astep(name: str, fn: Callable, *args: Any, config: dict | None = None,
     run, sid, pending = _where(config, key)
     return _after_checkpoint(pending, run.astep(
         name, fn, *args, prompt_version=prompt_version, retry=retry, key=sid, secret=secret,
-        **kwargs))
+        retry_failed=True, **kwargs))
 
 
 def atool(fn: Callable, *args: Any, config: dict | None = None, retry: Retry | None = None,
@@ -161,4 +337,4 @@ def atool(fn: Callable, *args: Any, config: dict | None = None, retry: Retry | N
     """Awaitable :func:`tool` for async nodes (ids claimed in the order of the calls)."""
     run, sid, pending = _where(config, key)
     return _after_checkpoint(pending, run.atool(fn, *args, retry=retry, key=sid, secret=secret,
-                                                **kwargs))
+                                                retry_failed=SAME_KEY, **kwargs))

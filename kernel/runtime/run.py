@@ -52,7 +52,8 @@ from .tools import Retry, ToolSpec, tool_spec
 from .values import Values, fingerprint
 from .view import describe
 
-__all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "fingerprint", "check_not_driven"]
+__all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "SAME_KEY", "fingerprint",
+           "check_not_driven"]
 
 log = logging.getLogger("durkv")
 
@@ -60,6 +61,9 @@ DRIFT_POLICIES = ("warn", "fail", "rerun")
 MAX_INLINE_INPUTS = 64 << 10     # inputs larger than this are journaled by fingerprint only
 MAX_SLEEP = 1e9      # seconds (~31 years): time.sleep's own limit is ~9.2e9 on 64-bit
 NO_INPUT: Any = object()     # store.run() without input=: no input fingerprint check
+# run.tool(..., retry_failed=SAME_KEY): call a recorded failure again as the same logical
+# call, under its recorded idempotency key (retry_failed=True makes it a new call: key#gen)
+SAME_KEY = "same key"
 
 # runs open in this process, per store (a second driver gets RunBusyError)
 _open_runs: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
@@ -493,7 +497,8 @@ class Run(AsyncVerbs):
                     e.err is None and spec.version != e.tool_version
                     and self._drift(e, "tool", e.tool_version, spec.version)):
                 p.gen = e.gen + 1
-                p.key = f"{base}#{p.gen}"      # a new call: a new key; both stay journaled
+                if e.err is None or retry_failed != SAME_KEY:
+                    p.key = f"{base}#{p.gen}"  # a new call: a new key; both stay journaled
                 return p
             p.entry, p.replay = e, True
             return p
@@ -606,7 +611,9 @@ class Run(AsyncVerbs):
         """Call a ``@durkv.tool`` at most once per step id (see the module docstring): a
         recorded receipt is returned without a call; an intent without a receipt is
         called again with the same key (``retry_count + 1``), or, for an at-most-once
-        tool, raises :class:`durkv.InDoubtError`."""
+        tool, raises :class:`durkv.InDoubtError`. A recorded failure is raised again,
+        unless ``retry_failed``: ``True`` calls again under a new key (``key#gen``),
+        :data:`SAME_KEY` under the recorded one (durkv.langgraph: a LangGraph retry)."""
         spec = self._spec(fn, kwargs)
         if spec.is_async:       # refused before its intent: run.tool would never await it
             raise ConfigError(f"run.tool({spec.name!r}): an async tool; call it with `await "

@@ -179,6 +179,17 @@ class Store:
                 else:
                     self._replay()
 
+    def refresh_if_moved(self) -> bool:
+        """Read-only handles on a local store: :meth:`refresh` if a writer appended since
+        the last one (one ``stat`` decides: the cost of a read that finds nothing new does
+        not grow with the store). True if it refreshed. Other backends: False (call
+        :meth:`refresh`); writers: False (always current)."""
+        moved = getattr(self._b, "tail_moved", None)
+        if not self.read_only or moved is None or not moved():
+            return False
+        self.refresh()
+        return True
+
     def size_bytes(self) -> int:
         return self._b.size_bytes()
 

@@ -171,3 +171,43 @@ def test_finished_run_survives_kill(tmp_path, mode):
     assert "RESUME 41" in out.splitlines(), out[:500]
     done = [ln for ln in out.splitlines() if ln.startswith("DONE ")]
     assert json.loads(done[0][5:]) == json.loads(line[5:]) == reference_state(N_STEPS)
+
+
+def test_toolnode_parallel_tool_calls_killed_and_resumed_take_effect_once(tmp_path):
+    """The prebuilt ToolNode runs a message's tool calls in threads, and durkv.langgraph.tool
+    without key= numbered them in the order the threads got there: a resume in another
+    order failed with IdempotencyConflictError, or took a call's effect under another
+    call's key. The id now names the tool call (its tool_call_id). Execution 1 is SIGKILLed
+    after three of the six effects; execution 2 reaches durkv in the reverse order."""
+    store, work = tmp_path / "agent.durkv", tmp_path / "work"
+    work.mkdir()
+    effects = work / "effects"
+    child = [sys.executable, str(HERE / "langgraph_toolnode_child.py"), str(store), str(work)]
+    proc = subprocess.Popen(child + ["1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (effects.exists() and len(effects.read_text().splitlines()) >= 3):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "no three effects within 60 s"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    first = effects.read_text().splitlines()
+    assert 3 <= len(first) < 6, first
+    done = subprocess.run(child + ["2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == repr(sorted(f"sent to user{i}@example.com"
+                                              for i in range(6)))
+    by_key: dict[str, set[str]] = {}
+    for line in effects.read_text().splitlines():
+        key, to = line.split()
+        by_key.setdefault(key, set()).add(to)
+    assert len(by_key) == 6, by_key                       # one key per tool call ...
+    assert all(len(tos) == 1 for tos in by_key.values()), by_key    # ... for one recipient
+    assert sorted(t for tos in by_key.values() for t in tos) == [
+        f"user{i}@example.com" for i in range(6)]
+    assert all(f":call_{to[4]}:" in key for key, (to,) in by_key.items()), by_key
