@@ -93,9 +93,9 @@ class AsyncVerbs:
             return self._approve_at(sid, action, payload)
         return go()
 
-    def asleep(self, seconds: float):
+    def asleep(self, seconds: float, *, key: str | None = None):
         """Awaitable :meth:`sleep`."""
-        left, slept = self._plan_sleep(seconds)
+        left, slept = self._plan_sleep(seconds, key)
 
         async def go() -> None:
             if slept:

@@ -45,8 +45,8 @@ from ..errors import (
 )
 from .aio import AsyncVerbs
 from .journal import (
-    E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_WARN, Entry, JournalEntry,
-    apply, bulk_load, fold,
+    E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_WARN, STATUSES, Entry,
+    JournalEntry, apply, bulk_load, fold,
 )
 from .plan import ONCE, Plan, err_type
 from .tools import Retry, ToolSpec, tool_spec
@@ -111,7 +111,7 @@ class Run(AsyncVerbs):
     def __init__(self, store: Any, run_id: str, input: Any = NO_INPUT, *,  # noqa: A002
                  on_drift: str = "warn", secret_input: bool = False,
                  clock: Callable[[], float] | None = None,
-                 sleep: Callable[[float], Any] | None = None) -> None:
+                 sleep: Callable[[float], Any] | None = None, since: int = 0) -> None:
         if type(run_id) is not str or not run_id:
             raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}; "
                               "pass e.g. store.run('ticket-42')")
@@ -132,6 +132,9 @@ class Run(AsyncVerbs):
         self._compensable: list[tuple[str, ToolSpec, bytes]] = []
         self._st: Any = None
         self._seen = 0          # journal records folded into _st
+        # a scheduler that knows the records before `since` belong to finished work (its
+        # committed supersteps) folds only the rest: an O(1) resume (durkv.Graph)
+        self._since = since
         self._opened = False
         self.status: str | None = None
         self.interrupt: Interrupted | None = None
@@ -189,12 +192,12 @@ class Run(AsyncVerbs):
         ``resolve``, a delete)."""
         if self.store.journal_length(self.run_id) != self._seen:
             with self._lock, bulk_load():
-                self._st = fold(self.run_id, self.store.journal(self.run_id))
+                self._st = fold(self.run_id, self.store.journal(self.run_id, start=self._since))
                 self._seen = self.store.journal_length(self.run_id)
 
     def _open_journal(self) -> None:
         with bulk_load():
-            st = self._st = fold(self.run_id, self.store.journal(self.run_id))
+            st = self._st = fold(self.run_id, self.store.journal(self.run_id, start=self._since))
         self._seen = self.store.journal_length(self.run_id)
         fp = in_b = None
         if self._input is not NO_INPUT:
@@ -205,7 +208,7 @@ class Run(AsyncVerbs):
                                          f"serialized: {e}", run_id=self.run_id) from e
             fp = fingerprint(b)
             in_b = None if self._secret_input or len(b) > MAX_INLINE_INPUTS else b
-        if st.fp is None and not st.order:
+        if st.fp is None and not st.order and not self._since:
             rec = {"e": E_RUN, "t": self._clock(), "fp": fp}
             if in_b is not None:
                 rec["in"] = in_b
@@ -225,14 +228,15 @@ class Run(AsyncVerbs):
                       "msg": f"resumed; {n} recorded steps"})
         self.status = "running"
 
-    def close(self, exc: BaseException | None = None) -> bool:
+    def close(self, exc: BaseException | None = None, *, record: bool = True) -> bool:
         """Record how the execution ended; returns True when ``exc`` is the approval pause
-        (``with`` then ends quietly and ``run.status == "waiting"``)."""
+        (``with`` then ends quietly and ``run.status == "waiting"``). ``record=False``
+        records nothing: the caller recorded the status itself (:meth:`mark`)."""
         if not self._opened:
             return False
         self._opened = False
         try:
-            return self._record_end(exc)
+            return self._record_end(exc) if record else False
         except DurkvError as e:
             if exc is None:
                 raise
@@ -254,6 +258,14 @@ class Run(AsyncVerbs):
         else:
             self._status("failed", None, f"{err_type(exc)}: {exc}")
         return False
+
+    def mark(self, status: str, step: str | None = None, msg: str | None = None,
+             until: float | None = None) -> None:
+        """Journal the run's status (a scheduler's own pause, e.g. durkv.Graph's durable
+        sleep: ``mark("sleeping", step, until=wake)`` then ``close(record=False)``)."""
+        if status not in STATUSES:
+            raise ConfigError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        self._status(status, step, msg, until)
 
     def _release(self) -> None:
         with _open_lock:
@@ -642,34 +654,34 @@ class Run(AsyncVerbs):
 
     # -- time and chance ---------------------------------------------------------------------
 
-    def _recorded(self, kind: str, make: Callable[[], Any]) -> Any:
-        p = self._plan_step(self._sid(None), kind, kind, None, None, None)
+    def _recorded(self, kind: str, make: Callable[[], Any], key: str | None = None) -> Any:
+        p = self._plan_step(self._sid(key), kind, kind, None, None, None)
         if p.replay:
             return self._outcome(p.entry)
         v = make()
         self._record_step(p, v)
         return v
 
-    def now(self) -> float:
+    def now(self, *, key: str | None = None) -> float:
         """The wall clock (unix seconds), recorded: a re-execution gets the same time."""
-        return self._recorded("now", self._clock)
+        return self._recorded("now", self._clock, key)
 
-    def random(self) -> float:
+    def random(self, *, key: str | None = None) -> float:
         """``random.random()``, recorded."""
-        return self._recorded("random", _random.random)
+        return self._recorded("random", _random.random, key)
 
-    def uuid(self) -> _uuid.UUID:
+    def uuid(self, *, key: str | None = None) -> _uuid.UUID:
         """A new ``uuid4``, recorded."""
-        return self._recorded("uuid", _uuid.uuid4)
+        return self._recorded("uuid", _uuid.uuid4, key)
 
-    def _plan_sleep(self, seconds: float) -> tuple[float, bool]:
+    def _plan_sleep(self, seconds: float, key: str | None = None) -> tuple[float, bool]:
         # NaN passes `seconds < 0` and slept not at all; inf recorded a wake time, then
         # time.sleep raised OverflowError; True is an int
         if (not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
                 or not 0 <= seconds <= MAX_SLEEP):
             raise ConfigError(f"sleep seconds must be a number from 0 to {MAX_SLEEP:.0e}, got "
                               f"{seconds!r}")
-        p = self._plan_step(self._sid(None), "sleep", "sleep", None, None, None)
+        p = self._plan_step(self._sid(key), "sleep", "sleep", None, None, None)
         if p.replay:
             wake = self._outcome(p.entry)
         else:
@@ -680,9 +692,9 @@ class Run(AsyncVerbs):
             self._status("sleeping", p.sid, until=wake)
         return left, left > 0
 
-    def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float, *, key: str | None = None) -> None:
         """Sleep durably: the wake-up time is recorded, a re-execution sleeps what is left."""
-        left, slept = self._plan_sleep(seconds)
+        left, slept = self._plan_sleep(seconds, key)
         if slept:
             self._sleep(left)
             self._status("running")
