@@ -496,3 +496,43 @@ def test_a_resume_reads_only_the_journal_since_its_checkpoint(store):
     store.journal = counting
     assert app.run(None, run_id="r").status == "finished"
     assert 0 < sum(read) < 20, read
+
+
+def test_one_driver_per_run_and_recover_skips_a_run_driven_elsewhere(store):
+    inside, release = threading.Event(), threading.Event()
+
+    def slow(state, ctx):
+        inside.set()
+        release.wait(10)
+        return {"n": 1}
+
+    g = durkv.Graph({"n": durkv.Last(0)})
+    g.add_node("slow", slow)
+    g.add_edge(durkv.START, "slow")
+    app = g.compile(store)
+    first = []
+    t = threading.Thread(target=lambda: first.append(app.run({}, run_id="r")))
+    t.start()
+    assert inside.wait(10)
+    with pytest.raises(durkv.RunBusyError):
+        app.run(None, run_id="r")
+    assert app.recover() == []              # driven by the thread: skipped
+    release.set()
+    t.join()
+    assert first[0].status == "finished" and app.state("r").state == {"n": 1}
+
+
+def test_the_journal_shows_the_graph_runs_status(store):
+    g, _ = loop_graph()
+    app = g.compile(store)
+    app.run({"messages": ["a"]}, run_id="done")
+    g2 = durkv.Graph({"n": durkv.Last(0)})
+    g2.add_node("boom", lambda s, ctx: 1 / 0)
+    g2.add_edge(durkv.START, "boom")
+    res = g2.compile(store).run({}, run_id="failed")
+    assert res.status == "failed" and isinstance(res.error, ZeroDivisionError)
+    runs = {r.run_id: r for r in store.runs()}
+    assert runs["done"].status == "finished"
+    assert runs["failed"].status == "failed" and "ZeroDivisionError" in runs["failed"].message
+    # a failed run is not re-run by recover (resume it explicitly)
+    assert [r.status for r in g2.compile(store).recover()] == ["failed"]

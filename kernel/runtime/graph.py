@@ -235,16 +235,17 @@ class App:
         """:meth:`run`, yielding each committed superstep (its tasks' updates); the final
         status is then ``app.state(run_id)``."""
         ex = self._execution(run_id, durability, max_supersteps, wait)
-        yield from self._drive(ex, input)
+        for _ in self._drive(ex, input):
+            yield ex.superstep()
 
     def _drive(self, ex: Execution, input: Any,  # noqa: A002
-               resume_failed: bool = True) -> Iterator[Superstep]:
+               resume_failed: bool = True) -> Iterator[None]:
+        """Run ``ex`` to its end, yielding after each commit."""
         try:
             ex.start(input, resume_failed)
             while ex.result is None:
-                step = ex.barrier(self._run_tasks(ex, ex.todo()))
-                if step is not None:
-                    yield step
+                if ex.barrier(self._run_tasks(ex, ex.todo())):
+                    yield None
         except BaseException as e:
             ex.close(e)
             raise

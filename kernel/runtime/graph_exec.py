@@ -142,6 +142,7 @@ class Execution:
         self.done: dict[str, dict] = {}        # task id -> its update (pending writes)
         self.pause: dict | None = None
         self.result: GraphResult | None = None
+        self.last: list[Outcome] = []           # the outcomes of the last commit
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- start: load the run, or create it ------------------------------------------------
@@ -337,9 +338,9 @@ class Execution:
             self.loop = asyncio.new_event_loop()
         return self.loop
 
-    def barrier(self, ran: list[Outcome]) -> Superstep | None:
-        """Fold the superstep's updates (in task order) and commit it; or, when a task
-        failed or paused, keep the completed tasks' updates as pending writes."""
+    def barrier(self, ran: list[Outcome]) -> bool:
+        """Fold the superstep's updates (in task order) and commit it (True); or, when a
+        task failed or paused, keep the completed tasks' updates as pending writes."""
         outs = self._in_order(ran)
         staged: dict = {}
         ok = True
@@ -351,7 +352,8 @@ class Execution:
                     o.exc = e
             ok = ok and o.exc is None
         if not ok:
-            return self._stop(outs)
+            self._stop(outs)
+            return False
         changed = self.apply(staged)
         try:
             tasks = self._route(list(dict.fromkeys(o.task.node for o in outs)))
@@ -359,7 +361,12 @@ class Execution:
             self._keep(outs)
             raise
         self.commit(changed, tasks)
-        return Superstep(self.step, self.cid, [(o.task.node, o.update) for o in outs])
+        self.last = outs
+        return True
+
+    def superstep(self) -> Superstep:
+        """The superstep just committed, as ``app.stream`` yields it."""
+        return Superstep(self.step, self.cid, [(o.task.node, o.update) for o in self.last])
 
     def _in_order(self, ran: list[Outcome]) -> list[Outcome]:
         if not self.done:
@@ -443,7 +450,7 @@ class Execution:
         versions = self.versions
         for ch in changed:
             versions[ch] = step
-        meta = {"step": step, "next": [t.encode() for t in tasks], "run_id": self.run_id,
+        meta = {"step": step, "next": [t.enc for t in tasks], "run_id": self.run_id,
                 "j": self.store.journal_length(self.run_id)}
         if not tasks:
             meta["status"] = "finished"
@@ -472,6 +479,7 @@ class Execution:
                                   durability=dur)
 
     def _stop(self, outs: list[Outcome]) -> None:
+        """A superstep that cannot commit: keep what completed, record why it stopped."""
         self._keep(outs)
         excs = [o for o in outs if o.exc is not None]
         for o in excs:
@@ -497,7 +505,6 @@ class Execution:
             self.result.error = failed[0].exc
             if isinstance(failed[0].exc, GraphError):
                 raise failed[0].exc
-        return None
 
     # -- the end: the journal's status ----------------------------------------------------
 

@@ -64,14 +64,12 @@ class Task:
     :class:`Send` (``send`` is True, ``arg`` its argument). ``index`` numbers the node's
     tasks in the superstep (the edge-triggered one first, then the Sends in order)."""
 
-    __slots__ = ("node", "index", "send", "arg")
+    __slots__ = ("node", "index", "send", "arg", "enc")
 
     def __init__(self, node: str, index: int, send: bool, arg: Any = None) -> None:
         self.node, self.index, self.send, self.arg = node, index, send, arg
-
-    def encode(self) -> list:
-        """As the checkpoint's metadata lists it (``next``)."""
-        return [self.node, self.arg] if self.send else [self.node]
+        # as the checkpoint's metadata lists it (``next``); never mutated
+        self.enc = [node, arg] if send else [node]
 
     def __repr__(self) -> str:
         return f"{self.node}[{self.index}]" + (" (Send)" if self.send else "")
@@ -128,6 +126,12 @@ class Spec:
         self.routers = routers
         self.arity = {n: _arity(n, fn) for n, fn in nodes.items()}
         self.is_async = {n: inspect.iscoroutinefunction(fn) for n, fn in nodes.items()}
+        # the agent loop's shape -- a node whose one way out is one router returning a
+        # name -- skips the general fold below: its next task is a shared, immutable Task
+        self._only_router = {src: rs[0][0] for src, rs in routers.items()
+                             if len(rs) == 1 and not isinstance(rs[0][1], dict)
+                             and not edges.get(src)}
+        self._alone = {n: [Task(n, 0, False)] for n in nodes}
 
     def defaults(self) -> dict[str, Any]:
         """Every channel's value before any write (``Append``: [], ``Last``: its default,
@@ -140,12 +144,23 @@ class Spec:
     def next_tasks(self, sources: list[str], state: dict) -> list[Task]:
         """The tasks of the next superstep: the plain edges and the routers of the
         ``sources`` (the nodes that ran, in task order), evaluated on ``state``."""
+        if len(sources) == 1:
+            router = self._only_router.get(sources[0])
+            if router is not None:
+                got = router(state)
+                fast = self._alone.get(got) if type(got) is str else None
+                if fast is not None:
+                    return fast
+                return self._tasks(*self._route(sources[0], router, None, got))
         plain: set[str] = set()
         sends: dict[str, list[Any]] = {}
         for src in sources:
             plain.update(self.edges.get(src, ()))
             for router, path_map in self.routers.get(src, ()):
                 self._route(src, router, path_map, router(state), plain, sends)
+        return self._tasks(plain, sends)
+
+    def _tasks(self, plain: set, sends: dict) -> list[Task]:
         plain.discard(END)
         tasks: list[Task] = []
         for node in sorted(plain | sends.keys()):
@@ -158,8 +173,11 @@ class Spec:
                 i += 1
         return tasks
 
-    def _route(self, src: str, router: Callable, path_map: Any, got: Any, plain: set,
-               sends: dict) -> None:
+    def _route(self, src: str, router: Callable, path_map: Any, got: Any,
+               plain: set | None = None, sends: dict | None = None) -> tuple[set, dict]:
+        """Add what a router returned to ``plain`` (names) and ``sends`` (node -> args)."""
+        plain = set() if plain is None else plain
+        sends = {} if sends is None else sends
         items = got if isinstance(got, (list, tuple)) else (got,)
         for x in items:
             if isinstance(x, Send):
@@ -174,6 +192,7 @@ class Spec:
             if x != END and (type(x) is not str or x not in self.nodes):
                 raise self._bad_route(src, router, got, x)
             plain.add(x)
+        return plain, sends
 
     def _bad_route(self, src: str, router: Callable, got: Any, x: Any) -> GraphError:
         name = getattr(router, "__qualname__", repr(router))
