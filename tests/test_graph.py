@@ -4,13 +4,17 @@ bad graphs and updates, max_supersteps, async nodes, stream/state/history (issue
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections import Counter
 
 import pytest
+from click.testing import CliRunner
 
 import durkv
+import durkv.log
+from durkv.cli import cli
 from durkv.runtime.journal import E_STEP
 from durkv.runtime.view import describe
 
@@ -466,6 +470,14 @@ def test_runs_are_ordinary_threads_and_journals(tmp_path):
         store.compact()
         assert app.state("r").state["count"] == 20
     assert durkv.log.verify(path, deep=True).ok
+    runner = CliRunner()
+    for args in (["ls", path], ["history", path, "r"], ["show", path, "r"],
+                 ["verify", path]):
+        out = runner.invoke(cli, [*args, "--json"])
+        assert out.exit_code == 0, (args, out.output)
+    hist = json.loads(runner.invoke(cli, ["history", path, "r", "--json"]).output)
+    assert hist["checkpoints"][0]["checkpoint_id"] == "000000000020"
+    assert hist["checkpoints"][0]["metadata"]["step"] == 20
 
 
 def test_a_resume_reads_only_the_journal_since_its_checkpoint(store):
