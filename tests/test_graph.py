@@ -548,3 +548,26 @@ def test_the_journal_shows_the_graph_runs_status(store):
     assert runs["failed"].status == "failed" and "ZeroDivisionError" in runs["failed"].message
     # a failed run is not re-run by recover (resume it explicitly)
     assert [r.status for r in g2.compile(store).recover()] == ["failed"]
+
+
+def test_arun_runs_plain_nodes_off_the_loop(store):
+    """Under app.arun a blocking plain node runs in a worker thread: two runs on one loop
+    overlap instead of taking turns."""
+    g = durkv.Graph({"n": durkv.Last(0)})
+
+    def blocking(state, ctx):
+        time.sleep(0.15)
+        return {"n": state["n"] + 1}
+
+    g.add_node("blocking", blocking)
+    g.add_edge(durkv.START, "blocking")
+    g.add_conditional_edges("blocking", lambda s: "blocking" if s["n"] < 2 else durkv.END)
+    app = g.compile(store)
+
+    async def both():
+        return await asyncio.gather(app.arun({}, run_id="a"), app.arun({}, run_id="b"))
+
+    t0 = time.monotonic()
+    a, b = asyncio.run(both())
+    assert a.state == b.state == {"n": 2}
+    assert time.monotonic() - t0 < 4 * 0.15        # overlapped (taking turns: 0.6 s)

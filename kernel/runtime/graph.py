@@ -255,7 +255,7 @@ class App:
         if len(todo) == 1 and not self.spec.is_async[todo[0].node]:
             return [ex.call(todo[0])]       # the common case: no pool, no loop
         if any(self.spec.is_async[t.node] for t in todo):
-            return ex.event_loop().run_until_complete(ex.acall_all(todo))
+            return ex.event_loop().run_until_complete(ex.acall_all(todo, False))
         if not todo:
             return []
         if self._pool is None:
@@ -265,15 +265,16 @@ class App:
     async def arun(self, input: dict | None = None, *, run_id: str,  # noqa: A002
                    durability: str | None = None, max_supersteps: int | None = None,
                    wait: bool = False) -> GraphResult:
-        """Awaitable :meth:`run`: async nodes run on the caller's loop, several plain
-        nodes in worker threads; the store's commits run in a worker thread."""
+        """Awaitable :meth:`run`: async nodes run on the caller's loop, plain nodes in
+        worker threads (a blocking node never stalls the loop), and ``sync`` commits
+        wait for their fsync in a worker thread."""
         ex = self._execution(run_id, durability, max_supersteps, wait)
         # a sync commit waits for its fdatasync in a worker thread, not on the loop
         blocking = (durability or self.store.durability) == SYNC
         try:
             await asyncio.to_thread(ex.start, input)
             while ex.result is None:
-                outs = await ex.acall_all(ex.todo())
+                outs = await ex.acall_all(ex.todo(), True)
                 if blocking:
                     await asyncio.to_thread(ex.barrier, outs)
                 else:

@@ -327,9 +327,12 @@ class Execution:
             return Outcome(t, None, e)
         return Outcome(t, upd, None)
 
-    async def acall_all(self, todo: list[Task]) -> list[Outcome]:
+    async def acall_all(self, todo: list[Task], offload: bool) -> list[Outcome]:
+        """Run the tasks on the running loop: async nodes as coroutines, plain ones in
+        worker threads when several run at once or ``offload`` (the loop is the
+        caller's: a blocking node must not stall its other work)."""
         if len(todo) == 1:
-            return [await self.acall(todo[0], False)]
+            return [await self.acall(todo[0], offload)]
         return list(await asyncio.gather(*(self.acall(t, True) for t in todo)))
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
