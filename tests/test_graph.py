@@ -571,3 +571,34 @@ def test_arun_runs_plain_nodes_off_the_loop(store):
     a, b = asyncio.run(both())
     assert a.state == b.state == {"n": 2}
     assert time.monotonic() - t0 < 4 * 0.15        # overlapped (taking turns: 0.6 s)
+
+
+def test_ctx_compensate_undoes_this_tasks_tools_newest_first_once(store):
+    undone = []
+    flaky = {"fail": True}
+
+    def undo(result, *, idempotency_key):
+        undone.append((result, idempotency_key))
+
+    @durkv.tool(version="1", compensate=undo)
+    def book(what, *, idempotency_key):
+        return {"booked": what}
+
+    def trip(state, ctx):
+        ctx.tool(book, "flight")
+        ctx.tool(book, "hotel")
+        ctx.compensate()                 # the trip is off: undo both, newest first
+        if flaky["fail"]:
+            raise RuntimeError("crash after the undos")
+        return {"done": True}
+
+    g = durkv.Graph({"done": durkv.Last(False)})
+    g.add_node("trip", trip)
+    g.add_edge(durkv.START, "trip")
+    app = g.compile(store)
+    assert app.run({}, run_id="t").status == "failed"
+    assert undone == [({"booked": "hotel"}, "t:0:trip:0:1.undo"),
+                      ({"booked": "flight"}, "t:0:trip:0:0.undo")]
+    flaky["fail"] = False
+    assert app.run(None, run_id="t").status == "finished"
+    assert len(undone) == 2              # replayed from their receipts: not undone twice
