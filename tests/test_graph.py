@@ -602,3 +602,17 @@ def test_ctx_compensate_undoes_this_tasks_tools_newest_first_once(store):
     flaky["fail"] = False
     assert app.run(None, run_id="t").status == "finished"
     assert len(undone) == 2              # replayed from their receipts: not undone twice
+
+
+def test_a_run_whose_next_node_the_graph_no_longer_has_is_refused(store):
+    g = durkv.Graph({"n": durkv.Last(0)})
+    g.add_node("old", lambda s, ctx: ctx.approve("go") and {"n": 1})
+    g.add_edge(durkv.START, "old")
+    assert g.compile(store, name="agent").run({}, run_id="r").status == "waiting"
+    g2 = durkv.Graph({"n": durkv.Last(0)})
+    g2.add_node("new", lambda s, ctx: {"n": 2})
+    g2.add_edge(durkv.START, "new")
+    with pytest.raises(durkv.GraphError, match="node\\(s\\) old next"):
+        g2.compile(store, name="agent").run(None, run_id="r")
+    with pytest.raises(durkv.RunConflictError, match="graph:new"):
+        g2.compile(store).run(None, run_id="r")     # another name: not this graph's run

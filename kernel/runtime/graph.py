@@ -112,7 +112,9 @@ class Graph:
                 max_workers: int | None = None) -> "App":
         """Check the graph and bind it to ``store`` (``durkv.open(...)``).
 
-        ``name`` identifies the graph's runs in the store (default: its sorted node names);
+        ``name`` identifies the graph's runs in the store (default: ``"graph:"`` and its
+        sorted node names -- adding a node changes it, so give runs that must outlive a
+        deploy a name of your own); a run of another name is a RunConflictError;
         ``max_supersteps`` is the default of :meth:`App.run`; ``on_drift`` the journal's
         version-drift policy; ``max_workers`` the thread pool's size for parallel tasks.
 

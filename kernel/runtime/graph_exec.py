@@ -227,6 +227,11 @@ class Execution:
         self.values.update(ck.values)
         self.versions = dict(ck.versions)
         self.tasks = decode_tasks(meta.get("next", []))
+        lost = sorted({t.node for t in self.tasks} - self.spec.nodes.keys())
+        if lost:
+            raise GraphError(f"run {self.run_id!r} is to run node(s) {', '.join(lost)} next, "
+                             "which this graph does not have: run it with the graph's code "
+                             "that made it", run_id=self.run_id, nodes=lost)
         self.done, self.pause = {}, None
         for w in ck.writes:
             if w.task_id == PAUSE_TASK:
