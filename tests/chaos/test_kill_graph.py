@@ -142,6 +142,8 @@ with durkv.open(path, durability="async") as store:
                                 kwargs={{"run_id": f"run-{{i}}"}}) for i in range(n)]
     for t in threads:
         t.start()
+    while len(store.threads()) < n:     # every run has committed its input
+        time.sleep(0.005)
     print("GO", flush=True)
     for t in threads:
         t.join()
