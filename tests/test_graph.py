@@ -363,7 +363,9 @@ def test_a_router_returning_an_unknown_name_names_the_router_and_the_value(store
     app = g.compile(store)
     with pytest.raises(durkv.GraphError, match="router .*pick_next.* returned 'sumarize'"):
         app.run({}, run_id="r")
-    assert app.state("r").step == 0        # the superstep is not committed
+    st = app.state("r")
+    assert st.step == 0 and st.status == "failed"       # the superstep is not committed
+    assert "sumarize" in st.message
     assert store.runs()[0].status == "failed"
 
 
@@ -412,7 +414,10 @@ def test_max_supersteps_ends_a_runaway_loop_naming_the_active_nodes(store):
     app = g.compile(store, max_supersteps=50)
     with pytest.raises(durkv.GraphError, match="max_supersteps=50 with nodes spin"):
         app.run({}, run_id="r")
-    assert app.state("r").state["n"] == 50          # the work done so far is committed
+    st = app.state("r")
+    assert st.state["n"] == 50 and st.status == "failed"    # the work so far is committed
+    [res] = app.recover()                # failed: passed by, and the other runs would go on
+    assert res.status == "failed" and app.state("r").state["n"] == 50
     with pytest.raises(durkv.GraphError, match="max_supersteps=60"):
         app.run(None, run_id="r", max_supersteps=60)
     assert app.state("r").state["n"] == 60
@@ -616,3 +621,23 @@ def test_a_run_whose_next_node_the_graph_no_longer_has_is_refused(store):
         g2.compile(store, name="agent").run(None, run_id="r")
     with pytest.raises(durkv.RunConflictError, match="graph:new"):
         g2.compile(store).run(None, run_id="r")     # another name: not this graph's run
+
+
+def test_recover_goes_on_past_a_run_whose_graph_breaks_its_contract(store):
+    def node(state, ctx):
+        ctx.approve("go")
+        return {"route": state["route"]}
+
+    g = durkv.Graph({"route": durkv.Last(durkv.END)})
+    g.add_node("n", node)
+    g.add_edge(durkv.START, "n")
+    g.add_conditional_edges("n", lambda s: s["route"])
+    app = g.compile(store)
+    for rid, route in (("bad", "nowhere"), ("good", durkv.END)):
+        res = app.run({"route": route}, run_id=rid)
+        store.decide(rid, res.interrupt.step_id, True)
+    got = {r.run_id: r for r in app.recover()}
+    assert got["good"].status == "finished"
+    assert got["bad"].status == "failed" and isinstance(got["bad"].error, durkv.GraphError)
+    assert "nowhere" in got["bad"].message
+    assert app.state("bad").status == "failed"

@@ -292,8 +292,9 @@ class App:
         """Resume every unfinished run of this graph in the store -- crashed mid-superstep,
         waiting with a decision now recorded, sleeping past its wake time -- and return
         their results (runs still waiting or sleeping are returned as they are, failed
-        ones are not re-run: resume those with ``app.run(None, run_id=...)``). A run
-        driven elsewhere in this process is skipped."""
+        ones are not re-run: resume those with ``app.run(None, run_id=...)``; a run
+        whose graph breaks its contract -- a GraphError -- is returned ``failed`` and the
+        others go on). A run driven elsewhere in this process is skipped."""
         out = []
         for tid in self.store.threads():
             head = next(iter(self.store.history(tid, "", limit=1, values=False)), None)
@@ -306,6 +307,9 @@ class App:
                 for _ in self._drive(ex, None, resume_failed=False):
                     pass
             except RunBusyError:
+                continue
+            except GraphError as e:     # this run's graph broke its contract: the others go on
+                out.append(ex.result or ex.fail(e))
                 continue
             out.append(ex.result)
         return out

@@ -292,11 +292,13 @@ class Execution:
         """The tasks of the current superstep that have no update yet."""
         if self.step >= self.max_supersteps:
             nodes = ", ".join(sorted({t.node for t in self.tasks}))
-            raise GraphError(
+            e = GraphError(
                 f"run {self.run_id!r} reached max_supersteps={self.max_supersteps} with nodes "
                 f"{nodes} still active: a loop that never reaches durkv.END? If it is meant "
                 "to go on, resume it with app.run(None, run_id=..., max_supersteps=<more>)",
                 run_id=self.run_id, nodes=nodes)
+            self.fail(e)
+            raise e
         done = self.done
         if not done:
             return self.tasks
@@ -365,8 +367,9 @@ class Execution:
         changed = self.apply(staged)
         try:
             tasks = self._route(list(dict.fromkeys(o.task.node for o in outs)))
-        except BaseException:
+        except Exception as e:
             self._keep(outs)
+            self.fail(e)
             raise
         self.commit(changed, tasks)
         self.last = outs
@@ -505,14 +508,26 @@ class Execution:
         else:
             now = time.time()
             p = {"status": "sleeping", "until": min(now + o.exc.left for o in excs)}
-        dur = self.durability if self.durability == SYNC else None
-        self.store.put_writes(self.run_id, "", self.cid, PAUSE_TASK, [(0, PAUSE_CH, p)],
-                              durability=dur)
+        self._pause(p)
         self.result = self._paused(p)
         if failed:
             self.result.error = failed[0].exc
             if isinstance(failed[0].exc, GraphError):
                 raise failed[0].exc
+
+    def _pause(self, p: dict) -> None:
+        """Record why the current superstep stopped (a special channel: it overwrites)."""
+        dur = self.durability if self.durability == SYNC else None
+        self.store.put_writes(self.run_id, "", self.cid, PAUSE_TASK, [(0, PAUSE_CH, p)],
+                              durability=dur)
+
+    def fail(self, e: Exception) -> GraphResult:
+        """Record that the run stopped on ``e`` (a GraphError: its graph broke the
+        contract), so that ``app.state`` says ``failed`` and ``recover`` passes it by."""
+        msg = f"{err_type(e)}: {e}"
+        if self.cid is not None:
+            self._pause({"status": "failed", "message": msg})
+        return self._result("failed", error=e, message=msg)
 
     # -- the end: the journal's status ----------------------------------------------------
 
