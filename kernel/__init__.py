@@ -13,11 +13,13 @@ from typing import Any
 
 from .errors import (
     AccessDeniedError, ApprovalMismatchError, ArchiveConflictError, BackendError, ConfigError,
-    CorruptionError, DecisionConflictError, DurkvError, FencedError, FrameTooLargeError, IdempotencyConflictError,
-    InDoubtError, Interrupted, LogFailedError, NonDeterminismError, NoSuchBucketError,
+    CorruptionError, DecisionConflictError, DurkvError, FencedError, FrameTooLargeError,
+    GraphError, IdempotencyConflictError, InDoubtError, Interrupted, LogFailedError,
+    NonDeterminismError, NoSuchBucketError,
     NotFoundError, ReadOnlyError, RunBusyError, RunConflictError, SerializationError,
     StaleReaderError, StepFailedError, StoreLockedError, VersionDriftError,
 )
+from .runtime.graph import END, START, Append, Graph, Last, Send
 from .runtime import Decision, JournalEntry, Retry, Run, RunInfo, RuntimeStore, tool
 
 __version__ = "0.1.0"
@@ -41,5 +43,6 @@ __all__ = [
     "InDoubtError", "VersionDriftError", "ApprovalMismatchError", "RunConflictError",
     "RunBusyError", "StepFailedError", "Interrupted", "StaleReaderError",
     "ArchiveConflictError", "AccessDeniedError", "NoSuchBucketError", "tool", "Retry", "Run", "Decision",
-    "JournalEntry", "RunInfo", "DecisionConflictError",
+    "JournalEntry", "RunInfo", "DecisionConflictError", "GraphError", "Graph", "Append", "Last",
+    "Send", "START", "END",
 ]

@@ -166,6 +166,14 @@ class SerializationError(DurkvError, TypeError):
     code = "serialization"
 
 
+class GraphError(ConfigError):
+    """A ``durkv.Graph`` that cannot run as built, or a node/router that broke its contract
+    (an unknown node, key or route, a value its reducer refuses, a runaway loop). The
+    message names the node, key or router; nothing of the failing superstep is committed."""
+
+    code = "graph"
+
+
 class FrameTooLargeError(ConfigError):
     """A commit is larger than the log accepts."""
 

@@ -91,6 +91,10 @@ RANKS = {
     "durkv.runtime.run": 63,
     "durkv.runtime.control": 64,
     "durkv.runtime.langgraph_steps": 64,
+    "durkv.runtime.graph_spec": 64,     # durkv.Graph: channels, reducers, Send, routing
+    "durkv.runtime.graph_ctx": 64,      # a node's ctx: the journal scoped to a task
+    "durkv.runtime.graph_exec": 64.5,   # one execution: barrier, commit, pause
+    "durkv.runtime.graph": 64.7,        # Graph (builder, checks) and App (run, resume, ...)
     "durkv.runtime": 65,            # RuntimeStore: the store with run/decide/resolve/runs
     # facades: the package (durkv.open, durkv.tool, the errors) and durkv.langgraph
     # (DurkvSaver, plus the runtime's step/tool re-exported: the public names)

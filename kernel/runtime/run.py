@@ -43,8 +43,8 @@ from ..errors import (
 )
 from .aio import SCOPED_ID, AsyncVerbs, is_async, scoped_id
 from .journal import (
-    E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_TRY, E_WARN, Entry, JournalEntry,
-    apply, bulk_load, fold,
+    E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_TRY, E_WARN, STATUSES,
+    Entry, JournalEntry, apply, bulk_load, fold,
 )
 from .plan import ONCE, Plan, err_type, plain_version
 from .repair import damage_of
@@ -97,7 +97,7 @@ class Run(AsyncVerbs):
     def __init__(self, store: Any, run_id: str, input: Any = NO_INPUT, *,  # noqa: A002
                  on_drift: str = "warn", secret_input: bool = False,
                  clock: Callable[[], float] | None = None,
-                 sleep: Callable[[float], Any] | None = None) -> None:
+                 sleep: Callable[[float], Any] | None = None, since: int = 0) -> None:
         if type(run_id) is not str or not run_id:
             raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}; "
                               "pass e.g. store.run('ticket-42')")
@@ -120,6 +120,9 @@ class Run(AsyncVerbs):
         self._st: Any = None
         self._seen = 0          # journal records folded into _st
         self._repair: Any = None    # a repair cut records of this run (runtime/repair.py)
+        # a scheduler that knows the records before `since` belong to finished work (its
+        # committed supersteps) folds only the rest: an O(1) resume (durkv.Graph)
+        self._since = since
         self._opened = False
         self._plain = False     # open, and every automatic step id comes from self._n
         self._task_ids = False  # asyncio tasks' step ids are scoped by task (see aio.py)
@@ -182,13 +185,13 @@ class Run(AsyncVerbs):
         ``resolve``, a delete)."""
         if self.store.journal_length(self.run_id) != self._seen:
             with self._lock, bulk_load():
-                self._st = fold(self.run_id, self.store.journal(self.run_id))
+                self._st = fold(self.run_id, self.store.journal(self.run_id, start=self._since))
                 self._seen = self.store.journal_length(self.run_id)
                 self._repair = damage_of(self.store, self.run_id)
 
     def _open_journal(self) -> None:
         with bulk_load():
-            st = self._st = fold(self.run_id, self.store.journal(self.run_id))
+            st = self._st = fold(self.run_id, self.store.journal(self.run_id, start=self._since))
         self._seen = self.store.journal_length(self.run_id)
         self._task_ids = st.task_ids
         self._repair = damage_of(self.store, self.run_id)   # None unless ever repaired
@@ -200,7 +203,7 @@ class Run(AsyncVerbs):
                 raise SerializationError(f"the input of run {self.run_id!r} cannot be "
                                          f"serialized: {e}", run_id=self.run_id) from e
             in_b = None if self._secret_input or len(b) > MAX_INLINE_INPUTS else b
-        if st.fp is None and not st.order:
+        if st.fp is None and not st.order and not self._since:
             # tid: a run created now scopes its asyncio tasks' step ids (older runs keep one
             # counter, so that their journals replay)
             rec = {"e": E_RUN, "t": self._clock(), "fp": fp, "tid": 1}
@@ -224,14 +227,15 @@ class Run(AsyncVerbs):
                       "msg": f"resumed; {n} recorded steps"})
         self.status = "running"
 
-    def close(self, exc: BaseException | None = None) -> bool:
+    def close(self, exc: BaseException | None = None, *, record: bool = True) -> bool:
         """Record how the execution ended; returns True when ``exc`` is the approval pause
-        (``with`` then ends quietly and ``run.status == "waiting"``)."""
+        (``with`` then ends quietly and ``run.status == "waiting"``). ``record=False``
+        records nothing: the caller recorded the status itself (:meth:`mark`)."""
         if not self._opened:
             return False
         self._opened = self._plain = False
         try:
-            return self._record_end(exc)
+            return self._record_end(exc) if record else False
         except DurkvError as e:
             if exc is None:
                 raise
@@ -253,6 +257,14 @@ class Run(AsyncVerbs):
         else:
             self._status("failed", None, f"{err_type(exc)}: {exc}")
         return False
+
+    def mark(self, status: str, step: str | None = None, msg: str | None = None,
+             until: float | None = None) -> None:
+        """Journal the run's status (a scheduler's own pause, e.g. durkv.Graph's durable
+        sleep: ``mark("sleeping", step, until=wake)`` then ``close(record=False)``)."""
+        if status not in STATUSES:
+            raise ConfigError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        self._status(status, step, msg, until)
 
     def _release(self) -> None:
         with _open_lock:

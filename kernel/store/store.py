@@ -448,11 +448,16 @@ class Store:
             self._b.wait_durable(lsn)      # outside the lock: group commit
         return lsn
 
-    def journal(self, run_id: str) -> list[dict]:
-        """The journal records of ``run_id`` in log order (read by LSN, no scan)."""
+    def journal(self, run_id: str, *, start: int = 0) -> list[dict]:
+        """The journal records of ``run_id`` in log order (read by LSN, no scan); from
+        the ``start``-th on (a resume that needs only the newest records reads only them)."""
+        if type(start) is not int or start < 0:
+            raise ConfigError(f"start must be an int >= 0, got {start!r}")
         with self._lock:
             self._check_open()
             lsns = self._index.ix.journals.get(run_id)
+            if start and lsns:
+                lsns = lsns[start:]
             if not lsns:
                 return []
             # one read of every record's head and one decode (not one binding call each)

@@ -1,0 +1,362 @@
+"""``durkv.Graph``: durkv's superstep scheduler -- durable graphs over the run journal.
+
+>>> import durkv
+>>> g = durkv.Graph({"messages": durkv.Append(), "count": durkv.Last(0)})
+>>> @g.node
+... def agent(state, ctx):
+...     reply = ctx.step("model", str.upper, state["messages"][-1])
+...     return {"messages": [reply], "count": state["count"] + 1}
+>>> g.add_edge(durkv.START, "agent")
+>>> g.add_conditional_edges("agent", lambda s: "agent" if s["count"] < 3 else durkv.END)
+>>> with durkv.open("memory://") as store:
+...     res = g.compile(store).run({"messages": ["hi"]}, run_id="t-1")
+>>> res.status, res.state["messages"], res.step
+('finished', ['hi', 'HI', 'HI', 'HI'], 3)
+
+Pregel supersteps: the active tasks run (concurrently when several: a thread pool for
+plain nodes, the event loop for ``async def`` ones), their updates are folded at the
+barrier by the channels' reducers in task order (node name, then Send index), routers
+see the state after the barrier, and the superstep is ONE commit (``store.put``) under
+the chosen durability. A node's ``ctx`` is the run journal scoped to its task
+(:mod:`durkv.runtime.graph_ctx`); the layout of a run in the store is in
+:mod:`durkv.runtime.graph_exec`.
+
+State given to a node is the run's own: return changes, never mutate it in place (an
+in-place edit is not an update: a resumed run would not see it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator
+
+from ..durability import DURABILITIES, SYNC
+from ..errors import ConfigError, GraphError, NotFoundError, RunBusyError, RunConflictError
+from .graph_exec import (
+    Execution, GraphResult, Outcome, Pending, Snapshot, Superstep, snapshot_of,
+)
+from .graph_spec import END, START, Append, Last, Send, Spec, reducer_of
+
+__all__ = ["Graph", "App", "Append", "Last", "Send", "START", "END", "GraphResult",
+           "Pending", "Snapshot", "Superstep"]
+
+DEFAULT_MAX_SUPERSTEPS = 10_000
+
+
+def _check_name(what: str, name: Any) -> None:
+    if type(name) is not str or not name or name.startswith("__") or ":" in name:
+        raise GraphError(f"{what} name {name!r}: use a non-empty string without ':' (it is part "
+                         "of step ids) that does not start with '__' (reserved)")
+
+
+class Graph:
+    """A graph of nodes over channels. ``channels`` maps each channel name to its reducer:
+    ``durkv.Append()``, ``durkv.Last(default)`` or ``fn(old, new) -> value``."""
+
+    def __init__(self, channels: dict[str, Any]) -> None:
+        if not isinstance(channels, dict):
+            raise GraphError(f"durkv.Graph takes a dict of channel name -> reducer, got "
+                             f"{type(channels).__name__}")
+        self.channels: dict[str, tuple[int, Any]] = {}
+        for ch, r in channels.items():
+            _check_name("channel", ch)
+            self.channels[ch] = reducer_of(ch, r)
+        self.nodes: dict[str, Callable] = {}
+        self.edges: dict[str, list[str]] = {}
+        self.routers: dict[str, list[tuple[Callable, Any]]] = {}
+
+    def add_node(self, name: str | Callable, fn: Callable | None = None) -> Callable:
+        """Add node ``name`` running ``fn(state, ctx)`` (``fn(arg, ctx)`` as a Send target;
+        ``fn(state)`` also works). ``add_node(fn)`` names it ``fn.__name__``."""
+        if fn is None and callable(name):
+            name, fn = name.__name__, name
+        _check_name("node", name)
+        if name in self.nodes:
+            raise GraphError(f"node {name!r} is already in the graph")
+        if not callable(fn):
+            raise GraphError(f"node {name!r}: {fn!r} is not callable")
+        self.nodes[name] = fn
+        return fn
+
+    def node(self, fn: Callable | None = None, *, name: str | None = None) -> Callable:
+        """Decorator form of :meth:`add_node`: ``@g.node`` or ``@g.node(name="x")``."""
+        def deco(f: Callable) -> Callable:
+            return self.add_node(name or f.__name__, f)
+        return deco if fn is None else deco(fn)
+
+    def add_edge(self, src: str, dst: str) -> None:
+        """After ``src`` runs (``durkv.START``: at the start), ``dst`` runs (``durkv.END``:
+        nothing)."""
+        if src == END or dst == START:
+            raise GraphError(f"edge {src!r} -> {dst!r}: START has no way in, END no way out")
+        self.edges.setdefault(src, []).append(dst)
+
+    def add_conditional_edges(self, src: str, router: Callable, path_map: Any = None) -> None:
+        """After ``src`` runs, ``router(state)`` (the state after the superstep) names what
+        runs next: a node name, ``durkv.END``, a ``durkv.Send(node, arg)``, or a list of
+        them. ``path_map`` (a list of the names it may return, or a dict mapping its return
+        values to names) lets ``compile`` check them."""
+        if not callable(router):
+            raise GraphError(f"the router of {src!r} is not callable: {router!r}")
+        if src == END:
+            raise GraphError("END has no way out")
+        if path_map is not None and not isinstance(path_map, (list, tuple, dict)):
+            raise GraphError(f"path_map of the router of {src!r} is a list of node names or a "
+                             f"dict of router values -> node names, got {path_map!r}")
+        self.routers.setdefault(src, []).append((router, path_map))
+
+    def compile(self, store: Any, *, name: str | None = None,
+                max_supersteps: int = DEFAULT_MAX_SUPERSTEPS, on_drift: str = "warn",
+                max_workers: int | None = None) -> "App":
+        """Check the graph and bind it to ``store`` (``durkv.open(...)``).
+
+        ``name`` identifies the graph's runs in the store (default: ``"graph:"`` and its
+        sorted node names -- adding a node changes it, so give runs that must outlive a
+        deploy a name of your own); a run of another name is a RunConflictError;
+        ``max_supersteps`` is the default of :meth:`App.run`; ``on_drift`` the journal's
+        version-drift policy; ``max_workers`` the thread pool's size for parallel tasks.
+
+        Raises:
+            GraphError: an edge to or from an unknown node, no edge from START, a node
+                that cannot be reached, a router's path_map naming an unknown node.
+        """
+        self._check()
+        spec = Spec(dict(self.channels), dict(self.nodes),
+                    {k: list(v) for k, v in self.edges.items()},
+                    {k: list(v) for k, v in self.routers.items()})
+        return App(spec, store, name or "graph:" + ",".join(sorted(self.nodes)),
+                   max_supersteps, on_drift, max_workers)
+
+    def _targets(self, src: str) -> tuple[set[str], bool]:
+        """Where ``src`` leads: the named targets, and whether a router without a path_map
+        may lead anywhere."""
+        out = set(self.edges.get(src, ()))
+        wild = False
+        for _router, pm in self.routers.get(src, ()):
+            if pm is None:
+                wild = True
+            else:
+                out.update(pm.values() if isinstance(pm, dict) else pm)
+        return out, wild
+
+    def _check(self) -> None:
+        if not self.nodes:
+            raise GraphError("the graph has no nodes; add one with g.add_node(name, fn)")
+        known = set(self.nodes)
+        for src in [*self.edges, *self.routers]:
+            if src != START and src not in known:
+                raise GraphError(f"an edge leaves {src!r}, which is not a node (nodes: "
+                                 f"{', '.join(sorted(known))})", node=src)
+            targets, _ = self._targets(src)
+            for dst in targets:
+                if dst != END and dst not in known:
+                    raise GraphError(f"an edge from {src!r} leads to {dst!r}, which is not a "
+                                     f"node (nodes: {', '.join(sorted(known))})", node=dst)
+        if START not in self.edges and START not in self.routers:
+            raise GraphError("the graph has no entry: add g.add_edge(durkv.START, <node>)")
+        seen, todo, wild = {START}, [START], False
+        while todo:
+            targets, w = self._targets(todo.pop())
+            wild = wild or w
+            for dst in targets - seen:
+                seen.add(dst)
+                todo.append(dst)
+        lost = sorted(known - seen)
+        if lost and not wild:
+            raise GraphError(f"node(s) {', '.join(lost)} cannot be reached from START: add an "
+                             "edge to them (or remove them)", nodes=lost)
+
+
+class App:
+    """A compiled graph bound to a store: run, resume, stream, inspect and fork its runs.
+
+    Each run is the store thread ``run_id`` (namespace "") and the run journal of the
+    same id: ``durkv ls/history/show/verify``, ``store.runs()``, compaction and archive
+    see them as any other."""
+
+    def __init__(self, spec: Spec, store: Any, name: str, max_supersteps: int,
+                 on_drift: str, max_workers: int | None) -> None:
+        self.spec = spec
+        self.store = store
+        self.name = name
+        self.max_supersteps = max_supersteps
+        self.on_drift = on_drift
+        self._max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return f"<durkv.Graph app {self.name!r} on {self.store!r}>"
+
+    def _execution(self, run_id: str, durability: str | None, max_supersteps: int | None,
+                   wait: bool) -> Execution:
+        if type(run_id) is not str or not run_id:
+            raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}")
+        if durability is not None and durability not in DURABILITIES:
+            raise ConfigError(f"unknown durability {durability!r}; use one of "
+                              + ", ".join(DURABILITIES))
+        limit = self.max_supersteps if max_supersteps is None else max_supersteps
+        if type(limit) is not int or limit < 1:
+            raise ConfigError(f"max_supersteps must be an int >= 1, got {limit!r}")
+        return Execution(self, run_id, durability, limit, bool(wait))
+
+    # -- running --------------------------------------------------------------------------
+
+    def run(self, input: dict | None = None, *, run_id: str,  # noqa: A002
+            durability: str | None = None, max_supersteps: int | None = None,
+            wait: bool = False) -> GraphResult:
+        """Run (or resume) run ``run_id`` until it finishes or pauses.
+
+        ``input`` starts a new run; on an existing run it must equal the run's input (or
+        be None): it resumes the run from its newest checkpoint, re-running only the
+        tasks of the unfinished superstep that have no update. A finished run returns its
+        recorded result without running anything; a run waiting for an undecided
+        approval, or sleeping before its wake time, returns as it is (``wait=True``:
+        a durable sleep blocks in-process until its wake time instead).
+
+        A node's exception ends the run ``failed`` (``result.error``); a node that asks
+        for an approval pauses it ``waiting``; a durable ``ctx.sleep`` pauses it
+        ``sleeping``. In all three the other tasks' updates are kept.
+
+        Raises:
+            RunConflictError: another input for an existing run, or a thread that is not
+                a run of this graph. RunBusyError: the run is driven elsewhere in this
+                process. GraphError: a node's update or a router broke the graph's
+                contract, or ``max_supersteps`` was reached (nothing of that superstep is
+                committed). NotFoundError: ``input=None`` for a run that does not exist.
+        """
+        ex = self._execution(run_id, durability, max_supersteps, wait)
+        for _ in self._drive(ex, input):
+            pass
+        return ex.result
+
+    def stream(self, input: dict | None = None, *, run_id: str,  # noqa: A002
+               durability: str | None = None, max_supersteps: int | None = None,
+               wait: bool = False) -> Iterator[Superstep]:
+        """:meth:`run`, yielding each committed superstep (its tasks' updates); the final
+        status is then ``app.state(run_id)``."""
+        ex = self._execution(run_id, durability, max_supersteps, wait)
+        for _ in self._drive(ex, input):
+            yield ex.superstep()
+
+    def _drive(self, ex: Execution, input: Any,  # noqa: A002
+               resume_failed: bool = True) -> Iterator[None]:
+        """Run ``ex`` to its end, yielding after each commit."""
+        try:
+            ex.start(input, resume_failed)
+            while ex.result is None:
+                if ex.barrier(self._run_tasks(ex, ex.todo())):
+                    yield None
+        except BaseException as e:
+            ex.close(e)
+            raise
+        ex.close(None)
+
+    def _run_tasks(self, ex: Execution, todo: list) -> list[Outcome]:
+        if len(todo) == 1 and not self.spec.is_async[todo[0].node]:
+            return [ex.call(todo[0])]       # the common case: no pool, no loop
+        if any(self.spec.is_async[t.node] for t in todo):
+            return ex.event_loop().run_until_complete(ex.acall_all(todo, False))
+        if not todo:
+            return []
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="durkv-graph")
+        return list(self._pool.map(ex.call, todo))
+
+    async def arun(self, input: dict | None = None, *, run_id: str,  # noqa: A002
+                   durability: str | None = None, max_supersteps: int | None = None,
+                   wait: bool = False) -> GraphResult:
+        """Awaitable :meth:`run`: async nodes run on the caller's loop, plain nodes in
+        worker threads (a blocking node never stalls the loop), and ``sync`` commits
+        wait for their fsync in a worker thread."""
+        ex = self._execution(run_id, durability, max_supersteps, wait)
+        # a sync commit waits for its fdatasync in a worker thread, not on the loop
+        blocking = (durability or self.store.durability) == SYNC
+        try:
+            await asyncio.to_thread(ex.start, input)
+            while ex.result is None:
+                outs = await ex.acall_all(ex.todo(), True)
+                if blocking:
+                    await asyncio.to_thread(ex.barrier, outs)
+                else:
+                    ex.barrier(outs)
+        except BaseException as e:
+            ex.close(e)
+            raise
+        ex.close(None)
+        return ex.result
+
+    def recover(self, *, durability: str | None = None,
+                max_supersteps: int | None = None) -> list[GraphResult]:
+        """Resume every unfinished run of this graph in the store -- crashed mid-superstep,
+        waiting with a decision now recorded, sleeping past its wake time -- and return
+        their results (runs still waiting or sleeping are returned as they are, failed
+        ones are not re-run: resume those with ``app.run(None, run_id=...)``; a run
+        whose graph breaks its contract -- a GraphError -- is returned ``failed`` and the
+        others go on). A run driven elsewhere in this process is skipped."""
+        out = []
+        for tid in self.store.threads():
+            head = next(iter(self.store.history(tid, "", limit=1, values=False)), None)
+            if (head is None or not isinstance(head.checkpoint, dict)
+                    or head.checkpoint.get("graph") != self.name
+                    or head.metadata.get("status") == "finished"):
+                continue
+            ex = self._execution(tid, durability, max_supersteps, False)
+            try:
+                for _ in self._drive(ex, None, resume_failed=False):
+                    pass
+            except RunBusyError:
+                continue
+            except GraphError as e:     # this run's graph broke its contract: the others go on
+                out.append(ex.result or ex.fail(e))
+                continue
+            out.append(ex.result)
+        return out
+
+    # -- reading --------------------------------------------------------------------------
+
+    def state(self, run_id: str) -> GraphResult:
+        """The run's newest state and status (``running`` = unfinished), read only.
+
+        Raises:
+            NotFoundError: no such run.
+        """
+        ck = self.store.get(run_id)
+        if ck is None:
+            raise NotFoundError(f"run {run_id!r} does not exist", run_id=run_id)
+        return self._execution(run_id, None, None, False).inspect(ck)
+
+    def history(self, run_id: str) -> Iterator[Snapshot]:
+        """The run's checkpoints, newest first."""
+        for ck in self.store.history(run_id, ""):
+            yield snapshot_of(self.spec, ck)
+
+    def fork(self, run_id: str, checkpoint_id: str, new_run_id: str) -> Snapshot:
+        """Start run ``new_run_id`` from checkpoint ``checkpoint_id`` of ``run_id``: its
+        state and next tasks, a journal of its own (its tasks run again, under its own
+        idempotency keys). ``app.run(None, run_id=new_run_id)`` runs it.
+
+        Raises:
+            NotFoundError: no such checkpoint. RunConflictError: ``new_run_id`` exists.
+        """
+        ck = self.store.get(run_id, "", checkpoint_id)
+        if ck is None:
+            raise NotFoundError(f"run {run_id!r} has no checkpoint {checkpoint_id!r}; see "
+                                "app.history(run_id)", run_id=run_id)
+        self._execution(run_id, None, None, False).check(ck, None)
+        if self.store.get(new_run_id) is not None or self.store.journal_length(new_run_id):
+            raise RunConflictError(f"run {new_run_id!r} already exists; fork into a new run id",
+                                   run_id=new_run_id)
+        meta = {**ck.metadata, "run_id": new_run_id, "j": 0,
+                "forked_from": [run_id, checkpoint_id]}
+        self.store.put(new_run_id, "", checkpoint_id, checkpoint=ck.checkpoint, metadata=meta,
+                       values=ck.values, versions=ck.versions)
+        return snapshot_of(self.spec, self.store.get(new_run_id))
+
+    def close(self) -> None:
+        """Stop the worker threads (the app can still run afterwards: they restart)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
+

@@ -1,0 +1,555 @@
+"""One execution of a graph run: its state in memory, the barrier, one commit per superstep.
+
+A run is the store thread ``run_id`` (namespace "") plus the run journal of the same
+id. Checkpoint ``f"{k:012d}"`` holds the state after k supersteps (0: the input) and,
+in its metadata, ``step`` (k), ``next`` (the tasks of superstep k), ``run_id``, ``j``
+(the journal's length at the commit: every record before it belongs to a committed
+superstep, so a resume folds only the records after it) and ``status: "finished"``
+once nothing is left to run. A superstep that cannot finish leaves, as pending writes
+of checkpoint k: each completed task's update (task id ``f"{k}:{node}:{index}"``, a
+``__task__`` marker then its channels) and one ``__pause__`` record saying why it
+stopped (``waiting``, ``sleeping`` with its wake time, ``failed``). A resume runs only
+the tasks without an update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..durability import SYNC
+from ..errors import (
+    ConfigError, GraphError, Interrupted, NotFoundError, RunConflictError,
+)
+from .graph_ctx import NodeContext, SleepPause
+from .graph_spec import APPEND, FN, START, Spec, Task, decode_tasks
+from .journal import E_DECISION
+from .plan import err_type
+from .run import NO_INPUT, Run, fingerprint
+
+__all__ = ["Execution", "GraphResult", "Pending", "Superstep", "Snapshot", "cid_of",
+           "snapshot_of", "DONE_CH", "PAUSE_TASK", "PAUSE_CH"]
+
+DONE_CH = "__task__"        # a completed task's marker write (its update may be empty)
+PAUSE_TASK = "__pause__"    # the task id of the superstep's pause record
+PAUSE_CH = "__interrupt__"  # a special channel: a later pause record overwrites the last
+_MISSING = object()
+
+
+def cid_of(step: int) -> str:
+    """The checkpoint id of the state after ``step`` supersteps (sortable)."""
+    return f"{step:012d}"
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An approval a paused run waits for: decide it with ``store.decide(run_id,
+    step_id, approved)``."""
+
+    step_id: str
+    action: str
+    payload: Any = None
+
+
+@dataclass
+class GraphResult:
+    """What ``app.run`` returns (and ``app.state`` reads): ``status`` is ``finished``,
+    ``waiting`` (``waiting`` lists the approvals), ``sleeping`` (until ``until``),
+    ``failed`` (``error`` the exception when raised in this process, ``message`` its
+    text) or, from ``app.state`` only, ``running`` (unfinished: resume with
+    ``app.run(None, run_id=...)``)."""
+
+    run_id: str
+    status: str
+    state: dict
+    step: int
+    checkpoint_id: str
+    waiting: list = field(default_factory=list)
+    until: float | None = None
+    error: BaseException | None = None
+    message: str | None = None
+
+    @property
+    def interrupt(self) -> Pending | None:
+        """The first pending approval (None unless ``waiting``)."""
+        return self.waiting[0] if self.waiting else None
+
+
+@dataclass(frozen=True)
+class Superstep:
+    """One committed superstep, as ``app.stream`` yields it: the tasks' updates in task
+    order (node name, then Send index)."""
+
+    step: int
+    checkpoint_id: str
+    updates: list
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A checkpoint of a run (``app.history``): the state after ``step`` supersteps and
+    the tasks that were to run next (``[node]`` or ``[node, send_arg]``)."""
+
+    checkpoint_id: str
+    step: int
+    state: dict
+    next: list
+    finished: bool
+    metadata: dict
+
+
+def snapshot_of(spec: Spec, ck: Any) -> Snapshot:
+    meta = ck.metadata
+    state = spec.defaults()
+    state.update(ck.values)
+    return Snapshot(ck.checkpoint_id, meta.get("step", 0), state, meta.get("next", []),
+                    meta.get("status") == "finished", meta)
+
+
+class Outcome:
+    """What one task did: its update, or the exception that ended it."""
+
+    __slots__ = ("task", "update", "exc", "restored")
+
+    def __init__(self, task: Task, update: Any, exc: BaseException | None,
+                 restored: bool = False) -> None:
+        self.task, self.update, self.exc, self.restored = task, update, exc, restored
+
+
+class Execution:
+    """One ``app.run``/``app.arun`` of one run (see the module docstring)."""
+
+    def __init__(self, app: Any, run_id: str, durability: str | None, max_supersteps: int,
+                 wait: bool) -> None:
+        self.spec: Spec = app.spec
+        self.store = app.store
+        self.name = app.name
+        self.on_drift = app.on_drift
+        self.run_id = run_id
+        self.durability = durability
+        self.max_supersteps = max_supersteps
+        self.wait = wait
+        self.run: Run | None = None
+        self.record: dict = {}
+        self.values: dict = {}
+        self.versions: dict = {}
+        self.step = -1
+        self.cid: str | None = None
+        self.since = 0
+        self.tasks: list[Task] = []
+        self.done: dict[str, dict] = {}        # task id -> its update (pending writes)
+        self.pause: dict | None = None
+        self.result: GraphResult | None = None
+        self.last: list[Outcome] = []           # the outcomes of the last commit
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- start: load the run, or create it ------------------------------------------------
+
+    def start(self, input: Any, resume_failed: bool = True) -> None:  # noqa: A002
+        """Load the newest checkpoint (or commit the input as checkpoint 0). Sets
+        ``result`` when there is nothing to run now (finished, waiting for a decision,
+        sleeping, failed and not ``resume_failed``): then no journal record is written."""
+        if input is not None and type(input) is not dict:
+            raise ConfigError(f"the input of a graph run is a dict of channel values (or None "
+                              f"to resume), got {type(input).__name__}")
+        fp = None if input is None else self._fingerprint(input)
+        ck = self.store.get(self.run_id)
+        if ck is None:
+            if input is None:
+                raise NotFoundError(f"run {self.run_id!r} does not exist; start it with its "
+                                    "input: app.run({...}, run_id=...)", run_id=self.run_id)
+            self._open(input)
+            ck = self.store.get(self.run_id)     # another driver may have created it
+            if ck is None:
+                return self._first(input, fp)
+        self.check(ck, fp)
+        self._load(ck)
+        if self.run is not None:
+            self._ready(resume_failed)
+            return None
+        if not self._ready(resume_failed):
+            return None         # nothing to run: no journal record written
+        self._open(NO_INPUT)
+        if self._newest() != ck.checkpoint_id:      # advanced before we claimed it
+            self._load(self.store.get(self.run_id))
+            self._ready(resume_failed)
+        return None
+
+    def _fingerprint(self, input: dict) -> int:  # noqa: A002
+        try:
+            return fingerprint(self.store.serde.dumps(input))
+        except Exception as e:
+            raise ConfigError(f"the input of run {self.run_id!r} cannot be serialized: {e}",
+                              run_id=self.run_id) from e
+
+    def _open(self, input: Any) -> None:  # noqa: A002
+        sleep = time.sleep if self.wait else _pause_sleep
+        run = Run(self.store, self.run_id, input, on_drift=self.on_drift, sleep=sleep,
+                  since=self.since)
+        run.open()          # RunBusyError: another driver in this process
+        self.run = run
+
+    def _newest(self) -> str | None:
+        head = next(iter(self.store.history(self.run_id, "", limit=1, values=False)), None)
+        return None if head is None else head.checkpoint_id
+
+    def check(self, ck: Any, fp: int | None) -> None:
+        """Refuse a checkpoint that is not of a run of this graph, or another input."""
+        rec = ck.checkpoint
+        if not isinstance(rec, dict) or rec.get("graph") != self.name:
+            other = rec.get("graph") if isinstance(rec, dict) else None
+            raise RunConflictError(
+                f"thread {self.run_id!r} holds " + (f"a run of graph {other!r}, not {self.name!r}"
+                                                    if other else "checkpoints of no durkv.Graph")
+                + "; use another run id", run_id=self.run_id)
+        if fp is not None and rec.get("in") != fp:
+            raise RunConflictError(
+                f"run {self.run_id!r} exists with another input; two jobs must not share a run "
+                "id: use a new run id, the original input, or None to resume",
+                run_id=self.run_id)
+
+    def _first(self, input: dict, fp: int) -> None:  # noqa: A002
+        self.record = {"graph": self.name, "in": fp}
+        self.values = self.spec.defaults()
+        staged: dict = {}
+        self.reduce_into(staged, START, input)
+        changed = self.apply(staged)
+        tasks = self._route([START])
+        self.commit(changed, tasks)
+
+    def _load(self, ck: Any) -> None:
+        meta = ck.metadata
+        self.record = ck.checkpoint
+        self.step, self.cid, self.since = meta["step"], ck.checkpoint_id, meta.get("j", 0)
+        self.values = self.spec.defaults()
+        self.values.update(ck.values)
+        self.versions = dict(ck.versions)
+        self.tasks = decode_tasks(meta.get("next", []))
+        lost = sorted({t.node for t in self.tasks} - self.spec.nodes.keys())
+        if lost:
+            raise GraphError(f"run {self.run_id!r} is to run node(s) {', '.join(lost)} next, "
+                             "which this graph does not have: run it with the graph's code "
+                             "that made it", run_id=self.run_id, nodes=lost)
+        self.done, self.pause = {}, None
+        for w in ck.writes:
+            if w.task_id == PAUSE_TASK:
+                self.pause = w.value
+            elif w.channel == DONE_CH:
+                self.done.setdefault(w.task_id, {})
+            else:
+                self.done.setdefault(w.task_id, {})[w.channel] = w.value
+        self.result = None
+        if meta.get("status") == "finished":
+            self.result = self._result("finished")
+
+    def _ready(self, resume_failed: bool) -> bool:
+        """Whether the loaded run has work to do now; else ``result`` says why not."""
+        p = self.pause
+        if self.result is not None or p is None:
+            return self.result is None
+        st = p.get("status")
+        left = (p.get("until") or 0) - time.time()
+        if st == "sleeping" and left > 0:
+            if not self.wait:
+                self.result = self._paused(p)
+                return False
+            time.sleep(left)
+        elif st == "waiting" and not self._decided([w[0] for w in p.get("waiting", ())]):
+            self.result = self._paused(p)
+            return False
+        elif st == "failed" and not resume_failed:
+            self.result = self._paused(p)
+            return False
+        return True
+
+    def inspect(self, ck: Any) -> GraphResult:
+        """The status of the run whose newest checkpoint is ``ck`` (nothing is run)."""
+        self.check(ck, None)
+        self._load(ck)
+        if self.result is not None:
+            return self.result
+        return self._result("running") if self.pause is None else self._paused(self.pause)
+
+    def _decided(self, steps: list[str]) -> bool:
+        """Whether a decision on one of the paused approvals is journaled (the records
+        since the checkpoint: the requests and decisions of this superstep)."""
+        want = set(steps)
+        return any(r.get("e") == E_DECISION and r.get("s") in want
+                   for r in self.store.journal(self.run_id, start=self.since))
+
+    def _result(self, status: str, **kw: Any) -> GraphResult:
+        return GraphResult(self.run_id, status, self.values, self.step, self.cid, **kw)
+
+    def _paused(self, p: dict) -> GraphResult:
+        return self._result(p["status"], waiting=[Pending(*w) for w in p.get("waiting", ())],
+                            until=p.get("until"), message=p.get("message"))
+
+    # -- a superstep: the tasks, the barrier, the commit -------------------------------------
+
+    def todo(self) -> list[Task]:
+        """The tasks of the current superstep that have no update yet."""
+        if self.step >= self.max_supersteps:
+            nodes = ", ".join(sorted({t.node for t in self.tasks}))
+            e = GraphError(
+                f"run {self.run_id!r} reached max_supersteps={self.max_supersteps} with nodes "
+                f"{nodes} still active: a loop that never reaches durkv.END? If it is meant "
+                "to go on, resume it with app.run(None, run_id=..., max_supersteps=<more>)",
+                run_id=self.run_id, nodes=nodes)
+            self.fail(e)
+            raise e
+        done = self.done
+        if not done:
+            return self.tasks
+        return [t for t in self.tasks if self.task_id(t) not in done]
+
+    def task_id(self, t: Task) -> str:
+        return f"{self.step}:{t.node}:{t.index}"
+
+    def _arg(self, t: Task) -> tuple[Any, NodeContext]:
+        return (t.arg if t.send else dict(self.values)), NodeContext(self.run, self.step,
+                                                                     t.node, t.index)
+
+    def call(self, t: Task) -> Outcome:
+        """Run one (plain) task; its exception, whatever it is, becomes its outcome."""
+        arg, ctx = self._arg(t)
+        try:
+            fn = self.spec.nodes[t.node]
+            upd = fn(arg, ctx) if self.spec.arity[t.node] == 2 else fn(arg)
+        except BaseException as e:      # noqa: B036 - the barrier sorts them out
+            return Outcome(t, None, e)
+        return Outcome(t, upd, None)
+
+    async def acall(self, t: Task, threads: bool) -> Outcome:
+        if not self.spec.is_async[t.node]:
+            return await asyncio.to_thread(self.call, t) if threads else self.call(t)
+        arg, ctx = self._arg(t)
+        try:
+            fn = self.spec.nodes[t.node]
+            upd = await (fn(arg, ctx) if self.spec.arity[t.node] == 2 else fn(arg))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:      # noqa: B036
+            return Outcome(t, None, e)
+        return Outcome(t, upd, None)
+
+    async def acall_all(self, todo: list[Task], offload: bool) -> list[Outcome]:
+        """Run the tasks on the running loop: async nodes as coroutines, plain ones in
+        worker threads when several run at once or ``offload`` (the loop is the
+        caller's: a blocking node must not stall its other work)."""
+        if len(todo) == 1:
+            return [await self.acall(todo[0], offload)]
+        return list(await asyncio.gather(*(self.acall(t, True) for t in todo)))
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop async nodes run on under the sync ``app.run`` (one per execution)."""
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        return self.loop
+
+    def barrier(self, ran: list[Outcome]) -> bool:
+        """Fold the superstep's updates (in task order) and commit it (True); or, when a
+        task failed or paused, keep the completed tasks' updates as pending writes."""
+        outs = self._in_order(ran)
+        staged: dict = {}
+        ok = True
+        for o in outs:
+            if o.exc is None:
+                try:
+                    self.reduce_into(staged, o.task.node, o.update)
+                except GraphError as e:
+                    o.exc = e
+            ok = ok and o.exc is None
+        if not ok:
+            self._stop(outs)
+            return False
+        changed = self.apply(staged)
+        try:
+            tasks = self._route(list(dict.fromkeys(o.task.node for o in outs)))
+        except Exception as e:
+            self._keep(outs)
+            self.fail(e)
+            raise
+        self.commit(changed, tasks)
+        self.last = outs
+        return True
+
+    def superstep(self) -> Superstep:
+        """The superstep just committed, as ``app.stream`` yields it."""
+        return Superstep(self.step, self.cid, [(o.task.node, o.update) for o in self.last])
+
+    def _in_order(self, ran: list[Outcome]) -> list[Outcome]:
+        if not self.done:
+            return ran
+        by_id = {self.task_id(o.task): o for o in ran}
+        return [by_id.get(self.task_id(t)) or Outcome(t, self.done[self.task_id(t)], None, True)
+                for t in self.tasks]
+
+    def reduce_into(self, staged: dict, node: str, upd: Any) -> None:
+        """Fold one task's update into ``staged`` (Append: the new items; other
+        channels: the new value). Raises GraphError naming node and key; ``self.values``
+        is not touched."""
+        if upd is None:
+            return
+        who = "the input" if node == START else f"node {node!r}"
+        if type(upd) is not dict:
+            raise GraphError(f"{who} returned {type(upd).__name__} {upd!r:.80}; a node "
+                             "returns a dict of channel updates (or None)", node=node)
+        chans = self.spec.channels
+        for ch, v in upd.items():
+            r = chans.get(ch)
+            if r is None:
+                raise GraphError(f"{who} has key {ch!r}, which is not a channel of "
+                                 f"the graph (channels: {', '.join(chans)})", node=node, key=ch)
+            kind, fn = r
+            if kind == APPEND:
+                if type(v) is not list and type(v) is not tuple:
+                    raise GraphError(f"{who}: channel {ch!r} is a durkv.Append(); its "
+                                     f"update is a list of new items, got {type(v).__name__}",
+                                     node=node, key=ch)
+                got = staged.get(ch)
+                if got is None:
+                    staged[ch] = list(v)     # our own list: never the node's
+                else:
+                    got.extend(v)
+            elif kind == FN:
+                self._fold(staged, node, ch, fn, v)
+            else:
+                staged[ch] = v
+
+    def _fold(self, staged: dict, node: str, ch: str, fn: Any, v: Any) -> None:
+        old = staged[ch] if ch in staged else (
+            self.values[ch] if ch in self.versions else _MISSING)
+        if old is _MISSING:
+            staged[ch] = v
+            return
+        try:
+            staged[ch] = fn(old, v)
+        except Exception as e:
+            name = getattr(fn, "__qualname__", repr(fn))
+            who = "the input" if node == START else f"node {node!r}"
+            raise GraphError(f"{who}: the reducer {name!r} of channel {ch!r} refused "
+                             f"the update {v!r:.80} ({err_type(e)}: {e})",
+                             node=node, key=ch) from e
+
+    def apply(self, staged: dict) -> dict:
+        """Apply folded updates to the state; returns the changed channels' values."""
+        values, chans = self.values, self.spec.channels
+        for ch, v in staged.items():
+            if chans[ch][0] == APPEND:
+                cur = values[ch]
+                cur.extend(v)       # in place: the list is ours, the store copies what it keeps
+                staged[ch] = cur
+            else:
+                values[ch] = v
+        return staged
+
+    def _route(self, sources: list[str]) -> list[Task]:
+        try:
+            return self.spec.next_tasks(sources, dict(self.values))
+        except GraphError:
+            raise
+        except Exception as e:
+            raise GraphError(f"a router of node(s) {', '.join(sources)} raised {err_type(e)}: "
+                             f"{e}", run_id=self.run_id) from e
+
+    def commit(self, changed: dict, tasks: list[Task]) -> None:
+        """The superstep's one commit: the changed channels, all versions, the next tasks."""
+        step = self.step + 1
+        cid = cid_of(step)
+        versions = self.versions
+        for ch in changed:
+            versions[ch] = step
+        meta = {"step": step, "next": [t.enc for t in tasks], "run_id": self.run_id,
+                "j": self.store.journal_length(self.run_id)}
+        if not tasks:
+            meta["status"] = "finished"
+        self.store.put(self.run_id, "", cid, checkpoint=self.record, metadata=meta,
+                       values=changed, versions=versions, parent_id=self.cid,
+                       durability=self.durability)
+        self.step, self.cid, self.tasks = step, cid, tasks
+        if self.done:
+            self.done = {}
+        if not tasks:
+            self.result = self._result("finished")
+
+    # -- a superstep that stops: pending writes and the pause record --------------------------
+
+    def _keep(self, outs: list[Outcome]) -> None:
+        """Each completed task's update as pending writes of the current checkpoint."""
+        dur = self.durability if self.durability == SYNC else None
+        for o in outs:
+            if o.exc is not None or o.restored:
+                continue
+            upd = o.update or {}
+            writes = [(0, DONE_CH, None)] + [
+                (i, ch, list(v) if type(v) is tuple else v)
+                for i, (ch, v) in enumerate(upd.items(), 1)]
+            self.store.put_writes(self.run_id, "", self.cid, self.task_id(o.task), writes,
+                                  durability=dur)
+
+    def _stop(self, outs: list[Outcome]) -> None:
+        """A superstep that cannot commit: keep what completed, record why it stopped."""
+        self._keep(outs)
+        excs = [o for o in outs if o.exc is not None]
+        for o in excs:
+            if not isinstance(o.exc, (Exception, Interrupted, SleepPause)):
+                raise o.exc         # KeyboardInterrupt, SystemExit: after the siblings' writes
+        failed = [o for o in excs if isinstance(o.exc, Exception)]
+        waits = [o.exc for o in excs if isinstance(o.exc, Interrupted)]
+        if failed:
+            o = failed[0]
+            p = {"status": "failed", "message": f"node {o.task.node!r} (task "
+                 f"{self.task_id(o.task)}) raised {err_type(o.exc)}: {o.exc}"}
+        elif waits:
+            p = {"status": "waiting", "waiting": [[w.step_id, w.action, w.payload]
+                                                  for w in waits]}
+        else:
+            now = time.time()
+            p = {"status": "sleeping", "until": min(now + o.exc.left for o in excs)}
+        self._pause(p)
+        self.result = self._paused(p)
+        if failed:
+            self.result.error = failed[0].exc
+            if isinstance(failed[0].exc, GraphError):
+                raise failed[0].exc
+
+    def _pause(self, p: dict) -> None:
+        """Record why the current superstep stopped (a special channel: it overwrites)."""
+        dur = self.durability if self.durability == SYNC else None
+        self.store.put_writes(self.run_id, "", self.cid, PAUSE_TASK, [(0, PAUSE_CH, p)],
+                              durability=dur)
+
+    def fail(self, e: Exception) -> GraphResult:
+        """Record that the run stopped on ``e`` (a GraphError: its graph broke the
+        contract), so that ``app.state`` says ``failed`` and ``recover`` passes it by."""
+        msg = f"{err_type(e)}: {e}"
+        if self.cid is not None:
+            self._pause({"status": "failed", "message": msg})
+        return self._result("failed", error=e, message=msg)
+
+    # -- the end: the journal's status ----------------------------------------------------
+
+    def close(self, exc: BaseException | None) -> None:
+        """Journal how the execution ended and release the run."""
+        run, self.run = self.run, None
+        if self.loop is not None:
+            self.loop.close()
+            self.loop = None
+        if run is None:
+            return
+        if exc is not None and not isinstance(exc, GeneratorExit):
+            run.close(exc)
+            return
+        r = self.result
+        if r is not None:
+            step = r.waiting[0].step_id if r.waiting else None
+            run.mark(r.status, step, r.message, r.until)
+        run.close(record=False)     # a stream abandoned early: the run stays "running"
+
+
+def _pause_sleep(seconds: float) -> None:
+    """A node's durable sleep under the scheduler: the wake time is journaled; pause the
+    run instead of blocking a worker."""
+    raise SleepPause(seconds)
