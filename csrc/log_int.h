@@ -51,7 +51,7 @@ struct dkv_log {
     unsigned ndefer;            /*   (batches: three at a time, interleaved); 0 outside mu */
     uint64_t next_lsn, written_lsn, durable_lsn;
     uint64_t commit_syncs;          /* fdatasyncs run by group-commit leaders (mu) */
-    uint64_t flusher_syncs;         /* fdatasyncs run by the async flusher (mu) */
+    uint64_t flusher_syncs;         /* fdatasyncs run by the async flusher (atomic) */
     int leader, syncing, rolling;
     int failed;
     char failmsg[256];
