@@ -4,10 +4,17 @@ They open the store read-only (no lock: safe next to a running writer). The
 store does not record which serializer wrote it, so ``--serde auto`` (the
 default) decodes the newest checkpoint with durkv's msgpack serde and, if that
 fails, with LangGraph's (what ``DurkvSaver`` writes).
+
+A store written with LangGraph's ``EncryptedSerializer`` is listed all the same:
+ids, times (the checkpoint id's, a time-based UUID) and sizes are readable
+without the key; each encrypted value is printed as an ``$encrypted`` marker with
+its size, and one line on stderr says that the values need the key.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +26,7 @@ from .. import open as open_store
 from ..errors import ConfigError, DurkvError, NotFoundError, SerializationError
 from . import output, strict_json
 from .output import JSON_KEY
+from .strict_json import Encrypted
 from .stores import log_dir
 
 SERDES = ("auto", "msgpack", "langgraph")
@@ -35,7 +43,33 @@ def ns_option(f):
                         help="Checkpoint namespace (default: the root namespace '').")(f)
 
 
-def _langgraph_serde() -> Any:
+_NOTED = "durkv.encrypted_noted"    # ctx.meta: the "values need the key" line was printed
+
+
+class _WithoutKey:
+    """LangGraph's serializer for a reader that has no key: a value written by an
+    ``EncryptedSerializer`` (stored type ``"<type>+<cipher>"``, e.g. ``msgpack+aes``, which
+    nothing but that serializer with its key can load) loads as an :class:`Encrypted`
+    marker of its size; every other value as ``JsonPlusSerializer`` loads it. ``ciphers``
+    collects the cipher names met (``aes``), for the one line that says so."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.ciphers: set[str] = set()
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        return self.inner.dumps_typed(obj)
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        type_, payload = data
+        if "+" in type_:
+            self.ciphers.add(type_.split("+", 1)[1])
+            return Encrypted(type_, len(payload))
+        return self.inner.loads_typed(data)
+
+
+def _langgraph_serde() -> tuple[Any, _WithoutKey]:
+    """LangGraph's serde for reading, and the part of it that notes encrypted values."""
     try:   # imported on use: durkv reads msgpack stores without langgraph installed
         from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
@@ -43,7 +77,20 @@ def _langgraph_serde() -> Any:
     except ImportError as exc:
         raise ConfigError(f"reading a store written by LangGraph needs langgraph ({exc}); "
                           "pip install -e '.[langgraph]'") from exc
-    return LangGraphSerde(JsonPlusSerializer())
+    keyless = _WithoutKey(JsonPlusSerializer())
+    return LangGraphSerde(keyless), keyless
+
+
+def _note_encrypted(ciphers: set[str]) -> None:
+    """Say once per command, on stderr, that values were encrypted and need the key."""
+    ctx = click.get_current_context(silent=True)
+    if not ciphers or (ctx is not None and ctx.meta.get(_NOTED)):
+        return
+    if ctx is not None:
+        ctx.meta[_NOTED] = True
+    click.echo(f"note: the values are encrypted ({', '.join(sorted(ciphers))}): shown are "
+               "ids, times and sizes; reading them needs the key (DurkvSaver with "
+               "saver.serde = EncryptedSerializer(...))", err=True)
 
 
 def _decodes(store: Any) -> bool:
@@ -65,23 +112,29 @@ def _decodes(store: Any) -> bool:
 def open_reader(path: Path, serde: str) -> Iterator[Any]:
     """The store at ``path``, read-only, with the serializer that can decode it."""
     where = log_dir(path)
+    keyless = None
     if serde == "langgraph":
-        store = open_store(where, read_only=True, serde=_langgraph_serde())
+        lg, keyless = _langgraph_serde()
+        store = open_store(where, read_only=True, serde=lg)
     else:
         store = open_store(where, read_only=True)
         if serde == "auto" and not _decodes(store):
             store.close()
-            store = open_store(where, read_only=True, serde=_langgraph_serde())
+            lg, keyless = _langgraph_serde()
+            store = open_store(where, read_only=True, serde=lg)
     try:
         yield store
     except DurkvError:
         raise
-    except (ValueError, TypeError) as exc:   # a value the chosen serde cannot decode
+    # a value the chosen serde cannot decode (NotImplementedError: LangGraph's unknown type)
+    except (ValueError, TypeError, NotImplementedError) as exc:
         other = "msgpack" if serde == "langgraph" else "langgraph"
         raise SerializationError(f"cannot decode a stored value with the {serde} serde "
                                  f"({type(exc).__name__}: {exc}); try --serde {other}") from exc
     finally:
         store.close()
+    if keyless is not None:
+        _note_encrypted(keyless.ciphers)
 
 
 def _present(store: Any, values: dict[str, Any]) -> dict[str, Any]:
@@ -99,10 +152,41 @@ def _compact(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+_UUID_EPOCH = 0x01B21DD213814000     # 100 ns ticks from 1582-10-15 to 1970-01-01
+
+
+def _id_time(checkpoint_id: str) -> float | None:
+    """The Unix time a time-based UUID holds (v1, v6 -- LangGraph's checkpoint ids -- and
+    v7), or None for any other id."""
+    try:
+        u = uuid.UUID(checkpoint_id)
+    except ValueError:
+        return None
+    if u.version == 6:
+        ticks = (u.time_low << 28) | (u.time_mid << 12) | (u.time_hi_version & 0x0FFF)
+    elif u.version == 1:
+        ticks = u.time
+    elif u.version == 7:
+        return (u.int >> 80) / 1000
+    else:
+        return None
+    return (ticks - _UUID_EPOCH) / 1e7
+
+
+def _time(ck: Any) -> str | None:
+    """When the checkpoint was taken: the record's ``ts`` (LangGraph's), else the time in
+    its id when the id is a time-based UUID (readable even when the record is encrypted)."""
+    rec = ck.checkpoint
+    if isinstance(rec, dict) and isinstance(rec.get("ts"), str):
+        return rec["ts"]
+    t = _id_time(ck.checkpoint_id)
+    return None if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat()
+
+
 def _checkpoint_dict(store: Any, ck: Any, values: bool = True) -> dict[str, Any]:
     out = {
         "thread_id": ck.thread_id, "checkpoint_ns": ck.checkpoint_ns,
-        "checkpoint_id": ck.checkpoint_id, "parent_id": ck.parent_id,
+        "checkpoint_id": ck.checkpoint_id, "parent_id": ck.parent_id, "time": _time(ck),
         "metadata": ck.metadata, "versions": ck.versions,
     }
     if values:
@@ -144,13 +228,13 @@ def ls(ctx: click.Context, path: Path, serde: str, as_json: bool) -> None:
                     continue
                 channels = sorted(_present(store, ck.values))
                 items.append({**_checkpoint_dict(store, ck, values=False), "channels": channels})
-                rows.append((thread, ns or "-", ck.checkpoint_id, ck.parent_id or "-",
-                             _step(ck.metadata), ", ".join(channels)))
+                rows.append((thread, ns or "-", ck.checkpoint_id, _time(ck) or "-",
+                             ck.parent_id or "-", _step(ck.metadata), ", ".join(channels)))
     if as_json:
         output.emit_json({"path": str(path), "threads": items})
     elif rows:
-        click.echo(output.table(rows, ("thread", "ns", "latest checkpoint", "parent", "step",
-                                       "channels")))
+        click.echo(output.table(rows, ("thread", "ns", "latest checkpoint", "time", "parent",
+                                       "step", "channels")))
     else:
         click.echo("no threads", err=True)
 
@@ -185,9 +269,9 @@ def history(ctx: click.Context, path: Path, thread: str, ns: str, limit: int, se
         output.emit_json({"path": str(path), "thread_id": thread, "checkpoint_ns": ns,
                           "checkpoints": found})
         return
-    rows = [(ck.checkpoint_id, ck.parent_id or "-", _step(ck.metadata), _compact(ck.metadata))
-            for ck in cks]
-    click.echo(output.table(rows, ("checkpoint", "parent", "step", "metadata")))
+    rows = [(ck.checkpoint_id, _time(ck) or "-", ck.parent_id or "-", _step(ck.metadata),
+             _compact(ck.metadata)) for ck in cks]
+    click.echo(output.table(rows, ("checkpoint", "time", "parent", "step", "metadata")))
 
 
 @click.command()
@@ -222,7 +306,7 @@ def show(ctx: click.Context, path: Path, thread: str, checkpoint_id: str | None,
     if as_json:
         output.emit_json(data)
         return
-    for key in ("thread_id", "checkpoint_ns", "checkpoint_id", "parent_id"):
+    for key in ("thread_id", "checkpoint_ns", "checkpoint_id", "parent_id", "time"):
         click.echo(f"{key + ':':15}{data[key] or '-'}")
     click.echo(f"{'metadata:':15}{_compact(data['metadata'], 200)}")
     click.echo(f"{'versions:':15}{_compact(data['versions'], 200)}")

@@ -24,6 +24,7 @@ so :func:`plain` turns a value into JSON types by these rules (README,
   ``{"$timedelta": [days, s, us]}``       Python's normalized fields, exact
   ``{"$uuid": "..."}``                    also ``{"$decimal": "1.10"}`` (exact text)
   ``{"$ext": [code, "hex"]}``             a msgpack extension no serde knows
+  ``{"$encrypted": {"type", "bytes"}}``   a value that needs a key (:class:`Encrypted`)
   ``{"$repr": "..."}``                    anything else, and a container inside itself
   =====================================  ===============================================
 
@@ -54,7 +55,22 @@ import msgpack
 
 from ..errors import SerializationError
 
-__all__ = ["plain", "dumps"]
+__all__ = ["plain", "dumps", "Encrypted"]
+
+
+class Encrypted:
+    """A stored value the reader has no key for (LangGraph's ``EncryptedSerializer``): its
+    type as stored (``"msgpack+aes"``) and its size in bytes, which is all that can be
+    shown of it. Printed as ``{"$encrypted": {"type": ..., "bytes": ...}}``."""
+
+    __slots__ = ("type", "bytes")
+
+    def __init__(self, type_: str, size: int) -> None:
+        self.type = type_
+        self.bytes = size
+
+    def __repr__(self) -> str:
+        return f"<encrypted {self.type}, {self.bytes} bytes>"
 
 _BYTES = (bytes, bytearray, memoryview)
 _AS_TEXT = ((dt.datetime, "$datetime"), (dt.date, "$date"), (dt.time, "$time"),
@@ -104,6 +120,8 @@ def _plain(value: Any, inside: set[int]) -> Any:
         return {"$bytes": bytes(value).hex()}
     if isinstance(value, msgpack.ExtType):
         return {"$ext": [value.code, bytes(value.data).hex()]}
+    if isinstance(value, Encrypted):
+        return {"$encrypted": {"type": value.type, "bytes": value.bytes}}
     for cls, marker in _AS_TEXT:
         if isinstance(value, cls):
             return {marker: value.isoformat() if hasattr(value, "isoformat") else str(value)}

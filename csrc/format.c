@@ -64,12 +64,19 @@ int dkv__pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
     return 0;
 }
 
+static uint64_t fdatasyncs;     /* successful fdatasyncs in this process (atomic) */
+
+uint64_t dkv_fdatasync_count(void) { return __atomic_load_n(&fdatasyncs, __ATOMIC_RELAXED); }
+
 int dkv__fdatasync(int fd)
 {
     int e = fault_hit(2);
     if (e)
         return -e;
-    return fdatasync(fd) ? -errno : 0;
+    if (fdatasync(fd))
+        return -errno;
+    __atomic_add_fetch(&fdatasyncs, 1, __ATOMIC_RELAXED);
+    return 0;
 }
 
 int dkv__dirfsync(const char *dir)
@@ -475,6 +482,7 @@ const char *dkv_strerror(int code)
     case DKV_ESTALE: return "the log was repaired since this read-only handle opened it";
     case DKV_ETOOBIG: return "frame too large";
     case DKV_ENOLSN: return "no such lsn";
+    case DKV_EFORKED: return "the handle was opened by another process (this one is a fork)";
     default: return "unknown error";
     }
 }

@@ -51,6 +51,7 @@ struct dkv_log {
     unsigned ndefer;            /*   (batches: three at a time, interleaved); 0 outside mu */
     uint64_t next_lsn, written_lsn, durable_lsn;
     uint64_t commit_syncs;          /* fdatasyncs run by group-commit leaders (mu) */
+    uint64_t flusher_syncs;         /* fdatasyncs run by the async flusher (atomic) */
     int leader, syncing, rolling;
     int failed;
     char failmsg[256];
@@ -77,7 +78,31 @@ struct dkv_log {
     int *grave;
     unsigned ngrave, cap_grave;
     int fd_readers;             /* readers between locate and the end of their pread (atomic) */
+    unsigned fork_gen;          /* dkv__fork_gen when opened: another value, another process */
+    int pid;                    /* the process that opened it (for the fork error's message) */
 };
+
+/* ---- fork (seglog.c): a handle belongs to the process that opened it ---- */
+/* Bumped in every child fork() makes (pthread_atfork): a handle whose fork_gen differs was
+ * opened by an ancestor. One load and compare per call: no getpid. */
+extern unsigned dkv__fork_gen;
+/* Record the opening process in a new handle (and install the atfork handler once). */
+void dkv__fork_own(dkv_log *log);
+/* The error of a call on an inherited handle: the message, and DKV_EFORKED. */
+int dkv__forked_error(dkv_log *log);
+static inline int dkv__inherited(const dkv_log *log)
+{
+    return log->fork_gen != __atomic_load_n(&dkv__fork_gen, __ATOMIC_RELAXED);
+}
+/* First statement of every public call that takes mu: refuse an inherited handle before
+ * touching its mutex (held, perhaps, by a thread this process does not have). */
+#define DKV_OWNED(log, fail_value)                   \
+    do {                                              \
+        if (dkv__inherited(log)) {                    \
+            dkv__forked_error(log);                   \
+            return (fail_value);                      \
+        }                                             \
+    } while (0)
 
 /* Record damage the handle found (dkv_last_damage) and say it in its error: "segment S
  * offset O: kind (detail)". Returns DKV_ECORRUPT. */

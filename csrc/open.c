@@ -527,6 +527,7 @@ static dkv_log *new_handle(const char *dir, const dkv_options *opt, int lock_fd,
     log->dir = strdup(dir);
     log->opt = *opt;
     log->broken = 1;            /* until open succeeds */
+    dkv__fork_own(log);
     return log;
 }
 
@@ -835,6 +836,7 @@ static void refresh_new_segments(dkv_log *log, seg_t *a)
 
 int dkv_refresh(dkv_log *log)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
     int rc = 0;
     if (log->closed || log->broken)

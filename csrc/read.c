@@ -86,6 +86,7 @@ static int locate(dkv_log *log, uint64_t lsn, uint8_t **mem, uint32_t *mlen, uin
 
 int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, uint8_t *type)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     int fd = -1, own = 0;
     uint64_t off = 0, flen = 0;
     char seg[64];
@@ -159,6 +160,7 @@ int dkv_read(dkv_log *log, uint64_t lsn, uint8_t *buf, uint32_t cap, uint32_t *l
 
 int dkv_segments(dkv_log *log, dkv_report **out)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
     dkv_report *r = calloc(1, sizeof *r);
     size_t n = 0;
@@ -306,6 +308,7 @@ static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scrat
 int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_out,
                    size_t *len_out)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     if (n > UINT32_MAX)
         return DKV_EINVAL;
     size_t cap = 64 + n * 64, len = 5;

@@ -24,6 +24,21 @@
 #define EXIT_SPILL (4u << 20)       /* exit policy writes (no fsync) past this much buffered, */
 #define EXIT_HARD (32u << 20)       /* in the background (flusher thread) up to this much */
 
+/* ---- fork: a handle belongs to the process that opened it (seglog.h) ---- */
+
+unsigned dkv__fork_gen;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_child(void) { __atomic_add_fetch(&dkv__fork_gen, 1, __ATOMIC_RELAXED); }
+static void fork_install(void) { pthread_atfork(NULL, NULL, fork_child); }
+
+void dkv__fork_own(dkv_log *log)
+{
+    pthread_once(&fork_once, fork_install);
+    log->fork_gen = __atomic_load_n(&dkv__fork_gen, __ATOMIC_RELAXED);
+    log->pid = (int)getpid();
+}
+
 /* Errors of calls without a handle (dkv_verify, dkv_recover): per calling thread. */
 static __thread char thread_err[512];
 static __thread int thread_errno;
@@ -56,6 +71,15 @@ int dkv__io_error(dkv_log *log, int err, const char *fmt, ...)
     set_error_v(log, err, fmt, ap);
     va_end(ap);
     return DKV_EIO;
+}
+
+/* The handle's err buffer is this process's copy: writing it touches nothing shared. */
+int dkv__forked_error(dkv_log *log)
+{
+    dkv__set_error(log, "the log %s was opened by process %d and this process (%d) is a fork "
+                   "of it: a handle is never used across fork(); open the store again in "
+                   "this process (durkv.open after the fork)", log->dir, log->pid, (int)getpid());
+    return DKV_EFORKED;
 }
 
 const char *dkv_last_error(dkv_log *log) { return log ? log->err : thread_err; }
@@ -172,6 +196,17 @@ static int flush_due(const dkv_log *log)
     return log->flush_want > log->durable_lsn && log->written_lsn > log->durable_lsn;
 }
 
+/* Wake the flusher if it sleeps without a deadline and has work (mu held). One already
+ * counting down its flush interval will sync this write too (a signal per append would
+ * cost every append a futex wake and a context switch on the other core). */
+static void wake_flusher(dkv_log *log)
+{
+    if (log->flusher_idle && flush_due(log)) {
+        log->flusher_idle = 0;
+        pthread_cond_signal(&log->flush_cv);
+    }
+}
+
 /* Become leader (mu held, no leader running): write everything pending, fdatasync if
  * asked, return with mu held. */
 static int lead(dkv_log *log, int do_sync)
@@ -214,13 +249,7 @@ static int lead(dkv_log *log, int do_sync)
     if (do_sync && upto > log->durable_lsn)
         STORE_LSN(log->durable_lsn, upto);
     pthread_cond_broadcast(&log->cv);
-    /* Wake the flusher only when it sleeps without a deadline: one already counting down
-     * its flush interval will sync this write too (a signal per append would cost every
-     * append a futex wake and a context switch on the other core). */
-    if (log->flusher_idle && flush_due(log)) {
-        log->flusher_idle = 0;
-        pthread_cond_signal(&log->flush_cv);
-    }
+    wake_flusher(log);
     return 0;
 }
 
@@ -516,6 +545,7 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
 int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int durability,
                uint64_t *lsn_out)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
     int rc = append_locked(log, type, &buf, &len, 1, durability, lsn_out);
     pthread_mutex_unlock(&log->mu);
@@ -524,6 +554,7 @@ int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int
 
 int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len, int durability)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     const uint8_t *b = (const uint8_t *)buf;
     uint64_t lsn = 0;
     pthread_mutex_lock(&log->mu);
@@ -535,6 +566,7 @@ int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len
 int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,
                       uint32_t n, int durability, uint64_t *first_lsn_out)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     const uint8_t *one[64];
     const uint8_t **bufs = n <= 64 ? one : malloc((size_t)n * sizeof *bufs);
     if (!bufs)
@@ -555,6 +587,7 @@ int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32
 int dkv_append_many(dkv_log *log, uint8_t type, const uint8_t *const *bufs, const uint32_t *lens,
                     uint32_t n, int durability, uint64_t *first_lsn_out)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
     int rc = append_locked(log, type, bufs, lens, n, durability, first_lsn_out);
     pthread_mutex_unlock(&log->mu);
@@ -580,6 +613,7 @@ static int wait_durable_locked(dkv_log *log, uint64_t end)
 
 int dkv_wait_written(dkv_log *log, uint64_t lsn)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
     int rc = 0;
     if (lsn >= log->next_lsn) {
@@ -587,6 +621,10 @@ int dkv_wait_written(dkv_log *log, uint64_t lsn)
                        (unsigned long long)lsn, (unsigned long long)log->next_lsn);
         rc = DKV_ENOLSN;
     }
+    /* the flusher owes these frames an fdatasync, as it does an async append's (a frame
+     * queued under DKV_EXIT is otherwise never synced before close or flush) */
+    if (!rc && lsn + 1 > log->flush_want)
+        log->flush_want = lsn + 1;
     while (!rc && !log->opt.read_only && log->written_lsn <= lsn) {
         if ((rc = dkv__usable(log, 0)))
             break;
@@ -595,12 +633,15 @@ int dkv_wait_written(dkv_log *log, uint64_t lsn)
         else
             pthread_cond_wait(&log->cv, &log->mu);
     }
+    if (!rc)
+        wake_flusher(log);      /* another leader may have written them before the raise */
     pthread_mutex_unlock(&log->mu);
     return rc;
 }
 
 int dkv_flush(dkv_log *log)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
     int rc = wait_durable_locked(log, log->next_lsn);
     pthread_mutex_unlock(&log->mu);
@@ -609,6 +650,7 @@ int dkv_flush(dkv_log *log)
 
 int dkv_wait_durable(dkv_log *log, uint64_t lsn)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
     int rc;
     if (lsn >= log->next_lsn) {
@@ -669,7 +711,9 @@ void *dkv__flusher_main(void *arg)
         log->syncing = 0;
         if (rc)
             fail(log, "fdatasync", rc);
-        else if (upto > log->durable_lsn)
+        else
+            __atomic_add_fetch(&log->flusher_syncs, 1, __ATOMIC_RELAXED);
+        if (!rc && upto > log->durable_lsn)
             STORE_LSN(log->durable_lsn, upto);
         pthread_cond_broadcast(&log->cv);
     }
@@ -683,6 +727,7 @@ uint64_t dkv_start_lsn(dkv_log *log) { return __atomic_load_n(&log->start_lsn, _
 
 int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
 {
+    DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
     int rc = dkv__usable(log, 1);
     if (!rc && new_start_lsn && (new_start_lsn < log->start_lsn || new_start_lsn > log->next_lsn)) {
@@ -750,10 +795,31 @@ void dkv__seg_free(seg_t *s)
         close(s->fd);
 }
 
+/* dkv_close of an inherited handle: close this process's copies of its descriptors (the
+ * parent's stay open, and so does its flock, held through the parent's LOCK fd) and leave
+ * the rest: no lock (mu may be held by a thread this process lacks), no write, no fsync,
+ * no join (the flusher thread is the parent's). The memory stays as the fork copied it. */
+static int close_inherited(dkv_log *log)
+{
+    for (size_t i = 0; i < log->nsegs; i++)
+        if (log->segs[i].fd >= 0) {
+            close(log->segs[i].fd);
+            log->segs[i].fd = -1;
+        }
+    dkv__fd_close_grave(log);
+    if (log->lock_fd >= 0)
+        close(log->lock_fd);
+    log->lock_fd = -1;
+    log->nsegs = 0;
+    return 0;
+}
+
 int dkv_close(dkv_log *log)
 {
     if (!log)
         return 0;
+    if (dkv__inherited(log))
+        return close_inherited(log);
     int rc = 0;
     pthread_mutex_lock(&log->mu);
     if (!log->closed && !log->broken && !log->opt.read_only && !log->failed)
@@ -788,8 +854,16 @@ int dkv_close(dkv_log *log)
  * group size: a test and benchmark counter). */
 uint64_t dkv_commit_syncs(dkv_log *log)
 {
+    DKV_OWNED(log, 0);
     pthread_mutex_lock(&log->mu);
     uint64_t n = log->commit_syncs;
     pthread_mutex_unlock(&log->mu);
     return n;
+}
+
+/* Read without mu, as the LSNs are: a test or benchmark polls it while commits run. */
+uint64_t dkv_flusher_syncs(dkv_log *log)
+{
+    DKV_OWNED(log, 0);
+    return __atomic_load_n(&log->flusher_syncs, __ATOMIC_RELAXED);
 }

@@ -6,6 +6,12 @@
  * Handles are opaque; every dkv_open has a dkv_close. The library never calls
  * back into Python. All calls are safe to make without the GIL: a dkv_log is
  * internally locked, and appends from several threads are group-committed.
+ *
+ * A handle belongs to the process that opened it. In a child made by fork() every call on
+ * an inherited handle returns DKV_EFORKED without touching its locks or files (a mutex may
+ * be held by a thread the child does not have, and the flusher thread is not there), and
+ * dkv_close only closes the child's copies of its file descriptors: no flush, no write,
+ * no fsync. The child opens the log again if it needs it.
  */
 #ifndef DKV_SEGLOG_H
 #define DKV_SEGLOG_H
@@ -27,6 +33,7 @@
 #define DKV_ESTALE -10      /* read-only handle: the log was repaired since it opened; reopen */
 #define DKV_ETOOBIG -11     /* a frame larger than the 1 GiB limit */
 #define DKV_ENOLSN -12      /* no such frame: lsn not in the log, lost to damage, not appended */
+#define DKV_EFORKED -13     /* the handle was opened by another process: this one is a fork */
 
 /* durability policies */
 #define DKV_SYNC 0
@@ -145,15 +152,21 @@ int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32
 int dkv_flush(dkv_log *log);
 /* Block until frames below lsn+1 are durable (async: waits for the flusher). */
 int dkv_wait_durable(dkv_log *log, uint64_t lsn);
-/* Block until frames below lsn+1 are written to the OS (the async promise: they survive a
- * process kill), writing them itself if no leader runs. With dkv_append under DKV_EXIT it
- * lets a caller queue a frame under its own lock and wait for the write after releasing
- * it, instead of holding that lock behind a running fdatasync. */
+/* Block until frames below lsn+1 are written to the OS, writing them itself if no leader
+ * runs, and hand them to the flusher: the whole async promise (they survive a process kill
+ * now, and a power loss once the flusher's fdatasync runs, within flush_interval_ms). With
+ * dkv_append under DKV_EXIT it lets a caller queue a frame under its own lock and wait for
+ * the write after releasing it, instead of holding that lock behind a running fdatasync. */
 int dkv_wait_written(dkv_log *log, uint64_t lsn);
 /* Number of frames known durable: frames with lsn < durable are durable. */
 uint64_t dkv_durable_lsn(dkv_log *log);
 /* fdatasyncs run by group-commit leaders of this handle (frames per sync: group size). */
 uint64_t dkv_commit_syncs(dkv_log *log);
+/* fdatasyncs run by this handle's async flusher (what makes async frames durable). */
+uint64_t dkv_flusher_syncs(dkv_log *log);
+/* Successful fdatasync calls the library made in this process, on any file (a witness for
+ * tests and benchmarks: frames, segment headers, seals, HEAD, quarantine copies). */
+uint64_t dkv_fdatasync_count(void);
 /* LSN the next append will get (= number of frames in the log incl. removed prefix). */
 uint64_t dkv_next_lsn(dkv_log *log);
 /* Lowest live LSN (start_lsn of FORMAT.md section 7). */

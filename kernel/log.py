@@ -163,6 +163,7 @@ ERROR_CLASSES: dict[int, type[DurkvError]] = {
     lib.DKV_ENOENT: NotFoundError,
     lib.DKV_EREADONLY: ReadOnlyError,
     lib.DKV_ESTALE: StaleReaderError,
+    lib.DKV_EFORKED: ConfigError,   # a handle used in a fork of the process that opened it
 }
 
 
@@ -224,6 +225,23 @@ def _close_all() -> None:
             pass    # reported above, or stderr is gone: nothing else can be done at exit
 
 
+def _disown_all_in_child() -> None:
+    """In a child made by ``os.fork()``: let go of every log the parent had open.
+
+    The handles are the parent's: the child's writes would interleave with the parent's at
+    the same offsets, and its exit (``_close_all``) or garbage collection would write and
+    fsync the parent's buffered `exit` frames a second time. Each is closed here without a
+    flush (C closes only the child's copies of its descriptors, so the parent's writer lock
+    no longer depends on the child's lifetime); any later use raises ConfigError saying to
+    open the store again in the child. Runs once per fork: nothing on the append path.
+    """
+    for log in list(_open_logs):
+        log._disown()
+
+
+os.register_at_fork(after_in_child=_disown_all_in_child)
+
+
 class SegmentLog:
     """One store directory's segment log (the local backend's storage).
 
@@ -254,6 +272,8 @@ class SegmentLog:
         self._bfirst = 0
         self._bbytes = 0
         self._block = threading.Lock()
+        self._pid = os.getpid()     # the process that opened it (the handle is its alone)
+        self._forked = False        # this process is a fork of that one: refuse everything
 
     @classmethod
     def open(cls, path: str | os.PathLike, durability: str = "sync", *,
@@ -306,8 +326,25 @@ class SegmentLog:
     def _handle(self):
         h = self._h
         if h is None:
+            if self._forked:
+                raise ConfigError(
+                    f"the log {self.path} was opened by process {self._pid} and this process "
+                    f"({os.getpid()}) is a fork of it: a handle is never used across fork(); "
+                    "open the store again in this process (durkv.open after the fork)",
+                    path=self.path)
             raise ConfigError(f"the log {self.path} is closed")
         return h
+
+    def _disown(self) -> None:
+        """In a forked child: drop the parent's buffered frames (the parent writes them)
+        and close the handle without a flush (see :func:`_disown_all_in_child`)."""
+        self._batch = None
+        self._forked = True
+        h, self._h = self._h, None
+        _open_logs.discard(self)
+        if h is not None:
+            ffi.gc(h, None)
+            lib.dkv_close(ffi.cast("dkv_log *", h))     # inherited: closes the fds only
 
     def close(self) -> None:
         """Flush (every policy), stop the flusher, release the lock. Idempotent."""
@@ -508,6 +545,12 @@ class SegmentLog:
         """How many fdatasyncs group-commit leaders ran on this handle: appended frames
         per sync is the group size (concurrent durable appends share one)."""
         return lib.dkv_commit_syncs(self._handle())
+
+    @property
+    def flusher_syncs(self) -> int:
+        """How many fdatasyncs the async flusher ran on this handle: what makes ``async``
+        appends (and ``wait_written`` frames) durable within ``flush_interval_ms``."""
+        return lib.dkv_flusher_syncs(self._handle())
 
     @property
     def durable_lsn(self) -> int:
@@ -779,6 +822,12 @@ def crc32c_hw() -> bool:
     return bool(lib.dkv_crc32c_hw())
 
 
+def fdatasync_count() -> int:
+    """Successful fdatasyncs the log library made in this process, on any file (frames,
+    segment headers, seals, HEAD): a witness that durable really means synced."""
+    return lib.dkv_fdatasync_count()
+
+
 def fault_inject(op: str | None, nth: int = 1, err: int = _errno.EIO) -> None:
     """Test hook: make the ``nth`` next ``op`` ("write", "fdatasync", "dirfsync") in this
     process fail with errno ``err``. ``op=None`` clears every injected fault."""
@@ -797,4 +846,5 @@ __all__ = [
     "SegmentLog", "SegmentInfo", "Report", "SegmentReport", "Damage", "Entry",
     "verify", "recover", "encode_commit", "decode_commit", "resolve_channel",
     "pack_ref", "snap_refs", "crc32c", "crc32c_portable", "crc32c_hw", "fault_inject",
+    "fdatasync_count",
 ]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any, Iterator, Sequence
 
 from .. import repairnotes
@@ -54,6 +55,21 @@ from .writer import Writer, check_put, check_writes
 
 __all__ = ["Store", "open_store"]
 
+_stores: weakref.WeakSet = weakref.WeakSet()     # every Store of this process (see below)
+
+
+def _disown_all_in_child() -> None:
+    """In a child made by ``os.fork()``: every store handle the parent opened refuses all
+    work from now on (docs/GUARANTEES.md section 8). Its index and its backend are the
+    parent's; a write would interleave with the parent's frames and a close would flush
+    and snapshot into the parent's log. The backend's log lets go of its files itself
+    (``durkv.log``). Runs once per fork: nothing is checked per commit."""
+    for store in list(_stores):
+        store._disown()
+
+
+os.register_at_fork(after_in_child=_disown_all_in_child)
+
 
 class Store:
     """A checkpoint store over one backend. Create with :func:`durkv.open`."""
@@ -70,6 +86,8 @@ class Store:
         self._delta_check = delta_check
         self._lock = threading.RLock()
         self._closed = False
+        self._pid = os.getpid()     # the process that opened it
+        self._forked = False        # this process is a fork of that one
         codec = Codec(compress_min_bytes)
         self._appender = Appender(backend, durability, max_commit_bytes)
         self._index = LogIndex(backend, self._appender, url, index_every)
@@ -94,6 +112,7 @@ class Store:
             if self._index.compacted_at > backend.start_lsn:
                 # a compaction finished (END is durable) but its old frames were not removed
                 backend.remove_prefix(self._index.compacted_at)
+        _stores.add(self)
 
     # -- the index, as the log builds it (durkv.store.replay) --------------------------------
 
@@ -195,7 +214,22 @@ class Store:
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._forked:
+                raise ConfigError(
+                    f"store {self.url} was opened by process {self._pid} and this process "
+                    f"({os.getpid()}) is a fork of it: a store handle is never used across "
+                    "fork(); open the store again in this process (durkv.open after the "
+                    "fork, e.g. in gunicorn's post_fork or a multiprocessing initializer)")
             raise ConfigError(f"store {self.url} is closed; open it again with durkv.open()")
+
+    def _disown(self) -> None:
+        """In a forked child: closed for good, without a flush, a snapshot or a backend
+        close (see :func:`_disown_all_in_child`). The lock may have been held by a thread
+        the child does not have: it is made new, as CPython's own modules (threading,
+        logging) do with theirs after a fork, so a call raises instead of hanging."""
+        self._lock._at_fork_reinit()
+        self._closed = True
+        self._forked = True
 
     def _check_write(self) -> None:
         self._check_open()

@@ -1,0 +1,167 @@
+"""``async`` commits are fdatasync'd by the flusher within ``flush_interval`` (issue 15, item 1).
+
+A kill -9 cannot tell an ``async`` commit that reached the OS from one that reached the
+disk: both survive it. A power loss can. The witnesses here are the log's durable
+position (frames below ``durable_lsn`` were fdatasync'd) and counted fdatasyncs
+(``SegmentLog.flusher_syncs``, ``durkv.log.fdatasync_count()``), read while the
+process runs -- at the log, the store and through a LangGraph graph. On 70cd864 the
+store's queue/settle path (an ``exit`` append, then ``wait_written``) never woke the
+flusher: the durable position stayed where open left it until close.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from typing import Annotated, TypedDict
+
+import pytest
+
+import durkv
+from durkv import log as dlog
+
+N = 100
+CATCH_UP_S = 1.0     # flush_interval is 10 ms: a second is two orders of magnitude of slack
+
+
+def _catch_up(log, target: int) -> float | None:
+    """Seconds until ``log.durable_lsn`` reaches ``target`` (None: not within CATCH_UP_S)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < CATCH_UP_S:
+        if log.durable_lsn >= target:
+            return time.monotonic() - t0
+        time.sleep(0.002)
+    return None
+
+
+def _assert_durable_soon(log, what: str) -> None:
+    target = log.next_lsn
+    waited = _catch_up(log, target)
+    assert waited is not None, (
+        f"{what}: durable position {log.durable_lsn} of {target} after {CATCH_UP_S}s "
+        f"(flusher fdatasyncs: {log.flusher_syncs}); async commits are not being synced")
+
+
+# ---- the C log -----------------------------------------------------------------------------
+
+
+def test_log_async_appends_are_synced_by_the_flusher(tmp_path):
+    with dlog.SegmentLog.open(tmp_path / "l", durability="async") as log:
+        start, syncs, procs = log.durable_lsn, log.flusher_syncs, dlog.fdatasync_count()
+        for i in range(N):
+            log.append(b"x%d" % i)
+        assert log.next_lsn == start + N
+        _assert_durable_soon(log, "async appends")
+        assert log.flusher_syncs > syncs and dlog.fdatasync_count() > procs
+
+
+def test_log_queued_frames_given_the_async_promise_are_synced(tmp_path):
+    """The store's path: a frame queued under ``exit`` (under the store lock), then
+    ``wait_written`` outside it. That wait is the whole async promise: written now,
+    fdatasync'd by the flusher within flush_interval -- not only at close."""
+    with dlog.SegmentLog.open(tmp_path / "l", durability="async") as log:
+        start, syncs = log.durable_lsn, log.flusher_syncs
+        for i in range(N):
+            lsn = log.append(b"x%d" % i, durability="exit")
+            log.wait_written(lsn)
+        assert log.commit_syncs == 0, "wait_written itself must not fdatasync (group commit)"
+        _assert_durable_soon(log, "queued + wait_written")
+        assert log.durable_lsn == start + N and log.flusher_syncs > syncs
+
+
+def test_log_exit_appends_stay_unsynced_until_flush(tmp_path):
+    """``exit`` is unchanged: nothing is written or synced until flush/close."""
+    with dlog.SegmentLog.open(tmp_path / "l", durability="exit") as log:
+        start = log.durable_lsn
+        procs = dlog.fdatasync_count()
+        for i in range(N):
+            log.append(b"x%d" % i)
+        time.sleep(0.1)         # ten flush intervals
+        assert log.durable_lsn == start and log.flusher_syncs == 0
+        assert dlog.fdatasync_count() == procs
+        log.flush()
+        assert log.durable_lsn == start + N
+
+
+# ---- the store -----------------------------------------------------------------------------
+
+
+def _put(store, i: int, thread: str = "t") -> None:
+    store.put(thread, "", f"{i:06d}", checkpoint={}, metadata={"step": i},
+              values={"n": i}, versions={"n": i})
+
+
+def test_store_async_puts_are_fdatasynced_while_the_process_runs(tmp_path):
+    with durkv.open(str(tmp_path / "s"), durability="async") as store:
+        log = store._b._log
+        syncs, procs = log.flusher_syncs, dlog.fdatasync_count()
+        for i in range(N):
+            _put(store, i)
+        _assert_durable_soon(log, "store.put under async")
+        assert log.flusher_syncs > syncs and dlog.fdatasync_count() > procs
+
+
+def test_store_async_put_writes_and_journal_are_fdatasynced(tmp_path):
+    with durkv.open(str(tmp_path / "s"), durability="async") as store:
+        log = store._b._log
+        _put(store, 0)
+        for i in range(N):
+            store.put_writes("t", "", "000000", f"task{i}", [(0, "n", i)])
+        _assert_durable_soon(log, "store.put_writes under async")
+        for i in range(N):
+            store.append_journal("run", {"i": i})
+        _assert_durable_soon(log, "store.append_journal under async")
+
+
+def test_store_exit_policy_unchanged(tmp_path):
+    with durkv.open(str(tmp_path / "s"), durability="exit") as store:
+        log = store._b._log
+        start, procs = log.durable_lsn, dlog.fdatasync_count()
+        for i in range(N):
+            _put(store, i)
+        time.sleep(0.1)
+        assert log.durable_lsn == start and dlog.fdatasync_count() == procs
+        store.flush()
+        assert log.durable_lsn == log.next_lsn
+
+
+def test_store_sync_puts_are_durable_on_return(tmp_path):
+    with durkv.open(str(tmp_path / "s"), durability="sync") as store:
+        log = store._b._log
+        for i in range(10):
+            _put(store, i)
+            assert log.durable_lsn == log.next_lsn
+
+
+# ---- through LangGraph ---------------------------------------------------------------------
+
+
+class _State(TypedDict):
+    msgs: Annotated[list, operator.add]
+
+
+def _graph():
+    lg = pytest.importorskip("langgraph.graph")
+    g = lg.StateGraph(_State)
+    g.add_node("think", lambda s: {"msgs": [f"thought {len(s['msgs'])}"]})
+    g.add_node("act", lambda s: {"msgs": [f"acted {len(s['msgs'])}"]})
+    g.add_edge(lg.START, "think")
+    g.add_edge("think", "act")
+    g.add_edge("act", lg.END)
+    return g
+
+
+def test_langgraph_default_durability_is_fdatasynced(tmp_path):
+    """``DurkvSaver`` follows LangGraph's ``durability=``, whose default is ``async``."""
+    from durkv.langgraph import DurkvSaver
+
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        app = _graph().compile(checkpointer=saver)
+        log = saver.store._b._log
+        syncs, procs = log.flusher_syncs, dlog.fdatasync_count()
+        for t in range(20):
+            out = app.invoke({"msgs": ["hi"]}, {"configurable": {"thread_id": f"t{t}"}})
+            assert out["msgs"][-1] == "acted 2"
+        assert log.next_lsn >= 20 * 4
+        _assert_durable_soon(log, "LangGraph invoke, durability async")
+        assert log.flusher_syncs > syncs and dlog.fdatasync_count() > procs
