@@ -94,7 +94,7 @@ def test_async_node_and_errors(tmp_path):
 
     @durkv.tool(name="a")
     async def a(x, *, idempotency_key):
-        effects.append(idempotency_key)
+        effects.append((idempotency_key, x))
         return x
 
     async def node(state):
@@ -106,7 +106,8 @@ def test_async_node_and_errors(tmp_path):
         cfg = {"configurable": {"thread_id": "th-3"}}
         out = asyncio.run(_graph(saver, node).ainvoke({"log": []}, cfg))
         assert out["log"] == [1, 2]
-        assert [k.rsplit(":", 1)[1] for k in effects] == ["0", "1"]
+        # ids are claimed in the order of the calls; the calls themselves run concurrently
+        assert sorted((k.rsplit(":", 1)[1], x) for k, x in effects) == [("0", 1), ("1", 2)]
     with pytest.raises(durkv.ConfigError, match="inside a LangGraph node"):
         lg_tool(a, 1)
 
