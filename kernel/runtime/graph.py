@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 
 from ..durability import DURABILITIES, SYNC
 from ..errors import ConfigError, GraphError, NotFoundError, RunBusyError, RunConflictError
+from ..store import Store
 from .graph_exec import (
     Execution, GraphResult, Outcome, Pending, Snapshot, Superstep, snapshot_of,
 )
@@ -49,6 +50,15 @@ def _check_name(what: str, name: Any) -> None:
     if type(name) is not str or not name or name.startswith("__") or ":" in name:
         raise GraphError(f"{what} name {name!r}: use a non-empty string without ':' (it is part "
                          "of step ids) that does not start with '__' (reserved)")
+
+
+def _check_end(name: Any) -> None:
+    """An edge's end is a node name (or START/END): anything else would first surface
+    as a TypeError deep in compile (a list is not hashable)."""
+    if type(name) is not str:
+        raise GraphError(f"an edge joins node names (or durkv.START, durkv.END), got "
+                         f"{type(name).__name__} {name!r:.80}; for fan-out, return a list "
+                         "of names or durkv.Send from a router")
 
 
 class Graph:
@@ -89,6 +99,8 @@ class Graph:
     def add_edge(self, src: str, dst: str) -> None:
         """After ``src`` runs (``durkv.START``: at the start), ``dst`` runs (``durkv.END``:
         nothing)."""
+        for end in (src, dst):
+            _check_end(end)
         if src == END or dst == START:
             raise GraphError(f"edge {src!r} -> {dst!r}: START has no way in, END no way out")
         self.edges.setdefault(src, []).append(dst)
@@ -100,6 +112,7 @@ class Graph:
         values to names) lets ``compile`` check them."""
         if not callable(router):
             raise GraphError(f"the router of {src!r} is not callable: {router!r}")
+        _check_end(src)
         if src == END:
             raise GraphError("END has no way out")
         if path_map is not None and not isinstance(path_map, (list, tuple, dict)):
@@ -123,6 +136,7 @@ class Graph:
                 that cannot be reached, a router's path_map naming an unknown node.
         """
         self._check()
+        _check_binding(store, max_supersteps, max_workers)
         spec = Spec(dict(self.channels), dict(self.nodes),
                     {k: list(v) for k, v in self.edges.items()},
                     {k: list(v) for k, v in self.routers.items()})
@@ -167,6 +181,19 @@ class Graph:
         if lost and not wild:
             raise GraphError(f"node(s) {', '.join(lost)} cannot be reached from START: add an "
                              "edge to them (or remove them)", nodes=lost)
+
+
+def _check_binding(store: Any, max_supersteps: Any, max_workers: Any) -> None:
+    """What ``compile`` binds to: a store and limits that ``app.run`` can use (else the
+    error would surface at the first run, far from the compile that caused it)."""
+    if not isinstance(store, Store):
+        raise ConfigError(f"g.compile takes a store opened with durkv.open(...), got "
+                          f"{type(store).__name__} {store!r:.80}")
+    if type(max_supersteps) is not int or max_supersteps < 1:
+        raise ConfigError(f"max_supersteps must be an int >= 1, got {max_supersteps!r}")
+    if max_workers is not None and (type(max_workers) is not int or max_workers < 1):
+        raise ConfigError(f"max_workers must be an int >= 1 (or None: the default), got "
+                          f"{max_workers!r}")
 
 
 class App:
