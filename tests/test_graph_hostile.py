@@ -72,6 +72,7 @@ def test_a_dict_subclass_is_an_update_and_an_input(store, kind):
     res = app.run(kind({"x": 1}), run_id="r")
     assert (res.status, res.state["x"]) == ("finished", 2)
     assert app.run(None, run_id="r").state == {"x": 2}
+    assert app.run({"x": 1}, run_id="r").state == {"x": 2}     # the same input
 
 
 # -- reading runs that are not there, or not graphs --------------------------------------

@@ -151,9 +151,11 @@ class Execution:
         """Load the newest checkpoint (or commit the input as checkpoint 0). Sets
         ``result`` when there is nothing to run now (finished, waiting for a decision,
         sleeping, failed and not ``resume_failed``): then no journal record is written."""
-        if input is not None and type(input) is not dict:
+        if input is not None and not isinstance(input, dict):
             raise ConfigError(f"the input of a graph run is a dict of channel values (or None "
                               f"to resume), got {type(input).__name__}")
+        if input is not None and type(input) is not dict:
+            input = dict(input)     # noqa: A001 - the channels count, not the mapping's class
         fp = None if input is None else self._fingerprint(input)
         ck = self.store.get(self.run_id)
         if ck is None:
@@ -393,7 +395,7 @@ class Execution:
         if upd is None:
             return
         who = "the input" if node == START else f"node {node!r}"
-        if type(upd) is not dict:
+        if type(upd) is not dict and not isinstance(upd, dict):    # a subclass is a dict
             raise GraphError(f"{who} returned {type(upd).__name__} {upd!r:.80}; a node "
                              "returns a dict of channel updates (or None)", node=node)
         chans = self.spec.channels
