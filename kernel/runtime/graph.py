@@ -355,9 +355,20 @@ class App:
         return self._execution(run_id, None, None, False).inspect(ck)
 
     def history(self, run_id: str) -> Iterator[Snapshot]:
-        """The run's checkpoints, newest first."""
+        """The run's checkpoints, newest first.
+
+        Raises (when iterated, like :meth:`state`):
+            NotFoundError: no such run. RunConflictError: the thread is not a run of this
+                graph.
+        """
+        found = False
         for ck in self.store.history(run_id, ""):
+            if not found:
+                self._execution(run_id, None, None, False).check(ck, None)
+                found = True
             yield snapshot_of(self.spec, ck)
+        if not found:
+            raise NotFoundError(f"run {run_id!r} does not exist", run_id=run_id)
 
     def fork(self, run_id: str, checkpoint_id: str, new_run_id: str) -> Snapshot:
         """Start run ``new_run_id`` from checkpoint ``checkpoint_id`` of ``run_id``: its
