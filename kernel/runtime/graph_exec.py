@@ -25,7 +25,7 @@ from ..errors import (
 )
 from .graph_ctx import NodeContext, SleepPause
 from .graph_spec import APPEND, FN, START, Spec, Task, decode_tasks
-from .journal import E_DECISION
+from .journal import E_DECISION, E_RUN, E_STATUS
 from .plan import err_type
 from .run import NO_INPUT, Run, fingerprint
 
@@ -159,6 +159,7 @@ class Execution:
         fp = None if input is None else self._fingerprint(input)
         ck = self.store.get(self.run_id)
         if ck is None:
+            self._refuse_plain_journal()
             if input is None:
                 raise NotFoundError(f"run {self.run_id!r} does not exist; start it with its "
                                     "input: app.run({...}, run_id=...)", run_id=self.run_id)
@@ -178,6 +179,19 @@ class Execution:
             self._load(self.store.get(self.run_id))
             self._ready(resume_failed)
         return None
+
+    def _refuse_plain_journal(self) -> None:
+        """A run id with a journal but no checkpoint: a graph run cut before its first
+        commit (its journal has only its start record, maybe a status) resumes; a
+        ``store.run`` journal -- steps, or finished -- is not adopted (its input may even
+        be equal: the graph would take its status and journal as its own)."""
+        if not self.store.journal_length(self.run_id):
+            return
+        if any(r.get("e") not in (E_RUN, E_STATUS) or r.get("st") == "finished"
+               for r in self.store.journal(self.run_id)):
+            raise RunConflictError(
+                f"run id {self.run_id!r} holds a store.run journal, not a durkv.Graph run; "
+                "use another run id", run_id=self.run_id)
 
     def _fingerprint(self, input: dict) -> int:  # noqa: A002
         try:
