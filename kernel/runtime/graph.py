@@ -61,6 +61,14 @@ def _check_end(name: Any) -> None:
                          "of names or durkv.Send from a router")
 
 
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class Graph:
     """A graph of nodes over channels. ``channels`` maps each channel name to its reducer:
     ``durkv.Append()``, ``durkv.Last(default)`` or ``fn(old, new) -> value``."""
@@ -270,6 +278,11 @@ class App:
     def _drive(self, ex: Execution, input: Any,  # noqa: A002
                resume_failed: bool = True) -> Iterator[None]:
         """Run ``ex`` to its end, yielding after each commit."""
+        if any(self.spec.is_async.values()) and _loop_running():
+            # checked before anything is written: run_until_complete would fail mid-run
+            raise ConfigError(f"run {ex.run_id!r}: this graph has async nodes and an event "
+                              "loop is running in this thread; use `await app.arun(...)`",
+                              run_id=ex.run_id)
         try:
             ex.start(input, resume_failed)
             while ex.result is None:
