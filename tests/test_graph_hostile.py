@@ -5,6 +5,7 @@ held a defect of the first version."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter, OrderedDict, defaultdict
 
 import pytest
@@ -139,3 +140,54 @@ def test_sync_run_of_an_async_graph_inside_a_loop_says_use_arun(store):
     res = asyncio.run(main())
     assert (res.status, res.state) == ("finished", {"x": 1})
     assert [r.status for r in store.runs()] == ["finished"]
+
+
+# -- a value the store cannot serialize: the run fails, recover goes on --------------------
+
+def test_an_update_the_store_cannot_store_fails_the_run_and_recover_goes_on(store):
+    mode = {"kill": True}
+    lock = threading.Lock()
+
+    def a(state, ctx):
+        if mode["kill"]:
+            raise KeyboardInterrupt      # leaves both runs unfinished, as a crash does
+        return {"x": lock if state["x"] == 1 else state["x"] + 1}
+    app = one_node(a).compile(store)
+    for rid, x in (("bad", 1), ("good", 5)):
+        with pytest.raises(KeyboardInterrupt):
+            app.run({"x": x}, run_id=rid)
+    mode["kill"] = False
+    got = {r.run_id: r for r in app.recover()}
+    assert got["good"].status == "finished" and got["good"].state == {"x": 6}
+    assert got["bad"].status == "failed" and "cannot be stored" in got["bad"].message
+    assert isinstance(got["bad"].error, GraphError)
+    assert app.state("bad").status == "failed" and app.state("bad").step == 0
+    with pytest.raises(GraphError, match="cannot be stored"):
+        app.run(None, run_id="bad")
+
+
+def test_a_send_argument_or_sibling_update_the_store_cannot_store_fails_the_run(store):
+    lock = threading.Lock()
+    g = durkv.Graph({"x": durkv.Last(0)})
+    g.add_node("fan", lambda s, c: None)
+
+    def w(arg, ctx):
+        if arg == "raise":
+            raise ValueError("w")
+        return {"x": lock}
+    g.add_node("w", w)
+    g.add_edge(durkv.START, "fan")
+    g.add_conditional_edges("fan", lambda s: [durkv.Send("w", lock)])
+    app = g.compile(store)
+    with pytest.raises(GraphError, match="cannot be stored"):
+        app.run({}, run_id="send")
+    assert app.state("send").status == "failed"
+    g2 = durkv.Graph({"x": durkv.Last(0)})
+    g2.add_node("fan", lambda s, c: None)
+    g2.add_node("w", w)
+    g2.add_edge(durkv.START, "fan")
+    g2.add_conditional_edges("fan", lambda s: [durkv.Send("w", "ok"), durkv.Send("w", "raise")])
+    app2 = g2.compile(store, name="g2")
+    with pytest.raises(GraphError, match="node 'w'.*cannot be stored"):
+        app2.run({}, run_id="sib")                 # w[0]'s pending write is the lock
+    assert app2.state("sib").status == "failed"

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..durability import SYNC
 from ..errors import (
-    ConfigError, GraphError, Interrupted, NotFoundError, RunConflictError,
+    ConfigError, GraphError, Interrupted, NotFoundError, RunConflictError, SerializationError,
 )
 from .graph_ctx import NodeContext, SleepPause
 from .graph_spec import APPEND, FN, START, Spec, Task, decode_tasks
@@ -481,9 +481,12 @@ class Execution:
                 "j": self.store.journal_length(self.run_id)}
         if not tasks:
             meta["status"] = "finished"
-        self.store.put(self.run_id, "", cid, checkpoint=self.record, metadata=meta,
-                       values=changed, versions=versions, parent_id=self.cid,
-                       durability=self.durability)
+        try:
+            self.store.put(self.run_id, "", cid, checkpoint=self.record, metadata=meta,
+                           values=changed, versions=versions, parent_id=self.cid,
+                           durability=self.durability)
+        except SerializationError as e:     # a node's value or a Send's argument
+            raise self._unstorable(e, f"superstep {step} (its updates and next tasks)") from e
         self.step, self.cid, self.tasks = step, cid, tasks
         if self.done:
             self.done = {}
@@ -502,8 +505,12 @@ class Execution:
             writes = [(0, DONE_CH, None)] + [
                 (i, ch, list(v) if type(v) is tuple else v)
                 for i, (ch, v) in enumerate(upd.items(), 1)]
-            self.store.put_writes(self.run_id, "", self.cid, self.task_id(o.task), writes,
-                                  durability=dur)
+            try:
+                self.store.put_writes(self.run_id, "", self.cid, self.task_id(o.task), writes,
+                                      durability=dur)
+            except SerializationError as e:
+                raise self._unstorable(e, f"the update of node {o.task.node!r} (task "
+                                          f"{self.task_id(o.task)})") from e
 
     def _stop(self, outs: list[Outcome]) -> None:
         """A superstep that cannot commit: keep what completed, record why it stopped."""
@@ -536,6 +543,15 @@ class Execution:
         dur = self.durability if self.durability == SYNC else None
         self.store.put_writes(self.run_id, "", self.cid, PAUSE_TASK, [(0, PAUSE_CH, p)],
                               durability=dur)
+
+    def _unstorable(self, e: SerializationError, what: str) -> GraphError:
+        """A value the serde refuses breaks the graph's contract as a bad update does:
+        the run is ``failed`` (so that ``recover`` goes on with the others), nothing of
+        the superstep is committed."""
+        err = GraphError(f"run {self.run_id!r}: {what} cannot be stored: {e}",
+                         run_id=self.run_id)
+        self.fail(err)
+        return err
 
     def fail(self, e: Exception) -> GraphResult:
         """Record that the run stopped on ``e`` (a GraphError: its graph broke the
