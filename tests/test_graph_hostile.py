@@ -191,3 +191,14 @@ def test_a_send_argument_or_sibling_update_the_store_cannot_store_fails_the_run(
     with pytest.raises(GraphError, match="node 'w'.*cannot be stored"):
         app2.run({}, run_id="sib")                 # w[0]'s pending write is the lock
     assert app2.state("sib").status == "failed"
+
+
+def test_reading_and_forking_name_the_run_id_argument(store):
+    app = one_node(lambda s, c: None).compile(store)
+    app.run({}, run_id="r")
+    for call in (lambda: app.state(5), lambda: list(app.history(["r"])),
+                 lambda: app.fork(b"r", "000000000000", "f")):
+        with pytest.raises(ConfigError, match="^run_id must"):
+            call()
+    with pytest.raises(ConfigError, match="^new_run_id must"):
+        app.fork("r", "000000000000", 5)

@@ -61,6 +61,11 @@ def _check_end(name: Any) -> None:
                          "of names or durkv.Send from a router")
 
 
+def _check_run_id(what: str, run_id: Any) -> None:
+    if type(run_id) is not str or not run_id:
+        raise ConfigError(f"{what} must be a non-empty string, got {run_id!r}")
+
+
 def _loop_running() -> bool:
     try:
         asyncio.get_running_loop()
@@ -226,8 +231,7 @@ class App:
 
     def _execution(self, run_id: str, durability: str | None, max_supersteps: int | None,
                    wait: bool) -> Execution:
-        if type(run_id) is not str or not run_id:
-            raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}")
+        _check_run_id("run_id", run_id)
         if durability is not None and durability not in DURABILITIES:
             raise ConfigError(f"unknown durability {durability!r}; use one of "
                               + ", ".join(DURABILITIES))
@@ -362,6 +366,7 @@ class App:
         Raises:
             NotFoundError: no such run.
         """
+        _check_run_id("run_id", run_id)
         ck = self.store.get(run_id)
         if ck is None:
             raise NotFoundError(f"run {run_id!r} does not exist", run_id=run_id)
@@ -374,6 +379,7 @@ class App:
             NotFoundError: no such run. RunConflictError: the thread is not a run of this
                 graph.
         """
+        _check_run_id("run_id", run_id)
         found = False
         for ck in self.store.history(run_id, ""):
             if not found:
@@ -391,6 +397,8 @@ class App:
         Raises:
             NotFoundError: no such checkpoint. RunConflictError: ``new_run_id`` exists.
         """
+        _check_run_id("run_id", run_id)
+        _check_run_id("new_run_id", new_run_id)
         ck = self.store.get(run_id, "", checkpoint_id)
         if ck is None:
             raise NotFoundError(f"run {run_id!r} has no checkpoint {checkpoint_id!r}; see "
