@@ -202,3 +202,12 @@ def test_reading_and_forking_name_the_run_id_argument(store):
             call()
     with pytest.raises(ConfigError, match="^new_run_id must"):
         app.fork("r", "000000000000", 5)
+
+
+def test_an_object_with_an_async_call_is_an_async_node(store):
+    class Node:
+        async def __call__(self, state, ctx):
+            return {"x": await ctx.astep("m", lambda: state["x"] + 1)}
+    app = one_node(Node()).compile(store)
+    assert app.run({"x": 1}, run_id="r").state == {"x": 2}
+    assert asyncio.run(app.arun({"x": 5}, run_id="r2")).state == {"x": 6}
