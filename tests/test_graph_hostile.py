@@ -211,3 +211,21 @@ def test_an_object_with_an_async_call_is_an_async_node(store):
     app = one_node(Node()).compile(store)
     assert app.run({"x": 1}, run_id="r").state == {"x": 2}
     assert asyncio.run(app.arun({"x": 5}, run_id="r2")).state == {"x": 6}
+
+
+def test_state_lists_only_the_approvals_still_to_decide(store):
+    g = durkv.Graph({"d": durkv.Append()})
+    g.add_node("fan", lambda s, c: None)
+    g.add_node("w", lambda arg, ctx: {"d": [(arg, ctx.approve("act", arg).approved)]})
+    g.add_edge(durkv.START, "fan")
+    g.add_conditional_edges("fan", lambda s: [durkv.Send("w", 1), durkv.Send("w", 2)])
+    app = g.compile(store)
+    res = app.run({}, run_id="ap")
+    first, second = res.waiting
+    store.decide("ap", first.step_id, False)
+    st = app.state("ap")
+    assert (st.status, st.waiting) == ("waiting", [second])    # not the decided one
+    store.decide("ap", second.step_id, True)
+    assert (app.state("ap").status, app.state("ap").waiting) == ("running", [])
+    assert [r.status for r in app.recover()] == ["finished"]
+    assert app.state("ap").state == {"d": [(1, False), (2, True)]}

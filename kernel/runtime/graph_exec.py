@@ -272,7 +272,7 @@ class Execution:
                 self.result = self._paused(p)
                 return False
             time.sleep(left)
-        elif st == "waiting" and not self._decided([w[0] for w in p.get("waiting", ())]):
+        elif st == "waiting" and not self._decided(p):
             self.result = self._paused(p)
             return False
         elif st == "failed" and not resume_failed:
@@ -286,14 +286,22 @@ class Execution:
         self._load(ck)
         if self.result is not None:
             return self.result
-        return self._result("running") if self.pause is None else self._paused(self.pause)
+        p = self.pause
+        if p is not None and p.get("status") == "waiting":
+            # the approvals still to decide: a decided one is not pending any more, and
+            # with none left the run is ready to resume
+            done = self._decided(p)
+            p = {**p, "waiting": [w for w in p.get("waiting", ()) if w[0] not in done]}
+            if not p["waiting"]:
+                p = None
+        return self._result("running") if p is None else self._paused(p)
 
-    def _decided(self, steps: list[str]) -> bool:
-        """Whether a decision on one of the paused approvals is journaled (the records
-        since the checkpoint: the requests and decisions of this superstep)."""
-        want = set(steps)
-        return any(r.get("e") == E_DECISION and r.get("s") in want
-                   for r in self.store.journal(self.run_id, start=self.since))
+    def _decided(self, p: dict) -> set[str]:
+        """The step ids of the paused approvals of ``p`` whose decision is journaled (the
+        records since the checkpoint: the requests and decisions of this superstep)."""
+        want = {w[0] for w in p.get("waiting", ())}
+        return {r["s"] for r in self.store.journal(self.run_id, start=self.since)
+                if r.get("e") == E_DECISION and r.get("s") in want}
 
     def _result(self, status: str, **kw: Any) -> GraphResult:
         return GraphResult(self.run_id, status, self.values, self.step, self.cid, **kw)
