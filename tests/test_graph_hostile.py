@@ -229,3 +229,15 @@ def test_state_lists_only_the_approvals_still_to_decide(store):
     assert (app.state("ap").status, app.state("ap").waiting) == ("running", [])
     assert [r.status for r in app.recover()] == ["finished"]
     assert app.state("ap").state == {"d": [(1, False), (2, True)]}
+
+
+@pytest.mark.parametrize("bad", [{"y": 1}, {"l": 5}])
+def test_a_bad_input_does_not_burn_the_run_id(store, bad):
+    g = durkv.Graph({"x": durkv.Last(0), "l": durkv.Append()})
+    g.add_node("a", lambda s, c: {"x": s["x"] + 1})
+    g.add_edge(durkv.START, "a")
+    app = g.compile(store)
+    with pytest.raises(GraphError, match="the input"):
+        app.run(bad, run_id="r")
+    assert store.journal_length("r") == 0 and store.get("r") is None
+    assert app.run({"x": 1}, run_id="r").state == {"x": 2, "l": []}   # the fixed input

@@ -163,10 +163,12 @@ class Execution:
             if input is None:
                 raise NotFoundError(f"run {self.run_id!r} does not exist; start it with its "
                                     "input: app.run({...}, run_id=...)", run_id=self.run_id)
+            staged: dict = {}
+            self.reduce_into(staged, START, input)   # a bad input writes nothing at all
             self._open(input)
             ck = self.store.get(self.run_id)     # another driver may have created it
             if ck is None:
-                return self._first(input, fp)
+                return self._first(fp, staged)
         self.check(ck, fp)
         self._load(ck)
         if self.run is not None:
@@ -226,11 +228,10 @@ class Execution:
                 "id: use a new run id, the original input, or None to resume",
                 run_id=self.run_id)
 
-    def _first(self, input: dict, fp: int) -> None:  # noqa: A002
+    def _first(self, fp: int, staged: dict) -> None:
+        """Commit checkpoint 0: the input (``staged`` by :meth:`reduce_into`)."""
         self.record = {"graph": self.name, "in": fp}
         self.values = self.spec.defaults()
-        staged: dict = {}
-        self.reduce_into(staged, START, input)
         changed = self.apply(staged)
         tasks = self._route([START])
         self.commit(changed, tasks)
