@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 
 from ..durability import DURABILITIES, SYNC
 from ..errors import ConfigError, GraphError, NotFoundError, RunBusyError, RunConflictError
+from ..store import Store
 from .graph_exec import (
     Execution, GraphResult, Outcome, Pending, Snapshot, Superstep, snapshot_of,
 )
@@ -49,6 +50,28 @@ def _check_name(what: str, name: Any) -> None:
     if type(name) is not str or not name or name.startswith("__") or ":" in name:
         raise GraphError(f"{what} name {name!r}: use a non-empty string without ':' (it is part "
                          "of step ids) that does not start with '__' (reserved)")
+
+
+def _check_end(name: Any) -> None:
+    """An edge's end is a node name (or START/END): anything else would first surface
+    as a TypeError deep in compile (a list is not hashable)."""
+    if type(name) is not str:
+        raise GraphError(f"an edge joins node names (or durkv.START, durkv.END), got "
+                         f"{type(name).__name__} {name!r:.80}; for fan-out, return a list "
+                         "of names or durkv.Send from a router")
+
+
+def _check_run_id(what: str, run_id: Any) -> None:
+    if type(run_id) is not str or not run_id:
+        raise ConfigError(f"{what} must be a non-empty string, got {run_id!r}")
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class Graph:
@@ -89,6 +112,8 @@ class Graph:
     def add_edge(self, src: str, dst: str) -> None:
         """After ``src`` runs (``durkv.START``: at the start), ``dst`` runs (``durkv.END``:
         nothing)."""
+        for end in (src, dst):
+            _check_end(end)
         if src == END or dst == START:
             raise GraphError(f"edge {src!r} -> {dst!r}: START has no way in, END no way out")
         self.edges.setdefault(src, []).append(dst)
@@ -100,6 +125,7 @@ class Graph:
         values to names) lets ``compile`` check them."""
         if not callable(router):
             raise GraphError(f"the router of {src!r} is not callable: {router!r}")
+        _check_end(src)
         if src == END:
             raise GraphError("END has no way out")
         if path_map is not None and not isinstance(path_map, (list, tuple, dict)):
@@ -123,6 +149,7 @@ class Graph:
                 that cannot be reached, a router's path_map naming an unknown node.
         """
         self._check()
+        _check_binding(store, max_supersteps, max_workers)
         spec = Spec(dict(self.channels), dict(self.nodes),
                     {k: list(v) for k, v in self.edges.items()},
                     {k: list(v) for k, v in self.routers.items()})
@@ -169,6 +196,19 @@ class Graph:
                              "edge to them (or remove them)", nodes=lost)
 
 
+def _check_binding(store: Any, max_supersteps: Any, max_workers: Any) -> None:
+    """What ``compile`` binds to: a store and limits that ``app.run`` can use (else the
+    error would surface at the first run, far from the compile that caused it)."""
+    if not isinstance(store, Store):
+        raise ConfigError(f"g.compile takes a store opened with durkv.open(...), got "
+                          f"{type(store).__name__} {store!r:.80}")
+    if type(max_supersteps) is not int or max_supersteps < 1:
+        raise ConfigError(f"max_supersteps must be an int >= 1, got {max_supersteps!r}")
+    if max_workers is not None and (type(max_workers) is not int or max_workers < 1):
+        raise ConfigError(f"max_workers must be an int >= 1 (or None: the default), got "
+                          f"{max_workers!r}")
+
+
 class App:
     """A compiled graph bound to a store: run, resume, stream, inspect and fork its runs.
 
@@ -191,8 +231,7 @@ class App:
 
     def _execution(self, run_id: str, durability: str | None, max_supersteps: int | None,
                    wait: bool) -> Execution:
-        if type(run_id) is not str or not run_id:
-            raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}")
+        _check_run_id("run_id", run_id)
         if durability is not None and durability not in DURABILITIES:
             raise ConfigError(f"unknown durability {durability!r}; use one of "
                               + ", ".join(DURABILITIES))
@@ -243,6 +282,11 @@ class App:
     def _drive(self, ex: Execution, input: Any,  # noqa: A002
                resume_failed: bool = True) -> Iterator[None]:
         """Run ``ex`` to its end, yielding after each commit."""
+        if any(self.spec.is_async.values()) and _loop_running():
+            # checked before anything is written: run_until_complete would fail mid-run
+            raise ConfigError(f"run {ex.run_id!r}: this graph has async nodes and an event "
+                              "loop is running in this thread; use `await app.arun(...)`",
+                              run_id=ex.run_id)
         try:
             ex.start(input, resume_failed)
             while ex.result is None:
@@ -322,15 +366,28 @@ class App:
         Raises:
             NotFoundError: no such run.
         """
+        _check_run_id("run_id", run_id)
         ck = self.store.get(run_id)
         if ck is None:
             raise NotFoundError(f"run {run_id!r} does not exist", run_id=run_id)
         return self._execution(run_id, None, None, False).inspect(ck)
 
     def history(self, run_id: str) -> Iterator[Snapshot]:
-        """The run's checkpoints, newest first."""
+        """The run's checkpoints, newest first.
+
+        Raises (when iterated, like :meth:`state`):
+            NotFoundError: no such run. RunConflictError: the thread is not a run of this
+                graph.
+        """
+        _check_run_id("run_id", run_id)
+        found = False
         for ck in self.store.history(run_id, ""):
+            if not found:
+                self._execution(run_id, None, None, False).check(ck, None)
+                found = True
             yield snapshot_of(self.spec, ck)
+        if not found:
+            raise NotFoundError(f"run {run_id!r} does not exist", run_id=run_id)
 
     def fork(self, run_id: str, checkpoint_id: str, new_run_id: str) -> Snapshot:
         """Start run ``new_run_id`` from checkpoint ``checkpoint_id`` of ``run_id``: its
@@ -340,6 +397,8 @@ class App:
         Raises:
             NotFoundError: no such checkpoint. RunConflictError: ``new_run_id`` exists.
         """
+        _check_run_id("run_id", run_id)
+        _check_run_id("new_run_id", new_run_id)
         ck = self.store.get(run_id, "", checkpoint_id)
         if ck is None:
             raise NotFoundError(f"run {run_id!r} has no checkpoint {checkpoint_id!r}; see "

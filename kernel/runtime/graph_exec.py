@@ -21,11 +21,11 @@ from typing import Any
 
 from ..durability import SYNC
 from ..errors import (
-    ConfigError, GraphError, Interrupted, NotFoundError, RunConflictError,
+    ConfigError, GraphError, Interrupted, NotFoundError, RunConflictError, SerializationError,
 )
 from .graph_ctx import NodeContext, SleepPause
 from .graph_spec import APPEND, FN, START, Spec, Task, decode_tasks
-from .journal import E_DECISION
+from .journal import E_DECISION, E_RUN, E_STATUS
 from .plan import err_type
 from .run import NO_INPUT, Run, fingerprint
 
@@ -151,19 +151,24 @@ class Execution:
         """Load the newest checkpoint (or commit the input as checkpoint 0). Sets
         ``result`` when there is nothing to run now (finished, waiting for a decision,
         sleeping, failed and not ``resume_failed``): then no journal record is written."""
-        if input is not None and type(input) is not dict:
+        if input is not None and not isinstance(input, dict):
             raise ConfigError(f"the input of a graph run is a dict of channel values (or None "
                               f"to resume), got {type(input).__name__}")
+        if input is not None and type(input) is not dict:
+            input = dict(input)     # noqa: A001 - the channels count, not the mapping's class
         fp = None if input is None else self._fingerprint(input)
         ck = self.store.get(self.run_id)
         if ck is None:
+            self._refuse_plain_journal()
             if input is None:
                 raise NotFoundError(f"run {self.run_id!r} does not exist; start it with its "
                                     "input: app.run({...}, run_id=...)", run_id=self.run_id)
+            staged: dict = {}
+            self.reduce_into(staged, START, input)   # a bad input writes nothing at all
             self._open(input)
             ck = self.store.get(self.run_id)     # another driver may have created it
             if ck is None:
-                return self._first(input, fp)
+                return self._first(fp, staged)
         self.check(ck, fp)
         self._load(ck)
         if self.run is not None:
@@ -176,6 +181,19 @@ class Execution:
             self._load(self.store.get(self.run_id))
             self._ready(resume_failed)
         return None
+
+    def _refuse_plain_journal(self) -> None:
+        """A run id with a journal but no checkpoint: a graph run cut before its first
+        commit (its journal has only its start record, maybe a status) resumes; a
+        ``store.run`` journal -- steps, or finished -- is not adopted (its input may even
+        be equal: the graph would take its status and journal as its own)."""
+        if not self.store.journal_length(self.run_id):
+            return
+        if any(r.get("e") not in (E_RUN, E_STATUS) or r.get("st") == "finished"
+               for r in self.store.journal(self.run_id)):
+            raise RunConflictError(
+                f"run id {self.run_id!r} holds a store.run journal, not a durkv.Graph run; "
+                "use another run id", run_id=self.run_id)
 
     def _fingerprint(self, input: dict) -> int:  # noqa: A002
         try:
@@ -210,11 +228,10 @@ class Execution:
                 "id: use a new run id, the original input, or None to resume",
                 run_id=self.run_id)
 
-    def _first(self, input: dict, fp: int) -> None:  # noqa: A002
+    def _first(self, fp: int, staged: dict) -> None:
+        """Commit checkpoint 0: the input (``staged`` by :meth:`reduce_into`)."""
         self.record = {"graph": self.name, "in": fp}
         self.values = self.spec.defaults()
-        staged: dict = {}
-        self.reduce_into(staged, START, input)
         changed = self.apply(staged)
         tasks = self._route([START])
         self.commit(changed, tasks)
@@ -256,7 +273,7 @@ class Execution:
                 self.result = self._paused(p)
                 return False
             time.sleep(left)
-        elif st == "waiting" and not self._decided([w[0] for w in p.get("waiting", ())]):
+        elif st == "waiting" and not self._decided(p):
             self.result = self._paused(p)
             return False
         elif st == "failed" and not resume_failed:
@@ -270,14 +287,22 @@ class Execution:
         self._load(ck)
         if self.result is not None:
             return self.result
-        return self._result("running") if self.pause is None else self._paused(self.pause)
+        p = self.pause
+        if p is not None and p.get("status") == "waiting":
+            # the approvals still to decide: a decided one is not pending any more, and
+            # with none left the run is ready to resume
+            done = self._decided(p)
+            p = {**p, "waiting": [w for w in p.get("waiting", ()) if w[0] not in done]}
+            if not p["waiting"]:
+                p = None
+        return self._result("running") if p is None else self._paused(p)
 
-    def _decided(self, steps: list[str]) -> bool:
-        """Whether a decision on one of the paused approvals is journaled (the records
-        since the checkpoint: the requests and decisions of this superstep)."""
-        want = set(steps)
-        return any(r.get("e") == E_DECISION and r.get("s") in want
-                   for r in self.store.journal(self.run_id, start=self.since))
+    def _decided(self, p: dict) -> set[str]:
+        """The step ids of the paused approvals of ``p`` whose decision is journaled (the
+        records since the checkpoint: the requests and decisions of this superstep)."""
+        want = {w[0] for w in p.get("waiting", ())}
+        return {r["s"] for r in self.store.journal(self.run_id, start=self.since)
+                if r.get("e") == E_DECISION and r.get("s") in want}
 
     def _result(self, status: str, **kw: Any) -> GraphResult:
         return GraphResult(self.run_id, status, self.values, self.step, self.cid, **kw)
@@ -393,7 +418,7 @@ class Execution:
         if upd is None:
             return
         who = "the input" if node == START else f"node {node!r}"
-        if type(upd) is not dict:
+        if type(upd) is not dict and not isinstance(upd, dict):    # a subclass is a dict
             raise GraphError(f"{who} returned {type(upd).__name__} {upd!r:.80}; a node "
                              "returns a dict of channel updates (or None)", node=node)
         chans = self.spec.channels
@@ -465,9 +490,12 @@ class Execution:
                 "j": self.store.journal_length(self.run_id)}
         if not tasks:
             meta["status"] = "finished"
-        self.store.put(self.run_id, "", cid, checkpoint=self.record, metadata=meta,
-                       values=changed, versions=versions, parent_id=self.cid,
-                       durability=self.durability)
+        try:
+            self.store.put(self.run_id, "", cid, checkpoint=self.record, metadata=meta,
+                           values=changed, versions=versions, parent_id=self.cid,
+                           durability=self.durability)
+        except SerializationError as e:     # a node's value or a Send's argument
+            raise self._unstorable(e, f"superstep {step} (its updates and next tasks)") from e
         self.step, self.cid, self.tasks = step, cid, tasks
         if self.done:
             self.done = {}
@@ -486,8 +514,12 @@ class Execution:
             writes = [(0, DONE_CH, None)] + [
                 (i, ch, list(v) if type(v) is tuple else v)
                 for i, (ch, v) in enumerate(upd.items(), 1)]
-            self.store.put_writes(self.run_id, "", self.cid, self.task_id(o.task), writes,
-                                  durability=dur)
+            try:
+                self.store.put_writes(self.run_id, "", self.cid, self.task_id(o.task), writes,
+                                      durability=dur)
+            except SerializationError as e:
+                raise self._unstorable(e, f"the update of node {o.task.node!r} (task "
+                                          f"{self.task_id(o.task)})") from e
 
     def _stop(self, outs: list[Outcome]) -> None:
         """A superstep that cannot commit: keep what completed, record why it stopped."""
@@ -520,6 +552,15 @@ class Execution:
         dur = self.durability if self.durability == SYNC else None
         self.store.put_writes(self.run_id, "", self.cid, PAUSE_TASK, [(0, PAUSE_CH, p)],
                               durability=dur)
+
+    def _unstorable(self, e: SerializationError, what: str) -> GraphError:
+        """A value the serde refuses breaks the graph's contract as a bad update does:
+        the run is ``failed`` (so that ``recover`` goes on with the others), nothing of
+        the superstep is committed."""
+        err = GraphError(f"run {self.run_id!r}: {what} cannot be stored: {e}",
+                         run_id=self.run_id)
+        self.fail(err)
+        return err
 
     def fail(self, e: Exception) -> GraphResult:
         """Record that the run stopped on ``e`` (a GraphError: its graph broke the

@@ -115,6 +115,14 @@ def _arity(name: str, fn: Callable) -> int:
                      "(or fn(arg, ctx) as a Send target)")
 
 
+def _is_async(fn: Callable) -> bool:
+    """An ``async def`` node: a coroutine function, or an object whose ``__call__`` is
+    one (``inspect.iscoroutinefunction`` does not look there; its coroutine would be
+    taken for the update and never awaited)."""
+    return (inspect.iscoroutinefunction(fn)
+            or inspect.iscoroutinefunction(getattr(fn, "__call__", None)))
+
+
 class Spec:
     """A checked graph: channels, nodes, edges and routers (``Graph.compile`` builds it)."""
 
@@ -125,7 +133,7 @@ class Spec:
         self.edges = edges
         self.routers = routers
         self.arity = {n: _arity(n, fn) for n, fn in nodes.items()}
-        self.is_async = {n: inspect.iscoroutinefunction(fn) for n, fn in nodes.items()}
+        self.is_async = {n: _is_async(fn) for n, fn in nodes.items()}
         # the agent loop's shape -- a node whose one way out is one router returning a
         # name -- skips the general fold below: its next task is a shared, immutable Task
         self._only_router = {src: rs[0][0] for src, rs in routers.items()
