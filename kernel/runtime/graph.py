@@ -138,9 +138,10 @@ class Graph:
                 max_workers: int | None = None) -> "App":
         """Check the graph and bind it to ``store`` (``durkv.open(...)``).
 
-        ``name`` identifies the graph's runs in the store (default: ``"graph:"`` and its
-        sorted node names -- adding a node changes it, so give runs that must outlive a
-        deploy a name of your own); a run of another name is a RunConflictError;
+        ``name`` identifies the graph's runs in the store (default: ``"graph:"``, its
+        sorted node names, ``"|"`` and its sorted channel names -- adding a node or a
+        channel changes it, so give runs that must outlive a deploy a name of your own);
+        a run of another name is a RunConflictError;
         ``max_supersteps`` is the default of :meth:`App.run`; ``on_drift`` the journal's
         version-drift policy; ``max_workers`` the thread pool's size for parallel tasks.
 
@@ -153,7 +154,8 @@ class Graph:
         spec = Spec(dict(self.channels), dict(self.nodes),
                     {k: list(v) for k, v in self.edges.items()},
                     {k: list(v) for k, v in self.routers.items()})
-        return App(spec, store, name or "graph:" + ",".join(sorted(self.nodes)),
+        default = f"graph:{','.join(sorted(self.nodes))}|{','.join(sorted(self.channels))}"
+        return App(spec, store, name or default,
                    max_supersteps, on_drift, max_workers)
 
     def _targets(self, src: str) -> tuple[set[str], bool]:
