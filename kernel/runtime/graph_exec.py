@@ -40,7 +40,7 @@ _MISSING = object()
 
 def cid_of(step: int) -> str:
     """The checkpoint id of the state after ``step`` supersteps (sortable)."""
-    return f"{step:012d}"
+    return str(step).zfill(12)      # f"{step:012d}", in half the time (once a superstep)
 
 
 @dataclass(frozen=True)
@@ -365,8 +365,11 @@ class Execution:
             self._stop(outs)
             return False
         changed = self.apply(staged)
+        # the nodes that ran, each once, in task order (one task: the common loop)
+        sources = ([outs[0].task.node] if len(outs) == 1
+                   else list(dict.fromkeys(o.task.node for o in outs)))
         try:
-            tasks = self._route(list(dict.fromkeys(o.task.node for o in outs)))
+            tasks = self._route(sources)
         except Exception as e:
             self._keep(outs)
             self.fail(e)
