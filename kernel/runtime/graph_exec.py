@@ -40,7 +40,7 @@ _MISSING = object()
 
 def cid_of(step: int) -> str:
     """The checkpoint id of the state after ``step`` supersteps (sortable)."""
-    return f"{step:012d}"
+    return str(step).zfill(12)      # f"{step:012d}", in half the time (once a superstep)
 
 
 @dataclass(frozen=True)
@@ -390,8 +390,11 @@ class Execution:
             self._stop(outs)
             return False
         changed = self.apply(staged)
+        # the nodes that ran, each once, in task order (one task: the common loop)
+        sources = ([outs[0].task.node] if len(outs) == 1
+                   else list(dict.fromkeys(o.task.node for o in outs)))
         try:
-            tasks = self._route(list(dict.fromkeys(o.task.node for o in outs)))
+            tasks = self._route(sources)
         except Exception as e:
             self._keep(outs)
             self.fail(e)
@@ -417,20 +420,19 @@ class Execution:
         is not touched."""
         if upd is None:
             return
-        who = "the input" if node == START else f"node {node!r}"
         if type(upd) is not dict and not isinstance(upd, dict):    # a subclass is a dict
-            raise GraphError(f"{who} returned {type(upd).__name__} {upd!r:.80}; a node "
+            raise GraphError(f"{_who(node)} returned {type(upd).__name__} {upd!r:.80}; a node "
                              "returns a dict of channel updates (or None)", node=node)
         chans = self.spec.channels
         for ch, v in upd.items():
             r = chans.get(ch)
             if r is None:
-                raise GraphError(f"{who} has key {ch!r}, which is not a channel of "
+                raise GraphError(f"{_who(node)} has key {ch!r}, which is not a channel of "
                                  f"the graph (channels: {', '.join(chans)})", node=node, key=ch)
             kind, fn = r
             if kind == APPEND:
                 if type(v) is not list and type(v) is not tuple:
-                    raise GraphError(f"{who}: channel {ch!r} is a durkv.Append(); its "
+                    raise GraphError(f"{_who(node)}: channel {ch!r} is a durkv.Append(); its "
                                      f"update is a list of new items, got {type(v).__name__}",
                                      node=node, key=ch)
                 got = staged.get(ch)
@@ -453,8 +455,7 @@ class Execution:
             staged[ch] = fn(old, v)
         except Exception as e:
             name = getattr(fn, "__qualname__", repr(fn))
-            who = "the input" if node == START else f"node {node!r}"
-            raise GraphError(f"{who}: the reducer {name!r} of channel {ch!r} refused "
+            raise GraphError(f"{_who(node)}: the reducer {name!r} of channel {ch!r} refused "
                              f"the update {v!r:.80} ({err_type(e)}: {e})",
                              node=node, key=ch) from e
 
@@ -588,6 +589,11 @@ class Execution:
             step = r.waiting[0].step_id if r.waiting else None
             run.mark(r.status, step, r.message, r.until)
         run.close(record=False)     # a stream abandoned early: the run stays "running"
+
+
+def _who(node: str) -> str:
+    """The writer of an update, as an error names it (built on the error path only)."""
+    return "the input" if node == START else f"node {node!r}"
 
 
 def _pause_sleep(seconds: float) -> None:
