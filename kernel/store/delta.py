@@ -195,13 +195,14 @@ class Channels:
         m = 0
         if pend and start is not None:
             wrefs, m = _match_writes(pend, raws)
-        items, flags = self._stored_items(raws[m:] if m else raws)
+        own = raws[m:] if m else raws
+        items, flags = self._stored_items(own)
         self._keep_items(c, v, prev, start, raws)
         if start is None:
             entries.append((FULL, items, flags, 0, 0, 0))
             c.base = pack_ref(*c.ref)
         else:
-            self._append_deltas(c, prev, wrefs, items, flags, start + m, entries)
+            self._append_deltas(c, prev, wrefs, items, flags, own, entries)
 
     def _serialize_items(self, v: list, start: int | None) -> list[bytes]:
         """The serde bytes of the items to store: ``v[start:]`` (a delta) or all of ``v``."""
@@ -239,8 +240,10 @@ class Channels:
                 buf = buf[:start]
                 raws_before = raws_before[:start]
             buf.extend(v[start:])
-            raws_before.extend(raws)
+            raws_before.extend(_bytes_kept(v, start, raws))
             raws = raws_before
+        if start is None:
+            raws = _bytes_kept(v, 0, raws)
         c.obj = buf
         c.raw = raws
         n = c.n = len(v)
@@ -250,10 +253,10 @@ class Channels:
             c.mid = v[n >> 1]
 
     def _append_deltas(self, c: ChanState, prev: ChanState, wrefs: list, items: list,
-                       flags: int, own_from: int, entries: list) -> None:
+                       flags: int, own: list[bytes], entries: list) -> None:
         """The DELTA entries of a list extending ``prev``: an F_REFS DELTA naming the
         entries of the parent's pending writes that hold its first items (``wrefs``),
-        then a DELTA of the items of its own (from ``c.raw[own_from]`` on); a SNAP after
+        then a DELTA of the items of its own (``items``, serialized ``own``); a SNAP after
         them every ``snapshot_every`` deltas."""
         lsn, idx = c.ref
         pl, pi = prev.ref
@@ -269,7 +272,7 @@ class Channels:
             c.ref = (lsn, idx)
             entries.append((DELTA, items, flags, len(deltas), pl, pi))
             if items:
-                c.fresh = ((lsn, idx), c.raw[own_from:])
+                c.fresh = ((lsn, idx), own)
         if len(deltas) >= self.snapshot_every:
             idx = len(entries)
             entries.append((SNAP, [prev.base] + deltas, 0, 0, 0, 0))
@@ -364,7 +367,7 @@ class Channels:
             obj = [loads(x) for x in raws]
             c.is_list = True
             c.obj = obj
-            c.raw = raws
+            c.raw = _bytes_kept(obj, 0, raws)
             n = c.n = len(obj)
             if n:
                 c.first, c.last, c.mid = obj[0], obj[n - 1], obj[n >> 1]
@@ -381,8 +384,19 @@ class Channels:
         # node's return value, already handed out), and an edit of what get() returned
         # must change neither them nor the committed state
         raws = c.raw[:c.n]
+        loads = self._loads
+        if None in raws:        # immutable items kept as themselves (see _bytes_kept)
+            obj = c.obj
+            return [obj[i] if b is None else loads(b) for i, b in enumerate(raws)]
         many = self._loads_many
         if many is not None:
             return many(raws)
-        loads = self._loads
         return [loads(x) for x in raws]
+
+
+def _bytes_kept(items: list, start: int, raws: list[bytes]) -> list:
+    """The serialized bytes the state keeps of ``items[start:]`` (serialized ``raws``):
+    None for an immutable scalar (str, bytes, int, float, bool, None; exact types), which
+    ``value`` hands out as itself -- no edit of it can reach the committed state, and
+    keeping its bytes too would hold a text channel's newest state twice in memory."""
+    return [None if type(items[i]) in _SCALARS else b for i, b in enumerate(raws, start)]
