@@ -85,6 +85,7 @@ class ChanState:
     is_list = False
     obj: list | None = None    # list channels: the items put (or read), the store's own
     raw: list | None = None    # array, and their serialized bytes; the value is obj[:n]
+    as_is = False              # some raw[i] is None: obj[i] is immutable, its own copy
     n = 0
     first = last = mid = None  # fingerprint: obj[0], obj[n-1], obj[n//2] (references)
     vbytes = b""               # non-list channels: the serialized value
@@ -234,16 +235,18 @@ class Channels:
         c.is_list = True
         if start is None:
             buf = list(v)
+            raws = _bytes_kept(v, 0, raws)
+            c.as_is = None in raws
         else:
             buf, raws_before = prev.obj, prev.raw
             if len(buf) != start or len(raws_before) != start:
                 buf = buf[:start]
                 raws_before = raws_before[:start]
             buf.extend(v[start:])
-            raws_before.extend(_bytes_kept(v, start, raws))
+            new = _bytes_kept(v, start, raws)
+            raws_before.extend(new)
             raws = raws_before
-        if start is None:
-            raws = _bytes_kept(v, 0, raws)
+            c.as_is = prev.as_is or None in new
         c.obj = buf
         c.raw = raws
         n = c.n = len(v)
@@ -368,6 +371,7 @@ class Channels:
             c.is_list = True
             c.obj = obj
             c.raw = _bytes_kept(obj, 0, raws)
+            c.as_is = None in c.raw
             n = c.n = len(obj)
             if n:
                 c.first, c.last, c.mid = obj[0], obj[n - 1], obj[n >> 1]
@@ -385,7 +389,7 @@ class Channels:
         # must change neither them nor the committed state
         raws = c.raw[:c.n]
         loads = self._loads
-        if None in raws:        # immutable items kept as themselves (see _bytes_kept)
+        if c.as_is:             # immutable items kept as themselves (see _bytes_kept)
             obj = c.obj
             return [obj[i] if b is None else loads(b) for i, b in enumerate(raws)]
         many = self._loads_many
@@ -399,4 +403,6 @@ def _bytes_kept(items: list, start: int, raws: list[bytes]) -> list:
     None for an immutable scalar (str, bytes, int, float, bool, None; exact types), which
     ``value`` hands out as itself -- no edit of it can reach the committed state, and
     keeping its bytes too would hold a text channel's newest state twice in memory."""
+    if len(raws) == 1:          # the agent loop: one new item
+        return [None if type(items[start]) in _SCALARS else raws[0]]
     return [None if type(items[i]) in _SCALARS else b for i, b in enumerate(raws, start)]
