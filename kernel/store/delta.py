@@ -49,9 +49,11 @@ Every value it returns is deserialized afresh from the serialized bytes kept
 with the state (a list channel: each item's, next to the item objects the
 compare uses; O(list length), in one serializer call where the serde has a
 ``loads_many``) -- so the caller owns it: an edit of it changes neither the
-store nor the objects that were put (as with LangGraph's InMemorySaver). The
-price is memory: the newest state of a lane is held twice, as objects and as
-bytes. ``get`` of an
+store nor the objects that were put (as with LangGraph's InMemorySaver). An
+immutable scalar item (str, bytes, int, float, bool, None: exact types) is its
+own copy: its bytes are not kept and it is handed out as itself, so a text
+channel's newest state is held once (a mutable item: as object and as bytes).
+``get`` of an
 older checkpoint reads it from the log (one ``read_channel`` per channel);
 ``history`` derives an older list from the newer one it just read when the
 newer entry extends it (a prefix slice: see :mod:`durkv.store.history`).
