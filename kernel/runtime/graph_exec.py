@@ -205,7 +205,7 @@ class Execution:
     def _open(self, input: Any) -> None:  # noqa: A002
         sleep = time.sleep if self.wait else _pause_sleep
         run = Run(self.store, self.run_id, input, on_drift=self.on_drift, sleep=sleep,
-                  since=self.since)
+                  since=self.since, undos=False)     # each task's ctx keeps its undos
         run.open()          # RunBusyError: another driver in this process
         self.run = run
 
@@ -498,6 +498,8 @@ class Execution:
         except SerializationError as e:     # a node's value or a Send's argument
             raise self._unstorable(e, f"superstep {step} (its updates and next tasks)") from e
         self.step, self.cid, self.tasks = step, cid, tasks
+        if self.run is not None:
+            self.run.settle(meta["j"])      # the supersteps before this one: never again
         if self.done:
             self.done = {}
         if not tasks:

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid as _uuid
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 from typing import Any, Callable, Iterator
 
@@ -97,7 +97,8 @@ class Run(AsyncVerbs):
     def __init__(self, store: Any, run_id: str, input: Any = NO_INPUT, *,  # noqa: A002
                  on_drift: str = "warn", secret_input: bool = False,
                  clock: Callable[[], float] | None = None,
-                 sleep: Callable[[float], Any] | None = None, since: int = 0) -> None:
+                 sleep: Callable[[float], Any] | None = None, since: int = 0,
+                 undos: bool = True) -> None:
         if type(run_id) is not str or not run_id:
             raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}; "
                               "pass e.g. store.run('ticket-42')")
@@ -123,6 +124,10 @@ class Run(AsyncVerbs):
         # a scheduler that knows the records before `since` belong to finished work (its
         # committed supersteps) folds only the rest: an O(1) resume (durkv.Graph)
         self._since = since
+        # False: a scheduler whose tasks keep their own undo lists (durkv.Graph's
+        # ctx.compensate); the run's own list would hold every compensable tool's result
+        # for the whole execution, never drained
+        self._keep_undos = undos
         self._opened = False
         self._plain = False     # open, and every automatic step id comes from self._n
         self._task_ids = False  # asyncio tasks' step ids are scoped by task (see aio.py)
@@ -188,6 +193,18 @@ class Run(AsyncVerbs):
                 self._st = fold(self.run_id, self.store.journal(self.run_id, start=self._since))
                 self._seen = self.store.journal_length(self.run_id)
                 self._repair = damage_of(self.store, self.run_id)
+
+    def settle(self, since: int) -> None:
+        """Forget the folded journal records before position ``since``: work the caller
+        has committed for good (durkv.Graph: the supersteps before its newest checkpoint,
+        whose step ids never recur). The run then holds what a resume from ``since``
+        would fold -- not every recorded result of the whole execution."""
+        with self._lock:
+            self._since = since
+            st = self._st
+            if st is not None and st.order:
+                self._st = replace(st, entries={}, order=[])
+                self._seen = since      # records at/after since: refolded by refresh()
 
     def _open_journal(self) -> None:
         with bulk_load():
@@ -612,7 +629,8 @@ class Run(AsyncVerbs):
                 step_id=p.sid) from e
 
     def _done(self, p: Plan, result: Any) -> Any:
-        if p.spec is not None and p.spec.compensate is not None and p.comp_of is None:
+        if (p.spec is not None and p.spec.compensate is not None and p.comp_of is None
+                and self._keep_undos):
             # the result as recorded, not the caller's object (which it may mutate): the undo
             # gets what a replay would pass, so a re-execution meets the same undo inputs
             self._compensable.append((p.sid, p.spec, self._dumps(result)))

@@ -49,9 +49,11 @@ Every value it returns is deserialized afresh from the serialized bytes kept
 with the state (a list channel: each item's, next to the item objects the
 compare uses; O(list length), in one serializer call where the serde has a
 ``loads_many``) -- so the caller owns it: an edit of it changes neither the
-store nor the objects that were put (as with LangGraph's InMemorySaver). The
-price is memory: the newest state of a lane is held twice, as objects and as
-bytes. ``get`` of an
+store nor the objects that were put (as with LangGraph's InMemorySaver). An
+immutable scalar item (str, bytes, int, float, bool, None: exact types) is its
+own copy: its bytes are not kept and it is handed out as itself, so a text
+channel's newest state is held once (a mutable item: as object and as bytes).
+``get`` of an
 older checkpoint reads it from the log (one ``read_channel`` per channel);
 ``history`` derives an older list from the newer one it just read when the
 newer entry extends it (a prefix slice: see :mod:`durkv.store.history`).
@@ -85,6 +87,7 @@ class ChanState:
     is_list = False
     obj: list | None = None    # list channels: the items put (or read), the store's own
     raw: list | None = None    # array, and their serialized bytes; the value is obj[:n]
+    as_is = False              # some raw[i] is None: obj[i] is immutable, its own copy
     n = 0
     first = last = mid = None  # fingerprint: obj[0], obj[n-1], obj[n//2] (references)
     vbytes = b""               # non-list channels: the serialized value
@@ -195,13 +198,14 @@ class Channels:
         m = 0
         if pend and start is not None:
             wrefs, m = _match_writes(pend, raws)
-        items, flags = self._stored_items(raws[m:] if m else raws)
+        own = raws[m:] if m else raws
+        items, flags = self._stored_items(own)
         self._keep_items(c, v, prev, start, raws)
         if start is None:
             entries.append((FULL, items, flags, 0, 0, 0))
             c.base = pack_ref(*c.ref)
         else:
-            self._append_deltas(c, prev, wrefs, items, flags, start + m, entries)
+            self._append_deltas(c, prev, wrefs, items, flags, own, entries)
 
     def _serialize_items(self, v: list, start: int | None) -> list[bytes]:
         """The serde bytes of the items to store: ``v[start:]`` (a delta) or all of ``v``."""
@@ -233,14 +237,18 @@ class Channels:
         c.is_list = True
         if start is None:
             buf = list(v)
+            raws = _bytes_kept(v, 0, raws)
+            c.as_is = None in raws
         else:
             buf, raws_before = prev.obj, prev.raw
             if len(buf) != start or len(raws_before) != start:
                 buf = buf[:start]
                 raws_before = raws_before[:start]
             buf.extend(v[start:])
-            raws_before.extend(raws)
+            new = _bytes_kept(v, start, raws)
+            raws_before.extend(new)
             raws = raws_before
+            c.as_is = prev.as_is or None in new
         c.obj = buf
         c.raw = raws
         n = c.n = len(v)
@@ -250,10 +258,10 @@ class Channels:
             c.mid = v[n >> 1]
 
     def _append_deltas(self, c: ChanState, prev: ChanState, wrefs: list, items: list,
-                       flags: int, own_from: int, entries: list) -> None:
+                       flags: int, own: list[bytes], entries: list) -> None:
         """The DELTA entries of a list extending ``prev``: an F_REFS DELTA naming the
         entries of the parent's pending writes that hold its first items (``wrefs``),
-        then a DELTA of the items of its own (from ``c.raw[own_from]`` on); a SNAP after
+        then a DELTA of the items of its own (``items``, serialized ``own``); a SNAP after
         them every ``snapshot_every`` deltas."""
         lsn, idx = c.ref
         pl, pi = prev.ref
@@ -269,7 +277,7 @@ class Channels:
             c.ref = (lsn, idx)
             entries.append((DELTA, items, flags, len(deltas), pl, pi))
             if items:
-                c.fresh = ((lsn, idx), c.raw[own_from:])
+                c.fresh = ((lsn, idx), own)
         if len(deltas) >= self.snapshot_every:
             idx = len(entries)
             entries.append((SNAP, [prev.base] + deltas, 0, 0, 0, 0))
@@ -364,7 +372,8 @@ class Channels:
             obj = [loads(x) for x in raws]
             c.is_list = True
             c.obj = obj
-            c.raw = raws
+            c.raw = _bytes_kept(obj, 0, raws)
+            c.as_is = None in c.raw
             n = c.n = len(obj)
             if n:
                 c.first, c.last, c.mid = obj[0], obj[n - 1], obj[n >> 1]
@@ -381,8 +390,21 @@ class Channels:
         # node's return value, already handed out), and an edit of what get() returned
         # must change neither them nor the committed state
         raws = c.raw[:c.n]
+        loads = self._loads
+        if c.as_is:             # immutable items kept as themselves (see _bytes_kept)
+            obj = c.obj
+            return [obj[i] if b is None else loads(b) for i, b in enumerate(raws)]
         many = self._loads_many
         if many is not None:
             return many(raws)
-        loads = self._loads
         return [loads(x) for x in raws]
+
+
+def _bytes_kept(items: list, start: int, raws: list[bytes]) -> list:
+    """The serialized bytes the state keeps of ``items[start:]`` (serialized ``raws``):
+    None for an immutable scalar (str, bytes, int, float, bool, None; exact types), which
+    ``value`` hands out as itself -- no edit of it can reach the committed state, and
+    keeping its bytes too would hold a text channel's newest state twice in memory."""
+    if len(raws) == 1:          # the agent loop: one new item
+        return [None if type(items[start]) in _SCALARS else raws[0]]
+    return [None if type(items[i]) in _SCALARS else b for i, b in enumerate(raws, start)]

@@ -113,7 +113,11 @@ class SharedItems:
     of the task's checkpoint refers to those items instead of storing them again
     (``from_writes``, by (thread, ns, checkpoint), popped by that put). The other way round, a pending
     write that arrives after the checkpoint that folded it in refers to the items that
-    checkpoint stored (``from_checkpoint``, by (thread, ns, parent checkpoint)).
+    checkpoint stored (``from_checkpoint``: the newest checkpoint's of each (thread, ns),
+    by its parent -- the one whose writes arrive late. One per lane, not one per recent
+    checkpoint: each holds its new items' serialized bytes, and a graph run never puts a
+    pending write of an older checkpoint, so a per-checkpoint memory would only hold
+    thousands of supersteps' items for nothing. A write that misses stores its items).
     """
 
     __slots__ = ("from_writes", "from_checkpoint")
@@ -121,8 +125,8 @@ class SharedItems:
     def __init__(self) -> None:
         # (thread, ns, checkpoint) -> {channel: [((lsn, entry idx), serialized items)]}
         self.from_writes: dict[tuple[str, str, str], dict[str, list]] = {}
-        # (thread, ns, parent checkpoint) -> {channel: ((lsn, idx), serialized items)}
-        self.from_checkpoint: dict[tuple[str, str, str], dict[str, tuple]] = {}
+        # (thread, ns) -> (parent checkpoint, {channel: ((lsn, idx), serialized items)})
+        self.from_checkpoint: dict[tuple[str, str], tuple[str, dict[str, tuple]]] = {}
 
     def clear(self) -> None:
         self.from_writes.clear()
@@ -139,9 +143,15 @@ class SharedItems:
     def add_checkpoint(self, key: tuple[str, str, str], fresh: dict[str, tuple]) -> None:
         """The DELTA items a checkpoint stored of its own, for a pending write of its
         parent ``key`` that arrives later (LangGraph's async executor)."""
-        if len(self.from_checkpoint) >= _MEMORY:
-            self.from_checkpoint.clear()
-        self.from_checkpoint[key] = fresh
+        lanes = self.from_checkpoint
+        if len(lanes) >= _MEMORY and key[:2] not in lanes:
+            lanes.clear()
+        lanes[key[:2]] = (key[2], fresh)
+
+    def checkpoint_items(self, key: tuple[str, str, str]) -> dict[str, tuple] | None:
+        """The items :meth:`add_checkpoint` kept for parent ``key``, if still kept."""
+        got = self.from_checkpoint.get(key[:2])
+        return got[1] if got is not None and got[0] == key[2] else None
 
 
 # -- the writer -------------------------------------------------------------------------------
@@ -379,7 +389,7 @@ class Writer:
         already stored (referred to), or an entry of this frame (appended to ``entries``);
         returns the lists stored here. Under the lock: that checkpoint either registered
         its items (then this write refers to them) or will find this write's."""
-        late = self.shared.from_checkpoint.get(key)
+        late = self.shared.checkpoint_items(key)
         kept = []
         for x in lists:
             rec, ch, items, raws, flags = x
