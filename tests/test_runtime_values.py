@@ -84,8 +84,9 @@ def _same(a, b):
 
 
 def _env(*paths):
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, paths),
-                                                         os.environ["PYTHONPATH"]])}
+    # the caller's PYTHONPATH too, when it has one (a source tree on it); CI has none
+    inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, paths), *inherited])}
 
 
 # ---- item 3: a replayed value is the recorded value -------------------------------------

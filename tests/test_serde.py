@@ -223,7 +223,8 @@ def test_decoding_imports_the_module_of_a_class(tmp_path):
         "import enum, collections\n"
         "class Channel(enum.Enum):\n    EMAIL = 'email'\n    PAGE = 'page'\n"
         "Pair = collections.namedtuple('Pair', 'a b')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]])}
+    inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *inherited])}
     write = ("import sys, durkv_test_enum_mod as m\nfrom durkv.serde import default_serde as s\n"
              "sys.stdout.buffer.write(s.dumps([m.Channel.PAGE, m.Pair(1, m.Channel.EMAIL)]))")
     data = subprocess.run([sys.executable, "-c", write], env=env, check=True,
