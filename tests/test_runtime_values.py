@@ -28,6 +28,7 @@ import zoneinfo
 from typing import Annotated, NamedTuple
 
 import pytest
+from samevalue import same
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -69,20 +70,6 @@ VALUES = [
 ]
 
 
-def _same(a, b):
-    assert type(a) is type(b), (a, b)
-    assert a == b
-    if isinstance(a, (dt.datetime, dt.time)):       # == compares instants, not zones
-        assert a.tzinfo == b.tzinfo and a.fold == b.fold, (a, b)
-    if isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        for x, y in zip(a, b):
-            _same(x, y)
-
-
 def _env(*paths):
     # the caller's PYTHONPATH too, when it has one (a source tree on it); CI has none
     inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
@@ -114,10 +101,10 @@ def test_step_tool_and_approval_values_replay_as_the_same_type(tmp_path, value):
                     run.approve("send", value)
             else:
                 assert run.journal()[2].inputs is not None
-                _same(value, run.journal()[2].inputs)
+                same(value, run.journal()[2].inputs)
     assert calls == ["step", "tool"]
     for first, replayed in zip(got[0], got[1]):
-        _same(first, replayed)
+        same(first, replayed)
 
 
 # The case: a step picks a channel, the run branches on it, the process dies
@@ -244,8 +231,8 @@ def test_langgraph_step_results_replay_as_the_same_type_or_are_refused(tmp_path,
     with DurkvSaver.open(path) as saver:      # the node runs again: the step replays
         _lg_graph(saver, node).invoke(None, cfg)
     assert len(calls) == 1 and len(seen) == 2
-    _same(seen[0], seen[1])
-    _same(value, seen[1])
+    same(seen[0], seen[1])
+    same(value, seen[1])
 
 
 # ---- item 8: fingerprints are canonical --------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 import pytest
+from samevalue import same
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -79,25 +80,10 @@ FAITHFUL = [
 ]
 
 
-def _same(a, b):
-    """Equal and of the same type, recursively (what a replay must give back)."""
-    assert type(a) is type(b), (a, b)
-    assert a == b
-    if isinstance(a, (dt.datetime, dt.time)):       # == compares instants, not zones
-        assert a.tzinfo == b.tzinfo and a.fold == b.fold, (a, b)
-    if isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        for x, y in zip(a, b):
-            _same(x, y)
-
-
 @pytest.mark.parametrize("value", FAITHFUL, ids=lambda v: type(v).__name__)
 def test_enums_namedtuples_collections_and_zones_read_back_as_their_own_type(value):
     out = s.loads(s.dumps(value))
-    _same(value, out)
+    same(value, out)
     if isinstance(value, defaultdict):
         assert out.default_factory is value.default_factory
     if isinstance(value, dt.datetime):
@@ -122,10 +108,10 @@ def test_checkpoint_values_keep_their_type_after_reopen(tmp_path):
         s.put_writes("t", "", "2", "task", [(0, "log", [Level.HIGH])])
     with durkv.open(path) as s:
         got = s.get("t")
-        _same(got.values, {"log": items, "when": dt.datetime(2026, 3, 7, tzinfo=NY),
-                           "n": Counter(a=2)})
-        _same(got.metadata, {"mode": Mode.PAGE})
-        _same(got.writes[0].value, [Level.HIGH])
+        same(got.values, {"log": items, "when": dt.datetime(2026, 3, 7, tzinfo=NY),
+                          "n": Counter(a=2)})
+        same(got.metadata, {"mode": Mode.PAGE})
+        same(got.writes[0].value, [Level.HIGH])
 
 
 def test_a_zoneinfo_datetime_keeps_its_zone_across_dst():
@@ -198,7 +184,7 @@ def test_version_1_bytes_decode_as_before():
     want = [(1, "a"), {2}, frozenset({3}), dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.timezone.utc),
             dt.date(2026, 1, 2), dt.time(1, 2), dt.timedelta(1, 2, 3), uuid.UUID(int=5),
             decimal.Decimal("1.10"), 2**70]
-    _same(want, out)
+    same(want, out)
     assert s.dumps(want) == V1_BYTES       # and are still written the same way
 
 
@@ -276,4 +262,4 @@ faithful_values = st.recursive(
 
 @given(faithful_values)
 def test_property_round_trip_keeps_every_type(value):
-    _same(value, s.loads(s.dumps(value)))
+    same(value, s.loads(s.dumps(value)))
