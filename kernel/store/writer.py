@@ -36,6 +36,7 @@ __all__ = ["Writer", "SharedItems", "check_put", "check_writes"]
 
 _VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) holds
 _MEMORY = 4096      # entries kept by each memory of recent frames before it is cleared
+_LATE = 4           # checkpoints per lane whose items a late pending write may refer to
 
 
 # -- arguments -------------------------------------------------------------------------------
@@ -114,10 +115,12 @@ class SharedItems:
     (``from_writes``, by (thread, ns, checkpoint), popped by that put). The other way round, a pending
     write that arrives after the checkpoint that folded it in refers to the items that
     checkpoint stored (``from_checkpoint``: the newest checkpoint's of each (thread, ns),
-    by its parent -- the one whose writes arrive late. One per lane, not one per recent
-    checkpoint: each holds its new items' serialized bytes, and a graph run never puts a
-    pending write of an older checkpoint, so a per-checkpoint memory would only hold
-    thousands of supersteps' items for nothing. A write that misses stores its items).
+    by its parent -- the one whose writes arrive late. The newest ``_LATE`` of each lane,
+    not every recent checkpoint's: each holds its new items' serialized bytes, and
+    LangGraph's async executor delivers a task's writes at most a few checkpoints late
+    (one was not enough: the first superstep's write can land after two later puts), so a
+    memory of thousands of supersteps would hold their items for nothing. A write that
+    misses stores its items).
     """
 
     __slots__ = ("from_writes", "from_checkpoint")
@@ -125,8 +128,9 @@ class SharedItems:
     def __init__(self) -> None:
         # (thread, ns, checkpoint) -> {channel: [((lsn, entry idx), serialized items)]}
         self.from_writes: dict[tuple[str, str, str], dict[str, list]] = {}
-        # (thread, ns) -> (parent checkpoint, {channel: ((lsn, idx), serialized items)})
-        self.from_checkpoint: dict[tuple[str, str], tuple[str, dict[str, tuple]]] = {}
+        # (thread, ns) -> {parent checkpoint: {channel: ((lsn, idx), serialized items)}},
+        # the newest _LATE parents in put order
+        self.from_checkpoint: dict[tuple[str, str], dict[str, dict[str, tuple]]] = {}
 
     def clear(self) -> None:
         self.from_writes.clear()
@@ -144,14 +148,19 @@ class SharedItems:
         """The DELTA items a checkpoint stored of its own, for a pending write of its
         parent ``key`` that arrives later (LangGraph's async executor)."""
         lanes = self.from_checkpoint
-        if len(lanes) >= _MEMORY and key[:2] not in lanes:
-            lanes.clear()
-        lanes[key[:2]] = (key[2], fresh)
+        lane = lanes.get(key[:2])
+        if lane is None:
+            if len(lanes) >= _MEMORY:
+                lanes.clear()
+            lane = lanes[key[:2]] = {}
+        elif len(lane) >= _LATE:
+            del lane[next(iter(lane))]      # the oldest parent's
+        lane[key[2]] = fresh
 
     def checkpoint_items(self, key: tuple[str, str, str]) -> dict[str, tuple] | None:
         """The items :meth:`add_checkpoint` kept for parent ``key``, if still kept."""
-        got = self.from_checkpoint.get(key[:2])
-        return got[1] if got is not None and got[0] == key[2] else None
+        lane = self.from_checkpoint.get(key[:2])
+        return None if lane is None else lane.get(key[2])
 
 
 # -- the writer -------------------------------------------------------------------------------
