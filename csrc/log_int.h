@@ -57,6 +57,7 @@ struct dkv_log {
     uint64_t commit_syncs;          /* fdatasyncs run by group-commit leaders (mu) */
     uint64_t flusher_syncs;         /* fdatasyncs run by the async flusher (atomic) */
     int leader, syncing, rolling;
+    int lead_sync;              /* the leader has written its group and runs its fsync */
     int failed;
     char failmsg[256];
     int closed;

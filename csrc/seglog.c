@@ -230,26 +230,35 @@ static int lead(dkv_log *log, int do_sync)
 
     dkv__frames_restamp(buf, n, seed, durable);
     int rc = n ? dkv__pwrite_all(fd, buf, n, off) : 0;
-    const char *what = "write";
-    if (!rc && do_sync) {
-        rc = dkv__fdatasync(fd);
-        what = "fdatasync";
-    }
-    digest = digest_frames(log, digest, seed, buf, n);   /* leaders are serialized */
+    if (!rc)
+        digest = digest_frames(log, digest, seed, buf, n);   /* leaders are serialized */
 
     pthread_mutex_lock(&log->mu);
-    log->leader = 0;
     if (rc) {
-        return fail(log, what, rc);
+        log->leader = 0;
+        return fail(log, "write", rc);
     }
     if (n)      /* an empty group (a sync) leaves a catch-up's digest and tail alone */
         log->run_digest = digest;
     if (upto > log->written_lsn)
         log->written_lsn = upto;
-    if (do_sync)
+    if (do_sync) {
+        /* written: a write section may write the next frames while this fsync runs */
+        log->lead_sync = 1;
+        pthread_cond_broadcast(&log->cv);
+        pthread_mutex_unlock(&log->mu);
+        rc = dkv__fdatasync(fd);
+        pthread_mutex_lock(&log->mu);
+        log->lead_sync = 0;
+        if (rc) {
+            log->leader = 0;
+            return fail(log, "fdatasync", rc);
+        }
         log->commit_syncs++;
-    if (do_sync && upto > log->durable_lsn)
-        STORE_LSN(log->durable_lsn, upto);
+        if (upto > log->durable_lsn)
+            STORE_LSN(log->durable_lsn, upto);
+    }
+    log->leader = 0;
     pthread_cond_broadcast(&log->cv);
     wake_flusher(log);
     return 0;
@@ -521,13 +530,36 @@ static int write_enter(dkv_log *log)
     return rc;
 }
 
+/* Write pend under mu while a leader fsyncs the frames before it (its write is done, so
+ * file order stays LSN order). mu held. */
+static int write_pending(dkv_log *log)
+{
+    dkv__frames_restamp(log->pend, log->pend_len, log->seed, log->durable_lsn);
+    int rc = dkv__pwrite_all(log->wfd, log->pend, log->pend_len, log->pend_off);
+    if (rc)
+        return fail(log, "write", rc);
+    log->run_digest = digest_frames(log, log->run_digest, log->seed, log->pend, log->pend_len);
+    log->pend_off += log->pend_len;
+    log->pend_len = 0;
+    log->written_lsn = log->next_lsn;
+    pthread_cond_broadcast(&log->cv);
+    return 0;
+}
+
 /* mu held: write what the section appended (no fsync), then release WLOCK. */
 static int write_exit(dkv_log *log)
 {
     if (--log->wdepth > 0)
         return 0;
     int rc = 0;
-    while (!log->failed && (log->pend_len || log->leader || log->rolling)) {
+    /* done when nothing is pending and no leader is still writing (one that syncs has
+     * written its frames: the section's own go after them, without waiting for the fsync) */
+    while (!log->failed && (log->pend_len || (log->leader && !log->lead_sync) || log->rolling)) {
+        if (log->pend_len && log->leader && log->lead_sync && !log->rolling) {
+            if ((rc = write_pending(log)))
+                break;
+            continue;
+        }
         if (!log->leader && !log->rolling) {
             if ((rc = lead(log, 0)))
                 break;

@@ -188,3 +188,51 @@ def test_a_stuck_holder_times_out_others_naming_its_pid_and_a_kill_frees_them(tm
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+_DRIVER = r"""
+import sys, time
+import durkv
+s = durkv.open(sys.argv[1])
+with s.run("r1") as run:
+    run.step("greet", lambda: "hi")
+    print("driving", flush=True)
+    time.sleep(30)
+"""
+
+
+def test_one_driver_per_run_across_processes_and_a_killed_one_releases_at_once(tmp_path):
+    path = str(tmp_path / "s.durkv")
+    durkv.open(path).close()
+    p = subprocess.Popen([sys.executable, "-c", _DRIVER, path], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "driving", p.stderr.read()
+        with durkv.open(path) as s:
+            with pytest.raises(durkv.RunBusyError, match=f"pid {p.pid}") as ei:
+                with s.run("r1"):
+                    pass
+            assert ei.value.context["holder_pid"] == str(p.pid)
+            with s.run("r2") as run:            # another run: no wait
+                assert run.step("x", lambda: 1) == 1
+            p.kill()
+            p.wait()
+            with s.run("r1") as run:            # the dead driver released at once
+                assert run.step("greet", lambda: "again") == "hi"    # its result, journaled
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert os.listdir(os.path.join(path, "drivers")) == []     # released claims leave no file
+
+
+def test_one_driver_per_run_across_handles_of_one_process(tmp_path):
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path) as a, durkv.open(path) as b:
+        with a.run("r") as run:
+            run.step("t", lambda: 1)
+            with pytest.raises(durkv.RunBusyError, match=f"pid {os.getpid()}"):
+                with b.run("r"):
+                    pass
+        with b.run("r") as run:
+            assert run.step("t", lambda: 2) == 1

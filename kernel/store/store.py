@@ -41,8 +41,10 @@ from ..payload import Codec, encode_commit
 from ..serde import Serde, default_serde
 from .appender import Appender
 from .ckpthead import CkptHeads
+from . import drivers
 from .compact import Compaction
 from .delta import Channels
+from .drivers import DriverClaim
 from .edits import Edits
 from .history import History
 from .reads import Reads
@@ -187,6 +189,16 @@ class Store:
             return
         with self._writing():
             yield
+
+    def claim_driver(self, kind: str, key: str) -> DriverClaim | None:
+        """Claim run (``kind="run"``) or LangGraph thread (``"thread"``) ``key`` for this
+        driver, across processes (:mod:`durkv.store.drivers`): RunBusyError naming the
+        holder's pid if another driver holds it. None on a store that is not a local
+        directory (a memory store has one process; an s3:// store one writer)."""
+        self._check_open()
+        if self._path is None:
+            return None
+        return drivers.claim(self._path, kind, key)
 
     def _append(self, payload: bytes, durability: str | None) -> int:
         with self._writing():
