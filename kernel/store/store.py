@@ -174,7 +174,7 @@ class Store:
         if self._b.next_lsn > self._index.scan_pos:
             self._appender.forget()
             self._writer.forget_retries()   # a foreign delete may change what a retry means
-            self._index.replay()
+            self._index.catch_up()
 
     @contextmanager
     def _current(self) -> Iterator[None]:
