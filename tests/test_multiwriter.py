@@ -353,3 +353,32 @@ def test_langgraph_async_invocations_of_one_thread_one_proceeds(tmp_path):
 
     a, b = asyncio.run(main())
     assert sorted(type(x).__name__ for x in (a, b)) == ["RunBusyError", "dict"]
+
+
+_FORKER = r"""
+import os, sys, time
+import durkv
+s = durkv.open(sys.argv[1])
+run = s.run("r")
+run.open()
+if os.fork() == 0:      # a child that outlives its parent, with copies of its fds
+    time.sleep(30)
+    os._exit(0)
+print("forked", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_fork_does_not_keep_a_dead_parents_driver_claim(tmp_path):
+    path = str(tmp_path / "s.durkv")
+    durkv.open(path).close()
+    p = subprocess.Popen([sys.executable, "-c", _FORKER, path], stdout=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "forked"
+        p.kill()                            # the driver dies; its forked child lives on
+        p.wait()
+        with durkv.open(path) as s, s.run("r") as run:
+            assert run.step("s", lambda: 1) == 1
+    finally:
+        os.killpg(p.pid, 9)                 # the orphaned child, by its process group

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import weakref
 
 import xxhash
 
@@ -23,14 +24,18 @@ from ..errors import BackendError, RunBusyError
 __all__ = ["DriverClaim", "claim"]
 
 
+_held: weakref.WeakSet = weakref.WeakSet()     # this process's claims (see _after_fork)
+
+
 class DriverClaim:
     """A held claim: :meth:`release` (idempotent) gives it up."""
 
-    __slots__ = ("path", "fd")
+    __slots__ = ("path", "fd", "__weakref__")
 
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
         self.fd = fd
+        _held.add(self)
 
     def release(self) -> None:
         fd, self.fd = self.fd, -1
@@ -41,6 +46,21 @@ class DriverClaim:
         except OSError:
             pass
         os.close(fd)
+
+
+def _after_fork() -> None:
+    """In a forked child: close its copies of the parent's claim fds (the lock is the
+    parent's; a copy would keep it held after the parent releases it or dies)."""
+    for c in list(_held):
+        fd, c.fd = c.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _holder(fd: int) -> str:

@@ -434,6 +434,8 @@ class Store:
         if filter is not None and not isinstance(filter, dict):
             raise ConfigError(f"filter must be a dict of metadata keys and values, got "
                               f"{type(filter).__name__}")
+        with self._current():       # other processes' commits count (FORMAT.md 12)
+            self._check_open()
         return self._history.checkpoints(thread_id, checkpoint_ns, before, limit, filter,
                                          values)
 
