@@ -139,6 +139,17 @@ class LocalBackend:
         size = self._tail_size()
         return size is None or size != self._tail[1]
 
+    # several writers (FORMAT.md "Several writers"): the store brackets its writes
+
+    def write_begin(self) -> None:
+        self._log.write_begin()
+
+    def write_end(self) -> None:
+        self._log.write_end()
+
+    def exclusive(self, on: bool) -> None:
+        self._log.exclusive(on)
+
     def roll(self) -> None:
         self._log.seal()
 

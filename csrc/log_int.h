@@ -31,6 +31,10 @@ struct dkv_log {
     char *dir;
     dkv_options opt;
     int lock_fd;
+    int wlock_fd;               /* WLOCK: the cross-process write lock (shared writers) */
+    int shared;                 /* LOCK held shared: other processes may write (FORMAT.md) */
+    int wheld, wdepth;          /* a thread of this process holds WLOCK (mu) */
+    pthread_t wowner;
     uint8_t uuid[16];
     seg_t *segs;
     size_t nsegs, cap_segs;
@@ -53,6 +57,7 @@ struct dkv_log {
     uint64_t commit_syncs;          /* fdatasyncs run by group-commit leaders (mu) */
     uint64_t flusher_syncs;         /* fdatasyncs run by the async flusher (atomic) */
     int leader, syncing, rolling;
+    int lead_sync;              /* the leader has written its group and runs its fsync */
     int failed;
     char failmsg[256];
     int closed;
@@ -110,6 +115,14 @@ int dkv__damage_record(dkv_log *log, const char *seg, uint64_t off, int kind,
                        uint64_t lost_first, uint64_t lost_last, const char *detail);
 /* The segment after the loaded ones, or segment 0 of a new log (seglog.c). */
 int dkv__create_next_segment(dkv_log *log);
+/* Several writers (open.c): take WLOCK (mu not held), and catch up with frames other
+ * processes appended (mu held, WLOCK held, nothing pending). */
+int dkv__wlock_take(dkv_log *log);
+int dkv__catch_up(dkv_log *log);
+/* Enter (1) or leave (0) the calling thread's write section (mu held, seglog.c). */
+int dkv__write_section(dkv_log *log, int enter);
+/* Wait until no leader, flusher sync or roll runs (mu held, seglog.c). */
+void dkv__quiesce(dkv_log *log);
 /* The async flusher thread (seglog.c). */
 void *dkv__flusher_main(void *arg);
 

@@ -8,39 +8,126 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <sched.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log_int.h"
 
+/* The holder's pid a lock file records (advisory text, for messages only). */
+static void lock_holder(int fd, char pid[32])
+{
+    snprintf(pid, 32, "?");
+    int r = dkv__pread_all(fd, pid, 31, 0);
+    if (r > 0) {
+        pid[r] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+    }
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
+}
+
+/* flock(fd, op | LOCK_NB) until it holds or timeout_ms pass: yields first (a commit holds
+ * WLOCK for microseconds), then sleeps up to 1 ms at a time. 0, EWOULDBLOCK or errno. */
+static int flock_wait(int fd, int op, uint32_t timeout_ms)
+{
+    uint64_t deadline = now_ms() + timeout_ms;
+    long ns = 20000;
+    for (unsigned i = 0;; i++) {
+        if (!flock(fd, op | LOCK_NB))
+            return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return errno;
+        if (now_ms() >= deadline)
+            return EWOULDBLOCK;
+        if (i < 64) {
+            sched_yield();
+        } else {
+            struct timespec t = {0, ns};
+            nanosleep(&t, NULL);
+            if (ns < 1000000)
+                ns *= 2;
+        }
+    }
+}
+
+/* A writer attaches: LOCK shared for the handle's life (recover and compaction hold it
+ * exclusively), and WLOCK opened for its appends (FORMAT.md "Several writers"). */
 static int take_lock(dkv_log *log)
 {
     char p[4200];
     snprintf(p, sizeof p, "%s/LOCK", log->dir);
     int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
+    if (fd < 0)
         return dkv__io_error(log, errno, "cannot open %s", p);
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB)) {
-        int e = errno;
-        char pid[32] = "?";
-        int r = dkv__pread_all(fd, pid, sizeof pid - 1, 0);
-        if (r > 0) {
-            pid[r] = 0;
-            pid[strcspn(pid, "\n")] = 0;
-        }
+    int e = flock_wait(fd, LOCK_SH, log->opt.lock_timeout_ms);
+    if (e) {
+        char pid[32];
+        lock_holder(fd, pid);
         close(fd);
         if (e == EWOULDBLOCK) {
-            dkv__set_error(log, "store is locked by pid %s; close it or open read_only=True", pid);
+            dkv__set_error(log, "store is held exclusively (durkv recover or a compaction) by "
+                           "pid %s; wait for it to finish, or open read_only=True", pid);
             return DKV_ELOCKED;
         }
         return dkv__io_error(log, e, "cannot lock %s", p);
     }
+    log->lock_fd = fd;
+    snprintf(p, sizeof p, "%s/WLOCK", log->dir);
+    log->wlock_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (log->wlock_fd < 0)
+        return dkv__io_error(log, errno, "cannot open %s", p);
+    log->shared = 1;
+    return 0;
+}
+
+int dkv__wlock_take(dkv_log *log)
+{
+    int e = flock_wait(log->wlock_fd, LOCK_EX, log->opt.lock_timeout_ms);
+    if (e == EWOULDBLOCK) {
+        char pid[32];
+        lock_holder(log->wlock_fd, pid);
+        dkv__set_error(log, "the write lock of %s is held by pid %s for over %u ms; that "
+                       "process is stuck writing (or raise lock_timeout_ms)", log->dir, pid,
+                       log->opt.lock_timeout_ms);
+        return DKV_ELOCKED;
+    }
+    if (e)
+        return dkv__io_error(log, e, "cannot lock %s/WLOCK", log->dir);
     char pid[32];
     int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-    if (ftruncate(fd, 0) == 0 && dkv__pread_all(fd, pid, 0, 0) >= 0)
-        (void)!pwrite(fd, pid, (size_t)n, 0);   /* advisory text, for messages only */
-    log->lock_fd = fd;
+    (void)!pwrite(log->wlock_fd, pid, (size_t)n, 0);   /* advisory, for messages only */
+    return 0;
+}
+
+int dkv_exclusive(dkv_log *log, int on)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    if (!log->shared && on)
+        return 0;
+    if (on) {
+        /* flock converts by dropping the shared lock first: on failure take it back */
+        if (!flock(log->lock_fd, LOCK_EX | LOCK_NB)) {
+            log->shared = 2;
+            return 0;
+        }
+        int e = flock_wait(log->lock_fd, LOCK_SH, log->opt.lock_timeout_ms);
+        if (e)
+            return dkv__io_error(log, e, "cannot re-take the shared lock on %s/LOCK", log->dir);
+        dkv__set_error(log, "other processes have %s open for writing; this needs the store "
+                       "alone: close them first", log->dir);
+        return DKV_ELOCKED;
+    }
+    if (log->shared == 2 && flock(log->lock_fd, LOCK_SH))
+        return dkv__io_error(log, errno, "cannot share %s/LOCK again", log->dir);
+    if (log->shared == 2)
+        log->shared = 1;
     return 0;
 }
 
@@ -106,6 +193,10 @@ static void go_read_only(dkv_log *log)
     if (log->lock_fd >= 0)
         close(log->lock_fd);
     log->lock_fd = -1;
+    if (log->wlock_fd >= 0)
+        close(log->wlock_fd);   /* releases WLOCK if open held it */
+    log->wlock_fd = -1;
+    log->shared = 0;
 }
 
 /* ---- loading one segment ---- */
@@ -522,6 +613,7 @@ static dkv_log *new_handle(const char *dir, const dkv_options *opt, int lock_fd,
     pthread_cond_init(&log->cv, NULL);
     pthread_cond_init(&log->flush_cv, NULL);
     log->lock_fd = lock_fd;
+    log->wlock_fd = -1;
     log->wfd = -1;
     log->repair = repair;
     log->dir = strdup(dir);
@@ -538,6 +630,8 @@ static int check_options(dkv_log *log, const dkv_options *opt)
         log->opt.segment_bytes = 64u << 20;
     if (!log->opt.flush_interval_ms)
         log->opt.flush_interval_ms = 10;
+    if (!log->opt.lock_timeout_ms)
+        log->opt.lock_timeout_ms = 10000;
     if (opt->durability < 0 || opt->durability > 2 || opt->recovery < 0 || opt->recovery > 3) {
         dkv__set_error(log, "bad durability (%d) or recovery mode (%d)", opt->durability, opt->recovery);
         return DKV_EINVAL;
@@ -727,6 +821,10 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
         rc = ensure_dir(log, dir);
     if (!rc && !log->opt.read_only && log->lock_fd < 0)
         rc = take_lock(log);
+    /* loading (a scan of the active segment, a torn tail's repair) sees no half-written
+     * frame of another writer: it runs under WLOCK, released once the handle is set up */
+    if (!rc && log->shared && (rc = dkv__wlock_take(log)) == 0)
+        log->wheld = 0;
     if (rc)
         return rc;
     log_head head;
@@ -736,6 +834,8 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
         return rc;
     if (!log->opt.read_only && !repair && (rc = name_active_in_head(log)))
         return rc;
+    if (log->shared)
+        flock(log->wlock_fd, LOCK_UN);
     log->written_lsn = log->durable_lsn = log->next_lsn;
     if (!log->opt.read_only) {
         if (pthread_create(&log->flusher, NULL, dkv__flusher_main, log)) {
@@ -759,6 +859,146 @@ int dkv__open_repair(const char *dir, int lock_fd, dkv_log **out)
     opt.durability = DKV_SYNC;
     opt.recovery = DKV_RECOVER_TOLERATE_TAIL;
     return open_impl(dir, &opt, lock_fd, 1, out);
+}
+
+/* ---- catch-up: a writer picks up what other processes appended (FORMAT.md "Several
+ * writers"). mu and WLOCK held, nothing pending: no other writer moves the files. ---- */
+
+/* Bytes past the last good frame of the active segment, under WLOCK: a dead writer's torn
+ * tail (its frame was never acknowledged). Quarantined first, then cut, as at open. */
+static int cut_dead_tail(dkv_log *log, seg_t *a)
+{
+    char name[64];
+    dkv__seg_name(name, a->base_lsn);
+    uint8_t *b;
+    uint64_t size;
+    int rc = dkv__read_file(log->wfd, &b, &size);
+    if (!rc) {
+        rc = dkv__quarantine_tail(log->dir, name, log->wfd, b, size, a->data_end);
+        free(b);
+    }
+    if (rc)
+        return dkv__io_error(log, -rc, "cannot repair the torn tail of %s/%s (left by a writer "
+                             "that died)", log->dir, name);
+    a->file_size = a->data_end;
+    return 0;
+}
+
+/* Another writer sealed the active segment (its trailer verifies and describes exactly the
+ * frames this handle indexed): load the segments it created; the newest becomes active. */
+static int adopt_roll(dkv_log *log, seg_t *a, const seg_trailer *t, uint64_t size)
+{
+    dkv__quiesce(log);      /* no leader or flusher sync of this process is on the old fd */
+    a->sealed = 1;
+    a->digest = t->digest;
+    a->file_size = size;
+    a->index_loaded = 1;
+    uint64_t *bases = NULL;
+    size_t n = 0;
+    int rc = dkv__list_segments(log->dir, &bases, &n);
+    if (rc)
+        return dkv__io_error(log, -rc, "cannot list %s", log->dir);
+    uint64_t old_base = a->base_lsn;
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (bases[i] <= old_base)
+            continue;
+        load_result lr;
+        size_t before = log->nsegs;
+        rc = load_seg(log, bases[i], i + 1 == n, &lr);
+        if (!rc && lr.kind == DKV_DAMAGE_TORN_TAIL && !lr.file && i + 1 == n) {
+            /* a writer died creating this segment (its header is torn): start it again */
+            char name[64];
+            dkv__seg_name(name, bases[i]);
+            if ((rc = dkv__quarantine_whole(log->dir, name)))
+                rc = dkv__io_error(log, -rc, "cannot quarantine %s/%s", log->dir, name);
+        } else if (!rc && lr.kind && lr.kind != DKV_DAMAGE_TORN_TAIL) {
+            char name[64];
+            dkv__seg_name(name, bases[i]);
+            rc = dkv__damage_record(log, name, lr.off, lr.kind, bases[i], NO_LSN, lr.detail);
+        } else if (!rc && log->nsegs > before) {
+            seg_t *s = &log->segs[log->nsegs - 1];
+            STORE_LSN(log->start_lsn, s->start_lsn);
+            STORE_LSN(log->next_lsn, s->base_lsn + s->count);
+            log->written_lsn = log->next_lsn;
+            if (lr.file) {          /* the new active segment */
+                log->pend_off = s->data_end;
+                log->wfd = s->fd;
+                log->seed = dkv__seed(log->uuid, s->segment_no);
+                log->run_digest = dkv_crc32c(log->seed, lr.file, s->data_end);
+            }
+        }
+        free(lr.file);
+        dkv__seg_retire(log);
+    }
+    free(bases);
+    if (rc)
+        return rc;
+    a = &log->segs[log->nsegs - 1];
+    if (a->base_lsn == old_base || a->sealed)
+        /* the roller died between its seal and the next segment: create that one */
+        return dkv__create_next_segment(log);
+    return 0;
+}
+
+int dkv__catch_up(dkv_log *log)
+{
+    for (;;) {
+        seg_t *a = &log->segs[log->nsegs - 1];
+        struct stat st;
+        if (fstat(log->wfd, &st))
+            return dkv__io_error(log, errno, "cannot stat the active segment of %s", log->dir);
+        uint64_t size = (uint64_t)st.st_size;
+        if (size == a->data_end)
+            return 0;           /* the common case: one fstat */
+        if (size < a->data_end) {
+            char name[64];
+            dkv__seg_name(name, a->base_lsn);
+            return dkv__damage_record(log, name, size, DKV_DAMAGE_MISSING, a->base_lsn + a->count,
+                                      NO_LSN, "the active segment shrank under a writer");
+        }
+        uint64_t n = size - a->data_end;
+        uint8_t *b = malloc(n);
+        if (!b)
+            return DKV_ENOMEM;
+        int r = dkv__pread_all(log->wfd, b, n, a->data_end);
+        if (r < 0) {
+            free(b);
+            return dkv__io_error(log, -r, "cannot read the active segment of %s", log->dir);
+        }
+        scan_result sr;
+        uint64_t *offs = NULL, cnt = 0, cap = 0;
+        int rc = dkv__scan(b, 0, (uint64_t)r, log->seed, a->base_lsn + a->count, &offs, &cnt,
+                           &cap, &sr);
+        for (uint64_t i = 0; !rc && i < cnt; i++)
+            rc = dkv__index_push(a, offs[i] + a->data_end);
+        free(offs);
+        if (rc) {
+            free(b);
+            return rc;
+        }
+        log->run_digest = dkv_crc32c(log->run_digest, b, sr.end);
+        free(b);
+        a->count = a->n_index;
+        a->data_end += sr.end;
+        log->pend_off = a->data_end;
+        STORE_LSN(log->next_lsn, a->base_lsn + a->count);
+        log->written_lsn = log->next_lsn;
+        if (!sr.kind)
+            continue;
+        /* bytes after the last good frame: another writer's seal, or a dead writer's tail */
+        uint8_t tb[TRAILER_LEN];
+        seg_trailer t;
+        if (size >= a->data_end + TRAILER_LEN &&
+            dkv__pread_all(log->wfd, tb, TRAILER_LEN, size - TRAILER_LEN) == TRAILER_LEN &&
+            dkv__trailer_decode(tb, size, a->base_lsn, &t) == 0 && t.data_end == a->data_end &&
+            t.count == a->count && t.digest == log->run_digest) {
+            if ((rc = adopt_roll(log, a, &t, size)))
+                return rc;
+            continue;
+        }
+        if ((rc = cut_dead_tail(log, a)))
+            return rc;
+    }
 }
 
 /* ---- refresh: read-only handles pick up what a writer appended ---- */
@@ -841,6 +1081,13 @@ int dkv_refresh(dkv_log *log)
     int rc = 0;
     if (log->closed || log->broken)
         rc = DKV_ECLOSED;
+    if (!rc && !log->opt.read_only && log->shared) {
+        /* a writer catches up with other processes' frames: an empty write section */
+        if (!(rc = dkv__write_section(log, 1)))
+            rc = dkv__write_section(log, 0);
+        pthread_mutex_unlock(&log->mu);
+        return rc;
+    }
     if (rc || !log->opt.read_only || log->cut || log->opt.recovery == DKV_RECOVER_SALVAGE) {
         pthread_mutex_unlock(&log->mu);
         return rc;

@@ -230,31 +230,42 @@ static int lead(dkv_log *log, int do_sync)
 
     dkv__frames_restamp(buf, n, seed, durable);
     int rc = n ? dkv__pwrite_all(fd, buf, n, off) : 0;
-    const char *what = "write";
-    if (!rc && do_sync) {
-        rc = dkv__fdatasync(fd);
-        what = "fdatasync";
-    }
-    digest = digest_frames(log, digest, seed, buf, n);   /* leaders are serialized */
+    if (!rc)
+        digest = digest_frames(log, digest, seed, buf, n);   /* leaders are serialized */
 
     pthread_mutex_lock(&log->mu);
-    log->leader = 0;
     if (rc) {
-        return fail(log, what, rc);
+        log->leader = 0;
+        return fail(log, "write", rc);
     }
-    log->run_digest = digest;
-    log->written_lsn = upto;
-    if (do_sync)
+    if (n)      /* an empty group (a sync) leaves a catch-up's digest and tail alone */
+        log->run_digest = digest;
+    if (upto > log->written_lsn)
+        log->written_lsn = upto;
+    if (do_sync) {
+        /* written: a write section may write the next frames while this fsync runs */
+        log->lead_sync = 1;
+        pthread_cond_broadcast(&log->cv);
+        pthread_mutex_unlock(&log->mu);
+        rc = dkv__fdatasync(fd);
+        pthread_mutex_lock(&log->mu);
+        log->lead_sync = 0;
+        if (rc) {
+            log->leader = 0;
+            return fail(log, "fdatasync", rc);
+        }
         log->commit_syncs++;
-    if (do_sync && upto > log->durable_lsn)
-        STORE_LSN(log->durable_lsn, upto);
+        if (upto > log->durable_lsn)
+            STORE_LSN(log->durable_lsn, upto);
+    }
+    log->leader = 0;
     pthread_cond_broadcast(&log->cv);
     wake_flusher(log);
     return 0;
 }
 
 /* Wait until no leader, flusher sync or roll runs (mu held). */
-static void quiesce(dkv_log *log)
+void dkv__quiesce(dkv_log *log)
 {
     while (log->leader || log->syncing || log->rolling)
         pthread_cond_wait(&log->cv, &log->mu);
@@ -482,6 +493,120 @@ static int enqueue(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len,
     return 0;
 }
 
+/* ---- several writers: the write section (FORMAT.md "Several writers") ---- */
+
+static int holds_section(dkv_log *log)
+{
+    return log->wheld && pthread_equal(log->wowner, pthread_self());
+}
+
+/* mu held (released while waiting for WLOCK). Shared writers only. */
+static int write_enter(dkv_log *log)
+{
+    if (holds_section(log)) {
+        log->wdepth++;
+        return 0;
+    }
+    while (log->wheld && !log->failed && !log->closed)
+        pthread_cond_wait(&log->cv, &log->mu);
+    int rc = dkv__usable(log, 1);
+    if (rc)
+        return rc;
+    log->wheld = 1;
+    log->wdepth = 1;
+    log->wowner = pthread_self();
+    pthread_mutex_unlock(&log->mu);
+    rc = dkv__wlock_take(log);
+    pthread_mutex_lock(&log->mu);
+    if (!rc)
+        rc = dkv__usable(log, 1);
+    if (!rc)
+        rc = dkv__catch_up(log);
+    if (rc) {
+        flock(log->wlock_fd, LOCK_UN);
+        log->wheld = 0;
+        pthread_cond_broadcast(&log->cv);
+    }
+    return rc;
+}
+
+/* Write pend under mu while a leader fsyncs the frames before it (its write is done, so
+ * file order stays LSN order). mu held. */
+static int write_pending(dkv_log *log)
+{
+    dkv__frames_restamp(log->pend, log->pend_len, log->seed, log->durable_lsn);
+    int rc = dkv__pwrite_all(log->wfd, log->pend, log->pend_len, log->pend_off);
+    if (rc)
+        return fail(log, "write", rc);
+    log->run_digest = digest_frames(log, log->run_digest, log->seed, log->pend, log->pend_len);
+    log->pend_off += log->pend_len;
+    log->pend_len = 0;
+    log->written_lsn = log->next_lsn;
+    pthread_cond_broadcast(&log->cv);
+    return 0;
+}
+
+/* mu held: write what the section appended (no fsync), then release WLOCK. */
+static int write_exit(dkv_log *log)
+{
+    if (--log->wdepth > 0)
+        return 0;
+    int rc = 0;
+    /* done when nothing is pending and no leader is still writing (one that syncs has
+     * written its frames: the section's own go after them, without waiting for the fsync) */
+    while (!log->failed && (log->pend_len || (log->leader && !log->lead_sync) || log->rolling)) {
+        if (log->pend_len && log->leader && log->lead_sync && !log->rolling) {
+            if ((rc = write_pending(log)))
+                break;
+            continue;
+        }
+        if (!log->leader && !log->rolling) {
+            if ((rc = lead(log, 0)))
+                break;
+            continue;
+        }
+        pthread_cond_wait(&log->cv, &log->mu);
+    }
+    if (!rc && log->failed)
+        rc = dkv__usable(log, 1);
+    /* a failed handle's unwritten frames were never acknowledged: releasing is safe */
+    flock(log->wlock_fd, LOCK_UN);
+    log->wheld = 0;
+    pthread_cond_broadcast(&log->cv);
+    return rc;
+}
+
+int dkv__write_section(dkv_log *log, int enter)
+{
+    return enter ? write_enter(log) : write_exit(log);
+}
+
+int dkv_write_begin(dkv_log *log)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    pthread_mutex_lock(&log->mu);
+    int rc = dkv__usable(log, 1);
+    if (!rc && log->shared)
+        rc = write_enter(log);
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+int dkv_write_end(dkv_log *log)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    pthread_mutex_lock(&log->mu);
+    int rc = 0;
+    if (log->shared && !holds_section(log)) {
+        dkv__set_error(log, "dkv_write_end without dkv_write_begin in this thread");
+        rc = DKV_EINVAL;
+    } else if (log->shared) {
+        rc = write_exit(log);
+    }
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
 static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
                          const uint32_t *lens, uint32_t n, int durability, uint64_t *first)
 {
@@ -506,16 +631,24 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
         pthread_cond_wait(&log->cv, &log->mu);
     if ((rc = dkv__usable(log, 1)))
         return rc;
+    /* another process may append: LSNs are taken under WLOCK, after catching up */
+    int implicit = log->shared && !holds_section(log);
+    if (implicit && (rc = write_enter(log)))
+        return rc;
     *first = log->next_lsn;
-    for (uint32_t i = 0; i < n; i++)
-        if ((rc = enqueue(log, type, bufs[i], lens[i], n > 1))) {
-            crc_flush(log);
-            return rc;
-        }
+    for (uint32_t i = 0; i < n && !rc; i++)
+        rc = enqueue(log, type, bufs[i], lens[i], n > 1);
     crc_flush(log);
     uint64_t end = log->next_lsn;
-    if (durability == DKV_ASYNC && end > log->flush_want)
+    if (!rc && durability == DKV_ASYNC && end > log->flush_want)
         log->flush_want = end;
+    if (implicit) {
+        int rc2 = write_exit(log);
+        rc = rc ? rc : rc2;
+        wake_flusher(log);      /* the section wrote them before flush_want was looked at */
+    }
+    if (rc)
+        return rc;
     for (;;) {
         if (log->failed)
             return dkv__usable(log, 1);
@@ -730,6 +863,9 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
     DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
     int rc = dkv__usable(log, 1);
+    int implicit = !rc && log->shared && !holds_section(log);
+    if (implicit && (rc = write_enter(log)))
+        implicit = 0;
     if (!rc && new_start_lsn && (new_start_lsn < log->start_lsn || new_start_lsn > log->next_lsn)) {
         dkv__set_error(log, "new start lsn %llu outside %llu..%llu",
                        (unsigned long long)new_start_lsn, (unsigned long long)log->start_lsn,
@@ -741,7 +877,7 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
     else if (!rc && new_start_lsn && new_start_lsn != log->start_lsn) {
         /* Empty active segment: rewrite its header in place with the new start. The file
          * stays (HEAD names it, FORMAT.md 2a); a torn rewrite is a torn segment header. */
-        quiesce(log);
+        dkv__quiesce(log);
         seg_t *a = active(log);
         seg_header h;
         memcpy(h.uuid, log->uuid, 16);
@@ -784,6 +920,10 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
         if (!rc && removed && (rc = dkv__dirfsync(log->dir)))
             rc = fail(log, "directory fsync", rc);
     }
+    if (implicit) {
+        int rc2 = write_exit(log);
+        rc = rc ? rc : rc2;
+    }
     pthread_mutex_unlock(&log->mu);
     return rc;
 }
@@ -810,6 +950,9 @@ static int close_inherited(dkv_log *log)
     if (log->lock_fd >= 0)
         close(log->lock_fd);
     log->lock_fd = -1;
+    if (log->wlock_fd >= 0)
+        close(log->wlock_fd);   /* the child's copy: the parent's flock stays */
+    log->wlock_fd = -1;
     log->nsegs = 0;
     return 0;
 }
@@ -826,7 +969,7 @@ int dkv_close(dkv_log *log)
         rc = wait_durable_locked(log, log->next_lsn);
     else if (log->failed)
         rc = DKV_EFAILED;
-    quiesce(log);
+    dkv__quiesce(log);
     log->stop = 1;
     log->closed = 1;
     pthread_cond_broadcast(&log->flush_cv);
@@ -839,6 +982,8 @@ int dkv_close(dkv_log *log)
     free(log->grave);
     if (log->lock_fd >= 0)
         close(log->lock_fd);    /* releases the flock */
+    if (log->wlock_fd >= 0)
+        close(log->wlock_fd);
     pthread_mutex_destroy(&log->mu);
     pthread_cond_destroy(&log->cv);
     pthread_cond_destroy(&log->flush_cv);

@@ -77,6 +77,7 @@ typedef struct {
     int read_only;              /* 1: no lock, no writes, no repair */
     uint64_t segment_bytes;     /* roll threshold; 0 = default 64 MiB */
     uint32_t flush_interval_ms; /* async flusher bound; 0 = default 10 */
+    uint32_t lock_timeout_ms;   /* longest wait for the write lock (WLOCK); 0 = default 10000 */
 } dkv_options;
 
 /* One damage finding: which file, where, what. */
@@ -171,7 +172,20 @@ uint64_t dkv_fdatasync_count(void);
 uint64_t dkv_next_lsn(dkv_log *log);
 /* Lowest live LSN (start_lsn of FORMAT.md section 7). */
 uint64_t dkv_start_lsn(dkv_log *log);
-/* Read-only handles: pick up frames a concurrent writer appended since open. */
+/* Several writers (FORMAT.md "Several writers"): take the store's cross-process write lock
+ * (WLOCK) for the calling thread and catch up with the frames other processes appended
+ * (repairing a dead writer's torn tail), so that the LSNs appends get next are the log's.
+ * Nested calls by the holding thread count; other threads of the process wait. An append
+ * outside a section takes one for itself. DKV_ELOCKED (naming the holder's pid) after
+ * lock_timeout_ms. dkv_write_end writes every frame appended in the section (no fsync)
+ * and releases the lock. */
+int dkv_write_begin(dkv_log *log);
+int dkv_write_end(dkv_log *log);
+/* Try to hold LOCK exclusively (on=1: no other handle attached; DKV_ELOCKED if one is) or
+ * go back to sharing it (on=0): compaction runs with the store alone. */
+int dkv_exclusive(dkv_log *log, int on);
+/* Read-only handles: pick up frames a concurrent writer appended since open. Writers:
+ * catch up with the frames other processes appended (an empty write section). */
 int dkv_refresh(dkv_log *log);
 
 /* Read a frame. Call with buf=NULL to learn len; then with a buffer of cap >= len.

@@ -272,16 +272,21 @@ class SegmentLog:
         self._bfirst = 0
         self._bbytes = 0
         self._block = threading.Lock()
+        self._wdepth = 0            # write sections open (write_begin .. write_end)
         self._pid = os.getpid()     # the process that opened it (the handle is its alone)
         self._forked = False        # this process is a fork of that one: refuse everything
 
     @classmethod
     def open(cls, path: str | os.PathLike, durability: str = "sync", *,
              segment_bytes: int = 64 << 20, flush_interval_ms: int = 10,
-             recovery: str = "tolerate_tail", read_only: bool = False) -> SegmentLog:
+             recovery: str = "tolerate_tail", read_only: bool = False,
+             lock_timeout_ms: int = 10_000) -> SegmentLog:
         """Open (a writer creates it if missing) the log in directory ``path``.
 
-        Raises StoreLockedError if another writer holds it, CorruptionError on damage
+        Several processes may open one log for writing (FORMAT.md "Several writers"):
+        each append takes the cross-process write lock, waiting up to
+        ``lock_timeout_ms``. Raises StoreLockedError if recover or a compaction holds the
+        log exclusively for that long, CorruptionError on damage
         the recovery mode does not accept, NotFoundError for a read-only open of nothing.
         """
         path = os.fspath(path)
@@ -292,12 +297,15 @@ class SegmentLog:
             raise ConfigError(f"recovery must be one of {', '.join(_RECOVERY)}; got {recovery!r}")
         if segment_bytes <= 0 or flush_interval_ms <= 0:
             raise ConfigError("segment_bytes and flush_interval_ms must be positive")
+        if type(lock_timeout_ms) is not int or not 0 < lock_timeout_ms < (1 << 31):
+            raise ConfigError(f"lock_timeout_ms must be a positive int; got {lock_timeout_ms!r}")
         opt = ffi.new("dkv_options *")
         opt.durability = _DURABILITY[durability]
         opt.recovery = _RECOVERY[recovery]
         opt.read_only = 1 if read_only else 0
         opt.segment_bytes = segment_bytes
         opt.flush_interval_ms = flush_interval_ms
+        opt.lock_timeout_ms = lock_timeout_ms
         out = ffi.new("dkv_log **")
         rc = lib.dkv_open(os.fsencode(path), opt, out)
         h = out[0]
@@ -387,6 +395,38 @@ class SegmentLog:
 
     # -- writing
 
+    def write_begin(self) -> None:
+        """Open a write section (FORMAT.md "Several writers"): this thread holds the
+        store's write lock and the log has caught up with every frame other processes
+        appended, so ``next_lsn`` is the LSN the next append gets. Sections nest. Raises
+        StoreLockedError (naming the holder's pid) after ``lock_timeout_ms``."""
+        h = self._handle()
+        rc = lib.dkv_write_begin(h)
+        if rc:
+            raise _error(rc, h, self.path, "write_begin")
+        self._wdepth += 1
+
+    def write_end(self) -> None:
+        """Close the section: its frames are written to the OS (not fsync'd: ``flush`` or
+        ``wait_durable`` does that, outside the lock) and the write lock is released."""
+        h = self._handle()
+        self._wdepth -= 1
+        try:
+            if not self._wdepth and self._batch:
+                self._drain()
+        finally:
+            rc = lib.dkv_write_end(h)
+        if rc:
+            raise _error(rc, h, self.path, "write_end")
+
+    def exclusive(self, on: bool) -> None:
+        """``True``: hold the log alone (StoreLockedError while another handle has it open
+        for writing); ``False``: share it again. Compaction runs alone."""
+        h = self._handle()
+        rc = lib.dkv_exclusive(h, 1 if on else 0)
+        if rc:
+            raise _error(rc, h, self.path, "exclusive")
+
     def append(self, payload: bytes, *, frame_type: int = FRAME_DATA,
                durability: str | None = None) -> int:
         """Append one frame; return its LSN once ``durability`` (default: the log's) holds."""
@@ -395,7 +435,9 @@ class SegmentLog:
             self._handle()
         if type(payload) is not bytes:
             payload = bytes(memoryview(payload))
-        batch = self._batch
+        # `exit` frames wait in Python only inside a write section: outside one, another
+        # process may take the LSN a buffered frame was promised
+        batch = self._batch if self._wdepth else None
         if batch is not None:
             if durability is None or durability == "exit":
                 # the common case inline: a batch of this frame type is open

@@ -363,7 +363,11 @@ def test_a_reader_across_recover_never_decodes_against_an_old_keyframe(tmp_path)
             cp = reader.get("t", "", cid)
         except (durkv.CorruptionError, NotFoundError, durkv.DurkvError):
             continue
-        assert cp is None or cp.metadata == old[cid]
+        # a read follows the log (issue 17): it may have remapped to the repaired log
+        # already -- then it reads the new checkpoint whole, never new bytes decoded
+        # against the old keyframe
+        assert cp is None or cp.metadata == old[cid] or (
+            cp.metadata["gen"] == 2 and cp.metadata["step"] == int(cid[1:]))
     reader.refresh()
     new = {c.checkpoint_id: c.metadata for c in reader.history("t", values=False)}
     assert set(new) == set(old)

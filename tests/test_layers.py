@@ -66,6 +66,7 @@ RANKS = {
     "durkv.store.records": 30,      # frame heads (typed), result types
     "durkv.store.ckpthead": 30.5,   # checkpoint heads: keyframes and zstd deltas
     "durkv.store.appender": 31,     # frames to the backend
+    "durkv.store.drivers": 30,      # one driver per run/thread across processes (flock)
     "durkv.store.replay": 32,       # the index as the log builds it, snapshots
     "durkv.store.delta": 33,        # channel encoding, a lane's newest state
     "durkv.store.reads": 34,        # get

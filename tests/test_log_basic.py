@@ -141,13 +141,18 @@ def test_reader_alongside_writer(log_dir):
             assert r.read(0) == b"first"
 
 
-def test_second_writer_is_locked_out(log_dir):
-    with SegmentLog.open(log_dir):
-        with pytest.raises(StoreLockedError, match=f"locked by pid {os.getpid()}"):
-            SegmentLog.open(log_dir)
+def test_second_writer_attaches_and_recover_is_locked_out(log_dir):
+    # several writers (FORMAT.md 12): a second handle writes too; recover needs them gone
+    with SegmentLog.open(log_dir) as a, SegmentLog.open(log_dir) as b:
+        assert a.append(b"a0") == 0
+        assert b.append(b"b1") == 1            # b caught up with a's frame first
+        assert a.append(b"a2") == 2
+        assert b.next_lsn == 2                  # what b knows, until it catches up
+        b.refresh()
+        assert [b.read(i) for i in range(3)] == [b"a0", b"b1", b"a2"]
         with pytest.raises(StoreLockedError):
             recover(log_dir)
-    SegmentLog.open(log_dir).close()            # released at close
+    recover(log_dir)                            # released at close
 
 
 def test_errors(log_dir, tmp_path):
@@ -406,9 +411,12 @@ def test_reads_race_appends_and_rolls(log_dir, policy):
 
 def test_wait_written_writes_a_queued_frame_and_refuses_an_unappended_lsn(log_dir):
     # an `exit` append is only queued in memory; wait_written gives it the `async` promise
-    # (in the file, so a reader -- or a process killed now -- sees it), without an fsync
+    # (in the file, so a reader -- or a process killed now -- sees it), without an fsync.
+    # Queued means inside a write section (FORMAT.md 12): outside one, the section the
+    # append takes for itself writes the frame when it ends.
     with SegmentLog.open(log_dir, durability="sync") as log:
         syncs = log.commit_syncs
+        log.write_begin()
         lsn = log.append(b"queued", durability="exit")
         with SegmentLog.open(log_dir, read_only=True) as reader:
             with pytest.raises(NotFoundError):
@@ -416,10 +424,14 @@ def test_wait_written_writes_a_queued_frame_and_refuses_an_unappended_lsn(log_di
         log.wait_written(lsn)
         with SegmentLog.open(log_dir, read_only=True) as reader:
             assert reader.read(lsn) == b"queued"
+        log.write_end()
+        assert log.append(b"alone", durability="exit") == lsn + 1
+        with SegmentLog.open(log_dir, read_only=True) as reader:
+            assert reader.read(lsn + 1) == b"alone"   # written by its own section's end
         assert log.commit_syncs == syncs, "wait_written must not fdatasync"
         log.wait_written(lsn)                 # already written: returns at once
         with pytest.raises(NotFoundError):
-            log.wait_written(lsn + 1)
+            log.wait_written(lsn + 2)
 
 
 @pytest.mark.parametrize("bad", [-1, "3", None, 2.0, True, 1 << 70])

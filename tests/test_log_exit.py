@@ -1,9 +1,11 @@
 """A final flush that fails at interpreter exit is said on stderr (issue 7, item 11).
 
-Under ``exit`` durability the commits wait in memory until close/flush/exit; losing them
-when that last flush fails is within the policy's promise, saying nothing is not. Each
-test runs a real process whose final write really fails: a file-size limit
-(RLIMIT_FSIZE, the kernel answers EFBIG) or the log's own fault hook.
+Under ``exit`` durability the commits are not made durable until close/flush/exit; losing
+them when that last flush fails is within the policy's promise, saying nothing is not.
+Each test runs a real process whose final flush really fails: a file-size limit
+(RLIMIT_FSIZE, the kernel answers EFBIG) on frames still buffered in a write section, or
+the log's own fault hook on the final fdatasync (outside a section a frame is written when
+its section ends, FORMAT.md 12: only its fsync waits for the exit).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ path, n = sys.argv[1], int(sys.argv[2])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
 s = durkv.open(path, durability="exit")
+log = s._b._log
+log.write_begin()       # frames wait in memory until the section ends (FORMAT.md 12)
 for i in range(n):
     s.put("t", "", f"{i:08d}", checkpoint={}, metadata={"step": i},
           values={"msg": "x" * 500}, versions={"msg": i})
@@ -31,8 +35,8 @@ import errno, sys
 from durkv.log import SegmentLog, fault_inject
 log = SegmentLog.open(sys.argv[1], durability="exit")
 for i in range(7):
-    log.append(b"frame %d" % i)
-fault_inject("write", 1, errno.ENOSPC)
+    log.append(b"frame %d" % i)     # written by its own write section, not yet synced
+fault_inject("fdatasync", 1, errno.ENOSPC)
 """
 
 
@@ -59,7 +63,7 @@ def test_failed_exit_flush_of_a_log_with_the_fault_hook(tmp_path):
     proc = _run(_LOG_CHILD, str(path))
     assert proc.returncode == 0
     assert proc.stderr.splitlines() == [
-        f"durkv: 7 commits to {path} not made durable at exit: log failed: write failed on "
+        f"durkv: 7 commits to {path} not made durable at exit: log failed: fdatasync failed on "
         f"{path}/0000000000000000.seg: No space left on device; reopen the store to recover"]
 
 

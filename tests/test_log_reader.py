@@ -354,16 +354,20 @@ def test_torn_tail_in_active_segment_after_sealed_ones(tmp_path):
 # ---- handles ------------------------------------------------------------------------------
 
 
-def test_second_writer_is_locked_out(log_dir):
+def test_second_writer_shares_and_exclusive_is_refused(log_dir):
     with open_log(log_dir) as log:
         log.append(b"a")
-        with pytest.raises(StoreLockedError) as ei:
-            open_log(log_dir)
-        assert str(os.getpid()) in str(ei.value)
+        with open_log(log_dir) as other:                   # several writers (FORMAT.md 12)
+            with pytest.raises(StoreLockedError, match="other processes"):
+                log.exclusive(True)                        # compaction needs it alone
+            other.append(b"b")
+        log.exclusive(True)                                # alone now
+        log.exclusive(False)
+        assert log.append(b"c") == 2
         with open_log(log_dir, read_only=True) as r:      # readers take no lock
-            assert r.read(0) == b"a"
+            assert [r.read(i) for i in range(3)] == [b"a", b"b", b"c"]
     with open_log(log_dir) as log:                         # released at close
-        assert log.next_lsn == 1
+        assert log.next_lsn == 3
 
 
 @pytest.mark.parametrize("kw", [{"durability": "fast"}, {"recovery": "yolo"},

@@ -129,6 +129,7 @@ class Run(AsyncVerbs):
         # for the whole execution, never drained
         self._keep_undos = undos
         self._opened = False
+        self._driver: Any = None    # the cross-process claim while open (store/drivers.py)
         self._plain = False     # open, and every automatic step id comes from self._n
         self._task_ids = False  # asyncio tasks' step ids are scoped by task (see aio.py)
         self.status: str | None = None
@@ -167,6 +168,11 @@ class Run(AsyncVerbs):
                     "other `with store.run(...)` finish first (one driver per run)",
                     run_id=self.run_id)
             busy.add(self.run_id)
+        try:        # and across processes: RunBusyError naming the holder's pid
+            self._driver = self.store.claim_driver("run", self.run_id)
+        except BaseException:
+            self._release()
+            raise
         self._n = count()          # an execution numbers its calls from 0
         self._compensable = []
         self.interrupt = None
@@ -284,6 +290,9 @@ class Run(AsyncVerbs):
         self._status(status, step, msg, until)
 
     def _release(self) -> None:
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            driver.release()
         with _open_lock:
             busy = _open_runs.get(self.store)
             if busy is not None:

@@ -22,7 +22,8 @@ from .records import (
     INDEX_VERSION, INDEX_VERSIONS, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL,
     K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX, K_JOURNAL, K_REMOVE,
     K_REPAIR, K_WRITES, CkptDeltaHead, CkptHead, CompactEndHead, CopyThreadHead, DelJournalHead,
-    DelThreadHead, IndexHead, JournalHead, RemoveHead, RepairHead, WritesHead, read_head,
+    DelThreadHead, IndexHead, JournalHead, RemoveHead, RepairHead, WritesHead, heads_of,
+    read_head,
 )
 
 __all__ = ["LogIndex"]
@@ -80,6 +81,36 @@ class LogIndex:
                     raise self._bad_record(e, lsn) from e
             pos = lsn + 1
         self.scan_pos = pos
+
+    def catch_up(self) -> None:
+        """Replay the frames other processes appended (several writers, FORMAT.md 12): a
+        few frames, their heads read in one backend call and decoded at once. Anything
+        unusual (a long gap, a head that does not decode, a backend without
+        ``read_heads``) takes the plain :meth:`replay`, which says what is wrong."""
+        pos, end = self.scan_pos, self._b.next_lsn
+        read_heads = getattr(self._b, "read_heads", None)
+        if end - pos > 512 or read_heads is None:
+            self.replay()
+            return
+        lsns = list(range(pos, end))
+        try:
+            heads = heads_of(read_heads(lsns))
+            if type(heads) is not list or len(heads) != len(lsns):
+                raise ValueError("not one head per frame")
+        except Exception:
+            self.replay()
+            return
+        for lsn, h in zip(lsns, heads):
+            if type(h) is not list or not h:
+                self.scan_pos = lsn
+                self.replay()           # names the bad record
+                return
+            if type(h[0]) is int:
+                try:
+                    self.apply(lsn, h)
+                except CorruptionError as e:
+                    raise self._bad_record(e, lsn) from e
+            self.scan_pos = lsn + 1
 
     def _bad_record(self, e: CorruptionError, lsn: int) -> CorruptionError:
         return CorruptionError(f"store {self.url}: {e}", kind="bad_record", lsn=lsn)

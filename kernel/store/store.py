@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from .. import repairnotes
@@ -40,8 +41,10 @@ from ..payload import Codec, encode_commit
 from ..serde import Serde, default_serde
 from .appender import Appender
 from .ckpthead import CkptHeads
+from . import drivers
 from .compact import Compaction
 from .delta import Channels
+from .drivers import DriverClaim
 from .edits import Edits
 from .history import History
 from .reads import Reads
@@ -85,6 +88,9 @@ class Store:
         self._dumps, self._loads = serde.dumps, serde.loads
         self._delta_check = delta_check
         self._lock = threading.RLock()
+        self._wdepth = 0            # write sections open (under _lock): see _writing
+        # a local store several processes write: sections take its cross-process write lock
+        self._shared = not read_only and hasattr(backend, "write_begin")
         self._closed = False
         self._pid = os.getpid()     # the process that opened it
         self._forked = False        # this process is a fork of that one
@@ -132,8 +138,70 @@ class Store:
     def _write_index(self) -> None:
         self._index.write_snapshot()
 
-    def _append(self, payload: bytes, durability: str | None) -> int:
+    # -- several writers (FORMAT.md "Several writers") ---------------------------------------
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The store's lock and, on a local store, a write section of its log: this
+        process holds the store's write lock and the index has taken in every frame
+        other processes committed, so a check-then-append (idempotent writes, deltas
+        on the newest checkpoint, a decision) is atomic across processes. The frames
+        are written to the OS when the section ends; fsyncs are waited for after it,
+        outside every lock (group commit)."""
         with self._lock:
+            if not self._shared or self._wdepth or self._closed:
+                self._wdepth += 1
+                try:
+                    yield
+                finally:
+                    self._wdepth -= 1
+                return
+            b = self._b
+            b.write_begin()
+            self._wdepth = 1
+            try:
+                self._catch_up()
+                yield
+            finally:
+                self._wdepth = 0
+                # every frame since the catch-up is this process's, taken into the index
+                # by the writer itself: replay goes on after them next time
+                self._index.scan_pos = max(self._index.scan_pos, b.next_lsn)
+                b.write_end()
+
+    def _catch_up(self) -> None:
+        """In a write section: replay the frames other processes appended since ours."""
+        if self._b.next_lsn > self._index.scan_pos:
+            self._appender.forget()
+            self._writer.forget_retries()   # a foreign delete may change what a retry means
+            self._index.catch_up()
+
+    @contextmanager
+    def _current(self) -> Iterator[None]:
+        """The store's lock, with the index current: a writer catches up with other
+        processes' frames (a write section: a flock and an fstat when nothing moved); a
+        read-only handle on a local store refreshes if the log's tail moved (one stat)."""
+        if self.read_only:
+            with self._lock:
+                if not self._closed:
+                    self.refresh_if_moved()
+                yield
+            return
+        with self._writing():
+            yield
+
+    def claim_driver(self, kind: str, key: str) -> DriverClaim | None:
+        """Claim run (``kind="run"``) or LangGraph thread (``"thread"``) ``key`` for this
+        driver, across processes (:mod:`durkv.store.drivers`): RunBusyError naming the
+        holder's pid if another driver holds it. None on a store that is not a local
+        directory (a memory store has one process; an s3:// store one writer)."""
+        self._check_open()
+        if self._path is None:
+            return None
+        return drivers.claim(self._path, kind, key)
+
+    def _append(self, payload: bytes, durability: str | None) -> int:
+        with self._writing():
             return self._appender.append(payload, durability)
 
     # the store's options, each held once by the object that uses it (read-only: reopen the
@@ -174,13 +242,15 @@ class Store:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
             try:
-                if not self.read_only and self._index.stale():
-                    self._index.write_snapshot()
+                if not self.read_only:
+                    with self._writing():
+                        if self._index.stale():
+                            self._index.write_snapshot()
             except Exception:
                 pass    # a snapshot is only a shortcut; the log is intact without it
             finally:
+                self._closed = True
                 self._b.close()
 
     def verify(self, deep: bool = False) -> Any:
@@ -281,7 +351,7 @@ class Store:
         dur = durability or self.durability
         writer = self._writer
         ckpt_b, meta_b = writer.serialize(checkpoint, metadata, checkpoint_id, thread_id)
-        with self._lock:
+        with self._writing():
             if self._closed or self.read_only:
                 self._check_write()
             lsn = writer.put(thread_id, checkpoint_ns, checkpoint_id, parent_id, ckpt_b, meta_b,
@@ -308,7 +378,7 @@ class Store:
         if not writes:
             return
         recs, lists, replace = self._writer.encode_writes(task_id, writes)
-        with self._lock:
+        with self._writing():
             self._check_write()
             lsn = self._writer.put_writes(thread_id, checkpoint_ns, checkpoint_id, task_id,
                                           task_path, recs, lists, replace, dur)
@@ -325,7 +395,7 @@ class Store:
         check_id("thread_id", thread_id)
         check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
         check_opt_id("checkpoint_id", checkpoint_id)
-        with self._lock:
+        with self._current():
             self._check_open()
             return self._reads.get(thread_id, checkpoint_ns, checkpoint_id)
 
@@ -364,6 +434,8 @@ class Store:
         if filter is not None and not isinstance(filter, dict):
             raise ConfigError(f"filter must be a dict of metadata keys and values, got "
                               f"{type(filter).__name__}")
+        with self._current():       # other processes' commits count (FORMAT.md 12)
+            self._check_open()
         return self._history.checkpoints(thread_id, checkpoint_ns, before, limit, filter,
                                          values)
 
@@ -395,7 +467,7 @@ class Store:
 
     def threads(self) -> list[str]:
         """Ids of the threads that have at least one checkpoint, sorted."""
-        with self._lock:
+        with self._current():
             return sorted(t for t, nss in self._index.ix.threads.items()
                           if any(lane.ids for lane in nss.values()))
 
@@ -405,14 +477,14 @@ class Store:
         check_id("thread_id", thread_id)
         check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
         check_id("checkpoint_id", checkpoint_id)
-        with self._lock:
+        with self._current():
             lane = self._index.ix.lane(thread_id, checkpoint_ns)
             return lane is not None and lane.find(checkpoint_id) >= 0
 
     def namespaces(self, thread_id: str) -> list[str]:
         """Namespaces of a thread that have at least one checkpoint, sorted."""
         check_id("thread_id", thread_id)
-        with self._lock:
+        with self._current():
             nss = self._index.ix.threads.get(thread_id, {})
             return sorted(n for n, lane in nss.items() if lane.ids)
 
@@ -421,7 +493,7 @@ class Store:
     def delete_thread(self, thread_id: str) -> None:
         """Remove a thread: every namespace, checkpoint and pending write."""
         check_id("thread_id", thread_id)
-        with self._lock:
+        with self._writing():
             self._check_write()
             self._edits.delete_thread(thread_id)
 
@@ -436,7 +508,7 @@ class Store:
         """
         check_id("thread_id", source_thread_id)
         check_id("thread_id", target_thread_id)
-        with self._lock:
+        with self._writing():
             self._check_write()
             self._edits.copy_thread(source_thread_id, target_thread_id)
 
@@ -447,7 +519,7 @@ class Store:
         runs = set(check_ids("run_ids", run_ids))    # a bare string is one run id
         if not runs:
             return
-        with self._lock:
+        with self._writing():
             self._check_write()
             self._edits.delete_runs(runs)
 
@@ -458,7 +530,7 @@ class Store:
         thread_ids = check_ids("thread_ids", thread_ids)    # a bare string is one id
         if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 0:
             raise ConfigError(f"keep_last must be an int >= 0, got {keep_last!r}")
-        with self._lock:
+        with self._writing():
             self._check_write()
             self._edits.prune(thread_ids, keep_last)
 
@@ -474,7 +546,7 @@ class Store:
         if type(run_id) is not str or not run_id:
             check_id("run_id", run_id)
         wait = durable or self.durability == "sync"
-        with self._lock:
+        with self._writing():
             if self._closed or self.read_only:
                 self._check_write()
             lsn = self._writer.append_journal(run_id, record, wait, self.durability)
@@ -487,7 +559,7 @@ class Store:
         the ``start``-th on (a resume that needs only the newest records reads only them)."""
         if type(start) is not int or start < 0:
             raise ConfigError(f"start must be an int >= 0, got {start!r}")
-        with self._lock:
+        with self._current():
             self._check_open()
             lsns = self._index.ix.journals.get(run_id)
             if start and lsns:
@@ -505,7 +577,7 @@ class Store:
 
     def journal_runs(self) -> list[str]:
         """Ids of the runs that have a journal, sorted."""
-        with self._lock:
+        with self._current():
             self._check_open()
             return sorted(self._index.ix.journals)
 
@@ -542,7 +614,7 @@ class Store:
         """Append the REPAIR record (``rec`` becomes a journal record of every run in
         ``run_ids``; fdatasync'd), then mark ``note`` recorded. Returns the record's LSN."""
         payload = encode_commit(RepairHead(K_REPAIR, run_ids, rec).pack(), ())
-        with self._lock:
+        with self._writing():
             self._check_write()
             lsn = self._appender.append(payload, "exit")
             self._index.apply(lsn, [K_REPAIR, run_ids, rec])
@@ -559,10 +631,20 @@ class Store:
 
         Returns ``{"bytes_before", "bytes_after", "checkpoints_kept"}``.
         """
-        with self._lock:
+        with self._writing():
             self._check_write()
-            self._writer.forget_frames()     # every LSN is about to move
-            return Compaction(self._b, self._index, self._reads, self._heads, self.url).run()
+            # other processes' indexes point at the frames it moves: it runs with the
+            # store alone (StoreLockedError while another process has it open to write)
+            alone = getattr(self._b, "exclusive", None)
+            if self._shared and alone is not None:
+                alone(True)
+            try:
+                self._writer.forget_frames()     # every LSN is about to move
+                return Compaction(self._b, self._index, self._reads, self._heads,
+                                  self.url).run()
+            finally:
+                if self._shared and alone is not None:
+                    alone(False)
 
     def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:
         """Archive this (local) store's sealed segments to ``s3://bucket/prefix``; with

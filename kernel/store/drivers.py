@@ -1,0 +1,111 @@
+"""One driver per run and per thread, across processes (issue 17; FORMAT.md section 12).
+
+A driver -- a ``with store.run(...)``, or a LangGraph invocation of one thread -- claims
+its run or thread with an exclusive ``flock`` on ``STORE/drivers/<xxh3 of kind+id>``,
+held for as long as it drives and holding the driver's pid (text, for the message). A
+second driver, in this process or another, gets :class:`RunBusyError` naming the holder;
+the kernel drops the lock of a holder that dies, even by ``kill -9``, so a dead driver
+releases at once. A released claim unlinks its file, so the directory holds only the
+claims being held: a claimant that locked a file already unlinked (it opened it just
+before) sees another inode at the path and tries again.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import weakref
+
+import xxhash
+
+from ..errors import BackendError, RunBusyError
+
+__all__ = ["DriverClaim", "claim"]
+
+
+_held: weakref.WeakSet = weakref.WeakSet()     # this process's claims (see _after_fork)
+
+
+class DriverClaim:
+    """A held claim: :meth:`release` (idempotent) gives it up."""
+
+    __slots__ = ("path", "fd", "__weakref__")
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        _held.add(self)
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
+        try:
+            os.unlink(self.path)     # under the lock: no one holds this inode after us
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _after_fork() -> None:
+    """In a forked child: close its copies of the parent's claim fds (the lock is the
+    parent's; a copy would keep it held after the parent releases it or dies)."""
+    for c in list(_held):
+        fd, c.fd = c.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _holder(fd: int) -> str:
+    try:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+    except OSError:
+        return "?"
+
+
+def claim(store_dir: str, kind: str, key: str) -> DriverClaim:
+    """Claim ``kind`` ``key`` (``"run"``/``"thread"``) of the store at ``store_dir``.
+
+    Raises RunBusyError naming the holder's pid when another driver holds it."""
+    d = os.path.join(store_dir, "drivers")
+    name = xxhash.xxh3_64_hexdigest(f"{kind}\0{key}".encode())
+    path = os.path.join(d, name)
+    for _ in range(100):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            os.makedirs(d, exist_ok=True)
+            continue
+        except OSError as e:
+            raise BackendError(f"cannot claim {kind} {key!r}: {path}: {e}", path=path) from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            pid = _holder(fd)
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise BackendError(f"cannot claim {kind} {key!r}: {path}: {e}",
+                                   path=path) from e
+            what = "run" if kind == "run" else "LangGraph thread"
+            raise RunBusyError(
+                f"{what} {key!r} is being driven by pid {pid} (one driver per {kind}, "
+                "across processes); let it finish, or drive another one",
+                run_id=key, holder_pid=pid) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:            # the file we locked was released and unlinked meanwhile
+            os.close(fd)
+            continue
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return DriverClaim(path, fd)
+    raise BackendError(f"cannot claim {kind} {key!r}: {path} keeps being replaced", path=path)

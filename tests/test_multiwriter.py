@@ -1,0 +1,384 @@
+"""Several processes, one local store (issue 17; docs/FORMAT.md section 12).
+
+The model check: N processes x M threads commit journal records and checkpoints to one
+store at once. Each commit is acknowledged (a line on the child's stdout) only after it
+returned. Afterwards every acknowledged commit is in the store exactly once, in its
+thread's order, the log's LSNs are dense (0 .. next_lsn-1, no frame twice), `verify` is
+clean, and what each process read while the others wrote never went backwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import durkv
+from durkv.errors import StoreLockedError
+from durkv.log import SegmentLog, fdatasync_count, verify
+
+_CHILD = r"""
+import json, sys, threading
+import durkv
+path, k, m, n, seg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+s = durkv.open(path, segment_bytes=seg)
+out = sys.stdout
+lock = threading.Lock()
+seen = {"len": -1, "lsn": -1}
+def say(**kw):
+    with lock:
+        out.write(json.dumps(kw) + "\n")
+        out.flush()
+def work(j):
+    run = f"p{k}t{j}"
+    for i in range(n):
+        if i % 3 == 2:
+            s.put(run, "", f"{i:06d}", checkpoint={"i": i}, metadata={}, values={"v": [k, j, i]},
+                  versions={"v": i + 1})
+            say(ck=run, i=i)
+        else:
+            s.append_journal(run, {"i": i}, durable=(i % 2 == 0))
+            say(j=run, i=i)
+        # monotonic reads: another process's run never shrinks, our next LSN never falls
+        other = f"p{(k + 1) % 4}t0"
+        with lock:
+            ln = s.journal_length(other)
+            lsn = s._b.next_lsn
+            if ln < seen["len"] or lsn < seen["lsn"]:
+                say(bad=[ln, seen["len"], lsn, seen["lsn"]])
+            seen["len"], seen["lsn"] = ln, lsn
+ts = [threading.Thread(target=work, args=(j,)) for j in range(m)]
+for t in ts: t.start()
+for t in ts: t.join()
+s.close()
+say(done=k)
+"""
+
+
+def _spawn(path, k, m, n, seg):
+    return subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(k), str(m), str(n),
+                             str(seg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+@pytest.mark.parametrize("seg", [64 << 20, 16384])       # one segment; many rolls
+def test_processes_and_threads_commit_to_one_store(tmp_path, seg):
+    path = tmp_path / "s.durkv"
+    nproc, m, n = 4, 3, 60
+    procs = [_spawn(path, k, m, n, seg) for k in range(nproc)]
+    acked: dict[str, list[int]] = {}
+    cks: dict[str, list[int]] = {}
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        for line in out.splitlines():
+            rec = json.loads(line)
+            assert "bad" not in rec, f"a read went backwards: {rec}"
+            if "j" in rec:
+                acked.setdefault(rec["j"], []).append(rec["i"])
+            elif "ck" in rec:
+                cks.setdefault(rec["ck"], []).append(rec["i"])
+    assert len(acked) == nproc * m
+    with durkv.open(str(path), read_only=True) as s:
+        for run, got in acked.items():
+            assert [r["i"] for r in s.journal(run)] == got, run     # once each, in order
+            assert got == [i for i in range(n) if i % 3 != 2]
+        for run, ids in cks.items():
+            k, j = int(run[1]), int(run[3])
+            assert [c.checkpoint_id for c in s.history(run)] == [f"{i:06d}" for i in
+                                                                reversed(ids)]
+            assert s.get(run).values == {"v": [k, j, ids[-1]]}
+    with SegmentLog.open(str(path), read_only=True) as log:
+        lsns = [lsn for lsn, _t, _p in log.scan_frames(0)]
+        assert lsns == list(range(log.next_lsn)), "LSNs are dense, each once"
+    report = verify(str(path), deep=True)
+    assert report.ok, report.damage
+    if seg < 1 << 20:
+        assert len(report.segments) > 4          # the rolls of several writers chained
+
+
+def test_a_second_handle_in_one_process_sees_and_extends_the_first(tmp_path):
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path) as a, durkv.open(path) as b:
+        for i in range(20):
+            w, r = (a, b) if i % 2 == 0 else (b, a)
+            w.put("t", "", f"{i:04d}", checkpoint={}, metadata={}, values={"n": i},
+                  versions={"n": i + 1})
+            assert r.get("t").values == {"n": i}          # current without a refresh
+        # idempotent pending writes hold across handles: the second is a retry, ignored
+        a.put_writes("t", "", "0019", "task", [(0, "ch", "first")])
+        b.put_writes("t", "", "0019", "task", [(0, "ch", "second")])
+        assert [w.value for w in a.get("t").writes] == ["first"]
+        assert [w.value for w in b.get("t").writes] == ["first"]
+    assert verify(path).ok
+
+
+def test_a_sync_commit_is_durable_when_another_writer_wrote_after_it(tmp_path):
+    # the power-loss witness: A's sync commit returns after an fdatasync that ran after its
+    # frame was written; B's later frame (exit: written, not synced) does not change that
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path, durability="sync") as a, durkv.open(path, durability="exit") as b:
+        la = a._b._log
+        before = fdatasync_count()
+        a.append_journal("ra", {"n": 1}, durable=True)
+        lsn_a = la.next_lsn - 1
+        assert la.durable_lsn > lsn_a
+        assert fdatasync_count() > before
+        b.append_journal("rb", {"n": 2})
+        lb = b._b._log
+        assert lb.next_lsn == lsn_a + 2 and lb.durable_lsn <= lsn_a + 1   # B's is not synced
+        a.append_journal("ra", {"n": 3}, durable=True)       # A catches up past B's frame
+        assert la.next_lsn == lsn_a + 3 and la.durable_lsn == lsn_a + 3  # and its fsync covers it
+        assert [r["n"] for r in b.journal("ra")] == [1, 3]
+
+
+def test_a_dead_writers_torn_tail_is_quarantined_by_the_next_writer(tmp_path):
+    path = str(tmp_path / "log")
+    with SegmentLog.open(path) as a:
+        for i in range(5):
+            a.append(b"frame %d" % i)
+        seg = os.path.join(path, "0000000000000000.seg")
+        size = os.path.getsize(seg)
+        with open(seg, "ab") as f:           # what a writer killed inside write(2) leaves
+            f.write(b"\x17" * 30)
+        assert a.append(b"after") == 5       # the section cut the tail, then appended
+        assert os.path.getsize(seg) > size + 24
+        q = os.listdir(os.path.join(path, "quarantine"))
+        assert q and q[0].startswith("0000000000000000.seg.")
+        with open(os.path.join(path, "quarantine", q[0]), "rb") as f:
+            assert f.read() == b"\x17" * 30      # copied before the cut
+        assert a.read(5) == b"after"
+    assert verify(path).ok
+
+
+_HOLDER = r"""
+import sys, time
+from durkv.log import SegmentLog
+log = SegmentLog.open(sys.argv[1])
+log.write_begin()
+print("held", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_stuck_holder_times_out_others_naming_its_pid_and_a_kill_frees_them(tmp_path):
+    path = str(tmp_path / "log")
+    log = SegmentLog.open(path, lock_timeout_ms=300)
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, path], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        with pytest.raises(StoreLockedError, match=f"held by pid {p.pid}"):
+            log.append(b"x")
+        assert 0.25 < time.monotonic() - t0 < 5
+        with pytest.raises(StoreLockedError, match=f"held by pid {p.pid}"):
+            SegmentLog.open(path, lock_timeout_ms=300)   # opening is a section too
+        p.kill()
+        p.wait()
+        t0 = time.monotonic()
+        assert log.append(b"x") == 0          # the kernel dropped the dead holder's lock
+        assert time.monotonic() - t0 < 1
+    finally:
+        log.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+_DRIVER = r"""
+import sys, time
+import durkv
+s = durkv.open(sys.argv[1])
+with s.run("r1") as run:
+    run.step("greet", lambda: "hi")
+    print("driving", flush=True)
+    time.sleep(30)
+"""
+
+
+def test_one_driver_per_run_across_processes_and_a_killed_one_releases_at_once(tmp_path):
+    path = str(tmp_path / "s.durkv")
+    durkv.open(path).close()
+    p = subprocess.Popen([sys.executable, "-c", _DRIVER, path], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "driving", p.stderr.read()
+        with durkv.open(path) as s:
+            with pytest.raises(durkv.RunBusyError, match=f"pid {p.pid}") as ei:
+                with s.run("r1"):
+                    pass
+            assert ei.value.context["holder_pid"] == str(p.pid)
+            with s.run("r2") as run:            # another run: no wait
+                assert run.step("x", lambda: 1) == 1
+            p.kill()
+            p.wait()
+            with s.run("r1") as run:            # the dead driver released at once
+                assert run.step("greet", lambda: "again") == "hi"    # its result, journaled
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert os.listdir(os.path.join(path, "drivers")) == []     # released claims leave no file
+
+
+def test_one_driver_per_run_across_handles_of_one_process(tmp_path):
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path) as a, durkv.open(path) as b:
+        with a.run("r") as run:
+            run.step("t", lambda: 1)
+            with pytest.raises(durkv.RunBusyError, match=f"pid {os.getpid()}"):
+                with b.run("r"):
+                    pass
+        with b.run("r") as run:
+            assert run.step("t", lambda: 2) == 1
+
+
+_LG_CHILD = r"""
+import os, sys, time
+from typing import TypedDict
+from langgraph.graph import StateGraph, START, END
+from durkv.langgraph import DurkvSaver
+
+class S(TypedDict):
+    n: int
+
+path, gate = sys.argv[1], sys.argv[2]
+
+def slow(state):
+    print("started", flush=True)
+    while not os.path.exists(gate):
+        time.sleep(0.01)
+    return {"n": state["n"] + 1}
+
+g = StateGraph(S)
+g.add_node("slow", slow)
+g.add_edge(START, "slow")
+g.add_edge("slow", END)
+with DurkvSaver.open(path) as saver:
+    out = g.compile(checkpointer=saver).invoke({"n": 1}, {"configurable": {"thread_id": "t"}})
+    print("done", out["n"], flush=True)
+"""
+
+
+def _graph(saver):
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    class S(TypedDict):
+        n: int
+
+    g = StateGraph(S)
+    g.add_node("inc", lambda st: {"n": st["n"] + 1})
+    g.add_edge(START, "inc")
+    g.add_edge("inc", END)
+    return g.compile(checkpointer=saver)
+
+
+def test_langgraph_two_processes_on_one_thread_one_proceeds_one_is_busy(tmp_path):
+    pytest.importorskip("langgraph")
+    from durkv.langgraph import DurkvSaver
+
+    path, gate = str(tmp_path / "s.durkv"), str(tmp_path / "gate")
+    p = subprocess.Popen([sys.executable, "-c", _LG_CHILD, path, gate], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "started", p.stderr.read()
+        with DurkvSaver.open(path) as saver, DurkvSaver.open(path) as again:  # two, one process
+            graph = _graph(saver)
+            with pytest.raises(durkv.RunBusyError, match=f"thread 't' is being driven by pid "
+                                                         f"{p.pid}"):
+                graph.invoke({"n": 10}, {"configurable": {"thread_id": "t"}})
+            # another thread of the same store does not wait for it
+            assert graph.invoke({"n": 10}, {"configurable": {"thread_id": "u"}})["n"] == 11
+            open(gate, "w").close()
+            assert p.stdout.readline().split() == ["done", "2"]
+            assert p.wait(timeout=60) == 0
+            # the child's commits are seen here without a refresh; the thread is free again
+            assert _graph(again).get_state({"configurable": {"thread_id": "t"}}).values == {"n": 2}
+            assert graph.invoke({"n": 5}, {"configurable": {"thread_id": "t"}})["n"] == 6
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_langgraph_reader_follows_a_writer_without_refresh(tmp_path):
+    pytest.importorskip("langgraph")
+    from durkv.langgraph import DurkvSaver
+
+    path = str(tmp_path / "s.durkv")
+    with DurkvSaver.open(path) as w:
+        graph = _graph(w)
+        graph.invoke({"n": 0}, {"configurable": {"thread_id": "t"}})
+        with DurkvSaver.open(path, read_only=True) as r:
+            view = _graph(r)
+            for i in range(3):
+                cfg = {"configurable": {"thread_id": "t"}}
+                assert view.get_state(cfg).values == {"n": 1 + 2 * i}
+                graph.invoke({"n": 1 + 2 * i + 1}, cfg)
+
+
+def test_langgraph_async_invocations_of_one_thread_one_proceeds(tmp_path):
+    pytest.importorskip("langgraph")
+    import asyncio
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    from durkv.langgraph import DurkvSaver
+
+    class S(TypedDict):
+        n: int
+
+    async def slow(st):
+        await asyncio.sleep(0.3)
+        return {"n": st["n"] + 1}
+
+    async def main():
+        async with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
+            g = StateGraph(S)
+            g.add_node("slow", slow)
+            g.add_edge(START, "slow")
+            g.add_edge("slow", END)
+            graph = g.compile(checkpointer=saver)
+            cfg = {"configurable": {"thread_id": "t"}}
+            return await asyncio.gather(graph.ainvoke({"n": 1}, cfg), graph.ainvoke({"n": 1}, cfg),
+                                        return_exceptions=True)
+
+    a, b = asyncio.run(main())
+    assert sorted(type(x).__name__ for x in (a, b)) == ["RunBusyError", "dict"]
+
+
+_FORKER = r"""
+import os, sys, time
+import durkv
+s = durkv.open(sys.argv[1])
+run = s.run("r")
+run.open()
+if os.fork() == 0:      # a child that outlives its parent, with copies of its fds
+    time.sleep(30)
+    os._exit(0)
+print("forked", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_fork_does_not_keep_a_dead_parents_driver_claim(tmp_path):
+    path = str(tmp_path / "s.durkv")
+    durkv.open(path).close()
+    p = subprocess.Popen([sys.executable, "-c", _FORKER, path], stdout=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "forked"
+        p.kill()                            # the driver dies; its forked child lives on
+        p.wait()
+        with durkv.open(path) as s, s.run("r") as run:
+            assert run.step("s", lambda: 1) == 1
+    finally:
+        os.killpg(p.pid, 9)                 # the orphaned child, by its process group
