@@ -80,3 +80,37 @@ def test_astep_retries_and_records_failure(url):
             with pytest.raises(TimeoutError):
                 asyncio.run(agent(s))
         assert len(calls) == 3
+
+
+def test_no_fdatasync_wait_on_the_event_loop_under_sync(tmp_path):
+    """Every durable wait of every async verb runs off the loop's thread (durability=sync)."""
+    import threading
+
+    waits: list = []
+
+    @durkv.tool(name="charge")
+    async def charge(n, *, idempotency_key):
+        return n
+
+    async def agent(store):
+        loop_thread = threading.get_ident()
+        async with store.arun("r", input=1) as run:
+            await run.astep("model", _amodel, "q")
+            await run.atool(charge, 1)
+            await run.asleep(0)
+            await run.acompensate()
+            await run.aapprove("pay", 1)
+        return loop_thread
+
+    with durkv.open(str(tmp_path / "s"), durability="sync") as s:
+        b = s._b
+        real = b.wait_durable
+
+        def spy(lsn):
+            waits.append(threading.get_ident())
+            return real(lsn)
+        b.wait_durable = spy
+        loop_thread = asyncio.run(agent(s))
+        assert durkv.Run(s, "r").journal()[-1].kind == "approval"
+    assert len(waits) >= 5          # RUN, step, intent, receipt, sleep, approval, status
+    assert loop_thread not in waits

@@ -3,7 +3,9 @@
 
 Each claims its step id when called (not when awaited), so calls issued together
 (``asyncio.gather``) get ids in the order they were issued. Tools' intent and
-receipt fsyncs run in a worker thread (concurrent calls share them: group commit).
+receipt fsyncs run in a worker thread (concurrent calls share them: group commit), as
+does every other fdatasync an async verb waits for (``durability="sync"``): its records
+are queued on the loop (log order as called) and the wait runs in a worker thread.
 
 Step ids per asyncio task: inside ``async with store.arun(...)`` every task created
 (directly or not) by the run's own task gets a *path*, its parent's path and its index
@@ -23,19 +25,23 @@ import inspect
 import re
 import time
 import weakref
+from functools import partial
 from itertools import count
 from typing import Any, Callable
 
 from .plan import ONCE, Plan, err_type, plain_version
 from .tools import Retry, tool_spec
 
-__all__ = ["AsyncVerbs", "SCOPED_ID", "scoped_id", "is_async"]
+__all__ = ["OWED", "AsyncVerbs", "SCOPED_ID", "scoped_id", "is_async"]
 
 SCOPED_ID = re.compile(r"[0-9]+(\.[0-9]+)*/[0-9]+")    # the ids of calls in tasks
 
 # the task scope of the running asyncio task (None: not inside a run's task tree)
 _scope: contextvars.ContextVar["TaskScope | None"] = contextvars.ContextVar(
     "durkv_task_scope", default=None)
+# the LSNs an async verb's records owe an fdatasync (None: a sync verb waits itself)
+OWED: contextvars.ContextVar["list[int] | None"] = contextvars.ContextVar(
+    "durkv_owed_fsyncs", default=None)
 # per event loop: [the task factory durkv's replaced, how many runs use durkv's]
 _loops: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
 
@@ -84,6 +90,30 @@ class AsyncVerbs:
     """Mixed into :class:`durkv.runtime.Run` (uses its planning and recording methods)."""
 
     _scope_token: Any = None
+
+    def _deferred(self, fn: Callable, *args: Any) -> tuple[list, Any, BaseException | None]:
+        """Call ``fn`` on the loop, its records only queued: (owed LSNs, result, error)."""
+        owed: list = []
+        token = OWED.set(owed)
+        try:
+            return owed, fn(*args), None
+        except BaseException as e:      # re-raised by _settled once the records are durable
+            return owed, None, e
+        finally:
+            OWED.reset(token)
+
+    async def _settled(self, done: tuple[list, Any, BaseException | None]) -> Any:
+        """Wait in a worker thread for the fsyncs ``done``'s records owe; then its outcome."""
+        owed, result, exc = done
+        if owed:
+            await asyncio.to_thread(self.store.wait_journal, max(owed))
+        if exc is not None:
+            raise exc
+        return result
+
+    async def _off_loop(self, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` with every fdatasync it owes waited for off the event loop."""
+        return await self._settled(self._deferred(fn, *args))
 
     def _scope_tasks(self) -> None:
         """Make this (the run's own) task the root of the run's task tree (``__aenter__``):
@@ -138,11 +168,11 @@ class AsyncVerbs:
             except Exception as exc:
                 tries.append([err_type(exc), str(exc)])
                 if not r.retries(exc, i):
-                    self._record_step(p, exc=exc, tries=tries)
+                    await self._off_loop(partial(self._record_step, p, exc=exc, tries=tries))
                     raise
-                self._try(p, tries)
+                await self._off_loop(self._try, p, tries)
                 await _asleep(r.sleep, r.delay(i))
-        self._record_step(p, result, tries=tries)
+        await self._off_loop(partial(self._record_step, p, result, tries=tries))
         return result
 
     def atool(self, fn: Callable, *args: Any, retry: Retry | None = None,
@@ -162,7 +192,7 @@ class AsyncVerbs:
         r = retry or ONCE
         tries = list(p.tries)
         for i in count(len(tries)):      # the budget goes on across executions
-            await asyncio.to_thread(self._intent, p)
+            await self._off_loop(self._intent, p)
             try:
                 result = fn(*args, idempotency_key=p.key, **kwargs)
                 if inspect.isawaitable(result):
@@ -171,12 +201,12 @@ class AsyncVerbs:
             except Exception as exc:
                 tries.append([err_type(exc), str(exc)])
                 if not r.retries(exc, i):
-                    await asyncio.to_thread(self._receipt, p, None, exc, tries)
+                    await self._off_loop(self._receipt, p, None, exc, tries)
                     raise
-                await asyncio.to_thread(self._try, p, tries)
+                await self._off_loop(self._try, p, tries)
                 await _asleep(r.sleep, r.delay(i))
                 p.rc += 1
-        await asyncio.to_thread(self._receipt, p, result, None, tries)
+        await self._off_loop(self._receipt, p, result, None, tries)
         return self._done(p, result)
 
     def aapprove(self, action: str, payload: Any = None, *, key: str | None = None):
@@ -184,7 +214,7 @@ class AsyncVerbs:
         sid = self._sid(key)
 
         async def go() -> Any:      # a durkv.runtime.Decision
-            return self._approve_at(sid, action, payload)
+            return await self._off_loop(self._approve_at, sid, action, payload)
         return go()
 
     async def acompensate(self) -> list:
@@ -194,12 +224,15 @@ class AsyncVerbs:
 
     def asleep(self, seconds: float, *, key: str | None = None):
         """Awaitable :meth:`sleep`."""
-        left, slept = self._plan_sleep(seconds, key)
+        done = self._deferred(self._plan_sleep, seconds, key)   # the id is claimed now
+        if done[2] is not None and not done[0]:
+            raise done[2]       # bad input: raised when called, as before
 
         async def go() -> None:
+            left, slept = await self._settled(done)
             if slept:
                 await _asleep(self._sleep, left)
-                self._status("running")
+                await self._off_loop(self._status, "running")
         return go()
 
 

@@ -41,7 +41,7 @@ from ..errors import (
     InDoubtError, Interrupted, NonDeterminismError, RunBusyError, RunConflictError,
     SerializationError, VersionDriftError,
 )
-from .aio import SCOPED_ID, AsyncVerbs, is_async, scoped_id
+from .aio import OWED, SCOPED_ID, AsyncVerbs, is_async, scoped_id
 from .journal import (
     E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_TRY, E_WARN, STATUSES,
     Entry, JournalEntry, apply, bulk_load, fold,
@@ -148,14 +148,14 @@ class Run(AsyncVerbs):
         return self.close(exc)
 
     async def __aenter__(self) -> "Run":
-        self.open()
+        await self._off_loop(self.open)
         if self._task_ids:
             self._scope_tasks()
         return self
 
     async def __aexit__(self, et: Any, exc: Any, tb: Any) -> bool:
         self._unscope_tasks()
-        return self.close(exc)
+        return await self._off_loop(self.close, exc)
 
     def open(self) -> None:
         """Claim the run in this process and read its journal (``with`` does this)."""
@@ -306,7 +306,13 @@ class Run(AsyncVerbs):
                               "as run:`")
 
     def _append(self, rec: dict, durable: bool = False) -> None:
-        self.store.append_journal(self.run_id, rec, durable=durable)
+        owed = OWED.get()
+        if owed is None:
+            self.store.append_journal(self.run_id, rec, durable=durable)
+        else:       # an async verb: its coroutine waits for the fsync in a worker thread
+            lsn = self.store.append_journal(self.run_id, rec, durable=durable, defer=True)
+            if durable or self.store.durability == "sync":
+                owed.append(lsn)
         # no lock: concurrent callers (threads with key=, async tools) fold different
         # entries, and each step of apply() is atomic under the GIL
         apply(self._st, rec)

@@ -536,12 +536,15 @@ class Store:
 
     # -- run journals (the records of durkv.runtime; docs/FORMAT.md section 5a) -------------
 
-    def append_journal(self, run_id: str, record: dict, *, durable: bool = False) -> int:
+    def append_journal(self, run_id: str, record: dict, *, durable: bool = False,
+                       defer: bool = False) -> int:
         """Append one journal record of ``run_id``; return its LSN.
 
         ``record`` is a msgpack-able dict (user values already serde bytes). With
         ``durable=True`` it is fdatasync'd before this returns whatever the store's
         policy (concurrent callers share one fsync); otherwise the store's policy applies.
+        ``defer=True``: a record owed an fdatasync is only queued; the caller then calls
+        :meth:`wait_journal` with the LSN (an async verb, in a worker thread).
         """
         if type(run_id) is not str or not run_id:
             check_id("run_id", run_id)
@@ -550,9 +553,14 @@ class Store:
             if self._closed or self.read_only:
                 self._check_write()
             lsn = self._writer.append_journal(run_id, record, wait, self.durability)
-        if wait:
+        if wait and not defer:
             self._b.wait_durable(lsn)      # outside the lock: group commit
         return lsn
+
+    def wait_journal(self, lsn: int) -> None:
+        """Block until journal record ``lsn`` (and all before it) is fdatasync'd: the wait
+        an ``append_journal(..., defer=True)`` left to its caller."""
+        self._b.wait_durable(lsn)
 
     def journal(self, run_id: str, *, start: int = 0) -> list[dict]:
         """The journal records of ``run_id`` in log order (read by LSN, no scan); from
