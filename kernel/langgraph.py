@@ -60,7 +60,6 @@ What it adds over them:
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
@@ -95,11 +94,6 @@ from .durability import DURABILITIES
 from .errors import ConfigError
 from .langgraph_serde import EMPTY, LangGraphSerde
 from .runtime.langgraph_steps import astep, atool, forget_thread, step, thread_key, tool
-
-try:  # the pregel loop: a thread's driver claim lives on its exit stack (get_tuple)
-    from langgraph.pregel._loop import PregelLoop as _PregelLoop
-except ImportError:  # pragma: no cover - another layout: no automatic thread claim
-    _PregelLoop = None
 
 try:  # the configurable key LangGraph's pregel loop carries its durability mode in
     from langgraph._internal._constants import CONFIG_KEY_DURABILITY
@@ -439,38 +433,10 @@ class DurkvSaver(BaseCheckpointSaver[int]):
             delay = min(delay * 2, 0.02)
         return True
 
-    def _claim_for_loop(self, thread_id: str, ns: str) -> None:
-        """One driver per thread across processes (issue 17): a root graph's pregel loop
-        starts by reading its thread's checkpoint here; the claim (RunBusyError naming the
-        holder's pid if another invocation drives the thread) goes on that loop's exit
-        stack, so it is held exactly as long as the invocation runs, released however it
-        ends, and dropped by the kernel if the process dies. Subgraphs (a namespace) run
-        under their root's claim; reads from outside a loop (get_state) claim nothing."""
-        if ns or _PregelLoop is None or self.store.read_only:
-            return
-        f = sys._getframe(2)
-        for _ in range(6):          # get_tuple <- (aget_tuple <-) the loop's __enter__
-            if f is None:
-                return
-            loop = f.f_locals.get("self")
-            if isinstance(loop, _PregelLoop):
-                break
-            f = f.f_back
-        else:
-            return
-        stack = getattr(loop, "stack", None)
-        if stack is None or getattr(loop, "_durkv_claim", None) is not None:
-            return
-        claim = self.store.claim_driver("thread", thread_id)
-        if claim is not None:
-            loop._durkv_claim = claim
-            stack.callback(claim.release)
-
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint named by ``config`` (its latest if no checkpoint_id), or None."""
         conf = _conf(config)
         cid = conf.get("checkpoint_id")
-        self._claim_for_loop(_thread_id(conf), conf.get("checkpoint_ns") or "")
         self._catch_up()
         ck = self.store.get(_thread_id(conf), conf.get("checkpoint_ns") or "", cid)
         if ck is None:
