@@ -41,7 +41,6 @@ RANKS = {
     "durkv.payload": 11,            # commit-payload codec, shared by the log and the store
     "durkv.repairnotes": 11.5,      # repairs/<id>.json: a cut's durable witness (FORMAT 6a)
     "durkv.log": 12,
-    "durkv.channels": 13,           # kept for compatibility: re-exports durkv.payload
     # backends: append/read/scan of commit payloads
     "durkv.backends.base": 20,
     "durkv.backends.memory": 21,
@@ -76,8 +75,6 @@ RANKS = {
     "durkv.store.repair": 35,       # what a cut removed: the runs/threads in its bytes
     "durkv.store.store": 36,        # Store: the facade composing them
     "durkv.store": 37,              # the package: re-exports the public names
-    "durkv.records": 38,            # kept for compatibility: re-export durkv.store.records
-    "durkv.index": 38,              # ... and durkv.store.index
     # langgraph: the checkpointer over the store
     "durkv.langgraph_serde": 50,
     # runtime (kernel/runtime/): the run journal, over the store's public API

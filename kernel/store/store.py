@@ -129,27 +129,12 @@ class Store:
     def _replay(self) -> None:
         self._index.replay()
 
-    def _write_index(self) -> None:
-        self._index.write_snapshot()
-
-    def _append(self, payload: bytes, durability: str | None) -> int:
-        with self._lock:
-            return self._appender.append(payload, durability)
-
     # the store's options, each held once by the object that uses it (read-only: reopen the
     # store to change one)
     durability = property(lambda self: self._appender.durability)
     max_commit_bytes = property(lambda self: self._appender.max_commit_bytes)
     snapshot_every = property(lambda self: self._channels.snapshot_every)
     delta_check = property(lambda self: self._delta_check)
-
-    # the replay state, read as attributes of the store (tests and debugging)
-    _ix = property(lambda self: self._index.ix)
-    _shadow = property(lambda self: self._index.shadow)
-    _shadow_begin = property(lambda self: self._index.shadow_begin)
-    _compacted_at = property(lambda self: self._index.compacted_at)
-    _scan_pos = property(lambda self: self._index.scan_pos)
-    _index_lsn = property(lambda self: self._index.index_lsn)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
