@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Iterator
 
-from durkv.backends.base import heads_array
+from durkv.backends.base import VerifyReport, heads_array
 from durkv.payload import resolve_channel
 from durkv.errors import ConfigError, NotFoundError, ReadOnlyError, StoreLockedError
 
@@ -141,8 +141,10 @@ class MemoryBackend:
     def size_bytes(self) -> int:
         return sum(len(f) + 24 for f in self._log.frames)   # as if framed by the log (§3)
 
-    def verify(self, deep: bool = False) -> dict:
-        return {"url": self.url, "frames": len(self._log.frames), "damage": []}
+    def verify(self, deep: bool = False) -> VerifyReport:
+        # frames live in this process's memory, never torn: nothing can be damaged
+        return VerifyReport(url=self.url, ok=True, frames=self.next_lsn - self.start_lsn,
+                            start_lsn=self.start_lsn, next_lsn=self.next_lsn)
 
     def close(self) -> None:
         if not self._closed:

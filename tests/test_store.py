@@ -683,3 +683,39 @@ def test_replaced_item_plus_append(mode):
         else:
             # the documented boundary of the O(1) check: the replacement is not seen
             assert entry_kinds(s, "2") == [DELTA] and texts[3] == "m3"
+
+
+# -- verify: one report shape for every backend (issue 16 item 6) ---------------------------
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_verify_is_one_report_type_on_every_backend(tmp_path, kind):
+    from durkv.backends.base import VerifyReport
+
+    url = str(tmp_path / "s.durkv") if kind == "local" else "memory://verify-shape"
+    with durkv.open(url) as s:
+        for i in range(3):
+            s.put("t", "", f"{i:04d}", checkpoint={}, metadata={}, values={"n": i},
+                  versions={"n": i})
+        for deep in (False, True):
+            report = s.verify(deep=deep)
+            assert type(report) is VerifyReport
+            assert report.ok and report.damage == () and report.url == url
+            assert report.frames == report.next_lsn - report.start_lsn >= 3
+            assert report.to_dict()["frames"] == report.frames
+        with pytest.raises(AttributeError):
+            report.ok = False       # frozen
+
+
+def test_verify_reports_damage_in_a_local_store(tmp_path):
+    import logtools as lt
+
+    path = tmp_path / "s.durkv"
+    with durkv.open(str(path)) as s:
+        for i in range(3):
+            s.put("t", "", f"{i:04d}", checkpoint={}, metadata={}, values={"n": i},
+                  versions={"n": i})
+    lt.append_garbage(lt.segment_files(path)[-1], 40)  # a torn tail: a reader opens it
+    with durkv.open(str(path), read_only=True) as s:
+        report = s.verify(deep=True)
+    assert not report.ok and report.damage
+    assert all(isinstance(line, str) and "@" in line for line in report.damage)

@@ -22,7 +22,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Iterator
 from urllib.parse import parse_qs
 
-from durkv.backends.base import heads_array
+from durkv.backends.base import VerifyReport, heads_array
 from durkv.payload import resolve_channel
 from durkv.errors import (
     ConfigError, CorruptionError, DurkvError, FencedError, NotFoundError, ReadOnlyError,
@@ -551,7 +551,7 @@ class S3Backend:
         with self._cond:
             return sum(p.size for p in self._pieces)
 
-    def verify(self, deep: bool = False) -> dict:
+    def verify(self, deep: bool = False) -> VerifyReport:
         damage = []
         if deep:
             for p in list(self._pieces):
@@ -559,10 +559,11 @@ class S3Backend:
                     self.piece_frames(p)
                 except DurkvError as exc:
                     damage.append(str(exc))
-        return {"url": self.url, "frames": self.next_lsn - self.start_lsn,
-                "start_lsn": self.start_lsn, "objects": len(self._pieces),
-                "batches": self._seq, "writer_epoch": self._epoch or self._last_epoch,
-                "damage": damage}
+        return VerifyReport(url=self.url, ok=not damage, frames=self.next_lsn - self.start_lsn,
+                            start_lsn=self.start_lsn, next_lsn=self.next_lsn,
+                            damage=tuple(damage),
+                            details={"objects": len(self._pieces), "batches": self._seq,
+                                     "writer_epoch": self._epoch or self._last_epoch})
 
     def close(self) -> None:
         if self._closed:
