@@ -13,7 +13,9 @@ from typing import Iterator
 
 from durkv.backends.base import VerifyReport, heads_array
 from durkv.payload import resolve_channel
-from durkv.errors import ConfigError, NotFoundError, ReadOnlyError, StoreLockedError
+from durkv.errors import (
+    ConfigError, NotFoundError, ReadOnlyError, StoreClosedError, StoreLockedError,
+)
 
 __all__ = ["MemoryBackend"]
 
@@ -77,7 +79,7 @@ class MemoryBackend:
         if self.read_only:
             raise ReadOnlyError(f"{self.url} is open read-only; reopen without read_only=True")
         if self._closed:
-            raise ConfigError(f"{self.url} is closed")
+            raise StoreClosedError(f"{self.url} is closed; open it again")
 
     def append(self, payload: bytes, durability: str | None = None) -> int:
         self._check_write()

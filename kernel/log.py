@@ -32,7 +32,7 @@ from . import repairnotes
 from .durability import ASYNC, DURABILITIES, EXIT, SYNC
 from .errors import (
     ConfigError, CorruptionError, DurkvError, FrameTooLargeError, LogFailedError,
-    NotFoundError, ReadOnlyError, StaleReaderError, StoreLockedError,
+    NotFoundError, ReadOnlyError, StaleReaderError, StoreClosedError, StoreLockedError,
 )
 
 FRAME_DATA = 1
@@ -183,7 +183,7 @@ def _error(rc: int, handle=None, path: str = "", what: str = "", *,
                                    lost_last_lsn=dm.lost_last_lsn, **context)
         return CorruptionError(msg, **context)
     if rc == lib.DKV_ECLOSED:
-        return ConfigError(f"the log {path} is closed", path=path)
+        return StoreClosedError(f"the log {path} is closed; open it again", path=path)
     if rc == lib.DKV_ENOMEM:
         raise MemoryError(msg)
     return ERROR_CLASSES.get(rc, DurkvError)(msg, **context)
@@ -325,7 +325,7 @@ class SegmentLog:
                     f"({os.getpid()}) is a fork of it: a handle is never used across fork(); "
                     "open the store again in this process (durkv.open after the fork)",
                     path=self.path)
-            raise ConfigError(f"the log {self.path} is closed")
+            raise StoreClosedError(f"the log {self.path} is closed; open it again")
         return h
 
     def _disown(self) -> None:

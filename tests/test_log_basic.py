@@ -13,7 +13,7 @@ import time
 import pytest
 from durkv.errors import (
     ConfigError, CorruptionError, LogFailedError, NotFoundError,
-    ReadOnlyError, StoreLockedError,
+    ReadOnlyError, StoreClosedError, StoreLockedError,
 )
 from durkv.log import FRAME_COMMIT, FRAME_DATA, SegmentLog, fault_inject, recover, verify
 from durkv.payload import (
@@ -168,7 +168,7 @@ def test_errors(log_dir, tmp_path):
     log.close()
     assert log.closed
     log.close()
-    with pytest.raises(ConfigError):
+    with pytest.raises(StoreClosedError):
         log.append(b"x")
 
 

@@ -549,7 +549,7 @@ def test_closed_store_refuses(url):
     s = durkv.open(url)
     s.close()
     s.close()
-    with pytest.raises(durkv.ConfigError, match="closed"):
+    with pytest.raises(durkv.StoreClosedError, match="closed; open it again"):
         s.get("t")
 
 
@@ -719,3 +719,24 @@ def test_verify_reports_damage_in_a_local_store(tmp_path):
         report = s.verify(deep=True)
     assert not report.ok and report.damage
     assert all(isinstance(line, str) and "@" in line for line in report.damage)
+
+
+def test_a_closed_handle_is_an_operational_error_on_every_layer(tmp_path):
+    """Not ConfigError (exit 2, "usage"): the call was right, the handle is gone."""
+    from durkv.backends import open_backend
+    from durkv.cli.output import EXIT_ERROR, exit_code_for
+    from durkv.log import SegmentLog
+
+    log = SegmentLog.open(str(tmp_path / "log.durkv"))
+    log.close()
+    mem = open_backend("memory://closed-handle")
+    mem.close()
+    s = durkv.open(str(tmp_path / "s.durkv"))
+    s.close()
+    for call in (lambda: log.append(b"x"), lambda: mem.append(b"\0" * 8),
+                 lambda: s.put("t", "", "1", checkpoint={}, metadata={}, values={},
+                               versions={})):
+        with pytest.raises(durkv.StoreClosedError, match="open it again") as err:
+            call()
+        assert not isinstance(err.value, durkv.ConfigError)
+        assert err.value.code == "store_closed" and exit_code_for(err.value) == EXIT_ERROR

@@ -26,7 +26,7 @@ from durkv.backends.base import VerifyReport, heads_array
 from durkv.payload import resolve_channel
 from durkv.errors import (
     ConfigError, CorruptionError, DurkvError, FencedError, NotFoundError, ReadOnlyError,
-    StoreLockedError,
+    StoreClosedError, StoreLockedError,
 )
 from durkv.log import crc32c
 
@@ -376,7 +376,7 @@ class S3Backend:
         if self.read_only:
             raise ReadOnlyError(f"{self.url} is open read-only; reopen without read_only=True")
         if self._closed:
-            raise ConfigError(f"{self.url} is closed")
+            raise StoreClosedError(f"{self.url} is closed; open it again")
         if self._failed is not None:
             raise self._failed
 

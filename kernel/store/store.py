@@ -36,7 +36,7 @@ from typing import Any, Iterator, Sequence
 
 from .. import repairnotes
 from ..backends.base import VerifyReport
-from ..errors import ConfigError, ReadOnlyError
+from ..errors import ConfigError, ReadOnlyError, StoreClosedError
 from ..payload import Codec, encode_commit
 from ..serde import Serde, default_serde
 from .appender import Appender
@@ -214,7 +214,7 @@ class Store:
                     f"({os.getpid()}) is a fork of it: a store handle is never used across "
                     "fork(); open the store again in this process (durkv.open after the "
                     "fork, e.g. in gunicorn's post_fork or a multiprocessing initializer)")
-            raise ConfigError(f"store {self.url} is closed; open it again with durkv.open()")
+            raise StoreClosedError(f"store {self.url} is closed; open it again with durkv.open()")
 
     def _disown(self) -> None:
         """In a forked child: closed for good, without a flush, a snapshot or a backend
