@@ -5,7 +5,8 @@ and cli/ (``durkv.cli``) is parsed with :mod:`ast` -- nothing is imported -- and
 each import of a durkv module is checked against three rules:
 
 1. **Imports point down.** The layers, top to bottom, are
-   cli -> runtime -> langgraph -> store -> backends -> log -> errors, and every
+   cli -> langgraph -> runtime -> store -> backends -> log -> errors (README's
+   order, checked by :func:`test_the_ranks_follow_the_documented_layers`), and every
    module has a rank in :data:`RANKS`; a module imports only modules of a lower
    rank. That holds for imports inside functions and under ``TYPE_CHECKING`` too,
    so the import graph has no cycle at all: a lazy import may load an optional or
@@ -75,8 +76,6 @@ RANKS = {
     "durkv.store.repair": 35,       # what a cut removed: the runs/threads in its bytes
     "durkv.store.store": 36,        # Store: the facade composing them
     "durkv.store": 37,              # the package: re-exports the public names
-    # langgraph: the checkpointer over the store
-    "durkv.langgraph_serde": 50,
     # runtime (kernel/runtime/): the run journal, over the store's public API
     "durkv.runtime.journal": 60,
     "durkv.runtime.tools": 60,
@@ -93,10 +92,12 @@ RANKS = {
     "durkv.runtime.graph_exec": 64.5,   # one execution: barrier, commit, pause
     "durkv.runtime.graph": 64.7,        # Graph (builder, checks) and App (run, resume, ...)
     "durkv.runtime": 65,            # RuntimeStore: the store with run/decide/resolve/runs
-    # facades: the package (durkv.open, durkv.tool, the errors) and durkv.langgraph
-    # (DurkvSaver, plus the runtime's step/tool re-exported: the public names)
+    # the package facade (durkv.open, durkv.tool, the errors): the runtime's door
     "durkv": 66,
-    "durkv.langgraph": 67,
+    # langgraph: the checkpointer (DurkvSaver) over the store, and the runtime's step/tool
+    # re-exported for LangGraph nodes: so it ranks above the runtime
+    "durkv.langgraph_serde": 67,
+    "durkv.langgraph": 68,
     # cli: the durkv command
     "durkv.cli.strict_json": 70,
     "durkv.cli.output": 71,
@@ -217,7 +218,7 @@ def test_imports_point_down():
     can hide a cycle (a cycle needs one import that does not point down)."""
     bad = [str(imp) for imp in ALL_IMPORTS
            if RANKS[imp.module] >= RANKS[imp.importer] and not _known(imp)]
-    assert not bad, ("imports that do not point down (cli -> runtime -> langgraph -> store -> "
+    assert not bad, ("imports that do not point down (cli -> langgraph -> runtime -> store -> "
                      "backends -> log -> errors; RANKS in tests/test_layers.py):\n"
                      + "\n".join(bad))
 
@@ -345,3 +346,34 @@ def test_the_rule_finds_a_private_attribute_of_another_module():
     its own ``self._own`` is not."""
     src = "class M:\n    def __init__(self, b):\n        self._own = b._seq\n"
     assert _foreign_private_attributes("m", src) == ["m:3 uses b._seq"]
+
+
+# -- the ranks follow the layers README documents (issue 16 item 5) --------------------------
+
+LAYER_OF = (  # module prefix -> layer (first match); README names the layers top to bottom
+    ("durkv.cli", "cli"), ("durkv.langgraph", "langgraph"), ("durkv.runtime", "runtime"),
+    ("durkv.store", "store"), ("durkv.serde", "store"), ("durkv._listprefix", "store"),
+    ("durkv.backends", "backends"), ("durkv.log", "log"), ("durkv.payload", "log"),
+    ("durkv.repairnotes", "log"), ("durkv._seglog", "log"), ("durkv.errors", "errors"),
+    ("durkv.durability", "errors"),
+)
+
+
+def _layer(module: str) -> str:
+    if module == "durkv":
+        return "runtime"        # the facade: durkv.open returns a RuntimeStore
+    return next(layer for prefix, layer in LAYER_OF
+                if module == prefix or module.startswith(prefix + ".")
+                or module.startswith(prefix + "_"))
+
+
+def test_the_ranks_follow_the_documented_layers():
+    readme = (ROOT / "README.md").read_text()
+    order = readme.split("imports point down\n")[1].split("(")[1].split(")")[0]
+    layers = [w.strip() for w in order.split("->")]
+    assert layers == ["cli", "langgraph", "runtime", "store", "backends", "log", "errors"], layers
+    assert {_layer(m) for m in RANKS} == set(layers)
+    for upper, lower in zip(layers, layers[1:]):
+        low_top = max(r for m, r in RANKS.items() if _layer(m) == lower)
+        up_bottom = min(r for m, r in RANKS.items() if _layer(m) == upper)
+        assert up_bottom > low_top, f"a {upper} module ranks at or below a {lower} module"
