@@ -9,11 +9,47 @@ backend it talks to, so an object-store backend (s3) fits the same protocol.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Protocol
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from durkv.durability import DURABILITIES
 
-__all__ = ["Backend", "DURABILITIES", "heads_array"]
+__all__ = ["Backend", "DURABILITIES", "VerifyReport", "heads_array"]
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What ``Store.verify`` found: one shape for every backend.
+
+    Attributes:
+        url: the store's URL.
+        ok: no damage at all (on a local store a torn tail counts: a writer's open, or
+            ``durkv recover``, repairs it).
+        frames: the frames that read back (``next_lsn - start_lsn`` when ``ok``).
+        start_lsn: the first LSN the backend holds (compaction removes a prefix).
+        next_lsn: the LSN the next frame gets.
+        damage: one line per finding, where and what (empty when ``ok``).
+        details: what only this backend knows (local: ``segments``; s3: ``objects``,
+            ``batches``, ``writer_epoch``); for the C log's full report with byte offsets,
+            ``durkv.log.verify(path)`` or ``durkv verify PATH``.
+
+    >>> r = VerifyReport(url="memory://", ok=True, frames=2, start_lsn=0, next_lsn=2)
+    >>> r.ok, r.to_dict()["damage"]
+    (True, [])
+    """
+
+    url: str
+    ok: bool
+    frames: int
+    start_lsn: int
+    next_lsn: int
+    damage: tuple[str, ...] = ()
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["damage"], d["details"] = list(self.damage), dict(self.details)
+        return d
 
 
 def heads_array(read: Callable[[int], bytes], lsns: list[int]) -> bytes:
@@ -90,8 +126,8 @@ class Backend(Protocol):
     def size_bytes(self) -> int:
         """Bytes the backend holds (what compaction reports)."""
 
-    def verify(self, deep: bool = False) -> Any:
-        """Check the stored bytes; returns the backend's report."""
+    def verify(self, deep: bool = False) -> VerifyReport:
+        """Check the stored bytes (``deep``: decode every frame too)."""
 
     def close(self) -> None:
         """Flush and release (locks, files). Idempotent."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterator
 
+from durkv.backends.base import VerifyReport
 from durkv.errors import BackendError, DurkvError, StaleReaderError
 
 __all__ = ["LocalBackend"]
@@ -168,8 +169,15 @@ class LocalBackend:
                     pass
         return total
 
-    def verify(self, deep: bool = False) -> Any:
-        return self._log.verify(deep)
+    def verify(self, deep: bool = False) -> VerifyReport:
+        r = self._log.verify(deep)
+        damage = tuple(f"{d.segment}@{d.offset}: {d.kind}"
+                       + (f" (lost LSN {d.lost_first_lsn}..{d.lost_last_lsn})"
+                          if d.lost_first_lsn is not None else "")
+                       + (f": {d.detail}" if d.detail else "") for d in r.damage)
+        return VerifyReport(url=self.url, ok=r.ok, frames=r.frames_ok, start_lsn=self.start_lsn,
+                            next_lsn=r.next_lsn, damage=damage,
+                            details={"segments": len(r.segments)})
 
     def close(self) -> None:
         if not self._closed:

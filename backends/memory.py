@@ -11,9 +11,11 @@ from __future__ import annotations
 import threading
 from typing import Iterator
 
-from durkv.backends.base import heads_array
+from durkv.backends.base import VerifyReport, heads_array
 from durkv.payload import resolve_channel
-from durkv.errors import ConfigError, NotFoundError, ReadOnlyError, StoreLockedError
+from durkv.errors import (
+    ConfigError, NotFoundError, ReadOnlyError, StoreClosedError, StoreLockedError,
+)
 
 __all__ = ["MemoryBackend"]
 
@@ -77,7 +79,7 @@ class MemoryBackend:
         if self.read_only:
             raise ReadOnlyError(f"{self.url} is open read-only; reopen without read_only=True")
         if self._closed:
-            raise ConfigError(f"{self.url} is closed")
+            raise StoreClosedError(f"{self.url} is closed; open it again")
 
     def append(self, payload: bytes, durability: str | None = None) -> int:
         self._check_write()
@@ -141,8 +143,10 @@ class MemoryBackend:
     def size_bytes(self) -> int:
         return sum(len(f) + 24 for f in self._log.frames)   # as if framed by the log (§3)
 
-    def verify(self, deep: bool = False) -> dict:
-        return {"url": self.url, "frames": len(self._log.frames), "damage": []}
+    def verify(self, deep: bool = False) -> VerifyReport:
+        # frames live in this process's memory, never torn: nothing can be damaged
+        return VerifyReport(url=self.url, ok=True, frames=self.next_lsn - self.start_lsn,
+                            start_lsn=self.start_lsn, next_lsn=self.next_lsn)
 
     def close(self) -> None:
         if not self._closed:

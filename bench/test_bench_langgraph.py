@@ -53,7 +53,7 @@ from nullsaver import NullSaver  # noqa: E402
 from typing_extensions import TypedDict  # noqa: E402
 
 from durkv.langgraph import DurkvSaver  # noqa: E402
-from durkv.channels import decode_head  # noqa: E402
+from durkv.payload import decode_head  # noqa: E402
 
 N_LIST = [int(x) for x in os.environ.get("DURKV_BENCH_N", "100" if QUICK else "500,2000").split(",")]
 N_MAX = max(N_LIST)

@@ -20,7 +20,7 @@ import pytest
 from benchlib import QUICK, median_time, record
 
 import durkv
-from durkv.store import K_INDEX, Store, _head_of
+from durkv.store import K_INDEX, Store, read_head
 
 
 def cid(i: int) -> str:
@@ -51,8 +51,8 @@ def test_open_with_snapshot_vs_full_replay(benchmark, bench_root, monkeypatch):
     shutil.copytree(full, snap)
     durkv.open(str(snap), durability="exit").close()   # a writer's close adds the K_INDEX
     with durkv.open(str(snap), read_only=True) as r:
-        assert r._index_lsn == frames and _head_of(r._b.read(frames))[0] == K_INDEX
-        assert len(r._ix.threads) == n_threads
+        assert r._index.index_lsn == frames and read_head(r._b.read(frames))[0] == K_INDEX
+        assert len(r._index.ix.threads) == n_threads
 
     t_full = _open_time(full)
     with monkeypatch.context() as m:           # the replay alone, without the probe

@@ -26,6 +26,7 @@ from ..errors import (
     FencedError,
     LogFailedError,
     NotFoundError,
+    StoreClosedError,
     StoreLockedError,
 )
 from . import strict_json
@@ -41,6 +42,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (CorruptionError, EXIT_CORRUPT),
     (ConfigError, EXIT_USAGE),           # includes FrameTooLargeError
     (StoreLockedError, EXIT_ERROR),
+    (StoreClosedError, EXIT_ERROR),      # operational: a handle used after close()
     (FencedError, EXIT_ERROR),
     (LogFailedError, EXIT_ERROR),
     (BackendError, EXIT_ERROR),

@@ -17,7 +17,7 @@ from .errors import (
     GraphError, IdempotencyConflictError, InDoubtError, Interrupted, LogFailedError,
     NonDeterminismError, NoSuchBucketError,
     NotFoundError, ReadOnlyError, RunBusyError, RunConflictError, SerializationError,
-    StaleReaderError, StepFailedError, StoreLockedError, VersionDriftError,
+    StaleReaderError, StepFailedError, StoreClosedError, StoreLockedError, VersionDriftError,
 )
 from .runtime.graph import END, START, Append, Graph, Last, Send
 from .runtime import Decision, JournalEntry, Retry, Run, RunInfo, RuntimeStore, tool
@@ -41,7 +41,7 @@ __all__ = [
     "LogFailedError", "ReadOnlyError", "IdempotencyConflictError", "NonDeterminismError",
     "ConfigError", "NotFoundError", "SerializationError", "FrameTooLargeError", "BackendError",
     "InDoubtError", "VersionDriftError", "ApprovalMismatchError", "RunConflictError",
-    "RunBusyError", "StepFailedError", "Interrupted", "StaleReaderError",
+    "RunBusyError", "StepFailedError", "StoreClosedError", "Interrupted", "StaleReaderError",
     "ArchiveConflictError", "AccessDeniedError", "NoSuchBucketError", "tool", "Retry", "Run", "Decision",
     "JournalEntry", "RunInfo", "DecisionConflictError", "GraphError", "Graph", "Append", "Last",
     "Send", "START", "END",

@@ -60,6 +60,13 @@ class LogFailedError(DurkvError):
     code = "log_failed"
 
 
+class StoreClosedError(DurkvError):
+    """A call on a store (or log) handle after its ``close()``: an operational error, as
+    a lost connection is, not a bad argument. Open the store again."""
+
+    code = "store_closed"
+
+
 class ReadOnlyError(DurkvError):
     """A write was attempted through a read-only handle."""
 

@@ -2,9 +2,8 @@
 
 This is the only module that imports the compiled library. Everything else in durkv
 sees :class:`SegmentLog` (the local log of one store directory), the module functions
-:func:`verify` / :func:`recover`, and, re-exported from :mod:`durkv.payload`, the COMMIT
-payload codec (:func:`encode_commit`, :func:`decode_commit`, :func:`resolve_channel`) that
-every backend shares. The on-disk format is docs/FORMAT.md.
+:func:`verify` / :func:`recover`. The COMMIT payload codec every backend shares is
+:mod:`durkv.payload`. The on-disk format is docs/FORMAT.md.
 
 >>> import tempfile, os
 >>> d = os.path.join(tempfile.mkdtemp(), "agent.durkv")
@@ -29,17 +28,11 @@ from typing import Any
 from dataclasses import asdict, dataclass, field
 
 from ._seglog import ffi, lib
-# The COMMIT payload codec (FORMAT.md section 5) lives in durkv.payload, pure Python so
-# that backends without the compiled log share it; the log re-exports it.
-from .payload import (  # noqa: F401  (re-exported)
-    DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Entry, decode_commit, encode_commit, pack_ref,
-    resolve_channel, snap_refs,
-)
 from . import repairnotes
 from .durability import ASYNC, DURABILITIES, EXIT, SYNC
 from .errors import (
     ConfigError, CorruptionError, DurkvError, FrameTooLargeError, LogFailedError,
-    NotFoundError, ReadOnlyError, StaleReaderError, StoreLockedError,
+    NotFoundError, ReadOnlyError, StaleReaderError, StoreClosedError, StoreLockedError,
 )
 
 FRAME_DATA = 1
@@ -190,7 +183,7 @@ def _error(rc: int, handle=None, path: str = "", what: str = "", *,
                                    lost_last_lsn=dm.lost_last_lsn, **context)
         return CorruptionError(msg, **context)
     if rc == lib.DKV_ECLOSED:
-        return ConfigError(f"the log {path} is closed", path=path)
+        return StoreClosedError(f"the log {path} is closed; open it again", path=path)
     if rc == lib.DKV_ENOMEM:
         raise MemoryError(msg)
     return ERROR_CLASSES.get(rc, DurkvError)(msg, **context)
@@ -340,7 +333,7 @@ class SegmentLog:
                     f"({os.getpid()}) is a fork of it: a handle is never used across fork(); "
                     "open the store again in this process (durkv.open after the fork)",
                     path=self.path)
-            raise ConfigError(f"the log {self.path} is closed")
+            raise StoreClosedError(f"the log {self.path} is closed; open it again")
         return h
 
     def _disown(self) -> None:
@@ -884,9 +877,8 @@ def fault_inject(op: str | None, nth: int = 1, err: int = _errno.EIO) -> None:
 
 
 __all__ = [
-    "FRAME_DATA", "FRAME_COMMIT", "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "F_REFS",
-    "SegmentLog", "SegmentInfo", "Report", "SegmentReport", "Damage", "Entry",
-    "verify", "recover", "encode_commit", "decode_commit", "resolve_channel",
-    "pack_ref", "snap_refs", "crc32c", "crc32c_portable", "crc32c_hw", "fault_inject",
+    "FRAME_DATA", "FRAME_COMMIT",
+    "SegmentLog", "SegmentInfo", "Report", "SegmentReport", "Damage",
+    "verify", "recover", "crc32c", "crc32c_portable", "crc32c_hw", "fault_inject",
     "fdatasync_count",
 ]

@@ -19,6 +19,7 @@ import pytest
 
 import durkv
 from durkv import log as dlog
+from storeinternals import backend_of
 
 N = 100
 CATCH_UP_S = 1.0     # flush_interval is 10 ms: a second is two orders of magnitude of slack
@@ -93,7 +94,7 @@ def _put(store, i: int, thread: str = "t") -> None:
 
 def test_store_async_puts_are_fdatasynced_while_the_process_runs(tmp_path):
     with durkv.open(str(tmp_path / "s"), durability="async") as store:
-        log = store._b._log
+        log = backend_of(store)._log
         syncs, procs = log.flusher_syncs, dlog.fdatasync_count()
         for i in range(N):
             _put(store, i)
@@ -103,7 +104,7 @@ def test_store_async_puts_are_fdatasynced_while_the_process_runs(tmp_path):
 
 def test_store_async_put_writes_and_journal_are_fdatasynced(tmp_path):
     with durkv.open(str(tmp_path / "s"), durability="async") as store:
-        log = store._b._log
+        log = backend_of(store)._log
         _put(store, 0)
         for i in range(N):
             store.put_writes("t", "", "000000", f"task{i}", [(0, "n", i)])
@@ -115,7 +116,7 @@ def test_store_async_put_writes_and_journal_are_fdatasynced(tmp_path):
 
 def test_store_exit_policy_unchanged(tmp_path):
     with durkv.open(str(tmp_path / "s"), durability="exit") as store:
-        log = store._b._log
+        log = backend_of(store)._log
         start, procs = log.durable_lsn, dlog.fdatasync_count()
         for i in range(N):
             _put(store, i)
@@ -127,7 +128,7 @@ def test_store_exit_policy_unchanged(tmp_path):
 
 def test_store_sync_puts_are_durable_on_return(tmp_path):
     with durkv.open(str(tmp_path / "s"), durability="sync") as store:
-        log = store._b._log
+        log = backend_of(store)._log
         for i in range(10):
             _put(store, i)
             assert log.durable_lsn == log.next_lsn
@@ -157,7 +158,7 @@ def test_langgraph_default_durability_is_fdatasynced(tmp_path):
 
     with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
         app = _graph().compile(checkpointer=saver)
-        log = saver.store._b._log
+        log = backend_of(saver.store)._log
         syncs, procs = log.flusher_syncs, dlog.fdatasync_count()
         for t in range(20):
             out = app.invoke({"msgs": ["hi"]}, {"configurable": {"thread_id": f"t{t}"}})

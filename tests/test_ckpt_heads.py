@@ -15,13 +15,14 @@ from typing_extensions import TypedDict
 
 import durkv
 import durkv.store.replay as replay_mod
-from durkv.channels import decode_head, encode_commit
+from durkv.payload import decode_head, encode_commit
 from durkv.store import ckpthead
 from durkv.store.ckpthead import KEYFRAME_EVERY
 from durkv.errors import NotFoundError
 from durkv.langgraph import DurkvSaver
-from durkv.records import K_CKPT, K_COPY_CKPT, CkptHead, read_head
+from durkv.store.records import K_CKPT, K_COPY_CKPT, CkptHead, read_head
 from durkv.serde import default_serde
+from storeinternals import append_frame, backend_of, full_head, heads_of, index_of
 
 _FILLER = "tool call result plan step observe think answer retry search read write " * 14
 
@@ -33,7 +34,7 @@ def _is_delta(h: list) -> bool:
 def _ckpt_frames(s) -> list[tuple[int, bytes, list]]:
     """(lsn, head bytes, head) of every checkpoint frame in the log."""
     out = []
-    for lsn, p in s._b.scan(s._b.start_lsn):
+    for lsn, p in backend_of(s).scan(backend_of(s).start_lsn):
         h = read_head(p, lsn)
         if h[0] in (K_CKPT, K_COPY_CKPT):
             out.append((lsn, bytes(decode_head(p, lsn)), h))
@@ -75,14 +76,14 @@ def test_an_appended_message_costs_a_small_head_through_langgraph(tmp_path):
         ratios = []
         for lsn, hb, h in frames:
             if _is_delta(h):
-                full = s._heads.load(s._b.read, lsn)
+                full = full_head(s, lsn)
                 ratios.append(len(hb) / len(full.pack()))
         assert len(frames) > n
         assert len(ratios) >= 0.95 * len(frames), "most checkpoint heads are deltas"
         assert statistics.mean(ratios) <= 0.40, statistics.mean(ratios)
         assert max(ratios) <= 0.5
         # over every checkpoint frame, keyframes included
-        whole = sum(len(s._heads.load(s._b.read, lsn).pack()) for lsn, _hb, _h in frames)
+        whole = sum(len(full_head(s, lsn).pack()) for lsn, _hb, _h in frames)
         assert sum(len(hb) for _l, hb, _h in frames) <= 0.45 * whole
 
 
@@ -176,11 +177,11 @@ def test_every_checkpoint_reads_back_the_same_after_reopen_prune_copy_compact(
         before = _snapshot(s)
     with durkv.open(path, serde=_serde(serde)) as s:
         assert _snapshot(s) == before                            # reopen
-        lane = s._ix.lane("a", "")
+        lane = index_of(s).ix.lane("a", "")
         kept = set(lane.lsns[-20:])
         if serde == "default":
             # prune drops the keyframe that a kept delta names
-            bases = {read_head(s._b.read(lsn), lsn)[4] for lsn in kept}
+            bases = {read_head(backend_of(s).read(lsn), lsn)[4] for lsn in kept}
             assert bases - kept, "a kept checkpoint's keyframe is pruned"
         s.prune(["a"], keep_last=20)
         s.delete_thread("doomed")
@@ -250,13 +251,13 @@ def test_history_reads_each_keyframe_once(tmp_path):
         _put_run(s, "t", "", n)
     with durkv.open(path, read_only=True) as s:
         reads: dict[int, int] = {}
-        real = s._b.read
+        real = backend_of(s).read
 
         def counting(lsn):
             reads[lsn] = reads.get(lsn, 0) + 1
             return real(lsn)
 
-        s._b.read = counting
+        backend_of(s).read = counting
         got = list(s.history("t", values=False))
         assert len(got) == n
         keyframes = [lsn for lsn, _hb, h in _ckpt_frames(s) if not _is_delta(h)]
@@ -270,7 +271,7 @@ def test_history_reads_each_keyframe_once(tmp_path):
 
 
 def _crafted(s, head: list) -> int:
-    return s._append(encode_commit(msgpack.packb(head, use_bin_type=True), ()), "sync")
+    return append_frame(s, encode_commit(msgpack.packb(head, use_bin_type=True), ()), "sync")
 
 
 @pytest.mark.parametrize("base", ["writes", "other-thread", "other-ns", "delta", "later",
@@ -282,7 +283,7 @@ def test_a_delta_whose_base_is_not_its_keyframe_is_corruption(tmp_path, base):
         _put_run(s, "u", "", 3)
         _put_run(s, "t", "ns", 3)
         s.put_writes("t", "", "c00003", "task", [(0, "x", 1)])
-        wlsn = s._b.next_lsn - 1
+        wlsn = backend_of(s).next_lsn - 1
         jlsn = s.append_journal("t", {"e": 1})
         frames = {h[3] if h[1] == "t" and h[2] == "" else (h[1], h[2], h[3]): (lsn, h)
                   for lsn, _hb, h in _ckpt_frames(s)}
@@ -291,21 +292,21 @@ def test_a_delta_whose_base_is_not_its_keyframe_is_corruption(tmp_path, base):
         z = h5[5]
         other = {"writes": wlsn, "other-thread": frames[("u", "", "c00000")][0],
                  "other-ns": frames[("t", "ns", "c00000")][0], "delta": frames["c00004"][0],
-                 "later": s._b.next_lsn + 5, "journal": jlsn,
+                 "later": backend_of(s).next_lsn + 5, "journal": jlsn,
                  "wrong-keyframe": frames[f"c{KEYFRAME_EVERY + 1:05d}"][0],
                  "garbage": h5[4], "gone": h5[4]}[base]
-        assert not _is_delta(read_head(s._b.read(frames[f"c{KEYFRAME_EVERY + 1:05d}"][0])))
+        assert not _is_delta(read_head(backend_of(s).read(frames[f"c{KEYFRAME_EVERY + 1:05d}"][0])))
         if base == "garbage":
             z = z[:-6] + bytes(6)
         lsn = _crafted(s, [K_CKPT, "t", "", "c99999", other, z])
     with durkv.open(path, read_only=True) as s:
         if base == "gone":
             # a keyframe the log no longer holds (as if compacted away under its delta)
-            def read(x, real=s._b.read):
+            def read(x, real=backend_of(s).read):
                 if x == other:
                     raise NotFoundError(f"frame {x} is not in the log")
                 return real(x)
-            s._b.read = read
+            backend_of(s).read = read
         # a keyframe the log no longer holds: NotFoundError, as for any frame a stale
         # reader misses; anything else: CorruptionError; both name the delta's frame
         err = NotFoundError if base == "gone" else durkv.CorruptionError
@@ -345,8 +346,8 @@ def test_a_reader_across_recover_never_decodes_against_an_old_keyframe(tmp_path)
         _put_run(s, "t", "", 30)
     reader = durkv.open(str(path), read_only=True)
     old = {c.checkpoint_id: c.metadata for c in reader.history("t", values=False)}
-    base = read_head(reader._b.read(reader._ix.lane("t", "").lsns[5]), 5)[4]
-    assert base == 0 and 0 in reader._heads._bases   # frame 0: the cached keyframe
+    base = read_head(backend_of(reader).read(index_of(reader).ix.lane("t", "").lsns[5]), 5)[4]
+    assert base == 0 and 0 in heads_of(reader)._bases   # frame 0: the cached keyframe
     seg, frame = lt.frame_at(path, 0)
     lt.flip_byte(seg.path, frame.offset + lt.FRAME_HDR + 3)
     recover(str(path), skip_corrupt=True)       # cuts the whole log
@@ -355,7 +356,7 @@ def test_a_reader_across_recover_never_decodes_against_an_old_keyframe(tmp_path)
     with open_store(str(path), index_every=0) as w:
         assert w.get("t") is None
         _put_run(w, "t", "", 30, gen=2)        # the same ids, other heads, at the same LSNs
-        assert w._ix.lane("t", "").lsns[0] == 0
+        assert index_of(w).ix.lane("t", "").lsns[0] == 0
         for i in range(30):
             w.put_writes("t", "", f"c{i:05d}", "task", [(0, "x", i)])
     for cid in old:

@@ -94,6 +94,7 @@ def test_exit_codes_are_mapped_in_one_place():
         errors.FrameTooLargeError("x"): 2, errors.StoreLockedError("x"): 1,
         errors.FencedError("x"): 1, errors.LogFailedError("x"): 1, errors.BackendError("x"): 1,
         errors.NotFoundError("x"): 1, errors.DurkvError("x"): 1, OSError(5, "EIO"): 1,
+        errors.StoreClosedError("x"): 1,
     }
     for exc, code in expect.items():
         assert exit_code_for(exc) == code, type(exc).__name__

@@ -5,7 +5,8 @@ and cli/ (``durkv.cli``) is parsed with :mod:`ast` -- nothing is imported -- and
 each import of a durkv module is checked against three rules:
 
 1. **Imports point down.** The layers, top to bottom, are
-   cli -> runtime -> langgraph -> store -> backends -> log -> errors, and every
+   cli -> langgraph -> runtime -> store -> backends -> log -> errors (README's
+   order, checked by :func:`test_the_ranks_follow_the_documented_layers`), and every
    module has a rank in :data:`RANKS`; a module imports only modules of a lower
    rank. That holds for imports inside functions and under ``TYPE_CHECKING`` too,
    so the import graph has no cycle at all: a lazy import may load an optional or
@@ -41,7 +42,6 @@ RANKS = {
     "durkv.payload": 11,            # commit-payload codec, shared by the log and the store
     "durkv.repairnotes": 11.5,      # repairs/<id>.json: a cut's durable witness (FORMAT 6a)
     "durkv.log": 12,
-    "durkv.channels": 13,           # kept for compatibility: re-exports durkv.payload
     # backends: append/read/scan of commit payloads
     "durkv.backends.base": 20,
     "durkv.backends.memory": 21,
@@ -77,10 +77,6 @@ RANKS = {
     "durkv.store.repair": 35,       # what a cut removed: the runs/threads in its bytes
     "durkv.store.store": 36,        # Store: the facade composing them
     "durkv.store": 37,              # the package: re-exports the public names
-    "durkv.records": 38,            # kept for compatibility: re-export durkv.store.records
-    "durkv.index": 38,              # ... and durkv.store.index
-    # langgraph: the checkpointer over the store
-    "durkv.langgraph_serde": 50,
     # runtime (kernel/runtime/): the run journal, over the store's public API
     "durkv.runtime.journal": 60,
     "durkv.runtime.tools": 60,
@@ -97,10 +93,12 @@ RANKS = {
     "durkv.runtime.graph_exec": 64.5,   # one execution: barrier, commit, pause
     "durkv.runtime.graph": 64.7,        # Graph (builder, checks) and App (run, resume, ...)
     "durkv.runtime": 65,            # RuntimeStore: the store with run/decide/resolve/runs
-    # facades: the package (durkv.open, durkv.tool, the errors) and durkv.langgraph
-    # (DurkvSaver, plus the runtime's step/tool re-exported: the public names)
+    # the package facade (durkv.open, durkv.tool, the errors): the runtime's door
     "durkv": 66,
-    "durkv.langgraph": 67,
+    # langgraph: the checkpointer (DurkvSaver) over the store, and the runtime's step/tool
+    # re-exported for LangGraph nodes: so it ranks above the runtime
+    "durkv.langgraph_serde": 67,
+    "durkv.langgraph": 68,
     # cli: the durkv command
     "durkv.cli.strict_json": 70,
     "durkv.cli.output": 71,
@@ -221,7 +219,7 @@ def test_imports_point_down():
     can hide a cycle (a cycle needs one import that does not point down)."""
     bad = [str(imp) for imp in ALL_IMPORTS
            if RANKS[imp.module] >= RANKS[imp.importer] and not _known(imp)]
-    assert not bad, ("imports that do not point down (cli -> runtime -> langgraph -> store -> "
+    assert not bad, ("imports that do not point down (cli -> langgraph -> runtime -> store -> "
                      "backends -> log -> errors; RANKS in tests/test_layers.py):\n"
                      + "\n".join(bad))
 
@@ -297,3 +295,86 @@ def test_the_durability_names_are_defined_once():
             if names <= consts:
                 found.append(f"{module}:{node.lineno}")
     assert not found, f"durability names listed outside durkv.durability: {found}"
+
+
+# -- private attributes: a module reads only its own (issue 16 item 6) -----------------------
+
+def _own_private_names(tree: ast.AST) -> set[str]:
+    """The private names a module defines: its functions, classes and class attributes,
+    the ``self._x``/``cls._x`` it assigns, and its module-level names."""
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Name):
+                        own.add(sub.id)
+                    elif isinstance(sub, ast.Attribute):
+                        own.add(sub.attr)
+    return {n for n in own if n.startswith("_") and not n.startswith("__")}
+
+
+def private_attribute_uses(folder: str) -> list[str]:
+    """``obj._name`` in the modules under ``folder`` where ``_name`` is not defined by the
+    module itself: a private member of another module's object, read or written across
+    the module line (the fix is a public, narrow interface on that object)."""
+    return [use for module, path in sorted(MODULES.items())
+            if path.is_relative_to(ROOT / folder)
+            for use in _foreign_private_attributes(module, path.read_text())]
+
+
+def _foreign_private_attributes(module: str, source: str) -> list[str]:
+    tree = ast.parse(source)
+    own = _own_private_names(tree)
+    return [f"{module}:{node.lineno} uses {ast.unparse(node)}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+            and not node.attr.startswith("__") and node.attr not in own]
+
+
+def test_no_private_attribute_crosses_a_module_in_backends_s3():
+    """livemerge drove S3Backend through 11 of its private attributes; it now goes
+    through the backend's narrow public interface (epoch, writing, merge_due,
+    durable_batches, batches_paused, adopt_manifest)."""
+    bad = private_attribute_uses("backends/s3")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_rule_finds_a_private_attribute_of_another_module():
+    """The check above can fail: a module reading ``b._seq`` it never defines is named,
+    its own ``self._own`` is not."""
+    src = "class M:\n    def __init__(self, b):\n        self._own = b._seq\n"
+    assert _foreign_private_attributes("m", src) == ["m:3 uses b._seq"]
+
+
+# -- the ranks follow the layers README documents (issue 16 item 5) --------------------------
+
+LAYER_OF = (  # module prefix -> layer (first match); README names the layers top to bottom
+    ("durkv.cli", "cli"), ("durkv.langgraph", "langgraph"), ("durkv.runtime", "runtime"),
+    ("durkv.store", "store"), ("durkv.serde", "store"), ("durkv._listprefix", "store"),
+    ("durkv.backends", "backends"), ("durkv.log", "log"), ("durkv.payload", "log"),
+    ("durkv.repairnotes", "log"), ("durkv._seglog", "log"), ("durkv.errors", "errors"),
+    ("durkv.durability", "errors"),
+)
+
+
+def _layer(module: str) -> str:
+    if module == "durkv":
+        return "runtime"        # the facade: durkv.open returns a RuntimeStore
+    return next(layer for prefix, layer in LAYER_OF
+                if module == prefix or module.startswith(prefix + ".")
+                or module.startswith(prefix + "_"))
+
+
+def test_the_ranks_follow_the_documented_layers():
+    readme = (ROOT / "README.md").read_text()
+    order = readme.split("imports point down\n")[1].split("(")[1].split(")")[0]
+    layers = [w.strip() for w in order.split("->")]
+    assert layers == ["cli", "langgraph", "runtime", "store", "backends", "log", "errors"], layers
+    assert {_layer(m) for m in RANKS} == set(layers)
+    for upper, lower in zip(layers, layers[1:]):
+        low_top = max(r for m, r in RANKS.items() if _layer(m) == lower)
+        up_bottom = min(r for m, r in RANKS.items() if _layer(m) == upper)
+        assert up_bottom > low_top, f"a {upper} module ranks at or below a {lower} module"

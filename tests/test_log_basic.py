@@ -13,11 +13,12 @@ import time
 import pytest
 from durkv.errors import (
     ConfigError, CorruptionError, LogFailedError, NotFoundError,
-    ReadOnlyError, StoreLockedError,
+    ReadOnlyError, StoreClosedError, StoreLockedError,
 )
-from durkv.log import (
-    DELTA, F_REFS, F_VALUE, FRAME_COMMIT, FRAME_DATA, FULL, SNAP, Entry, SegmentLog, decode_commit,
-    encode_commit, fault_inject, pack_ref, recover, resolve_channel, verify,
+from durkv.log import FRAME_COMMIT, FRAME_DATA, SegmentLog, fault_inject, recover, verify
+from durkv.payload import (
+    DELTA, F_REFS, F_VALUE, FULL, SNAP, Entry, decode_commit, encode_commit, pack_ref,
+    resolve_channel,
 )
 
 POLICIES = ["sync", "async", "exit"]
@@ -172,7 +173,7 @@ def test_errors(log_dir, tmp_path):
     log.close()
     assert log.closed
     log.close()
-    with pytest.raises(ConfigError):
+    with pytest.raises(StoreClosedError):
         log.append(b"x")
 
 

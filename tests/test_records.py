@@ -15,10 +15,10 @@ import msgpack
 import pytest
 
 import durkv
-from durkv import records as r
-from durkv.channels import decode_head, encode_commit
+from durkv.payload import decode_head, encode_commit
 from durkv.errors import CorruptionError
-from durkv.store import records as sr
+from durkv.store import records as r
+from storeinternals import append_frame, backend_of
 
 FIXTURE = Path(__file__).parent / "fixtures" / "v1-store"
 
@@ -48,7 +48,7 @@ CASES = [
      [11, "run-1", {"kind": "step", "n": 1}]),
     (r.JournalHead(r.K_COPY_JOURNAL, "run-1", b"opaque"), [12, "run-1", b"opaque"]),
     (r.DelJournalHead(r.K_DEL_JOURNAL, ["run-1", "run-2"]), [13, ["run-1", "run-2"]]),
-    (sr.RepairHead(sr.K_REPAIR, ["run-1", "run-2"], {"e": 20, "rep": "x"}),
+    (r.RepairHead(r.K_REPAIR, ["run-1", "run-2"], {"e": 20, "rep": "x"}),
      [14, ["run-1", "run-2"], {"e": 20, "rep": "x"}]),
 ]
 
@@ -77,7 +77,7 @@ def test_the_first_release_store_decodes_and_packs_back_byte_for_byte(tmp_path):
              r.K_DEL_JOURNAL: r.DelJournalHead}
     seen = set()
     with durkv.open(str(d), read_only=True) as s:
-        for lsn, payload in s._b.scan(s._b.start_lsn):
+        for lsn, payload in backend_of(s).scan(backend_of(s).start_lsn):
             h = r.read_head(payload, lsn)
             if h[0] not in typed:     # K_INDEX of version 1 (5 fields) is passed over on open
                 continue
@@ -124,8 +124,8 @@ def test_opening_a_store_with_a_short_record_is_a_corruption_error(tmp_path, hea
     """Replay took ``h[1]``.. of any head: a short one escaped as an IndexError."""
     path = str(tmp_path / "s.durkv")
     with durkv.open(path, index_every=0) as s:
-        s._append(encode_commit(msgpack.packb(head, use_bin_type=True), ()), "sync")
-        lsn = s._b.next_lsn - 1
+        append_frame(s, encode_commit(msgpack.packb(head, use_bin_type=True), ()), "sync")
+        lsn = backend_of(s).next_lsn - 1
     with pytest.raises(CorruptionError, match=f"frame {lsn} ") as ei:
         durkv.open(path, index_every=0)
     assert ei.value.context["lsn"] == lsn
@@ -136,12 +136,12 @@ def test_compaction_copies_the_fields_a_later_version_added(tmp_path):
     when this version compacts it (the typed head reads only its own fields)."""
     path = str(tmp_path / "s.durkv")
     with durkv.open(path, index_every=0) as s:
-        head = [r.K_CKPT, "t", "", "c1", None, s._dumps({"id": "c1"}),
-                s._dumps({}), {}, {}, "a later field"]
-        s._append(encode_commit(msgpack.packb(head, use_bin_type=True), ()), "sync")
+        head = [r.K_CKPT, "t", "", "c1", None, s.serde.dumps({"id": "c1"}),
+                s.serde.dumps({}), {}, {}, "a later field"]
+        append_frame(s, encode_commit(msgpack.packb(head, use_bin_type=True), ()), "sync")
     with durkv.open(path, index_every=0) as s:       # replayed: the index holds c1
         s.compact()
-        copies = [r.read_head(p, lsn) for lsn, p in s._b.scan(s._b.start_lsn)
+        copies = [r.read_head(p, lsn) for lsn, p in backend_of(s).scan(backend_of(s).start_lsn)
                   if r.read_head(p, lsn)[0] == r.K_COPY_CKPT]
         assert copies == [[r.K_COPY_CKPT, *head[1:]]]
         assert s.get("t", "", "c1").checkpoint == {"id": "c1"}

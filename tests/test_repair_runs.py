@@ -24,6 +24,7 @@ import durkv
 import durkv.log
 from durkv.cli.main import cli
 from durkv.store.records import K_REPAIR, read_head
+from storeinternals import backend_of, index_of
 
 CALLS: list[tuple[str, str]] = []
 
@@ -61,7 +62,7 @@ def _build(d) -> int:
         with s.run("late") as r:
             agent(r)
         s.put("t", "", "0001", checkpoint={}, metadata={}, values={"n": 1}, versions={"n": 1})
-        intent = s._index.ix.journals["victim"][2]     # RUN, STEP plan, INTENT pay
+        intent = index_of(s).ix.journals["victim"][2]     # RUN, STEP plan, INTENT pay
     CALLS.clear()
     seg, frame = lt.frame_at(d, intent)
     lt.flip_byte(seg.path, frame.offset + lt.FRAME_HDR + 3)
@@ -120,7 +121,7 @@ def test_the_repair_record_names_runs_and_threads(repaired):
         assert not [r for r in s.journal("early") if r.get("e") == 20]
         lsn = note["repair_lsn"]
     with durkv.open(str(d)) as s:        # recorded once: a reopen appends no other
-        assert [n for n, p in s._b.scan(0) if read_head(p, n)[0] == K_REPAIR] == [lsn]
+        assert [n for n, p in backend_of(s).scan(0) if read_head(p, n)[0] == K_REPAIR] == [lsn]
         assert [r["rep"] for r in s.journal("victim") if r.get("e") == 20] == [rid]
 
 
@@ -260,7 +261,7 @@ def test_a_langgraph_thread_touched_by_a_repair_holds_its_tools(tmp_path):
     with DurkvSaver.open(str(path)) as saver:
         assert g.compile(checkpointer=saver).invoke({"log": []}, cfg)["log"] == [10]
         s = saver.store
-        lsns = s._index.ix.journals["th-1"]
+        lsns = index_of(s).ix.journals["th-1"]
         intent = next(n for n, r in zip(lsns, s.journal("th-1")) if r.get("e") == 3)
     assert [c[0] for c in CALLS] == ["pay"]
     CALLS.clear()
@@ -285,7 +286,7 @@ def test_killed_between_the_record_and_the_note_records_it_again_as_one_repair(r
     note = repairnotes.read(str(d), rid)
     repairnotes.write(str(d), dict(note, state="cut"))    # the note as the kill left it
     with durkv.open(str(d)) as s:
-        assert len([n for n, p in s._b.scan(0) if read_head(p, n)[0] == K_REPAIR]) == 2
+        assert len([n for n, p in backend_of(s).scan(0) if read_head(p, n)[0] == K_REPAIR]) == 2
         assert s.acknowledge_repair("victim", by="ops") == [rid]
         with pytest.raises(durkv.InDoubtError, match=r"store.resolve\('late', '1'"):
             with s.run("late") as r:

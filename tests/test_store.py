@@ -8,8 +8,9 @@ import uuid
 import pytest
 
 import durkv
-from durkv.channels import DELTA, FULL, SNAP, decode_commit
+from durkv.payload import DELTA, FULL, SNAP, decode_commit
 from durkv.store import K_CKPT
+from storeinternals import backend_of, full_head, index_of
 
 
 
@@ -34,8 +35,8 @@ def agent_run(store, steps, *, thread="t", ns="", start=0, msgs=None, parent=Non
 
 
 def entry_kinds(store, cid, thread="t", ns=""):
-    lane = store._ix.lane(thread, ns)
-    payload = store._b.read(lane.lsns[lane.find(cid)])
+    lane = index_of(store).ix.lane(thread, ns)
+    payload = backend_of(store).read(lane.lsns[lane.find(cid)])
     return [e.kind for e in decode_commit(payload)[1]]
 
 
@@ -203,8 +204,8 @@ def test_unchanged_channels_carry_over_and_absent_channels_drop(url):
               parent_id="2")
         assert s.get("t", "", "2").values == {"a": 2, "b": [1]}
         assert s.get("t").values == {"b": [1]}
-        lane = s._ix.lane("t", "")
-        head2 = s._heads.load(s._b.read, lane.lsns[1])     # the full head, if a delta
+        lane = index_of(s).ix.lane("t", "")
+        head2 = full_head(s, lane.lsns[1])     # the full head, if a delta
         assert head2.kind == K_CKPT and head2.chans["b"][0] == lane.lsns[0]   # a ref, no copy
 
 
@@ -226,8 +227,8 @@ def test_a_copy_saved_whole_reads_back_its_own_values(url):
               versions={"a": 1, "b": 1, "c": 1}, all_values={"a": 1, "b": [1], "c": "k"})
         assert s.get("t", "", "3").values == two
         assert s.get("t", "", "4").values == {"a": 1, "b": [1], "c": "k"}
-        lane = s._ix.lane("t", "")
-        head3 = s._heads.load(s._b.read, lane.lsns[2])
+        lane = index_of(s).ix.lane("t", "")
+        head3 = full_head(s, lane.lsns[2])
         assert head3.chans["c"][0] == lane.lsns[0]          # same version as the base: a ref
     if url != "memory://":
         with durkv.open(url) as s:
@@ -296,9 +297,9 @@ def test_pending_writes_idempotency(url):
         s.put("t", "", "c", checkpoint={}, metadata={}, values={}, versions={})
         s.put_writes("t", "", "c", "task", [(0, "a", 1), (1, "b", 2)])
         s.put_writes("t", "", "c", "task", [(0, "a", 99), (1, "b", 98), (2, "c", 3)])
-        before = s._b.next_lsn
+        before = backend_of(s).next_lsn
         s.put_writes("t", "", "c", "task", [(0, "a", 99), (1, "b", 98), (2, "c", 3)])
-        assert s._b.next_lsn == before          # an identical retry appends nothing (xxh3)
+        assert backend_of(s).next_lsn == before          # an identical retry appends nothing (xxh3)
         s.put_writes("t", "", "c", "task", [(-1, "__error__", "e1")])
         s.put_writes("t", "", "c", "task", [(-1, "__error__", "e2")])     # special: overwrites
         s.put_writes("t", "", "c", "other", [(0, "a", "o")])
@@ -403,7 +404,7 @@ def test_compression_round_trip_and_magic_collision():
 
         s.put("t", "", "1", checkpoint={}, metadata={}, values={"l": [big, "s"], "v": big},
               versions={"l": 1, "v": 1})
-        payload = s._b.read(0)
+        payload = backend_of(s).read(0)
         assert len(payload) < 2000
         assert s.get("t", "", "1").values == {"l": [big, "s"], "v": big}
         s.put_writes("t", "", "1", "k", [(0, "w", big)])
@@ -452,7 +453,7 @@ def test_missing_thread_id(url):
 def test_unserializable_value_commits_nothing(url):
     with durkv.open(url) as s:
         s.put("t", "", "1", checkpoint={}, metadata={}, values={"a": [1]}, versions={"a": 1})
-        before = s._b.next_lsn
+        before = backend_of(s).next_lsn
         for bad in ({"a": [1, object()]}, {"a": object()}):
             with pytest.raises(durkv.SerializationError, match="'a'"):
                 s.put("t", "", "2", checkpoint={}, metadata={}, values=bad, versions={"a": 2})
@@ -463,7 +464,7 @@ def test_unserializable_value_commits_nothing(url):
         with pytest.raises(TypeError):          # SerializationError is a TypeError too
             s.put("new", "", "1", checkpoint={}, metadata={}, values={"a": object()},
                   versions={"a": 1})
-        assert s._b.next_lsn == before and s.threads() == ["t"]
+        assert backend_of(s).next_lsn == before and s.threads() == ["t"]
         s.put("t", "", "2", checkpoint={}, metadata={}, values={"a": [1, 2]}, versions={"a": 2})
         assert s.get("t").values == {"a": [1, 2]}
         assert s.get("t", "", "1").values == {"a": [1]}
@@ -571,12 +572,12 @@ def test_closed_store_refuses(url):
     s = durkv.open(url)
     s.close()
     s.close()
-    with pytest.raises(durkv.ConfigError, match="closed"):
+    with pytest.raises(durkv.StoreClosedError, match="closed; open it again"):
         s.get("t")
 
 
 def test_commit_codec_round_trip_and_strictness():
-    from durkv.channels import Entry, decode_commit, encode_commit
+    from durkv.payload import Entry, decode_commit, encode_commit
 
     entries = [Entry(FULL, [b"a", b"", b"bc"], 2), Entry(DELTA, [b"x"], 1, 3, 77, 1),
                Entry(SNAP, [b"\x01" * 12], 0)]
@@ -591,14 +592,14 @@ def test_commit_codec_round_trip_and_strictness():
 
 
 def test_local_read_channel_agrees_with_python(tmp_path):
-    from durkv.channels import resolve_channel
+    from durkv.payload import resolve_channel
 
     with durkv.open(str(tmp_path / "s"), snapshot_every=3) as s:
         agent_run(s, 10)
-        lane = s._ix.lane("t", "")
+        lane = index_of(s).ix.lane("t", "")
         for lsn in lane.lsns:
-            ref = s._heads.load(s._b.read, lsn).chans["msgs"]
-            assert s._b.read_channel(*ref) == resolve_channel(s._b.read, *ref)
+            ref = full_head(s, lsn).chans["msgs"]
+            assert backend_of(s).read_channel(*ref) == resolve_channel(backend_of(s).read, *ref)
         assert s.verify(deep=True).ok
 
 
@@ -705,3 +706,60 @@ def test_replaced_item_plus_append(mode):
         else:
             # the documented boundary of the O(1) check: the replacement is not seen
             assert entry_kinds(s, "2") == [DELTA] and texts[3] == "m3"
+
+
+# -- verify: one report shape for every backend (issue 16 item 6) ---------------------------
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_verify_is_one_report_type_on_every_backend(tmp_path, kind):
+    from durkv.backends.base import VerifyReport
+
+    url = str(tmp_path / "s.durkv") if kind == "local" else "memory://verify-shape"
+    with durkv.open(url) as s:
+        for i in range(3):
+            s.put("t", "", f"{i:04d}", checkpoint={}, metadata={}, values={"n": i},
+                  versions={"n": i})
+        for deep in (False, True):
+            report = s.verify(deep=deep)
+            assert type(report) is VerifyReport
+            assert report.ok and report.damage == () and report.url == url
+            assert report.frames == report.next_lsn - report.start_lsn >= 3
+            assert report.to_dict()["frames"] == report.frames
+        with pytest.raises(AttributeError):
+            report.ok = False       # frozen
+
+
+def test_verify_reports_damage_in_a_local_store(tmp_path):
+    import logtools as lt
+
+    path = tmp_path / "s.durkv"
+    with durkv.open(str(path)) as s:
+        for i in range(3):
+            s.put("t", "", f"{i:04d}", checkpoint={}, metadata={}, values={"n": i},
+                  versions={"n": i})
+    lt.append_garbage(lt.segment_files(path)[-1], 40)  # a torn tail: a reader opens it
+    with durkv.open(str(path), read_only=True) as s:
+        report = s.verify(deep=True)
+    assert not report.ok and report.damage
+    assert all(isinstance(line, str) and "@" in line for line in report.damage)
+
+
+def test_a_closed_handle_is_an_operational_error_on_every_layer(tmp_path):
+    """Not ConfigError (exit 2, "usage"): the call was right, the handle is gone."""
+    from durkv.backends import open_backend
+    from durkv.cli.output import EXIT_ERROR, exit_code_for
+    from durkv.log import SegmentLog
+
+    log = SegmentLog.open(str(tmp_path / "log.durkv"))
+    log.close()
+    mem = open_backend("memory://closed-handle")
+    mem.close()
+    s = durkv.open(str(tmp_path / "s.durkv"))
+    s.close()
+    for call in (lambda: log.append(b"x"), lambda: mem.append(b"\0" * 8),
+                 lambda: s.put("t", "", "1", checkpoint={}, metadata={}, values={},
+                               versions={})):
+        with pytest.raises(durkv.StoreClosedError, match="open it again") as err:
+            call()
+        assert not isinstance(err.value, durkv.ConfigError)
+        assert err.value.code == "store_closed" and exit_code_for(err.value) == EXIT_ERROR

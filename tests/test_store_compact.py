@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 import durkv
-from durkv.store import K_COMPACT_END, _head_of
+from durkv.store import K_COMPACT_END, read_head
+from storeinternals import backend_of, crash_store
 
 
 
@@ -49,23 +50,18 @@ def check(s, expect):
         assert [w.value for w in cp.writes] == [int(cid)]
 
 
-def crash_store(s):
-    """Abandon a store as a crash would (release the backend, keep what it wrote)."""
-    s._closed = True
-    s._b.close()
-
 
 def test_crash_before_end_keeps_old_data(url, monkeypatch):
     s = durkv.open(url, snapshot_every=3)
     expect = fill(s)
-    real = s._b.append
+    real = backend_of(s).append
 
     def append(payload, durability=None):
-        if _head_of(payload)[0] == K_COMPACT_END:
+        if read_head(payload)[0] == K_COMPACT_END:
             raise Crash
         return real(payload, durability)
 
-    monkeypatch.setattr(s._b, "append", append)
+    monkeypatch.setattr(backend_of(s), "append", append)
     with pytest.raises(Crash):
         s.compact()
     crash_store(s)
@@ -93,15 +89,15 @@ def test_crash_after_end_before_prefix_removal(url, monkeypatch):
     def remove_prefix(lsn):
         raise Crash
 
-    monkeypatch.setattr(s._b, "remove_prefix", remove_prefix)
+    monkeypatch.setattr(backend_of(s), "remove_prefix", remove_prefix)
     with pytest.raises(Crash):
         s.compact()
-    start_before = s._b.start_lsn
+    start_before = backend_of(s).start_lsn
     crash_store(s)
     monkeypatch.undo()
     with durkv.open(url, snapshot_every=3) as s:
         check(s, expect)                       # END is there: the copies are authoritative
-        assert s._b.start_lsn > start_before   # and the writer finished the prefix removal
+        assert backend_of(s).start_lsn > start_before   # and the writer finished the prefix removal
     with durkv.open(url, snapshot_every=3) as s:
         check(s, expect)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 
 import durkv
+from storeinternals import backend_of, lock_of
 
 
 def _lock_is_free(store) -> bool:
@@ -18,10 +19,10 @@ def _lock_is_free(store) -> bool:
     got = []
 
     def take() -> None:
-        ok = store._lock.acquire(timeout=5)
+        ok = lock_of(store).acquire(timeout=5)
         got.append(ok)
         if ok:
-            store._lock.release()
+            lock_of(store).release()
     t = threading.Thread(target=take)
     t.start()
     t.join()
@@ -30,7 +31,7 @@ def _lock_is_free(store) -> bool:
 
 def test_put_and_put_writes_wait_outside_the_store_lock(tmp_path):
     with durkv.open(f"file://{tmp_path}/s", durability="sync") as store:
-        backend = store._b
+        backend = backend_of(store)
         waits = []
         for name in ("wait_durable", "wait_written"):
             real = getattr(backend, name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 
 import durkv
+from storeinternals import backend_of, full_head, index_of
 
 
 
@@ -193,15 +194,15 @@ def test_values_match_get_and_history_reads_each_chain_once(url):
         loop = Loop(s, "t", expect)
         loop.run(300)
         calls = []
-        real = s._b.read_channel
+        real = backend_of(s).read_channel
 
         def counting(lsn, idx):
             calls.append((lsn, idx))
             return real(lsn, idx)
 
-        s._b.read_channel = counting
+        backend_of(s).read_channel = counting
         got = list(s.history("t"))
-        s._b.read_channel = real
+        backend_of(s).read_channel = real
         assert len(got) == 300
         for c in got:
             assert c.values == expect[("t", c.checkpoint_id)]["values"]
@@ -217,8 +218,8 @@ def test_values_match_get_and_history_reads_each_chain_once(url):
 
 
 def _refs(store, cid, thread="t"):
-    lane = store._ix.lane(thread, "")
-    return store._heads.load(store._b.read, lane.lsns[lane.find(cid)]).chans   # delta or not
+    lane = index_of(store).ix.lane(thread, "")
+    return full_head(store, lane.lsns[lane.find(cid)]).chans   # delta or not
 
 
 def test_mutating_a_yielded_value_does_not_leak_into_the_next(url):
@@ -285,10 +286,10 @@ def test_headers_only(url):
         s.put_writes("a", "", a.cid(3), "task", [(0, "msgs", 1)])
         full = list(s.history())
         calls = []
-        real = s._b.read_channel
-        s._b.read_channel = lambda *r: calls.append(r) or real(*r)
+        real = backend_of(s).read_channel
+        backend_of(s).read_channel = lambda *r: calls.append(r) or real(*r)
         heads = list(s.history(values=False))
-        s._b.read_channel = real
+        backend_of(s).read_channel = real
         assert not calls
         assert [(c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_id, c.checkpoint,
                  c.metadata, c.versions) for c in heads] == [

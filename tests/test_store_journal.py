@@ -18,10 +18,11 @@ import pytest
 import durkv
 from durkv.backends.local import LocalBackend
 from durkv.backends.memory import MemoryBackend
-from durkv.channels import encode_commit
-from durkv.records import K_INDEX
+from durkv.payload import encode_commit
+from durkv.store.records import K_INDEX
 
 import logtools as lt
+from storeinternals import backend_of, index_of
 
 
 def _fill(s, run, n, start=0):
@@ -66,10 +67,10 @@ def test_snapshot_restores_journals(url):
     with durkv.open(url, index_every=7) as s:
         _fill(s, "a", 40)
         _fill(s, "b", 3)
-        last = s._index_lsn
+        last = index_of(s).index_lsn
     assert last > 0
     with durkv.open(url) as s:
-        assert s._index_lsn >= last      # opened from a snapshot
+        assert index_of(s).index_lsn >= last      # opened from a snapshot
         assert _steps(s, "a") == list(range(40)) and _steps(s, "b") == [0, 1, 2]
 
 
@@ -77,8 +78,8 @@ def test_version_1_snapshot_is_passed_over(url):
     """An older durkv's snapshot knows no journals: trusting it would hide them."""
     with durkv.open(url, index_every=0) as s:
         _fill(s, "a", 4)
-        head = msgpack.packb([K_INDEX, 1, s._b.next_lsn, -1, []], use_bin_type=True)
-        s._b.append(encode_commit(head, ()), "sync")
+        head = msgpack.packb([K_INDEX, 1, backend_of(s).next_lsn, -1, []], use_bin_type=True)
+        backend_of(s).append(encode_commit(head, ()), "sync")
     with durkv.open(url, index_every=0) as s:
         assert _steps(s, "a") == [0, 1, 2, 3]
 
@@ -194,8 +195,8 @@ def test_concurrent_durable_records_share_fsyncs(tmp_path):
     path = str(tmp_path / "s.durkv")
     per, threads = 60, 8
     with durkv.open(path, durability="sync") as s:
-        first = s._b.next_lsn
-        syncs = s._b._log.commit_syncs
+        first = backend_of(s).next_lsn
+        syncs = backend_of(s)._log.commit_syncs
 
         def work(k):
             for i in range(per):
@@ -206,7 +207,7 @@ def test_concurrent_durable_records_share_fsyncs(tmp_path):
             t.start()
         for t in ts:
             t.join()
-        syncs = s._b._log.commit_syncs - syncs
+        syncs = backend_of(s)._log.commit_syncs - syncs
         for k in range(threads):
             assert [r["i"] for r in s.journal(f"run-{k}")] == list(range(per))
     n = per * threads

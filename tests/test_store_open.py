@@ -14,10 +14,11 @@ import pytest
 import durkv
 from durkv.backends.local import LocalBackend
 from durkv.backends.memory import MemoryBackend
-from durkv.channels import encode_commit
+from durkv.payload import encode_commit
 from durkv.errors import ConfigError
-from durkv.index import dump_index
-from durkv.store import K_COMPACT_END, K_INDEX, Store, _head_of, _packb
+from durkv.store.index import dump_index
+from durkv.store import K_COMPACT_END, K_INDEX, Store, read_head, pack_head
+from storeinternals import append_frame, backend_of, crash_store, index_of
 
 _names = itertools.count()
 
@@ -28,16 +29,11 @@ class Crash(Exception):
     pass
 
 
-def crash_store(s):
-    """Abandon a store as a crash would (release the backend, no close-time snapshot)."""
-    s._closed = True
-    s._b.close()
-
 
 def state(s):
     """Everything replay builds, structurally (materialized heads excluded: they are lazy)."""
-    shadow = None if s._shadow is None else (dump_index(s._shadow), s._shadow_begin)
-    return dump_index(s._ix), s._compacted_at, shadow, s._scan_pos
+    shadow = None if index_of(s).shadow is None else (dump_index(index_of(s).shadow), index_of(s).shadow_begin)
+    return dump_index(index_of(s).ix), index_of(s).compacted_at, shadow, index_of(s).scan_pos
 
 
 @contextmanager
@@ -51,7 +47,7 @@ def reader_states(url, monkeypatch):
     """(snapshot-based, full-replay) states of two read-only opens; asserts they are equal."""
     with durkv.open(url, read_only=True) as r:
         snap = state(r)
-        used = r._index_lsn
+        used = index_of(r).index_lsn
     with full_replay(monkeypatch), durkv.open(url, read_only=True) as r:
         full = state(r)
     assert snap == full
@@ -101,7 +97,7 @@ def test_equivalence_across_ops_and_reopens(url, monkeypatch):
     with durkv.open(url, index_every=7) as s:
         workload(s)
         live = state(s)
-        assert s._index_lsn >= 0                     # periodic snapshots were written
+        assert index_of(s).index_lsn >= 0                     # periodic snapshots were written
     snap, used = reader_states(url, monkeypatch)
     assert snap[0] == live[0]
     assert used >= 0
@@ -132,7 +128,7 @@ def test_compact_and_crash_mid_compaction(url, monkeypatch):
     with durkv.open(url, index_every=6) as s:
         workload(s)
         s.compact()
-        assert s._index_lsn == s._b.next_lsn - 1     # a snapshot right after END
+        assert index_of(s).index_lsn == backend_of(s).next_lsn - 1     # a snapshot right after END
         live = state(s)
     snap, used = reader_states(url, monkeypatch)
     assert snap[0] == live[0] and snap[1] >= 0
@@ -146,16 +142,16 @@ def test_compact_and_crash_mid_compaction(url, monkeypatch):
     # a snapshot, then BEGIN + copies and no END (a crash mid-compaction)
     s = durkv.open(url, index_every=6)
     workload(s, base=60)
-    s._write_index()
+    index_of(s).write_snapshot()
     live = state(s)
-    real = s._b.append
+    real = backend_of(s).append
 
     def append(payload, durability=None):
-        if _head_of(payload)[0] == K_COMPACT_END:
+        if read_head(payload)[0] == K_COMPACT_END:
             raise Crash
         return real(payload, durability)
 
-    monkeypatch.setattr(s._b, "append", append)
+    monkeypatch.setattr(backend_of(s), "append", append)
     with pytest.raises(Crash):
         s.compact()
     crash_store(s)
@@ -181,7 +177,7 @@ def test_crash_after_end_before_prefix_removal(url, monkeypatch):
     def remove_prefix(lsn):
         raise Crash
 
-    monkeypatch.setattr(s._b, "remove_prefix", remove_prefix)
+    monkeypatch.setattr(backend_of(s), "remove_prefix", remove_prefix)
     with pytest.raises(Crash):
         s.compact()
     crash_store(s)
@@ -214,7 +210,7 @@ def test_open_reads_only_the_frames_after_the_snapshot(url, monkeypatch):
         for i in range(300):
             put(s, "t", f"{i:05d}", i % 5)
     s = durkv.open(url, durability="exit", index_every=0)    # opens from the close snapshot
-    assert s._index_lsn == s._b.next_lsn - 1
+    assert index_of(s).index_lsn == backend_of(s).next_lsn - 1
     for i in range(300, 310):
         put(s, "t", f"{i:05d}", i % 5)
     live = state(s)
@@ -234,10 +230,10 @@ def test_no_snapshot_is_a_full_replay(url, monkeypatch):
     with durkv.open(url, index_every=0) as s:
         workload(s)
         live = state(s)
-        end = s._b.next_lsn
+        end = backend_of(s).next_lsn
     with durkv.open(url, read_only=True) as r:
-        assert r._index_lsn == r._b.start_lsn - 1
-        assert r._b.next_lsn == end                  # index_every=0 wrote nothing
+        assert index_of(r).index_lsn == backend_of(r).start_lsn - 1
+        assert backend_of(r).next_lsn == end                  # index_every=0 wrote nothing
         assert state(r)[:3] == live[:3]
 
 
@@ -245,18 +241,18 @@ def test_close_writes_a_snapshot_only_after_commits(url):
     with durkv.open(url) as s:
         put(s, "t", "0001", 1)
     with durkv.open(url) as s:
-        end = s._b.next_lsn
-        assert s._index_lsn == end - 1
+        end = backend_of(s).next_lsn
+        assert index_of(s).index_lsn == end - 1
     with durkv.open(url) as s:
-        assert s._b.next_lsn == end                  # nothing committed: no new snapshot
-        assert _head_of(s._b.read(end - 1))[0] == K_INDEX
+        assert backend_of(s).next_lsn == end                  # nothing committed: no new snapshot
+        assert read_head(backend_of(s).read(end - 1))[0] == K_INDEX
 
 
 def _bad_snapshots(s):
     """Append K_INDEX records that must all be rejected."""
-    good = s._index_lsn
-    lsn = s._b.next_lsn
-    ix = dump_index(s._ix)
+    good = index_of(s).index_lsn
+    lsn = backend_of(s).next_lsn
+    ix = dump_index(index_of(s).ix)
     bad = [
         [K_INDEX, 1, lsn - 5, -1, ix],                  # claims another LSN
         [K_INDEX, 99, lsn + 1, -1, ix],                 # unknown version
@@ -267,15 +263,15 @@ def _bad_snapshots(s):
         [K_INDEX, 1, lsn + 5, lsn + 9, ix],             # compacted_at from the future
     ]
     for h in bad:
-        s._append(encode_commit(_packb(h), ()), "exit")
-    s._append(encode_commit(b"\x95\x0a\xc1\xc1", ()), "exit")   # a head that does not decode
+        append_frame(s, encode_commit(pack_head(h), ()), "exit")
+    append_frame(s, encode_commit(b"\x95\x0a\xc1\xc1", ()), "exit")   # a head that does not decode
     return good
 
 
 def test_bad_snapshots_fall_back(url, monkeypatch):
     s = durkv.open(url, index_every=0)
     workload(s)
-    s._write_index()
+    index_of(s).write_snapshot()
     put(s, "a", "0777", 7)
     good = _bad_snapshots(s)
     live = state(s)[:2]
@@ -303,13 +299,13 @@ def test_corrupted_snapshot_bytes_fall_back(monkeypatch):
     try:
         s = durkv.open(url, index_every=4)
         workload(s)
-        s._write_index()
-        good = s._index_lsn
-        s._write_index()
-        newest = s._index_lsn
+        index_of(s).write_snapshot()
+        good = index_of(s).index_lsn
+        index_of(s).write_snapshot()
+        newest = index_of(s).index_lsn
         live = state(s)[:2]
         crash_store(s)
-        log = s._b._log
+        log = backend_of(s)._log
         p = bytearray(log.frames[newest - log.start])
         p[len(p) // 2] ^= 0xFF                       # flip a byte in the state
         p[-12:] = b"\xc1" * 12
@@ -346,6 +342,6 @@ def test_index_every_option():
         durkv.open("memory://", index_every=1.5)
     with durkv.open("memory://", index_every=1) as s:
         put(s, "t", "0001", 1)
-        assert _head_of(s._b.read(s._b.next_lsn - 1))[0] == K_INDEX
+        assert read_head(backend_of(s).read(backend_of(s).next_lsn - 1))[0] == K_INDEX
         put(s, "t", "0002", 2)
-        assert s._b.next_lsn == 4
+        assert backend_of(s).next_lsn == 4

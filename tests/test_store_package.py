@@ -14,22 +14,22 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import durkv
-import durkv.channels
-import durkv.index
+import durkv.log
 import durkv.payload
-import durkv.records
 import durkv.store
 from durkv.payload import decode_head
 from durkv.runtime import RuntimeStore
 from durkv.store import records as r
-from durkv.store.index import Lane
+from storeinternals import backend_of
 
 STORE_PACKAGE = Path(__file__).resolve().parent.parent / "kernel" / "store"
 
 
 def _frames(s):
-    return [(lsn, p) for lsn, p in s._b.scan(s._b.start_lsn)]
+    return [(lsn, p) for lsn, p in backend_of(s).scan(backend_of(s).start_lsn)]
 
 
 def test_the_writers_heads_are_their_typed_definitions(tmp_path):
@@ -76,13 +76,17 @@ def test_durkv_open_gives_the_runtime_verbs_without_patching_the_store():
         plain.close()
 
 
-def test_the_old_import_paths_are_the_same_objects():
-    for name in durkv.payload.__all__:
-        assert getattr(durkv.channels, name) is getattr(durkv.payload, name), name
-    assert durkv.records.CkptHead is r.CkptHead and durkv.records.read_head is r.read_head
-    assert durkv.records.K_INDEX == r.K_INDEX and durkv.records.Checkpoint is r.Checkpoint
-    assert durkv.index.Lane is Lane and durkv.index.dump_index is durkv.store.index.dump_index
-    assert durkv.store._head_of is r.read_head and durkv.store._packb is r.pack_head
+def test_the_pre_package_shims_are_gone():
+    """durkv.channels, durkv.records and durkv.index were re-exports kept after issue 8;
+    at 0.1 there is one import path per name (issue 16 item 4)."""
+    import importlib
+
+    for name in ("durkv.channels", "durkv.records", "durkv.index"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(name)
+    assert not hasattr(durkv.store, "_head_of") and not hasattr(durkv.store, "_packb")
+    for name in ("encode_commit", "decode_commit", "Entry", "resolve_channel"):
+        assert not hasattr(durkv.log, name), f"durkv.log re-exports {name}: import durkv.payload"
 
 
 def test_the_store_functions_are_short_stories():

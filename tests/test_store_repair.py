@@ -13,6 +13,7 @@ from durkv.errors import CorruptionError, NotFoundError
 from durkv.log import recover, verify
 
 import durkv
+from storeinternals import backend_of
 
 N = 40
 
@@ -51,7 +52,7 @@ def test_salvage_history_goes_past_a_missing_middle_segment(store_dir):
     lost = _lsn_range(d, 2)
     lt.segment_files(d)[2].unlink()
     with durkv.open(str(d), recovery="salvage") as s:
-        dmg = s._b._log.recovery_damage
+        dmg = backend_of(s)._log.recovery_damage
         assert dmg is not None and dmg.kind == "missing_segment"
         assert (dmg.lost_first_lsn, dmg.lost_last_lsn) == (lost[0], lost[-1])
         got = {cp.checkpoint_id: cp.values for cp in s.history("t")}
@@ -70,7 +71,7 @@ def test_store_with_missing_first_segment_salvage_then_recover(store_dir):
     with pytest.raises(CorruptionError):
         durkv.open(str(d))
     with durkv.open(str(d), recovery="salvage") as s:
-        dmg = s._b._log.recovery_damage
+        dmg = backend_of(s)._log.recovery_damage
         assert (dmg.kind, dmg.lost_first_lsn, dmg.lost_last_lsn) == \
             ("missing_segment", 0, first[-1])
         ids = [cp.checkpoint_id for cp in s.history("t", values=False)]

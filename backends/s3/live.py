@@ -18,15 +18,16 @@ import socket
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from email.utils import parsedate_to_datetime
 from typing import Any, Iterator
 from urllib.parse import parse_qs
 
-from durkv.backends.base import heads_array
+from durkv.backends.base import VerifyReport, heads_array
 from durkv.payload import resolve_channel
 from durkv.errors import (
     ConfigError, CorruptionError, DurkvError, FencedError, NotFoundError, ReadOnlyError,
-    StoreLockedError,
+    StoreClosedError, StoreLockedError,
 )
 from durkv.log import crc32c
 
@@ -104,22 +105,19 @@ class S3Backend:
                 True for _ in self.loc.list_keys(EPOCHS)):
             raise NotFoundError(f"no durkv store at {self.url}; open it for writing first",
                                 url=self.url)
-        self._threads: list[threading.Thread] = []
         self.merger: Merger | None = None
         if not read_only:
             self._acquire(takeover=bool(takeover) or
                           query.get("takeover", "0") in ("1", "true", "yes"))
             self.merger = Merger(self)
-            self._start(self.merger.run, "durkv-s3-merger")
+            self.merger.start()
             if durability == "async":
                 self._start(self._flush_loop, "durkv-s3-flusher")
             if self.lease_ms:
                 self._start(self._lease_loop, "durkv-s3-lease")
 
     def _start(self, target: Any, name: str) -> None:
-        t = threading.Thread(target=target, daemon=True, name=name)
-        t.start()
-        self._threads.append(t)
+        threading.Thread(target=target, daemon=True, name=name).start()
 
     # -- objects ------------------------------------------------------------------------
 
@@ -256,7 +254,7 @@ class S3Backend:
         """Adopt the current manifest, then apply the batches written after it."""
         for _ in range(8):
             try:
-                self._adopt_manifest()
+                self.adopt_manifest()
                 self._load_batches()
                 return
             except _Moved:
@@ -282,7 +280,10 @@ class S3Backend:
                               "while read", segment=self.loc.key(LIVE_MANIFESTS),
                               kind="missing_segment")
 
-    def _adopt_manifest(self, m: LiveManifest | None = None) -> None:
+    def adopt_manifest(self, m: LiveManifest | None = None) -> None:
+        """Make ``m`` (default: the newest in S3) this handle's manifest if it is newer:
+        its segments replace the batches it merged (the merger calls this after it
+        publishes one)."""
         m = m if m is not None else self.latest_manifest()
         with self._cond:
             if m.manifest_no <= self.manifest.manifest_no:
@@ -376,7 +377,7 @@ class S3Backend:
         if self.read_only:
             raise ReadOnlyError(f"{self.url} is open read-only; reopen without read_only=True")
         if self._closed:
-            raise ConfigError(f"{self.url} is closed")
+            raise StoreClosedError(f"{self.url} is closed; open it again")
         if self._failed is not None:
             raise self._failed
 
@@ -440,8 +441,48 @@ class S3Backend:
                 else:
                     self._failed = err      # fail closed: a PUT that may or may not be there
                 self._cond.notify_all()
-        if self.merger is not None and self._seq - self.manifest.next_batch >= self.merge_batches:
+        if self.merger is not None and self.merge_due():
             self.merger.wake()
+
+    # -- what the merger (livemerge.Merger) needs of its writer --------------------------
+
+    @property
+    def epoch(self) -> int:
+        """This writer's epoch: what its objects are tagged with and fenced by."""
+        return self._epoch
+
+    @property
+    def writing(self) -> bool:
+        """Open and not failed: the merger stops when this turns False."""
+        return self._failed is None and not self._closed
+
+    def merge_due(self) -> bool:
+        """``merge_batches`` batches or more are durable and not merged yet."""
+        return self._seq - self.manifest.next_batch >= self.merge_batches
+
+    def durable_batches(self, since: int) -> tuple[int, int, list[Piece]]:
+        """(the next batch number, the first LSN not durable, the batch pieces numbered
+        from ``since``), read together."""
+        with self._cond:
+            return (self._seq, self._durable,
+                    [p for p in self._pieces if since <= p.batch_no < self._seq])
+
+    @contextmanager
+    def batches_paused(self) -> Iterator[int]:
+        """No batch PUT of this handle while inside: waits for one in flight, then yields
+        the number the next batch will have (the merger checks that no other writer has
+        fenced it before it deletes)."""
+        with self._cond:
+            self._paused = True
+            while self._flushing:
+                self._cond.wait()
+            seq = self._seq
+        try:
+            yield seq
+        finally:
+            with self._cond:
+                self._paused = False
+                self._cond.notify_all()
 
     def _add_batch_locked(self, n: int, rel: str, tag: str, first: int, frames: list[bytes],
                           size: int) -> None:
@@ -514,7 +555,7 @@ class S3Backend:
                 if self.read_only:
                     self._load()
                 else:
-                    self._adopt_manifest()
+                    self.adopt_manifest()
         raise AssertionError("unreachable")
 
     def scan(self, from_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
@@ -551,7 +592,7 @@ class S3Backend:
         with self._cond:
             return sum(p.size for p in self._pieces)
 
-    def verify(self, deep: bool = False) -> dict:
+    def verify(self, deep: bool = False) -> VerifyReport:
         damage = []
         if deep:
             for p in list(self._pieces):
@@ -559,10 +600,11 @@ class S3Backend:
                     self.piece_frames(p)
                 except DurkvError as exc:
                     damage.append(str(exc))
-        return {"url": self.url, "frames": self.next_lsn - self.start_lsn,
-                "start_lsn": self.start_lsn, "objects": len(self._pieces),
-                "batches": self._seq, "writer_epoch": self._epoch or self._last_epoch,
-                "damage": damage}
+        return VerifyReport(url=self.url, ok=not damage, frames=self.next_lsn - self.start_lsn,
+                            start_lsn=self.start_lsn, next_lsn=self.next_lsn,
+                            damage=tuple(damage),
+                            details={"objects": len(self._pieces), "batches": self._seq,
+                                     "writer_epoch": self._epoch or self._last_epoch})
 
     def close(self) -> None:
         if self._closed:

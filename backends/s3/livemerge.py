@@ -43,8 +43,13 @@ class Merger:
         self._current = False
         self._swept = False                 # leftovers of earlier writers looked for
         self._batches: list[Piece] = []     # the batches the last _merged took
+        self._thread: threading.Thread | None = None
 
     # -- the thread ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, daemon=True, name="durkv-s3-merger")
+        self._thread.start()
 
     def wake(self) -> None:
         self._wake.set()
@@ -52,7 +57,7 @@ class Merger:
     def stop(self) -> None:
         self._stopped = True
         self._wake.set()
-        t = next((t for t in self.b._threads if t.name == "durkv-s3-merger"), None)
+        t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=60)
 
@@ -61,9 +66,9 @@ class Merger:
             self._wake.wait(timeout=1.0)
             self._wake.clear()
             b = self.b
-            if self._stopped or b._failed is not None or b._closed:
+            if self._stopped or not b.writing:
                 return
-            if b._seq - b.manifest.next_batch >= b.merge_batches:
+            if b.merge_due():
                 try:
                     self.merge()
                 except FencedError as exc:
@@ -83,18 +88,18 @@ class Merger:
         b = self.b
         while True:
             cur = b.manifest if self._current else b.latest_manifest()
-            if cur.writer_epoch > b._epoch:
-                raise FencedError(f"store {b.url}: writer epoch {b._epoch} was fenced "
+            if cur.writer_epoch > b.epoch:
+                raise FencedError(f"store {b.url}: writer epoch {b.epoch} was fenced "
                                   f"(manifest {cur.manifest_no} is writer epoch "
                                   f"{cur.writer_epoch}'s)", url=b.url)
-            b._adopt_manifest(cur)
+            b.adopt_manifest(cur)
             new = change(dataclasses.replace(cur, segments=list(cur.segments)))
             if new is None:
                 return cur, None
-            new.manifest_no, new.writer_epoch = cur.manifest_no + 1, b._epoch
+            new.manifest_no, new.writer_epoch = cur.manifest_no + 1, b.epoch
             if b.put(num_key(LIVE_MANIFESTS, new.manifest_no, ".json"), new.to_json(),
-                     {"durkv-epoch": str(b._epoch)}):
-                b._adopt_manifest(new)
+                     {"durkv-epoch": str(b.epoch)}):
+                b.adopt_manifest(new)
                 self._current = True
                 return cur, new
             self._current = False
@@ -113,9 +118,7 @@ class Merger:
 
     def _merged(self, cur: LiveManifest, force: bool) -> LiveManifest | None:
         b = self.b
-        with b._cond:
-            seq, durable = b._seq, b._durable
-            batches = [p for p in b._pieces if cur.next_batch <= p.batch_no < seq]
+        seq, durable, batches = b.durable_batches(cur.next_batch)
         self._batches = batches
         if seq <= cur.next_batch or (not force and seq - cur.next_batch < b.merge_batches):
             return None
@@ -146,7 +149,7 @@ class Merger:
         body = encode_batch(0, first, frames)
         rel = seg_key(first, first + len(frames))
         crc = crc32c(body)
-        if not b.put(rel, body, {"durkv-epoch": str(b._epoch), "durkv-crc32c": str(crc)}):
+        if not b.put(rel, body, {"durkv-epoch": str(b.epoch), "durkv-crc32c": str(crc)}):
             # the same range always gives the same bytes: a re-run finds its own object
             theirs = b.head(rel).get("Metadata", {}).get("durkv-crc32c")
             if theirs != str(crc):
@@ -224,22 +227,14 @@ class Merger:
             doomed += self._leftovers(new)
         if not doomed:
             return
-        with b._cond:           # no batch PUT of ours while the next number is checked
-            b._paused = True
-            while b._flushing:
-                b._cond.wait()
-            seq = b._seq
-        try:
-            b.head(num_key(WAL, seq, ".batch"))
-            fenced = True
-        except NoSuchKeyError:
-            fenced = False
-        finally:
-            with b._cond:
-                b._paused = False
-                b._cond.notify_all()
+        with b.batches_paused() as seq:     # no batch PUT of ours while it is checked
+            try:
+                b.head(num_key(WAL, seq, ".batch"))
+                fenced = True
+            except NoSuchKeyError:
+                fenced = False
         if fenced:
-            raise FencedError(f"store {b.url}: writer epoch {b._epoch} was fenced (batch {seq} "
+            raise FencedError(f"store {b.url}: writer epoch {b.epoch} was fenced (batch {seq} "
                               "exists); its merger stops", url=b.url)
         b.delete(sorted({rel for rel, _ in doomed}))
         self._swept = True

@@ -33,7 +33,3 @@ from .records import (  # noqa: F401 - the store's public types and record kinds
 from .store import Store, open_store
 
 __all__ = ["Store", "Checkpoint", "PendingWrite", "ChannelEntry", "open_store"]
-
-# the names the store's tests have always used for the head decoder and encoder
-_head_of = read_head
-_packb = pack_head

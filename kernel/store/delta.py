@@ -66,6 +66,7 @@ which encodes a put's channels and loads/reads that state; the writer
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .._listprefix import has_prefix, join_tagged
@@ -101,20 +102,18 @@ class ChanState:
         self.loaded = loaded        # False: only ref is known (load from the log on demand)
 
 
+@dataclass(slots=True, eq=False)
 class LaneHead:
     """The newest checkpoint of a lane, materialized (``Lane.head``): its ids, records,
     versions and the :class:`ChanState` of each channel with a value."""
 
-    __slots__ = ("cid", "lsn", "parent", "ckpt_b", "meta_b", "versions", "chans")
-
-    def __init__(self, cid, lsn, parent, ckpt_b, meta_b, versions, chans) -> None:
-        self.cid = cid
-        self.lsn = lsn
-        self.parent = parent
-        self.ckpt_b = ckpt_b
-        self.meta_b = meta_b
-        self.versions = versions
-        self.chans = chans
+    cid: str
+    lsn: int
+    parent: str | None
+    ckpt_b: bytes               # the serialized checkpoint and metadata, as stored
+    meta_b: bytes
+    versions: dict
+    chans: dict                 # channel -> ChanState
 
 
 def _match_writes(pend: list, raws: list) -> tuple[list, int]:

@@ -36,7 +36,8 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from .. import repairnotes
-from ..errors import ConfigError, ReadOnlyError
+from ..backends.base import VerifyReport
+from ..errors import ConfigError, ReadOnlyError, StoreClosedError
 from ..payload import Codec, encode_commit
 from ..serde import Serde, default_serde
 from .appender import Appender
@@ -135,9 +136,6 @@ class Store:
     def _replay(self) -> None:
         self._index.replay()
 
-    def _write_index(self) -> None:
-        self._index.write_snapshot()
-
     # -- several writers (FORMAT.md "Several writers") ---------------------------------------
 
     @contextmanager
@@ -200,24 +198,12 @@ class Store:
             return None
         return drivers.claim(self._path, kind, key)
 
-    def _append(self, payload: bytes, durability: str | None) -> int:
-        with self._writing():
-            return self._appender.append(payload, durability)
-
     # the store's options, each held once by the object that uses it (read-only: reopen the
     # store to change one)
     durability = property(lambda self: self._appender.durability)
     max_commit_bytes = property(lambda self: self._appender.max_commit_bytes)
     snapshot_every = property(lambda self: self._channels.snapshot_every)
     delta_check = property(lambda self: self._delta_check)
-
-    # the replay state, read as attributes of the store (tests and debugging)
-    _ix = property(lambda self: self._index.ix)
-    _shadow = property(lambda self: self._index.shadow)
-    _shadow_begin = property(lambda self: self._index.shadow_begin)
-    _compacted_at = property(lambda self: self._index.compacted_at)
-    _scan_pos = property(lambda self: self._index.scan_pos)
-    _index_lsn = property(lambda self: self._index.index_lsn)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -253,8 +239,16 @@ class Store:
                 self._closed = True
                 self._b.close()
 
-    def verify(self, deep: bool = False) -> Any:
-        """Check the stored bytes (local: the log's verify report)."""
+    def verify(self, deep: bool = False) -> VerifyReport:
+        """Check the stored bytes (``deep``: decode every frame and resolve its channel
+        references too): a :class:`durkv.backends.base.VerifyReport`, the same shape for
+        every backend.
+
+        >>> import durkv
+        >>> with durkv.open("memory://") as s:
+        ...     s.verify().ok
+        True
+        """
         return self._b.verify(deep)
 
     def refresh(self) -> None:
@@ -290,7 +284,7 @@ class Store:
                     f"({os.getpid()}) is a fork of it: a store handle is never used across "
                     "fork(); open the store again in this process (durkv.open after the "
                     "fork, e.g. in gunicorn's post_fork or a multiprocessing initializer)")
-            raise ConfigError(f"store {self.url} is closed; open it again with durkv.open()")
+            raise StoreClosedError(f"store {self.url} is closed; open it again with durkv.open()")
 
     def _disown(self) -> None:
         """In a forked child: closed for good, without a flush, a snapshot or a backend

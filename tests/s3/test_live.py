@@ -238,3 +238,16 @@ def test_run_journal_reads_back_after_reopen(s3_env, bucket):
     with durkv.open(url, read_only=True) as reader:
         assert [r["i"] for r in reader.journal("r")] == list(range(5))
         assert [r["i"] for r in reader.journal("other")] == [99]
+
+
+def test_verify_is_the_same_report_type_as_local(s3_env, bucket):
+    from durkv.backends.base import VerifyReport
+
+    url = f"s3://{bucket}/verified"
+    with durkv.open(url) as store:
+        for i in range(3):
+            put(store, i)
+        report = store.verify(deep=True)
+    assert type(report) is VerifyReport and report.ok and report.damage == ()
+    assert report.frames == report.next_lsn - report.start_lsn >= 3
+    assert report.details["objects"] >= 1
