@@ -54,6 +54,7 @@ RANKS = {
     "durkv.backends.s3.livecache": 21,
     "durkv.backends.s3.livemerge": 21,
     "durkv.backends.s3.live": 22,
+    "durkv.backends.s3.decisions": 22,  # decision objects (FORMAT.md 13)
     "durkv.backends.s3.restorer": 22,
     "durkv.backends.s3.liverestore": 23,
     "durkv.backends.s3.livearchive": 23,
@@ -86,6 +87,7 @@ RANKS = {
     "durkv.runtime.aio": 62,
     "durkv.runtime.repair": 62,     # the repair guard: touched runs, damage, acknowledge
     "durkv.runtime.run": 63,
+    "durkv.runtime.remote": 63.5,   # decide/resolve through S3 decision objects
     "durkv.runtime.control": 64,
     "durkv.runtime.langgraph_steps": 64,
     "durkv.runtime.graph_spec": 64,     # durkv.Graph: channels, reducers, Send, routing

@@ -42,7 +42,9 @@ from .livemerge import Merger
 __all__ = ["S3Backend", "encode_batch", "decode_batch"]
 
 _GATHER = 0.002     # seconds a group-commit leader waits for the committers it expects
-_OPTIONS = ("takeover", "endpoint_url", "region", "cache_dir", "merge_batches", "lease_ms")
+# the last two: decision objects (decisions.py, FORMAT.md section 13)
+_OPTIONS = ("takeover", "endpoint_url", "region", "cache_dir", "merge_batches", "lease_ms",
+            "decision_poll_ms", "decision_wait_ms")
 
 
 class _Moved(Exception):

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..store import Store, check_ids
+from . import remote
 from .control import decide, resolve, runs
 from .journal import JournalEntry, RunInfo
 from .run import NO_INPUT, Decision, Run, check_not_driven
@@ -50,6 +51,7 @@ class RuntimeStore(Store):
         Raises:
             RunConflictError, RunBusyError (a second driver in this process).
         """
+        remote.take(self, run_id)   # s3://: its pending decision objects first
         return Run(self, run_id, input, on_drift=on_drift, secret_input=secret_input,
                    clock=clock, sleep=sleep)
 
@@ -70,10 +72,17 @@ class RuntimeStore(Store):
         store = super().open(url, **options)
         try:
             record_pending(store)
+            remote.start(store)     # s3:// writers: take decision objects in (FORMAT.md 13)
         except BaseException:
             store.close()
             raise
         return store
+
+    def close(self) -> None:
+        """:meth:`durkv.store.Store.close`, after stopping an ``s3://`` writer's intake of
+        decision objects."""
+        remote.stop(self)
+        super().close()
 
     def runs(self) -> list[RunInfo]:
         """Every run with a journal and its status (see :func:`durkv.runtime.control.runs`);

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import (
     ConfigError, DecisionConflictError, FrameTooLargeError, NotFoundError, SerializationError,
 )
+from . import remote
 from .journal import E_DECISION, E_RESOLVE, RunInfo, fold
 from .run import Decision
 
@@ -65,6 +66,8 @@ def decide(store: Any, run_id: str, step_id: str, approved: bool, *, by: Any = N
     callers race: the check and the append are one step, and exactly one wins)."""
     if type(approved) is not bool:
         raise ConfigError(f"approved must be True or False, got {approved!r}")
+    if remote.on_s3(store):     # one writer: through a decision object (FORMAT.md 13)
+        return remote.decide(store, run_id, step_id, approved, by=by, note=note)
     with _store_lock(store):
         e = _entry(store, run_id, step_id, "approval")
         d = e.decision
@@ -97,6 +100,9 @@ def resolve(store: Any, run_id: str, step_id: str, *, done: bool, result: Any = 
     one raises :class:`durkv.DecisionConflictError`."""
     if type(done) is not bool:
         raise ConfigError(f"done must be True or False, got {done!r}")
+    if remote.on_s3(store):     # one writer: through a decision object (FORMAT.md 13)
+        return remote.resolve(store, run_id, step_id, done=done, result=result, by=by,
+                              note=note)
     rec: dict = {"e": E_RESOLVE, "t": time.time(), "s": step_id, "done": done,
                  "by": by, "note": note}
     if done:
