@@ -306,3 +306,77 @@ def test_live_langgraph_run_puts_and_bytes(benchmark, moto, bench_root):
     record(benchmark, f"live s3 LangGraph {n} supersteps: bytes stored / local store",
            ratio=ratio, target="<= 1.5x", ok=ratio <= 1.5, puts=counts["PutObject"],
            s3_bytes=s3_bytes, local_bytes=local_bytes, objects=objects)
+
+
+# ---- decisions from another machine (FORMAT.md section 13) -------------------------------------
+
+@pytest.mark.benchmark(group="s3-decisions")
+@pytest.mark.parametrize("poll_ms", [50, 200])
+def test_decision_round_trip_vs_its_raw_requests(benchmark, moto, poll_ms):
+    """``store.decide`` on a read-only handle while the writer (this process) holds the
+    store, against the plain requests an exchange cannot do without: the decider's PUT,
+    the writer's LIST and GET of it, its journal batch PUT, its ack PUT, the decider's
+    GET of the ack. The difference is the writer's poll (on average half of
+    ``decision_poll_ms``), the decider's GETs of the ack (20 ms doubling to 200 ms), its
+    read of the log first, and the journal fold on both sides."""
+    n = 5 if QUICK else 15
+    prefix = f"dec{next(_prefixes)}"
+    url = f"s3://bench/{prefix}?decision_poll_ms={poll_ms}"
+    seq = itertools.count()
+    body = b'{"format":"durkv-decision"}' + b" " * 400
+    import time
+
+    def raw_exchange():
+        k = f"rawd{prefix}/{next(seq):020d}"
+        moto.put_object(Bucket="bench", Key=k + ".json", Body=body, IfNoneMatch="*")
+        moto.list_objects_v2(Bucket="bench", Prefix=f"rawd{prefix}/")
+        moto.get_object(Bucket="bench", Key=k + ".json")["Body"].read()
+        moto.put_object(Bucket="bench", Key=k + ".batch", Body=body, IfNoneMatch="*")
+        moto.put_object(Bucket="bench", Key=k + ".ack.json", Body=body, IfNoneMatch="*")
+        moto.get_object(Bucket="bench", Key=k + ".ack.json")["Body"].read()
+
+    with durkv.open(url) as writer, durkv.open(url, read_only=True) as reader:
+        for i in range(2 * n + 2):
+            with writer.run(f"r{i}", input=i) as run:
+                run.approve("send", {"to": i})
+        runs = iter(range(2 * n + 2))
+        remote_t, raw_t, own_t = [], [], []
+
+        def remote_decide():
+            t0 = time.perf_counter()
+            assert reader.decide(f"r{next(runs)}", "0", True, by="bench").approved
+            remote_t.append(time.perf_counter() - t0)
+
+        def own_decide():
+            t0 = time.perf_counter()
+            assert writer.decide(f"r{next(runs)}", "0", False, by="bench").approved is False
+            own_t.append(time.perf_counter() - t0)
+
+        def raw():
+            t0 = time.perf_counter()
+            raw_exchange()
+            raw_t.append(time.perf_counter() - t0)
+
+        def rounds():
+            remote_decide()     # warm-up: the reader's first log read, the clients
+            raw()
+            remote_t.clear()
+            raw_t.clear()
+            for _ in range(n):
+                raw()
+                remote_decide()
+                own_decide()
+
+        benchmark.pedantic(rounds, rounds=1, iterations=1)
+    med = {k: statistics.median(v) * 1e3 for k, v in
+           (("remote", remote_t), ("raw", raw_t), ("own", own_t))}
+    p90 = sorted(remote_t)[int(0.9 * (len(remote_t) - 1))] * 1e3
+    bound = poll_ms + 2 * med["raw"]
+    print(f"\ndecision round trip, decision_poll_ms={poll_ms}: remote decide median "
+          f"{med['remote']:.1f} ms (p90 {p90:.1f}), the writer's own decide "
+          f"{med['own']:.1f} ms, the raw requests of one exchange {med['raw']:.1f} ms")
+    record(benchmark, f"s3 remote decide round trip / (poll {poll_ms} ms + 2x raw exchange)",
+           ratio=med["remote"] / bound, target="<= 1.0", ok=med["remote"] <= bound,
+           remote_ms=round(med["remote"], 1), remote_p90_ms=round(p90, 1),
+           own_decide_ms=round(med["own"], 1), raw_exchange_ms=round(med["raw"], 1),
+           poll_ms=poll_ms, decisions=n)

@@ -46,7 +46,8 @@ OPTIONS = ("decision_poll_ms", "decision_wait_ms")     # URL options (FORMAT.md 
 POLL_MS = 1000          # the writer's intake pass, in the background
 WAIT_MS = 60_000        # how long a decider waits for the writer's ack
 GRACE_S = 600           # an acknowledged pair is deleted once its ack is this old
-_FIRST_DELAY, _MAX_DELAY = 0.02, 0.2     # the decider's GETs of the ack
+_FIRST_DELAY, _MAX_DELAY = 0.01, 0.05    # the decider's GETs of the ack (cheap: ~1/s... 20/s)
+_WRITER_CHECK_S = 0.5   # no ack by then: is any writer open at all?
 
 # refusal codes an ack may carry, and the error each is on the decider's side
 _ERRORS: dict[str, type[DurkvError]] = {
@@ -268,9 +269,10 @@ class DecisionBox:
         exists: the ack; None if the wait ran out; ``{"gone": True}`` if the object and
         its ack were cleaned up meanwhile (the caller reads the journal again)."""
         ms = self.wait_ms if wait_ms is None else wait_ms
-        deadline = time.monotonic() + ms / 1000.0
+        start = time.monotonic()
+        deadline = start + ms / 1000.0
         nonces = {doc.get("nonce"), held.get("nonce")}
-        delay, polls = _FIRST_DELAY, 0
+        delay, polls, checked = _FIRST_DELAY, 0, False
         while True:
             ack = self.read_ack(held["run"], held["q"])
             if ack is not None:
@@ -278,10 +280,12 @@ class DecisionBox:
                     return ack
                 return {"gone": True}        # a later object's ack: ours was cleaned up
             polls += 1
-            if polls % 8 == 0 and not self.exists(held["run"], held["q"]):
+            if polls % 16 == 0 and not self.exists(held["run"], held["q"]):
                 return {"gone": True}
-            if polls == 1 and not self.writer_open():
-                return None     # no writer: the next one takes it in when it opens
+            if not checked and time.monotonic() > start + _WRITER_CHECK_S:
+                checked = True
+                if not self.writer_open():
+                    return None     # no writer: the next one takes it in when it opens
             if time.monotonic() + delay > deadline:
                 return None
             time.sleep(delay)

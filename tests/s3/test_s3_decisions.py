@@ -312,3 +312,41 @@ def test_with_no_writer_the_decision_stands_until_one_opens(s3_env, s3, bucket):
             assert [r["by"] for r in _decisions(writer, "r")] == ["alice"]
         assert reader.decide("r", "0", True).by == "alice"
     assert any(k.startswith("closed/" + DECISIONS) for k in keys(s3, bucket))
+
+
+def test_answered_pairs_are_cleaned_up_and_the_journal_then_decides(s3_env, s3, bucket,
+                                                                    monkeypatch):
+    from durkv.backends.s3 import decisions
+
+    monkeypatch.setattr(decisions, "GRACE_S", -1)      # every ack counts as old
+    url = f"s3://{bucket}/gc?decision_poll_ms=50"
+    with durkv.open(url) as writer, durkv.open(url, read_only=True) as reader:
+        with writer.run("r", input=1) as run:
+            run.approve("pay", {"eur": 10})
+        reader.refresh()
+        request = remote.request_of(fold("r", reader.journal("r")), "approval", "0")
+
+        def cleaned_up() -> None:
+            deadline = time.monotonic() + 20
+            while [k for k in keys(s3, bucket) if "/decisions/" in k]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+
+        assert reader.decide("r", "0", True, by="alice").approved
+        cleaned_up()
+        # the key is free again: a new object for the same request is answered from the
+        # journal (its first DECISION holds), and nothing more is recorded
+        box = DecisionBox(url)
+        for answer, ok in ((False, False), (True, True)):
+            doc = box.make(request, {"ok": answer}, by="bob", note=None, t=time.time())
+            assert box.submit(doc) is doc       # it won the free key
+            ack = box.wait(doc, doc, 20_000)
+            assert ack is not None and ack["ok"] is ok, ack
+            if ok:
+                assert ack["rec"]["by"] == "alice" and ack["lsn"] is None
+            else:
+                assert isinstance(ack_error(ack), durkv.DecisionConflictError)
+            cleaned_up()
+        with pytest.raises(durkv.DecisionConflictError):
+            reader.decide("r", "0", False)
+        assert [r["by"] for r in _decisions(writer, "r")] == ["alice"]
