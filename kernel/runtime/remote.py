@@ -12,6 +12,7 @@ opened, and its own ``decide`` goes through the same object. The object mechanic
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -88,10 +89,18 @@ def stop(store: Any) -> None:
 
 
 def take(store: Any, run_id: str) -> None:
-    """Before a run is opened on the writer: take that run's pending decisions in."""
+    """Before a run is opened on the writer: take that run's pending decisions in (not
+    from a running event loop, ``store.arun``: no request blocks the loop; the intake's
+    poll takes them in)."""
     intake = _intakes.get(store) if on_s3(store) else None
-    if intake is not None:
-        intake.run_pass(run_id)
+    if intake is None:
+        return
+    try:
+        asyncio.get_running_loop()
+        return
+    except RuntimeError:
+        pass
+    intake.run_pass(run_id)
 
 
 def take_in(store: Any, doc: dict) -> dict:
