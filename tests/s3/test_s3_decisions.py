@@ -350,3 +350,27 @@ def test_answered_pairs_are_cleaned_up_and_the_journal_then_decides(s3_env, s3, 
         with pytest.raises(durkv.DecisionConflictError):
             reader.decide("r", "0", False)
         assert [r["by"] for r in _decisions(writer, "r")] == ["alice"]
+
+
+def test_arun_lists_nothing_from_the_event_loop(s3_env, bucket, monkeypatch):
+    import asyncio
+
+    from durkv.backends.s3.decisions import Intake
+
+    url = f"s3://{bucket}/aio?decision_poll_ms=0"
+    passes = []
+    real = Intake.run_pass
+    monkeypatch.setattr(Intake, "run_pass",
+                        lambda self, run_id=None: passes.append(run_id) or real(self, run_id))
+    with durkv.open(url) as writer:
+        assert passes == [None]     # the pass at open
+        with writer.run("r", input=1):
+            pass
+        assert passes == [None, "r"]
+
+        async def main():
+            async with writer.arun("r", input=1):
+                pass
+
+        asyncio.run(main())
+        assert passes == [None, "r"]    # no request on the loop
