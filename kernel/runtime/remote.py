@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import (
     ApprovalMismatchError, BackendError, ConfigError, DecisionConflictError, DurkvError,
-    NotFoundError, SerializationError,
+    NotFoundError, SerializationError, StoreClosedError,
 )
 from .journal import E_DECISION, E_RESOLVE, RunState, fold
 from .run import Decision
@@ -70,7 +70,15 @@ def start(store: Any) -> None:
     from ..backends.s3.decisions import Intake
 
     epoch = int(store.verify().details.get("writer_epoch") or 0)    # no I/O when not deep
-    intake = Intake(_box(store), lambda doc: take_in(store, doc), store, lambda: epoch)
+    ref = weakref.ref(store)    # the intake's thread must not keep a dropped store alive
+
+    def take_one(doc: dict) -> dict:
+        alive = ref()
+        if alive is None:
+            raise StoreClosedError(f"{doc.get('run')!r}: the store was dropped")
+        return take_in(alive, doc)
+
+    intake = Intake(_box(store), take_one, store, lambda: epoch)
     with _guard:
         _intakes[store] = intake
     try:
