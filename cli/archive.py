@@ -8,10 +8,9 @@ usual ``AWS_ENDPOINT_URL``/``AWS_REGION`` variables.
 
 from __future__ import annotations
 
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -37,35 +36,6 @@ def endpoint_options(f):
     f = click.option("--endpoint-url", default=None, metavar="URL",
                      help="S3-compatible endpoint (default: AWS_ENDPOINT_URL[_S3] or AWS).")(f)
     return f
-
-
-class _Bar:
-    """A progress bar on stderr, only when stderr is a terminal and output is for humans."""
-
-    def __init__(self, label: str, enabled: bool) -> None:
-        self.label = label
-        self.enabled = enabled and sys.stderr.isatty()
-        self.bar: Any = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
-            self.bar.__enter__()
-        self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-
-
-def _with_bar(label: str, enabled: bool, fn: Callable[[Callable[[int, int], None]], Any]) -> Any:
-    bar = _Bar(label, enabled)
-    try:
-        return fn(bar)
-    finally:
-        bar.close()
 
 
 @click.command()
@@ -102,7 +72,7 @@ def archive(ctx: click.Context, store: str, url: str, seal: bool, compress: bool
     """
     ctx.meta[JSON_KEY] = as_json
     s3 = _s3()
-    res = _with_bar("archiving", not (quiet or as_json), lambda bar: s3.archive(
+    res = output.with_progress("archiving", not (quiet or as_json), lambda bar: s3.archive(
         store, url, seal=seal, encoding="zstd" if compress else "identity",
         endpoint_url=endpoint_url, region=region, progress=bar))
     if as_json:
@@ -162,7 +132,7 @@ def restore(ctx: click.Context, url: str, dest: Path, to_lsn: int | None, to_tim
     """
     ctx.meta[JSON_KEY] = as_json
     s3 = _s3()
-    plan, report = _with_bar("restoring", not (quiet or as_json or dry_run), lambda bar: s3.restore(
+    plan, report = output.with_progress("restoring", not (quiet or as_json or dry_run), lambda bar: s3.restore(
         url, dest, to_lsn=to_lsn, to_time=to_time, dry_run=dry_run, endpoint_url=endpoint_url,
         region=region, progress=bar))
     if as_json:

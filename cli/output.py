@@ -6,6 +6,9 @@ Every command follows the same habits (docs: README "Command line"):
   the result, or on an error ``{"error": code, "message": ..., "exit_code": n}``.
   Stored values JSON cannot hold are encoded by :mod:`durkv.cli.strict_json`.
   Messages, hints and the error line go to stderr.
+- Long work (verify, recover, compact, archive, restore, bench) shows a progress bar
+  on stderr when stderr is a terminal and the output is for humans: none when piped,
+  with ``--json``, or with ``-q`` (:func:`with_progress`).
 - An error is one line on stderr, ``error: <message>``, optionally followed by a
   ``Try: ...`` hint, and the exit code of :data:`EXIT_CODES`; no traceback unless
   ``durkv --debug``.
@@ -13,8 +16,9 @@ Every command follows the same habits (docs: README "Command line"):
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -149,3 +153,38 @@ def table(rows: list[tuple[str, ...]], headers: tuple[str, ...],
                  for i, (c, w) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+class ProgressBar:
+    """A progress callback ``bar(done, total)``: draws a bar on stderr, only when stderr
+    is a terminal and ``enabled`` (the command's output is for humans: no ``-q``, no
+    ``--json``). Piped or quiet, it is a no-op, so long work can always report to it."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label = label
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar: Any = None
+        self.done = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+            self.bar.__enter__()
+        self.bar.update(max(0, done - self.done))
+        self.done = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def with_progress(label: str, enabled: bool, fn: Callable[[ProgressBar], Any]) -> Any:
+    """``fn(bar)`` with a :class:`ProgressBar` that is closed however ``fn`` ends."""
+    bar = ProgressBar(label, enabled)
+    try:
+        return fn(bar)
+    finally:
+        bar.close()
