@@ -60,31 +60,41 @@ def need_matplotlib() -> None:
             from None
 
 
+LINESTYLES = {"sync": "-", "async": "--", "exit": ":"}
+
+
 def plot(rows: list[Row], path: Path) -> None:
-    """Two panels against N: steps/s and bytes on disk, one line per workload and policy."""
+    """Two panels against N: steps/s and bytes on disk. One colour per workload, one line
+    style per policy (sync solid, async dashed, exit dotted)."""
     import matplotlib
     matplotlib.use("Agg")               # files only: no display needed
     import matplotlib.pyplot as plt
 
-    series: dict[str, list[Row]] = {}
+    series: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
-        series.setdefault(f"{r.name} ({r.policy})", []).append(r)
-    fig, (speed, size) = plt.subplots(1, 2, figsize=(14, 6))
-    for label, rs in series.items():
+        series.setdefault((r.name, r.policy), []).append(r)
+    names = list(dict.fromkeys(r.name for r in rows))
+    colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(names)}
+    fig, (speed, size) = plt.subplots(1, 2, figsize=(15, 6))
+    for (name, policy), rs in series.items():
+        style = {"color": colours[name], "linestyle": LINESTYLES[policy], "marker": "o",
+                 "label": f"{name} ({policy})"}
         ns = [r.n for r in rs]
-        speed.plot(ns, [r.steps_per_s for r in rs], marker="o", label=label)
+        speed.plot(ns, [r.steps_per_s for r in rs], **style)
         if rs[0].bytes is not None:
-            size.plot(ns, [r.bytes for r in rs], marker="o", label=label)
+            size.plot(ns, [r.bytes for r in rs], **style)
+    sizes = sorted({r.n for r in rows})
     for ax, title in ((speed, "steps/s"), (size, "bytes on disk")):
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_xticks(sizes, [f"{n:,}" for n in sizes])
+        ax.minorticks_off()
         ax.set_xlabel("N (agent-loop steps)")
         ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-    speed.legend(fontsize=7)
-    size.legend(fontsize=7)
-    fig.suptitle(f"durkv bench: ~{MESSAGE_BYTES} B message per step")
-    fig.tight_layout()
+        ax.grid(True, which="major", alpha=0.3)
+    fig.legend(*speed.get_legend_handles_labels(), fontsize=8, loc="center right")
+    fig.suptitle(f"durkv bench: the agent loop, a ~{MESSAGE_BYTES} B message per step")
+    fig.tight_layout(rect=(0, 0, 0.82, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
