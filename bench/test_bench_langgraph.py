@@ -45,7 +45,6 @@ from langgraph.channels import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langchain_core.messages import AIMessage  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
-from langgraph.graph import END, START, StateGraph  # noqa: E402
 from langgraph.graph.message import add_messages  # noqa: E402
 from typing_extensions import TypedDict  # noqa: E402
 
@@ -342,17 +341,7 @@ def ai_message(i: int) -> AIMessage:
 
 
 def message_graph(n: int, msg: str):
-    if msg == "dict":
-        return agent_graph(n)
-
-    def agent(s) -> dict:
-        return {"n": s["n"] + 1, "messages": [ai_message(s["n"])]}
-
-    g = StateGraph(MessagesState)
-    g.add_node("agent", agent)
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < n else END)
-    return g
+    return agent_graph(n) if msg == "dict" else agent_graph(n, MessagesState, ai_message)
 
 
 RAW_N = (100, 200) if QUICK else (2000, 4000)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -98,10 +98,11 @@ class State(TypedDict):
     messages: Annotated[list, operator.add]
 
 
-def agent_graph(n: int, state: type = State) -> StateGraph:
-    """The agent loop: node ``agent`` adds message ``n`` and loops until N steps."""
+def agent_graph(n: int, state: type = State, make: Callable[[int], Any] = message
+                ) -> StateGraph:
+    """The agent loop: node ``agent`` adds message ``make(n)`` and loops until N steps."""
     def agent(s) -> dict:
-        return {"n": s["n"] + 1, "messages": [message(s["n"])]}
+        return {"n": s["n"] + 1, "messages": [make(s["n"])]}
 
     g = StateGraph(state)
     g.add_node("agent", agent)
