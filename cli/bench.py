@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from .. import __version__
+from ..durability import DURABILITIES
 from ..errors import ConfigError
 from . import output
 from .benchwork import MESSAGE_BYTES, Row, Workload, durkv_workloads, filesystem, measure
@@ -60,7 +61,7 @@ def need_matplotlib() -> None:
             from None
 
 
-LINESTYLES = {"sync": "-", "async": "--", "exit": ":"}
+LINESTYLES = dict(zip(DURABILITIES, ("-", "--", ":"), strict=True))  # sync solid...
 
 
 def plot(rows: list[Row], path: Path) -> None:
