@@ -137,14 +137,23 @@ def test_plot_without_matplotlib_is_one_line_and_exit_2(tmp_path, monkeypatch):
     assert err["exit_code"] == 2 and "pip install 'durkv[plot]'" in err["message"]
 
 
+def test_plot_into_a_missing_directory_is_refused_before_measuring(tmp_path):
+    png = tmp_path / "no-such-dir" / "bench.png"
+    result = CliRunner().invoke(cli, ["bench", "--plot", str(png), "--dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: --plot {png}: there is no directory")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_quiet_prints_nothing(tmp_path):
     result = CliRunner().invoke(cli, ["bench", "-q", "--steps", "3", "--dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert result.output == ""
 
 
-@pytest.mark.parametrize("steps", ["0", "ten", "5,-1", ","])
-def test_bad_steps_is_a_usage_error(steps):
-    result = CliRunner().invoke(cli, ["bench", "--steps", steps])
+@pytest.mark.parametrize("args", [["--steps", "0"], ["--steps", "ten"], ["--steps", "5,-1"],
+                                  ["--steps", ","], ["--dir", "/no/such/dir"]])
+def test_bad_arguments_are_usage_errors(args):
+    result = CliRunner().invoke(cli, ["bench", *args])
     assert result.exit_code == 2
-    assert "--steps" in result.output
+    assert args[0] in result.output
