@@ -1,4 +1,4 @@
-"""Helpers for the benchmark suites: the compiled C baseline and ratio records.
+"""Helpers for the benchmark suites: the C baseline and ratio records.
 
 Every benchmark that has a target stores ``{"target", "ratio", "ok"}`` in
 ``benchmark.extra_info`` (see :func:`record`), which ``bench/report.py`` turns
@@ -7,43 +7,26 @@ into the table of ratios vs targets.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import os
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
+from types import SimpleNamespace
 
-HERE = Path(__file__).parent
+from durkv.log import raw_write_loop
+
 QUICK = os.environ.get("DURKV_BENCH_QUICK") == "1"
 
 RESULTS: list[dict] = []          # printed by conftest's terminal summary
 
 
-def baseline():
-    """The C baseline (bench/baseline.c), compiled once with cffi and cached by source hash."""
-    src = (HERE / "baseline.c").read_text()
-    tag = hashlib.sha256(src.encode()).hexdigest()[:12]
-    modname = f"_durkv_baseline_{tag}"
-    cache = Path(os.environ.get("DURKV_BENCH_CACHE", Path(tempfile.gettempdir()) / "durkv-bench"))
-    cache.mkdir(parents=True, exist_ok=True)
-    if str(cache) not in sys.path:
-        sys.path.insert(0, str(cache))
-    try:
-        return importlib.import_module(modname)
-    except ImportError:
-        pass
-    from cffi import FFI
-
-    ffi = FFI()
-    ffi.cdef("int raw_fsync_loop(const char *path, int n, int size);\n"
-             "int raw_write_loop(const char *path, int n, int size);")
-    ffi.set_source(modname, src, extra_compile_args=["-O2"])
-    ffi.compile(tmpdir=str(cache), verbose=False)
-    importlib.invalidate_caches()
-    return importlib.import_module(modname)
+def baseline() -> SimpleNamespace:
+    """The C floor, the same loop ``durkv bench`` times (csrc/rawio.c, through
+    :func:`durkv.log.raw_write_loop`): ``raw_fsync_loop(path, n, size)`` is n x
+    (write + fdatasync), the floor under a sync commit; ``raw_write_loop(path, n, size)``
+    is n x write, the floor under an async one. Both raise OSError on a failed call."""
+    return SimpleNamespace(
+        raw_fsync_loop=lambda path, n, size: raw_write_loop(path, n, size, sync=True),
+        raw_write_loop=lambda path, n, size: raw_write_loop(path, n, size, sync=False))
 
 
 def median_time(fn, rounds: int) -> float:

@@ -13,8 +13,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def baseline():
-    """The compiled C baseline (raw_fsync_loop, raw_write_loop)."""
-    return benchlib.baseline().lib
+    """The C baseline (raw_fsync_loop, raw_write_loop)."""
+    return benchlib.baseline()
 
 
 @pytest.fixture(scope="session")

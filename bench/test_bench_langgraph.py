@@ -28,9 +28,7 @@ would cost. Env: DURKV_BENCH_N (default "500,2000"; quick "100"), DURKV_BENCH_QU
 from __future__ import annotations
 
 import itertools
-import operator
 import os
-import random
 import sqlite3
 import threading
 import time
@@ -47,11 +45,11 @@ from langgraph.channels import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langchain_core.messages import AIMessage  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
-from langgraph.graph import END, START, StateGraph  # noqa: E402
 from langgraph.graph.message import add_messages  # noqa: E402
-from nullsaver import NullSaver  # noqa: E402
 from typing_extensions import TypedDict  # noqa: E402
 
+from durkv.cli.benchgraph import NullSaver, agent_graph, cfg  # noqa: E402
+from durkv.cli.benchwork import message  # noqa: E402
 from durkv.langgraph import DurkvSaver  # noqa: E402
 from durkv.payload import decode_head  # noqa: E402
 
@@ -62,26 +60,6 @@ MODES = ("sync", "async", "exit")
 KINDS = ("sqlite", "memory", "null", "durkv")
 THREADS = 8
 N_THREADED = 50 if QUICK else 200
-_WORDS = ("agent tool call result plan step observe think answer retry search read write "
-          "file shell patch test pass fail error fix deploy review").split()
-
-
-def _text(seed: int) -> str:
-    rnd = random.Random(seed)
-    return " ".join(rnd.choice(_WORDS) for _ in range(200))[:1000]
-
-
-_TEXTS = [_text(i) for i in range(64)]
-
-
-def message(i: int) -> dict:
-    """A new ~1 KiB message dict (text-like, compresses about as well as chat text)."""
-    return {"role": "assistant", "id": f"msg-{i}", "content": _TEXTS[i % 64]}
-
-
-class State(TypedDict):
-    n: int
-    messages: Annotated[list, operator.add]
 
 
 def _extend(state: list, writes: list) -> list:
@@ -94,21 +72,6 @@ def _extend(state: list, writes: list) -> list:
 class DeltaState(TypedDict):
     n: int
     messages: Annotated[list, DeltaChannel(_extend)]
-
-
-def agent_graph(n: int, state=State):
-    def agent(s) -> dict:
-        return {"n": s["n"] + 1, "messages": [message(s["n"])]}
-
-    g = StateGraph(state)
-    g.add_node("agent", agent)
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < n else END)
-    return g
-
-
-def cfg(thread: str, n: int) -> dict:
-    return {"configurable": {"thread_id": thread}, "recursion_limit": n + 10}
 
 
 class Savers:
@@ -374,21 +337,11 @@ class MessagesState(TypedDict):
 
 
 def ai_message(i: int) -> AIMessage:
-    return AIMessage(content=_TEXTS[i % 64], id=f"msg-{i}")
+    return AIMessage(content=message(i)["content"], id=f"msg-{i}")
 
 
 def message_graph(n: int, msg: str):
-    if msg == "dict":
-        return agent_graph(n)
-
-    def agent(s) -> dict:
-        return {"n": s["n"] + 1, "messages": [ai_message(s["n"])]}
-
-    g = StateGraph(MessagesState)
-    g.add_node("agent", agent)
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < n else END)
-    return g
+    return agent_graph(n) if msg == "dict" else agent_graph(n, MessagesState, ai_message)
 
 
 RAW_N = (100, 200) if QUICK else (2000, 4000)

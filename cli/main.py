@@ -23,6 +23,7 @@ from .. import open as open_store
 from ..errors import CorruptionError, DurkvError
 from . import output, reports
 from .archive import archive, restore
+from .bench import bench
 from .browse import history, ls
 from .demo import demo
 from .journal_view import show   # browse.show plus the run journal
@@ -247,7 +248,7 @@ def _acknowledge(where: str, runs: tuple[str, ...], by: str | None, note: str | 
     return EXIT_OK
 
 
-for command in (ls, history, show, demo, archive, restore):
+for command in (ls, history, show, demo, archive, restore, bench):
     cli.add_command(command)
 
 

@@ -248,4 +248,9 @@ void dkv_free(void *p);
  * op: 1 write, 2 fdatasync, 3 directory fsync. n=0 disables. Process-wide. */
 int dkv_fault_inject(int op, int nth, int err);
 
+/* The floor under a commit (rawio.c): n x write(size) to path (created/truncated), each
+ * followed by fdatasync when do_sync. Plain system calls: no fault hook, not counted.
+ * DKV_EIO sets *errno_out; DKV_EINVAL for n < 0 or size < 1. */
+int dkv_raw_loop(const char *path, int n, int size, int do_sync, int *errno_out);
+
 #endif

@@ -876,9 +876,24 @@ def fault_inject(op: str | None, nth: int = 1, err: int = _errno.EIO) -> None:
         raise ConfigError(f"bad fault injection nth={nth}")
 
 
+def raw_write_loop(path: str | os.PathLike, n: int, size: int, *, sync: bool) -> None:
+    """The hardware floor under a commit: ``n`` writes of ``size`` bytes appended to
+    ``path`` (created or truncated), each fdatasync'd when ``sync``. No log, no framing,
+    no Python in the loop: what a ``sync`` (or, without ``sync``, an ``async``) commit is
+    measured against. Raises OSError if a write or fdatasync fails."""
+    if n < 0 or size < 1:
+        raise ConfigError(f"raw_write_loop needs n >= 0 and size >= 1; got n={n}, size={size}")
+    err = ffi.new("int *")
+    rc = lib.dkv_raw_loop(os.fsencode(path), n, size, 1 if sync else 0, err)
+    if rc == lib.DKV_ENOMEM:
+        raise MemoryError(f"raw_write_loop: no memory for a {size}-byte buffer")
+    if rc:
+        raise OSError(err[0], os.strerror(err[0]), os.fspath(path))
+
+
 __all__ = [
     "FRAME_DATA", "FRAME_COMMIT",
     "SegmentLog", "SegmentInfo", "Report", "SegmentReport", "Damage",
     "verify", "recover", "crc32c", "crc32c_portable", "crc32c_hw", "fault_inject",
-    "fdatasync_count",
+    "fdatasync_count", "raw_write_loop",
 ]

@@ -109,6 +109,9 @@ RANKS = {
     "durkv.cli.browse": 73,
     "durkv.cli.archive": 73,
     "durkv.cli.demo": 73,
+    "durkv.cli.benchwork": 71,      # durkv bench: the agent-loop workloads, the runner
+    "durkv.cli.benchgraph": 72,     # durkv bench: the loop as a LangGraph graph, NullSaver
+    "durkv.cli.bench": 73,
     "durkv.cli.journal_view": 74,
     "durkv.cli.main": 75,
     "durkv.cli": 76,
