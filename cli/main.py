@@ -26,6 +26,7 @@ from .archive import archive, restore
 from .browse import history, ls
 from .demo import demo
 from .journal_view import show   # browse.show plus the run journal
+from .operate import approve, journal, reject, resolve, runs
 from .output import EXIT_CORRUPT, EXIT_OK, JSON_KEY
 from .stores import log_dir, log_module
 
@@ -247,7 +248,8 @@ def _acknowledge(where: str, runs: tuple[str, ...], by: str | None, note: str | 
     return EXIT_OK
 
 
-for command in (ls, history, show, demo, archive, restore):
+for command in (ls, history, show, demo, archive, restore, runs, journal, approve, reject,
+                resolve):
     cli.add_command(command)
 
 

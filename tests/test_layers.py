@@ -110,6 +110,7 @@ RANKS = {
     "durkv.cli.archive": 73,
     "durkv.cli.demo": 73,
     "durkv.cli.journal_view": 74,
+    "durkv.cli.operate": 74.5,      # runs, journal, approve, reject, resolve
     "durkv.cli.main": 75,
     "durkv.cli": 76,
     "durkv.cli.__main__": 77,

@@ -12,28 +12,62 @@ threads, handles or processes -- exactly one is recorded and the other is refuse
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from . import remote
-from .journal import E_DECISION, E_RESOLVE, RunInfo, fold
+from .journal import E_DECISION, E_RESOLVE, RunInfo, RunState, fold
 from .remote import check_answer
+from .repair import mark_damaged
 from .run import Decision
 
-__all__ = ["runs", "decide", "resolve"]
+__all__ = ["runs", "run_info", "overview", "decide", "resolve"]
 
 
 def runs(store: Any) -> list[RunInfo]:
     """Every run with a journal and its status: ``running``, ``waiting`` (for approval,
     ``step`` says which), ``sleeping`` (``until``), ``in_doubt`` (``step``), ``finished``,
     ``failed`` (``message``)."""
+    return [_info(fold(rid, store.journal(rid))) for rid in store.journal_runs()]
+
+
+def run_info(store: Any, run_id: str) -> RunInfo | None:
+    """One run as :func:`runs` lists it (its journal alone is read); None: no journal."""
+    records = store.journal(run_id)
+    return _info(fold(run_id, records)) if records else None
+
+
+def _info(st: RunState) -> RunInfo:
+    return RunInfo(st.run_id, st.status or "running", st.until, st.status_step,
+                   len(st.order), st.message, st.created, st.updated)
+
+
+def overview(store: Any, status: str | None = None) -> list[dict]:
+    """Every run (of ``status``, if given) as ``durkv runs`` reports it: the fields of
+    :class:`RunInfo` (a damaged run marked, as ``store.runs()`` does), ``action`` -- the
+    name of the approval or tool call at ``step`` that a waiting or in-doubt run stands
+    on --, ``decided`` -- the answer recorded there since (``approved``, ``rejected``,
+    ``done``, ``not done``; the run acts on it when it next runs), else None -- and
+    ``bytes``, what its journal frames take in the log."""
+    states = [fold(rid, store.journal(rid)) for rid in store.journal_runs()]
     out = []
-    for rid in store.journal_runs():
-        st = fold(rid, store.journal(rid))
-        out.append(RunInfo(rid, st.status or "running", st.until, st.status_step,
-                           len(st.order), st.message, st.created, st.updated))
+    for st, info in zip(states, mark_damaged(store, [_info(st) for st in states])):
+        if status is not None and info.status != status:
+            continue
+        e = st.latest(info.step) if info.step is not None else None
+        d = None if e is None else (e.decision or e.resolved)
+        out.append(dict(dataclasses.asdict(info), action=None if e is None else e.name,
+                        decided=None if d is None else _answer_words(d),
+                        bytes=store.journal_bytes(info.run_id)))
     return out
+
+
+def _answer_words(rec: dict) -> str:
+    if rec.get("e") == E_DECISION:
+        return "approved" if rec.get("ok") else "rejected"
+    return "done" if rec.get("done") else "not done"
 
 
 def decide(store: Any, run_id: str, step_id: str, approved: bool, *, by: Any = None,

@@ -185,7 +185,8 @@ def check_answer(st: RunState, run_id: str, step_id: str, kind: str, answer: dic
     e = st.latest(step_id)
     if e is None or e.kind != want:
         have = "nothing" if e is None else f"a {e.kind} ({e.name!r})"
-        raise NotFoundError(f"run {run_id!r} has {have} at step {step_id!r}, not a {want}; "
+        raise NotFoundError(f"run {run_id!r} has {have} at step {step_id!r}, not "
+                            f"{'an' if want == 'approval' else 'a'} {want}; "
                             f"see `durkv journal STORE {run_id}` for its steps",
                             run_id=run_id, step_id=step_id)
     if fingerprint is not None and fingerprint != e.fp:
