@@ -187,46 +187,38 @@ _DECIDE_HELP = """
     1, DecisionConflictError), also when two operators race. Works while another
     process drives the run: it sees the decision at its next read of the journal.
     Refused in one line: no such run (exit 1), no approval at STEP (exit 1).
+    STORE is a store directory, or an s3://BUCKET/PREFIX store (its writer
+    journals the decision; exit 1 if none does within the wait).
 """
 
 
-@click.command("approve", help="Approve the approval a run waits for at STEP." + _DECIDE_HELP
-               + """
-    \b
-    Example:
+def _decision_command(name: str, approved: bool, summary: str, examples: str) -> Any:
+    """``durkv approve`` / ``durkv reject``: one command each, the same arguments."""
+
+    @click.command(name, help=f"{summary}{_DECIDE_HELP}\n    \b\n    Example:\n{examples}")
+    @STORE
+    @RUN
+    @STEP
+    @BY
+    @NOTE
+    @output.json_option
+    @click.pass_context
+    def command(ctx: click.Context, store: str, run_id: str, step_id: str, by: str | None,
+                note: str | None, as_json: bool) -> None:
+        _decide(ctx, store, run_id, step_id, approved, by, note, as_json)
+
+    return command
+
+
+approve = _decision_command("approve", True, "Approve the approval a run waits for at STEP.", """\
         durkv approve ./agent.durkv ticket-42 3 --by alice
         durkv approve ./agent.durkv ticket-42 3 --by alice --note "refund ok"
         durkv approve --json s3://bucket/agents ticket-42 3
-    """)
-@STORE
-@RUN
-@STEP
-@BY
-@NOTE
-@output.json_option
-@click.pass_context
-def approve(ctx: click.Context, store: str, run_id: str, step_id: str, by: str | None,
-            note: str | None, as_json: bool) -> None:
-    _decide(ctx, store, run_id, step_id, True, by, note, as_json)
-
-
-@click.command("reject", help="Reject the approval a run waits for at STEP." + _DECIDE_HELP
-               + """
-    \b
-    Example:
+""")
+reject = _decision_command("reject", False, "Reject the approval a run waits for at STEP.", """\
         durkv reject ./agent.durkv ticket-42 3 --by bob --note "amount too high"
         durkv reject --json ./agent.durkv ticket-42 3
-    """)
-@STORE
-@RUN
-@STEP
-@BY
-@NOTE
-@output.json_option
-@click.pass_context
-def reject(ctx: click.Context, store: str, run_id: str, step_id: str, by: str | None,
-           note: str | None, as_json: bool) -> None:
-    _decide(ctx, store, run_id, step_id, False, by, note, as_json)
+""")
 
 
 @click.command("resolve")
