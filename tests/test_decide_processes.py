@@ -101,6 +101,13 @@ def test_approve_and_reject_from_another_process_while_the_agent_waits(tmp_path)
     assert [d["ok"] for d in _decisions(path, "a")] == [True]
 
 
+def _decider(path: str) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, CHILD, "decider", path], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    return p
+
+
 def _wait_all(agent: subprocess.Popen, n: int) -> None:
     for _ in range(n):
         _expect(agent, "waiting")
@@ -114,14 +121,10 @@ def test_racing_deciders_in_two_processes_exactly_one_wins_and_the_run_acts_on_i
     durkv.open(path, durability=durability).close()
     runs = [f"r{i}" for i in range(rounds)]
     agent = _agent(path, outbox, runs)
-    deciders = [subprocess.Popen([sys.executable, CHILD, "decider", path],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    deciders = [_decider(path) for _ in range(2)]
     winners = {}
     try:
         _wait_all(agent, rounds)
-        for d in deciders:
-            assert d.stdout.readline().strip() == "ready", d.stderr.read()
         for i, rid in enumerate(runs):
             # decider 0 approves, 1 rejects; who is told first alternates
             order = (0, 1) if i % 2 else (1, 0)
@@ -167,12 +170,13 @@ def test_agent_killed_right_after_it_read_the_decision_the_resumed_run_acts_once
 
 
 def test_kills_at_random_moments_of_the_exchange_lose_and_repeat_nothing(tmp_path):
-    """Each round: the agent waits; a `durkv approve|reject` starts; after a random delay
-    the agent or the decider is SIGKILLed. A decider told success has its decision in
-    the journal; a killed one left one decision or none (then it is decided again);
-    a new agent finishes the run on the one recorded decision, with one effect."""
+    """Each round: the agent waits; a decider process (open, ready) is told to decide;
+    within the next few ms -- while it decides, or the agent reads the decision and acts
+    on it -- the agent or the decider is SIGKILLed. A decider told success has its
+    decision in the journal; a killed one left one decision or none (then it is decided
+    again); a new agent finishes the run on the one recorded decision, with one effect."""
     rnd = random.Random(19)
-    rounds = 40 if SLOW else 6
+    rounds = 60 if SLOW else 5
     path, outbox = str(tmp_path / "s.durkv"), tmp_path / "outbox"
     for i in range(rounds):
         rid = f"k{i}"
@@ -181,19 +185,20 @@ def test_kills_at_random_moments_of_the_exchange_lose_and_repeat_nothing(tmp_pat
         decider = None
         try:
             _expect(agent, "waiting")
-            decider = subprocess.Popen(
-                [sys.executable, "-m", "durkv.cli", "approve" if want else "reject", path,
-                 rid, "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            time.sleep(rnd.uniform(0, 0.4))     # python start-up is most of it
+            decider = _decider(path)
             victim = agent if i % 2 == 0 else decider
+            decider.stdin.write(f"{rid} 0 {'yes' if want else 'no'}\n")
+            decider.stdin.flush()
+            time.sleep(rnd.uniform(0, 0.008 if victim is agent else 0.003))
             victim.send_signal(signal.SIGKILL)
             victim.wait(30)
-            rc = decider.wait(60)
+            told = decider.stdout.readline()    # "" when the decider was killed first
         finally:
             _stop(agent, *(p for p in (decider,) if p is not None))
         recorded = _decisions(path, rid)
         assert len(recorded) <= 1
-        if rc == 0:
+        if told:
+            assert json.loads(told) == {"ok": True, "approved": want}
             assert [d["ok"] for d in recorded] == [want]
         if not recorded:
             assert _cli("approve" if want else "reject", path, rid, "0").returncode == 0
