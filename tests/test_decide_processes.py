@@ -268,3 +268,23 @@ def test_resolve_from_another_process_while_another_writes(tmp_path, done):
         with s.run("pay") as run:
             got = run.tool(charge, 5)
     assert (got, calls) == (({"id": "ch_1"}, []) if done else ({"id": "ch_2"}, ["pay:0"]))
+
+
+@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
+def test_a_decision_is_fdatasynced_before_decide_returns_under_every_policy(tmp_path,
+                                                                           durability):
+    from durkv.log import fdatasync_count
+
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path) as s, s.run("d") as run:
+        run.approve("send", 1)      # the run pauses: waiting
+    with durkv.open(path, durability=durability, index_every=0) as s:
+        log = s._b._log
+        before = fdatasync_count()
+        s.decide("d", "0", True)
+        (rec,) = [r for r in s.journal("d") if r.get("e") == E_DECISION]
+        assert fdatasync_count() > before
+        assert log.durable_lsn == log.next_lsn      # every frame, the DECISION's too
+        before = fdatasync_count()
+        assert s.decide("d", "0", True).decided_at == rec["t"]     # recorded: no new frame
+        assert fdatasync_count() == before
