@@ -11,6 +11,7 @@ through a decision object that its writer journals (FORMAT.md 13).
 from __future__ import annotations
 
 import json
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -168,16 +169,24 @@ def journal(ctx: click.Context, store: str, run_id: str, step: str | None, serde
 def _decide(ctx: click.Context, store: str, run_id: str, step_id: str, approved: bool,
             by: str | None, note: str | None, as_json: bool) -> None:
     ctx.meta[JSON_KEY] = as_json
+    started = time.time()
     with _deciding(store) as s:
         d = s.decide(run_id, step_id, approved, by=by, note=note)
+    # the same decision given before: decide returns the recorded one, with its time
+    earlier = d.decided_at is not None and d.decided_at < started
     doc = {"run_id": run_id, "step_id": step_id, "approved": d.approved, "by": d.by,
-           "note": d.note, "decided_at": d.decided_at}
+           "note": d.note, "decided_at": d.decided_at, "recorded_before": earlier}
     if as_json:
         output.emit_json(doc)
         return
     who = f" by {d.by}" if d.by is not None else ""
-    click.echo(f"run {run_id} step {step_id}: {'approved' if d.approved else 'rejected'}"
-               f"{who} at {_when(d.decided_at)}; the run acts on it at its next step")
+    what = "approved" if d.approved else "rejected"
+    if earlier:
+        click.echo(f"run {run_id} step {step_id}: already {what}{who} at "
+                   f"{_when(d.decided_at)}; that decision holds")
+    else:
+        click.echo(f"run {run_id} step {step_id}: {what}{who} at {_when(d.decided_at)}; "
+                   "the run acts on it at its next step")
 
 
 _DECIDE_HELP = """

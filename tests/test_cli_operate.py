@@ -171,8 +171,12 @@ def test_approve_then_the_same_again_then_the_other_way(store):
     assert r.exit_code == 0, r.output
     d = _json(r)
     assert (d["approved"], d["by"], d["note"]) == (True, "alice", "ok")
+    assert d["recorded_before"] is False
     again = _json(invoke("approve", "--json", store, "wait", "2", "--by", "bob"))
     assert (again["by"], again["decided_at"]) == ("alice", d["decided_at"])    # the recorded one
+    assert again["recorded_before"] is True
+    text = invoke("approve", store, "wait", "2").stdout
+    assert text.startswith("run wait step 2: already approved by alice at ")
     _refused(invoke("reject", store, "wait", "2"), 1, "already approved by 'alice'")
     r = invoke("reject", "--json", store, "wait", "2")
     assert r.exit_code == 1 and _json(r)["error"] == "decision_conflict"
