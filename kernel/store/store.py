@@ -575,7 +575,8 @@ class Store:
 
     def journal_bytes(self, run_id: str) -> int:
         """The bytes of the run's journal frames in the log (each frame's payload and its
-        24-byte frame header, FORMAT.md 3): what its records cost on disk."""
+        24-byte frame header, FORMAT.md 3): what its records cost on disk. Reads each
+        frame once: O(the run's records). (``s3://``: what they take in a segment.)"""
         with self._current():
             self._check_open()
             lsns = self._index.ix.journals.get(run_id) or ()
