@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from ..runtime.control import runs
+from ..runtime.control import run_info
 from ..runtime.view import describe
 from . import output, strict_json
 from .browse import ns_option, open_reader, serde_option
@@ -28,16 +28,27 @@ def _brief(value: Any, width: int) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def journal_doc(store: Any, run_id: str) -> dict[str, Any] | None:
-    """The run's status and journal entries as plain data (None: no journal)."""
-    if not store.journal_length(run_id):
+def journal_doc(store: Any, run_id: str, step: str | None = None) -> dict[str, Any] | None:
+    """The run's status and journal entries (only those of step id ``step``, if given)
+    as plain data; None: the run has no journal."""
+    info = run_info(store, run_id)
+    if info is None:
         return None
-    info = next(r for r in runs(store) if r.run_id == run_id)
-    return {"run": dataclasses.asdict(info),
-            "journal": [dataclasses.asdict(e) for e in describe(store, run_id)]}
+    entries = [dict(dataclasses.asdict(e), warnings=list(e.warnings))   # a list in JSON
+               for e in describe(store, run_id) if step is None or e.step_id == step]
+    return {"run": dataclasses.asdict(info), "journal": entries}
+
+
+def _versions(e: dict[str, Any]) -> str:
+    """``p=<prompt version>`` / ``t=<tool version>``, or ``-``."""
+    parts = [f"{k}={v}" for k, v in (("p", e["prompt_version"]), ("t", e["tool_version"]))
+             if v is not None]
+    return ",".join(parts) or "-"
 
 
 def print_journal(doc: dict[str, Any]) -> None:
+    """One line per durable call: step, kind, planned action, versions, state, retries,
+    and the approval, the error or the receipt."""
     run = doc["run"]
     where = f" (step {run['step']})" if run["step"] else ""
     until = f" until {run['until']:.3f}" if run["until"] else ""
@@ -45,15 +56,23 @@ def print_journal(doc: dict[str, Any]) -> None:
                f"{len(doc['journal'])} journal entries")
     if run["message"]:
         click.echo(f"  {run['message']}")
-    click.echo(f"  {'STEP':<10} {'KIND':<8} {'ACTION':<22} {'STATE':<9} {'TRIES':>5}  RESULT")
+    click.echo(f"  {'STEP':<10} {'KIND':<8} {'ACTION':<22} {'VERSIONS':<12} {'STATE':<9} "
+               f"{'TRIES':>5}  RESULT")
     for e in doc["journal"]:
         step = e["step_id"] + (f"#{e['generation']}" if e["generation"] else "")
         what = e["error_state"] or (e["approval_status"] if e["kind"] == "approval"
                                     else _brief(e["result_receipt"], 60))
         click.echo(f"  {step:<10} {e['kind']:<8} {e['planned_action'][:22]:<22} "
-                   f"{e['state']:<9} {e['retry_count']:>5}  {what}")
+                   f"{_versions(e)[:12]:<12} {e['state']:<9} {e['retry_count']:>5}  {what}")
         for w in e["warnings"]:
             click.echo(f"  {'':<10} warning: {w}")
+
+
+def print_entry(e: dict[str, Any]) -> None:
+    """One journal entry whole: every field on its own line, values as strict JSON."""
+    width = max(len(k) for k in e)
+    for k, v in e.items():
+        click.echo(f"{k + ':':<{width + 1}} {strict_json.dumps(v, separators=(', ', ': '))}")
 
 
 @click.command("show")

@@ -27,6 +27,7 @@ from .bench import bench
 from .browse import history, ls
 from .demo import demo
 from .journal_view import show   # browse.show plus the run journal
+from .operate import approve, journal, reject, resolve, runs
 from .output import EXIT_CORRUPT, EXIT_OK, JSON_KEY
 from .stores import log_dir, log_module
 
@@ -248,7 +249,8 @@ def _acknowledge(where: str, runs: tuple[str, ...], by: str | None, note: str | 
     return EXIT_OK
 
 
-for command in (ls, history, show, demo, archive, restore, bench):
+for command in (ls, history, show, demo, archive, restore, runs, journal, approve, reject,
+                resolve, bench):
     cli.add_command(command)
 
 

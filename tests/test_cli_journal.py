@@ -34,8 +34,9 @@ def test_show_prints_the_journal(tmp_path):
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[0] == "run ticket-42: waiting (step 2), 3 journal entries"
-    assert any(ln.split()[:4] == ["1", "tool", "send", "done"] for ln in lines)
-    assert any(ln.split()[:4] == ["2", "approval", "publish", "pending"] for ln in lines)
+    assert any(ln.split()[:5] == ["0", "step", "plan", "p=p7", "done"] for ln in lines)
+    assert any(ln.split()[:5] == ["1", "tool", "send", "t=2", "done"] for ln in lines)
+    assert any(ln.split()[:5] == ["2", "approval", "publish", "-", "pending"] for ln in lines)
 
 
 def test_show_json_and_checkpoint_with_journal(tmp_path):

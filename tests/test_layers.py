@@ -113,6 +113,7 @@ RANKS = {
     "durkv.cli.benchgraph": 72,     # durkv bench: the loop as a LangGraph graph, NullSaver
     "durkv.cli.bench": 73,
     "durkv.cli.journal_view": 74,
+    "durkv.cli.operate": 74.5,      # runs, journal, approve, reject, resolve
     "durkv.cli.main": 75,
     "durkv.cli": 76,
     "durkv.cli.__main__": 77,

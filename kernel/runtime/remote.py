@@ -26,7 +26,7 @@ from ..errors import (
 from .journal import E_DECISION, E_RESOLVE, RunState, fold
 from .run import Decision
 
-__all__ = ["on_s3", "decide", "resolve", "start", "stop", "take"]
+__all__ = ["on_s3", "decide", "resolve", "start", "stop", "take", "check_answer", "same_answer"]
 
 log = logging.getLogger("durkv")
 
@@ -129,13 +129,13 @@ def take_in(store: Any, doc: dict) -> dict:
         for r in records:       # 1. taken in before (the writer died before its ack)
             if r.get("dq") == q and r.get("e") in (E_DECISION, E_RESOLVE):
                 try:
-                    _same(kind, run_id, step_id, r, answer)
+                    same_answer(kind, run_id, step_id, r, answer)
                 except DecisionConflictError as exc:
                     return refusal(exc)
                 return {"ok": True, "lsn": None, "rec": _public(kind, r)}
         st = fold(run_id, records)
         try:            # 2. the request must be the one pending
-            recorded = _check(st, run_id, step_id, kind, answer, request=doc["request"])
+            recorded = check_answer(st, run_id, step_id, kind, answer, request=doc["request"])
         except DurkvError as exc:
             return refusal(exc)
         if recorded is not None:
@@ -173,16 +173,21 @@ def request_of(st: RunState, kind: str, step_id: str) -> list:
     return [kind, st.run_id, st.created, step_id, e.gen, e.started, attempt, e.fp]
 
 
-def _check(st: RunState, run_id: str, step_id: str, kind: str, answer: dict, *,
-           request: list | None = None, fingerprint: int | None = None) -> dict | None:
-    """Refuse an answer that does not fit the journal (typed errors, as control.py's);
-    the recorded answer when the same one is already there, else None (to record)."""
+def check_answer(st: RunState, run_id: str, step_id: str, kind: str, answer: dict, *,
+                 request: list | None = None, fingerprint: int | None = None) -> dict | None:
+    """Refuse an answer that does not fit the journal (typed errors; the one check of
+    every decide/resolve, here and in control.py); the recorded answer when the same one
+    is already there, else None (to record)."""
     want = "approval" if kind == "approval" else "tool"
+    if st.created is None and not st.entries:
+        raise NotFoundError(f"no run {run_id!r} in this store; `durkv runs STORE` lists its "
+                            "runs", run_id=run_id, step_id=step_id)
     e = st.latest(step_id)
     if e is None or e.kind != want:
         have = "nothing" if e is None else f"a {e.kind} ({e.name!r})"
-        raise NotFoundError(f"run {run_id!r} has {have} at step {step_id!r}, not a {want}; "
-                            f"see `durkv show STORE {run_id}` for its steps",
+        raise NotFoundError(f"run {run_id!r} has {have} at step {step_id!r}, not "
+                            f"{'an' if want == 'approval' else 'a'} {want}; "
+                            f"see `durkv journal STORE {run_id}` for its steps",
                             run_id=run_id, step_id=step_id)
     if fingerprint is not None and fingerprint != e.fp:
         raise ApprovalMismatchError(
@@ -205,11 +210,11 @@ def _check(st: RunState, run_id: str, step_id: str, kind: str, answer: dict, *,
                 run_id=run_id, step_id=step_id)
     if kind == "approval":
         if e.decision is not None:
-            _same(kind, run_id, step_id, e.decision, answer, e.name)
+            same_answer(kind, run_id, step_id, e.decision, answer, e.name)
             return e.decision
         return None
     if e.resolved is not None:
-        _same(kind, run_id, step_id, e.resolved, answer, e.name)
+        same_answer(kind, run_id, step_id, e.resolved, answer, e.name)
         return e.resolved
     if e.done:
         raise ConfigError(f"run {run_id!r} step {step_id}: tool {e.name!r} has a receipt; "
@@ -217,7 +222,7 @@ def _check(st: RunState, run_id: str, step_id: str, kind: str, answer: dict, *,
     return None
 
 
-def _same(kind: str, run_id: str, step_id: str, rec: dict, answer: dict,
+def same_answer(kind: str, run_id: str, step_id: str, rec: dict, answer: dict,
           name: str = "") -> None:
     """DecisionConflictError unless the recorded ``rec`` gives ``answer``."""
     if kind == "approval":
@@ -300,13 +305,14 @@ def _answer(store: Any, kind: str, run_id: str, step_id: str, answer: dict, by: 
             store.refresh()         # the writer's newest batches
         with _lock(store):
             st = fold(run_id, store.journal(run_id))
-            recorded = _check(st, run_id, step_id, kind, answer, fingerprint=fingerprint)
+            recorded = check_answer(st, run_id, step_id, kind, answer, fingerprint=fingerprint)
             if recorded is not None:
                 return _public(kind, recorded)
             doc = box.make(request_of(st, kind, step_id), wire, by=by, note=note, t=time.time())
             held = box.submit(doc)
             if held is not doc and held.get("answer") != wire:
-                _same(kind, run_id, step_id, _decoded(held), answer, st.latest(step_id).name)
+                same_answer(kind, run_id, step_id, _decoded(held), answer,
+                            st.latest(step_id).name)
                 # the same answer in other words (a result that encodes differently)
             if not store.read_only:     # the writer: take it in now
                 intake = _intakes.get(store)

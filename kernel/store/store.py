@@ -33,7 +33,7 @@ import os
 import threading
 import weakref
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .. import repairnotes
 from ..backends.base import VerifyReport
@@ -59,6 +59,7 @@ from .writer import Writer, check_put, check_writes
 
 __all__ = ["Store", "open_store"]
 
+FRAME_HEADER_BYTES = 24     # every frame's header in a segment (FORMAT.md section 3)
 _stores: weakref.WeakSet = weakref.WeakSet()     # every Store of this process (see below)
 
 
@@ -550,6 +551,36 @@ class Store:
         if wait and not defer:
             self._b.wait_durable(lsn)      # outside the lock: group commit
         return lsn
+
+    def append_journal_if(self, run_id: str,
+                          make: Callable[[list[dict]], dict | None]) -> int | None:
+        """Append the journal record ``make(records)`` returns, ``records`` being the run's
+        journal as it is at the moment of the append: the read, ``make``'s check and the
+        append are one step, across threads and (on a local store) across processes --
+        inside one write section, after catching up with every other process's frames.
+        ``make`` returns None to append nothing, or raises to refuse (nothing appended).
+        The record is fdatasync'd before this returns, whatever the store's policy.
+        Returns its LSN, or None. (``decide``/``resolve``: of two contradictory answers,
+        the second sees the first.)"""
+        if type(run_id) is not str or not run_id:
+            check_id("run_id", run_id)
+        with self._writing():
+            self._check_write()
+            rec = make(self.journal(run_id))
+            if rec is None:
+                return None
+            lsn = self._writer.append_journal(run_id, rec, True, self.durability)
+        self._b.wait_durable(lsn)      # outside the lock: group commit
+        return lsn
+
+    def journal_bytes(self, run_id: str) -> int:
+        """The bytes of the run's journal frames in the log (each frame's payload and its
+        24-byte frame header, FORMAT.md 3): what its records cost on disk. Reads each
+        frame once: O(the run's records). (``s3://``: what they take in a segment.)"""
+        with self._current():
+            self._check_open()
+            lsns = self._index.ix.journals.get(run_id) or ()
+            return sum(FRAME_HEADER_BYTES + len(self._b.read(lsn)) for lsn in lsns)
 
     def wait_journal(self, lsn: int) -> None:
         """Block until journal record ``lsn`` (and all before it) is fdatasync'd: the wait

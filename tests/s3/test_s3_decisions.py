@@ -225,7 +225,7 @@ def test_wrong_step_fingerprint_and_request_are_refused(s3_env, s3, bucket):
             reader.decide("r", "7", True)
         with pytest.raises(durkv.NotFoundError, match="not a tool"):
             reader.resolve("r", "0", done=False)
-        with pytest.raises(durkv.NotFoundError, match="has nothing"):
+        with pytest.raises(durkv.NotFoundError, match="no run 'no-such-run' in this store"):
             reader.decide("no-such-run", "0", True)
         fp = fold("r", reader.journal("r")).latest("0").fp
         with pytest.raises(durkv.ApprovalMismatchError, match="fingerprint"):
