@@ -26,6 +26,7 @@ from .archive import archive, restore
 from .browse import history, ls
 from .demo import demo
 from .journal_view import show   # browse.show plus the run journal
+from .maint import compact, stats
 from .output import EXIT_CORRUPT, EXIT_OK, JSON_KEY
 from .stores import log_dir, log_module
 
@@ -93,7 +94,8 @@ def verify(ctx: click.Context, path: Path, deep: bool, as_json: bool, quiet: boo
     ctx.meta[JSON_KEY] = as_json
     where = log_dir(path)
     log = log_module()
-    report = log.verify(where, deep=deep)
+    report = output.with_progress("verifying", not (quiet or as_json), lambda bar: log.verify(
+        where, deep=deep, progress=bar))
     clean = reports.is_clean(report)
     if as_json:
         output.emit_json(report.to_dict())
@@ -165,7 +167,8 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
     skip_hint = reports.skip_corrupt_hint(where)
     before = _quarantine(where)
     try:
-        report = log.recover(where, skip_corrupt=skip_corrupt, dry_run=dry_run)
+        report = output.with_progress("recovering", not (quiet or as_json), lambda bar: (
+            log.recover(where, skip_corrupt=skip_corrupt, dry_run=dry_run, progress=bar)))
     except CorruptionError as exc:
         ctx.exit(output.report_error(ctx, exc, hint=None if skip_corrupt else skip_hint))
     # The log refuses by raising (above); report.ok is False whenever it found damage, even
@@ -247,7 +250,7 @@ def _acknowledge(where: str, runs: tuple[str, ...], by: str | None, note: str | 
     return EXIT_OK
 
 
-for command in (ls, history, show, demo, archive, restore):
+for command in (ls, history, show, demo, archive, restore, compact, stats):
     cli.add_command(command)
 
 

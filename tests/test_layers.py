@@ -110,6 +110,7 @@ RANKS = {
     "durkv.cli.browse": 73,
     "durkv.cli.archive": 73,
     "durkv.cli.demo": 73,
+    "durkv.cli.maint": 73,          # compact, stats
     "durkv.cli.journal_view": 74,
     "durkv.cli.main": 75,
     "durkv.cli": 76,

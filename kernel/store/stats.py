@@ -223,9 +223,10 @@ def disk_usage(path: str, st: StoreStats) -> None:
 
 
 def collect(backend: Any, index: LogIndex, heads: CkptHeads, url: str, path: str | None,
-            progress: Progress | None = None) -> StoreStats:
+            progress: Progress | None = None, whole_values: bool = True) -> StoreStats:
     """The statistics of the store over ``backend`` whose index is ``index`` (``path``:
-    a local store's directory, else None), at the log's tail when it starts."""
+    a local store's directory, else None), at the log's tail when it starts;
+    ``whole_values=False`` skips pass 3 (its figures stay 0)."""
     st = StoreStats(url=url, segment_bytes=backend.size_bytes())
     if path is not None:
         disk_usage(path, st)
@@ -233,8 +234,9 @@ def collect(backend: Any, index: LogIndex, heads: CkptHeads, url: str, path: str
         st.bytes_on_disk = st.segment_bytes
     count_live(index, st)
     start, end = backend.start_lsn, backend.next_lsn
-    tick = _Ticker(progress, (end - start) + st.checkpoints)
+    tick = _Ticker(progress, (end - start) + (st.checkpoints if whole_values else 0))
     scan(backend, st, start, end, tick)
-    whole_sizes(backend, index, heads, st, tick)
+    if whole_values:
+        whole_sizes(backend, index, heads, st, tick)
     tick.finish()
     return st

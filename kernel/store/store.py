@@ -652,10 +652,13 @@ class Store:
                 if self._shared and alone is not None:
                     alone(False)
 
-    def stats(self, progress: Callable[[int, int], None] | None = None) -> StoreStats:
+    def stats(self, progress: Callable[[int, int], None] | None = None, *,
+              whole_values: bool = True) -> StoreStats:
         """What the store holds and where its bytes go (:mod:`durkv.store.stats`): one
-        scan of the log. Works on a read-only handle alongside a writer (the figures are
-        those of the log's tail when it starts). ``progress(done, total)`` as it goes.
+        scan of the log, then (``whole_values``) what every live checkpoint's channel
+        values would take stored whole. Works on a read-only handle alongside a writer
+        (the figures are those of the log's tail when it starts). ``progress(done,
+        total)`` as it goes.
 
         >>> import durkv
         >>> with durkv.open("memory://") as s:
@@ -668,7 +671,7 @@ class Store:
         with self._current():
             self._check_open()
             return collect_stats(self._b, self._index, self._heads, self.url, self._path,
-                                 progress)
+                                 progress, whole_values)
 
     def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:
         """Archive this (local) store's sealed segments to ``s3://bucket/prefix``; with
