@@ -36,9 +36,19 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 class DurkvGroup(click.Group):
     """A click group that turns every durkv error into one line and its exit code."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # a usage error is found before the command runs: remember --json for it
+        ctx.meta[JSON_KEY] = "--json" in args
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            if ctx.meta.get(JSON_KEY):      # --json: stdout holds JSON even then
+                output.emit_json({"error": "usage", "message": exc.format_message(),
+                                  "exit_code": output.EXIT_USAGE})
+            raise                           # click prints the usage and exits 2
         except BrokenPipeError:
             # stdout was closed early (`durkv history ... | head`): stop quietly, and keep
             # Python's exit-time flush of stdout from failing again.
