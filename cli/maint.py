@@ -55,7 +55,7 @@ def compact(ctx: click.Context, store: str, as_json: bool, quiet: bool) -> None:
     gone from STORE afterwards (PATH/quarantine/, which only `durkv recover`
     fills, is left as it is). Every other thread reads exactly as before. A crash
     at any point loses nothing: the old records stay authoritative until the
-    copies are complete and durable (docs/GUARANTEES.md 20).
+    copies are complete and durable (docs/GUARANTEES.md, "Compaction").
 
     It needs the store to itself: while another process has it open to write
     (a running agent), it refuses and changes nothing. Readers may stay.

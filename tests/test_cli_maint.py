@@ -109,7 +109,7 @@ def test_compact_removes_a_deleted_threads_bytes_and_keeps_every_other_thread(tm
     assert "dropped: 40 checkpoint record(s), 40 pending-write record(s)" in result.stdout
     assert "kept: 3 thread(s), 120 checkpoint(s), 120 pending-write record(s)" in result.stdout
 
-    # GUARANTEES 20: the deleted thread's bytes are in no file of the store (quarantine is
+    # GUARANTEES "Compaction": the deleted thread's bytes are in no file of the store (quarantine is
     # not touched by compact, and this store has none)
     assert not (d / "quarantine").exists()
     assert files_holding(d, MARKER.encode(), skip_quarantine=False) == []
@@ -177,6 +177,25 @@ def test_compact_refuses_while_another_process_writes(tmp_path):
     finally:
         holder.communicate("\n", timeout=30)
     assert run("compact", "-q", d).exit_code == 0      # alone now
+
+
+def test_a_reader_follows_the_store_across_two_compactions(tmp_path):
+    """A read-only handle open across two `durkv compact` runs sees the compacted store
+    (the deleted thread gone, the others the same) at its next read, not its old view:
+    the segments it knew were all unlinked, so its log is mapped again."""
+    d = tmp_path / "agent.durkv"
+    fill(d, threads=3, steps=10)
+    expect = snapshot(d, skip="t1")
+    with durkv.open(str(d), read_only=True) as reader:
+        assert reader.threads() == ["t0", "t1", "t2"]
+        assert run("compact", "-q", d).exit_code == 0
+        with durkv.open(str(d)) as s:
+            s.delete_thread("t1")
+        assert run("compact", "-q", d).exit_code == 0
+        assert reader.threads() == ["t0", "t2"]
+        for (t, cid), (values, *_rest) in expect.items():
+            if t != "journal":
+                assert reader.get(t, "", cid).values == values
 
 
 def test_compact_and_stats_refuse_a_missing_store_without_creating_it(tmp_path):
@@ -380,7 +399,7 @@ def _kill_inside_compaction(d: Path, delay: float) -> bool:
 
 
 def test_sigkill_during_compact_loses_nothing(tmp_path):
-    """`durkv compact` killed at random moments of its compaction (GUARANTEES 20): every
+    """`durkv compact` killed at random moments of its compaction (GUARANTEES "Compaction"): every
     thread reads as before, verify is clean, and a last compaction still removes the
     deleted thread's bytes."""
     rnd = random.Random(19)
