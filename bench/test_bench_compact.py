@@ -9,7 +9,8 @@
 | stats             | Store.stats() of the same store (read-only), vs the copy   | (recorded)   |
 
 Workload: N threads x 100 checkpoints, each a growing message list (one ~300-byte
-message per step, delta-encoded) with one pending write; then every other thread is
+message per step, delta-encoded) after the pending write that hands it the message (as
+LangGraph does: the checkpoint refers to the write's items); then every other thread is
 deleted. N = 100 (DURKV_BENCH_QUICK=1: 20). Each figure is the median of 3 rounds, each
 round on a fresh copy of the store, all in one run.
 """
@@ -34,12 +35,14 @@ def _write(path, n_threads: int) -> float:
             msgs: list[str] = []
             parent = None
             for i in range(STEPS):
-                msgs = msgs + [f"thread {t} step {i}: " + "m" * 280]
+                new = f"thread {t} step {i}: " + "m" * 280
+                if parent is not None:    # the node's output, as LangGraph hands it over
+                    s.put_writes(f"t{t}", "", parent, "task", [(0, "messages", [new])])
+                msgs = msgs + [new]
                 cid = f"{i:08d}"
                 s.put(f"t{t}", "", cid, checkpoint={"i": i}, metadata={"step": i},
                       values={"messages": msgs, "step": i}, versions={"messages": i, "step": i},
                       parent_id=parent)
-                s.put_writes(f"t{t}", "", cid, "task", [(0, "messages", [msgs[-1]])])
                 parent = cid
     return time.perf_counter() - t0
 

@@ -177,7 +177,8 @@ def _echo_stats(st: Any) -> None:
     if not whole:
         click.echo("delta encoding: no channel values yet")
         return
-    ratio = f"{whole / stored:.1f}x less" if stored else "-"
-    click.echo(f"delta encoding: channel values take {human_bytes(stored)}; each distinct "
-               f"value stored whole would take {human_bytes(whole)} ({ratio}), every "
-               f"checkpoint's every value whole {human_bytes(st.whole_states_bytes)}")
+    ratio = f"{whole / stored:.1f}x" if stored else "-"
+    click.echo(f"delta encoding: channel entries take {human_bytes(stored)} in the log (dead "
+               f"ones too, until a compaction); the live values stored whole would take "
+               f"{human_bytes(whole)} ({ratio} more); every checkpoint's every value whole: "
+               f"{human_bytes(st.whole_states_bytes)}")
