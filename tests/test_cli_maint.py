@@ -117,6 +117,27 @@ def test_compact_removes_a_deleted_threads_bytes_and_keeps_every_other_thread(tm
     assert run("verify", "--deep", d).exit_code == 0
 
 
+def test_compact_removes_a_deleted_runs_checkpoints_and_journal(tmp_path):
+    """delete_runs drops a run's checkpoints and its journal from the index; compact then
+    drops their bytes, the journal record's included."""
+    d = tmp_path / "agent.durkv"
+    fill(d, threads=3, steps=10)
+    with durkv.open(str(d), compress_min_bytes=1 << 20) as s:
+        s.append_journal("r1", {"e": 1, "t": 0.0, "note": MARKER}, durable=True)
+        s.put("t1", "", "000100", checkpoint={}, metadata={"run_id": "r1"},
+              values={"secret": MARKER}, versions={"secret": 1})
+    assert files_holding(d, MARKER.encode(), skip_quarantine=False)
+    with durkv.open(str(d)) as s:
+        s.delete_runs(["r1"])
+    expect = snapshot(d)
+    assert ("journal", "r1") not in expect and ("journal", "r0") in expect
+    result = run("compact", "--json", d)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["kept"]["runs"] == 2
+    assert files_holding(d, MARKER.encode(), skip_quarantine=False) == []
+    assert snapshot(d) == expect
+
+
 def test_compact_json_and_quiet(tmp_path):
     d = tmp_path / "agent.durkv"
     fill(d, threads=3, steps=20)
