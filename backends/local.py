@@ -109,13 +109,15 @@ class LocalBackend:
         except StaleReaderError:
             # `durkv recover` cut the log under this reader and LSNs may have been reused:
             # map the log again from scratch; the caller drops every LSN it held.
-            fresh = self._mod.SegmentLog.open(self.path, **self._kw)
-            old, self._log = self._log, fresh
-            old.close()
-            self._tail = None
-            return True
+            return self._reopen()
         segs = self._log.segments() if self.read_only else None
         last = segs[-1] if segs else None
+        if last is not None and last.sealed and not os.path.exists(
+                os.path.join(self.path, last.name)):
+            # the newest segment this reader knows was sealed and unlinked, and the ones
+            # after it too (two compactions since the last refresh): its chain to the
+            # present is gone, so the refresh above found nothing new
+            return self._reopen()
         if last is None or last.sealed:
             self._tail = None      # a roll in progress (or a writer handle): look each time
         else:
@@ -123,6 +125,14 @@ class LocalBackend:
             same = self._tail is not None and self._tail[0] == path and size is not None
             self._tail = (path, size if same else -1)   # -1: read the new segment once more
         return False
+
+    def _reopen(self) -> bool:
+        """Map the log again from scratch (the caller drops every LSN it held)."""
+        fresh = self._mod.SegmentLog.open(self.path, **self._kw)
+        old, self._log = self._log, fresh
+        old.close()
+        self._tail = None
+        return True
 
     def _tail_size(self) -> int | None:
         try:

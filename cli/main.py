@@ -27,6 +27,7 @@ from .bench import bench
 from .browse import history, ls
 from .demo import demo
 from .journal_view import show   # browse.show plus the run journal
+from .maint import compact, stats
 from .operate import approve, journal, reject, resolve, runs
 from .output import EXIT_CORRUPT, EXIT_OK, JSON_KEY
 from .stores import log_dir, log_module
@@ -37,9 +38,19 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 class DurkvGroup(click.Group):
     """A click group that turns every durkv error into one line and its exit code."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # a usage error is found before the command runs: remember --json for it
+        ctx.meta[JSON_KEY] = "--json" in args
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            if ctx.meta.get(JSON_KEY):      # --json: stdout holds JSON even then
+                output.emit_json({"error": "usage", "message": exc.format_message(),
+                                  "exit_code": output.EXIT_USAGE})
+            raise                           # click prints the usage and exits 2
         except BrokenPipeError:
             # stdout was closed early (`durkv history ... | head`): stop quietly, and keep
             # Python's exit-time flush of stdout from failing again.
@@ -95,7 +106,8 @@ def verify(ctx: click.Context, path: Path, deep: bool, as_json: bool, quiet: boo
     ctx.meta[JSON_KEY] = as_json
     where = log_dir(path)
     log = log_module()
-    report = log.verify(where, deep=deep)
+    report = output.with_progress("verifying", not (quiet or as_json), lambda bar: log.verify(
+        where, deep=deep, progress=bar))
     clean = reports.is_clean(report)
     if as_json:
         output.emit_json(report.to_dict())
@@ -167,7 +179,8 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
     skip_hint = reports.skip_corrupt_hint(where)
     before = _quarantine(where)
     try:
-        report = log.recover(where, skip_corrupt=skip_corrupt, dry_run=dry_run)
+        report = output.with_progress("recovering", not (quiet or as_json), lambda bar: (
+            log.recover(where, skip_corrupt=skip_corrupt, dry_run=dry_run, progress=bar)))
     except CorruptionError as exc:
         ctx.exit(output.report_error(ctx, exc, hint=None if skip_corrupt else skip_hint))
     # The log refuses by raising (above); report.ok is False whenever it found damage, even
@@ -250,7 +263,7 @@ def _acknowledge(where: str, runs: tuple[str, ...], by: str | None, note: str | 
 
 
 for command in (ls, history, show, demo, archive, restore, runs, journal, approve, reject,
-                resolve, bench):
+                resolve, compact, stats, bench):
     cli.add_command(command)
 
 

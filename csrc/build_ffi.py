@@ -34,7 +34,9 @@ def _cdef() -> str:
 
 
 ffibuilder = FFI()
-ffibuilder.cdef(_cdef())
+# the progress callback of dkv_verify/dkv_recover, implemented in Python (durkv.log):
+# extern "Python" needs no libffi closure
+ffibuilder.cdef(_cdef() + '\nextern "Python" void dkv_py_progress(void *, uint64_t, uint64_t);\n')
 
 _args = ["-O2", "-Wall", "-Wextra", "-std=gnu11"]
 if os.environ.get("DURKV_WERROR") == "1":

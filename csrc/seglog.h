@@ -232,15 +232,21 @@ int dkv_commit_entry(const uint8_t *payload, size_t len, uint32_t idx, dkv_entry
 int dkv_read_channel(dkv_log *log, uint64_t lsn, uint32_t idx, uint8_t **buf_out,
                      size_t *len_out, uint32_t *n_items_out, uint32_t *flags_out);
 
+/* Progress of a long call: called after each segment file with (ctx, segments done,
+ * segments in all). NULL: none. It must not call back into the log. */
+typedef void (*dkv_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
 /* Verify a log directory without taking the write lock. deep: also decode COMMIT frames
  * and resolve every channel reference. Findings go in the report (a torn tail included);
  * the return code is only for failures to run (DKV_ENOENT, DKV_EIO, DKV_ENOMEM). */
-int dkv_verify(const char *dir, int deep, dkv_report **out);
+int dkv_verify(const char *dir, int deep, dkv_progress_fn progress, void *ctx,
+               dkv_report **out);
 /* Repair: quarantine + truncate a torn tail; with skip_corrupt, also cut mid-log damage
  * (copying every removed byte to quarantine/ first). dry_run: report what would change.
  * Takes the writer lock (DKV_ELOCKED if a writer is open) unless dry_run. Without
  * skip_corrupt, mid-log damage returns DKV_ECORRUPT with *out still set to the findings. */
-int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out);
+int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_progress_fn progress,
+                void *ctx, dkv_report **out);
 void dkv_report_free(dkv_report *r);
 void dkv_free(void *p);
 

@@ -394,8 +394,8 @@ static void verify_head(dkv_report *r, vdir_info *info, int hr, const char *why,
     }
 }
 
-static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_out,
-                      vdir_info *info)
+static int verify_dir(const char *dir, int deep, dkv_progress_fn progress, void *ctx,
+                      dkv_report **out, vseg **vsegs_out, vdir_info *info)
 {
     vdir_info scratch;
     if (!info)
@@ -444,6 +444,8 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
             r->next_lsn = bases[i] + vs[i].count;
         if (r->n_damage > before)
             prefix_ok = 0;
+        if (progress)
+            progress(ctx, i + 1, n);
     }
     if (!rc && n && vs[n - 1].header_ok && bases[0] > vs[n - 1].h.start_lsn) {
         info->prefix_missing = 1;
@@ -469,10 +471,11 @@ static int verify_dir(const char *dir, int deep, dkv_report **out, vseg **vsegs_
     return 0;
 }
 
-int dkv_verify(const char *dir, int deep, dkv_report **out)
+int dkv_verify(const char *dir, int deep, dkv_progress_fn progress, void *ctx,
+               dkv_report **out)
 {
     dkv__set_error(NULL, "%s", "");
-    return verify_dir(dir, deep, out, NULL, NULL);
+    return verify_dir(dir, deep, progress, ctx, out, NULL, NULL);
 }
 
 /* Copy [off, end) of a segment to quarantine/, then truncate it there and fsync. */
@@ -646,7 +649,8 @@ static int move_damaged(const char *dir, const dkv_report *r, const cut_plan *p,
                     : cut_file(dir, p->sr->segment, p->cut);
 }
 
-int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out)
+int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_progress_fn progress,
+                void *ctx, dkv_report **out)
 {
     *out = NULL;
     dkv__set_error(NULL, "%s", "");
@@ -657,7 +661,7 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_report **out
     vseg *vs = NULL;
     dkv_report *r;
     vdir_info vi;
-    if ((rc = verify_dir(dir, 0, &r, &vs, &vi)))
+    if ((rc = verify_dir(dir, 0, progress, ctx, &r, &vs, &vi)))
         goto done;
     *out = r;
     if (!r->n_damage)

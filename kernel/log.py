@@ -24,7 +24,7 @@ import threading
 import weakref
 from array import array
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Callable
 from dataclasses import asdict, dataclass, field
 
 from ._seglog import ffi, lib
@@ -760,15 +760,32 @@ def _split_items(data: bytes, n: int) -> list[bytes]:
 
 # ---------------------------------------------------------------- verify / recover
 
-def verify(path: str | os.PathLike, deep: bool = False) -> Report:
+@ffi.def_extern()
+def dkv_py_progress(ctx, done, total):
+    """The C side's progress callback: calls the ``progress`` given to verify/recover."""
+    ffi.from_handle(ctx)(done, total)
+
+
+def _progress_args(progress: Callable[[int, int], None] | None) -> tuple[Any, Any]:
+    """``(callback, ctx)`` for a C call taking a progress hook; keep ``ctx`` alive
+    for the call."""
+    if progress is None:
+        return ffi.NULL, ffi.NULL
+    return lib.dkv_py_progress, ffi.new_handle(progress)
+
+
+def verify(path: str | os.PathLike, deep: bool = False,
+           progress: Callable[[int, int], None] | None = None) -> Report:
     """Check every segment of the log at ``path`` (no lock taken; nothing changes).
 
     ``deep`` also decodes COMMIT frames and checks that every DELTA/SNAP reference
-    resolves. Findings are returned, never raised.
+    resolves. Findings are returned, never raised. ``progress(done, total)`` is
+    called after each segment file.
     """
     path = os.fspath(path)
     out = ffi.new("dkv_report **")
-    rc = lib.dkv_verify(os.fsencode(path), 1 if deep else 0, out)
+    cb, ctx = _progress_args(progress)
+    rc = lib.dkv_verify(os.fsencode(path), 1 if deep else 0, cb, ctx, out)
     if rc:
         raise _error(rc, None, path, "verify", thread=True)
     try:
@@ -786,7 +803,8 @@ def _lock_holder(path: str) -> str:
 
 
 def recover(path: str | os.PathLike, *, skip_corrupt: bool = False,
-            dry_run: bool = False) -> Report:
+            dry_run: bool = False,
+            progress: Callable[[int, int], None] | None = None) -> Report:
     """Repair the log at ``path``: quarantine + truncate a torn tail; with
     ``skip_corrupt``, cut the log at the first damage (every removed byte is copied to
     ``quarantine/`` first). Idempotent. ``dry_run`` changes nothing and reports the plan.
@@ -796,13 +814,14 @@ def recover(path: str | os.PathLike, *, skip_corrupt: bool = False,
     it touched, even if this process dies right after the cut.
 
     Raises CorruptionError (with ``.report``) for mid-log damage without ``skip_corrupt``.
+    ``progress(done, total)`` is called after each segment file is checked.
     """
     path = os.fspath(path)
     if dry_run or not skip_corrupt:
-        return _recover(path, skip_corrupt, dry_run)
+        return _recover(path, skip_corrupt, dry_run, progress)
     note = repairnotes.begin(path, _recover(path, True, True))
     try:
-        report = _recover(path, True, False)
+        report = _recover(path, True, False, progress)
     except StoreLockedError:
         if note is not None:        # refused before anything changed
             repairnotes.void(path, note, "the store was locked")
@@ -812,9 +831,12 @@ def recover(path: str | os.PathLike, *, skip_corrupt: bool = False,
     return report
 
 
-def _recover(path: str, skip_corrupt: bool, dry_run: bool) -> Report:
+def _recover(path: str, skip_corrupt: bool, dry_run: bool,
+             progress: Callable[[int, int], None] | None = None) -> Report:
     out = ffi.new("dkv_report **")
-    rc = lib.dkv_recover(os.fsencode(path), 1 if skip_corrupt else 0, 1 if dry_run else 0, out)
+    cb, ctx = _progress_args(progress)
+    rc = lib.dkv_recover(os.fsencode(path), 1 if skip_corrupt else 0, 1 if dry_run else 0,
+                         cb, ctx, out)
     report = None
     if out[0] != ffi.NULL:
         try:

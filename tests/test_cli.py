@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import click
+import durkv
 import logtools as lt
 import pytest
 from click.testing import CliRunner
@@ -70,6 +72,87 @@ def test_every_command_has_help_and_an_example(run):
         assert result.exit_code == 0, (name, result.output)
         assert "Example:" in result.output, f"durkv {name} --help has no Example: block"
         assert f"durkv {name}" in result.output.split("Example:", 1)[1], name
+
+
+# Commands that need no --json, each with why (a command that lists things has one).
+NO_JSON = {
+    "demo": "tells its story to a person; its figures are checked against the store by its test",
+}
+# Commands not run by the walk below, each with why; their own tests parse their --json.
+NOT_RUN = {
+    "demo": "runs an agent for a minute",
+    "bench": "times the machine for a minute (tests/test_cli_bench.py runs --quick --json)",
+}
+
+
+def _has_json(cmd) -> bool:
+    return any("--json" in p.opts for p in cmd.params)
+
+
+def test_every_command_has_json_output(run):
+    """Every registered command, those added later included, takes --json, or says in
+    NO_JSON why it does not."""
+    lacking = sorted(n for n, c in cli.commands.items()
+                     if not c.hidden and not _has_json(c) and n not in NO_JSON)
+    assert not lacking, f"commands without --json (add it, or a reason in NO_JSON): {lacking}"
+
+
+def _args_for(cmd, store, tmp_path) -> list[str]:
+    """The command's required arguments: the store for STORE/PATH, a new path for DEST,
+    a plain word for the rest (a run, a step, a URL that is not s3:// and so never
+    reaches the network)."""
+    args = []
+    for p in cmd.params:
+        if isinstance(p, click.Argument) and p.required:
+            name = p.name.lower()
+            args.append(str(store) if name in ("store", "path") else
+                        str(tmp_path / "dest") if name in ("dest", "dir", "directory") else "x")
+    return args
+
+
+@pytest.fixture
+def journal_store(tmp_path):
+    """A store with checkpoints, pending writes and a run journal."""
+    d = tmp_path / "agent.durkv"
+    with durkv.open(str(d)) as s:
+        for i in range(3):
+            s.put("t", "", f"{i:04d}", checkpoint={}, metadata={"step": i},
+                  values={"msgs": ["m"] * (i + 1)}, versions={"msgs": i})
+            s.put_writes("t", "", f"{i:04d}", "task", [(0, "out", i)])
+        s.append_journal("r1", {"e": 1, "t": 0.0}, durable=True)
+    return d
+
+
+def test_json_output_is_one_json_document_for_every_command(run, journal_store, tmp_path,
+                                                            monkeypatch):
+    """Every registered command with --json, on a store and on a path with no store (and
+    with a usage error): stdout holds exactly one JSON document, an error one carrying
+    the exit code; nothing else, ever."""
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):   # nothing may leave the host
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    ran = []
+    for name, cmd in sorted(cli.commands.items()):
+        if cmd.hidden or name in NOT_RUN or not _has_json(cmd):
+            continue
+        for store in (journal_store, tmp_path / "no-store-here"):
+            args = [name, "--json", *_args_for(cmd, store, tmp_path)]
+            result = run(*args)
+            try:
+                doc = json.loads(result.stdout)
+            except ValueError:
+                pytest.fail(f"durkv {' '.join(args)} printed not one JSON document on stdout "
+                            f"(exit {result.exit_code}): {result.stdout[:500]!r}")
+            if result.exit_code != 0:
+                assert isinstance(doc, dict) and doc.get("exit_code") == result.exit_code, \
+                    (args, doc)
+                assert "Traceback" not in result.output, args
+        usage = run(name, "--json", "--no-such-option")
+        assert usage.exit_code == 2
+        assert json.loads(usage.stdout) == {"error": "usage", "exit_code": 2,
+                                            "message": "No such option '--no-such-option'."}
+        ran.append(name)
+    assert {"verify", "recover", "compact", "stats", "ls"} <= set(ran), ran
 
 
 def test_group_help_and_version(run):

@@ -75,6 +75,7 @@ RANKS = {
     "durkv.store.history": 35,      # newest-first streams
     "durkv.store.edits": 35,        # delete, copy, prune
     "durkv.store.compact": 35,      # compaction
+    "durkv.store.stats": 35,        # what a store holds, bytes by record kind
     "durkv.store.repair": 35,       # what a cut removed: the runs/threads in its bytes
     "durkv.store.store": 36,        # Store: the facade composing them
     "durkv.store": 37,              # the package: re-exports the public names
@@ -112,6 +113,7 @@ RANKS = {
     "durkv.cli.benchwork": 71,      # durkv bench: the agent-loop workloads, the runner
     "durkv.cli.benchgraph": 72,     # durkv bench: the loop as a LangGraph graph, NullSaver
     "durkv.cli.bench": 73,
+    "durkv.cli.maint": 73,          # compact, stats
     "durkv.cli.journal_view": 74,
     "durkv.cli.operate": 74.5,      # runs, journal, approve, reject, resolve
     "durkv.cli.main": 75,

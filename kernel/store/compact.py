@@ -38,7 +38,7 @@ writes); the store calls it under its lock.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ..errors import BackendError
 from ..payload import (
@@ -90,15 +90,22 @@ class Compaction:
         self._frames = _Frames(backend.read)
         self._mapped: dict[Ref, Ref] = {}    # old entry -> its copy
 
-    def run(self) -> dict[str, Any]:
+    def run(self, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """Copy the live data after a BEGIN, end it durably, switch the index to the
-        copies and drop the old prefix; returns the figures of ``Store.compact``."""
+        copies and drop the old prefix; returns the figures of ``Store.compact``.
+        ``progress(done, total)``: checkpoints copied, after each lane."""
         b = self._b
         b.flush()                   # exit policy: count (and keep) what is still buffered
         bytes_before = b.size_bytes()
         heads = self._materialized_heads()
         begin = self._begin()
-        kept = sum(self._copy_lane(t, n, lane) for t, n, lane in list(self._index.ix.lanes()))
+        lanes = list(self._index.ix.lanes())
+        total = sum(len(lane.ids) for _t, _n, lane in lanes)
+        kept = 0
+        for t, n, lane in lanes:
+            kept += self._copy_lane(t, n, lane)
+            if progress is not None:
+                progress(kept, total)
         self._copy_journals()
         self._end(begin)
         self._index.replay_compaction(begin)

@@ -55,6 +55,8 @@ from .records import (
 )
 from .repair import CutContents, local_path, read_cut
 from .replay import LogIndex
+from .stats import StoreStats
+from .stats import collect as collect_stats
 from .writer import Writer, check_put, check_writes
 
 __all__ = ["Store", "open_store"]
@@ -659,10 +661,12 @@ class Store:
 
     # -- compaction, archive -----------------------------------------------------------------
 
-    def compact(self) -> dict:
+    def compact(self, progress: Callable[[int, int], None] | None = None) -> dict:
         """Copy live data to the tail and drop everything older (crash-safe).
 
-        Returns ``{"bytes_before", "bytes_after", "checkpoints_kept"}``.
+        Returns ``{"bytes_before", "bytes_after", "checkpoints_kept",
+        "journal_records_kept"}``. ``progress(done, total)`` is called as the
+        checkpoints are copied (a command's progress bar).
         """
         with self._writing():
             self._check_write()
@@ -674,10 +678,31 @@ class Store:
             try:
                 self._writer.forget_frames()     # every LSN is about to move
                 return Compaction(self._b, self._index, self._reads, self._heads,
-                                  self.url).run()
+                                  self.url).run(progress)
             finally:
                 if self._shared and alone is not None:
                     alone(False)
+
+    def stats(self, progress: Callable[[int, int], None] | None = None, *,
+              whole_values: bool = True) -> StoreStats:
+        """What the store holds and where its bytes go (:mod:`durkv.store.stats`): one
+        scan of the log, then (``whole_values``) what every live checkpoint's channel
+        values would take stored whole. Works on a read-only handle alongside a writer
+        (the figures are those of the log's tail when it starts). ``progress(done,
+        total)`` as it goes.
+
+        >>> import durkv
+        >>> with durkv.open("memory://") as s:
+        ...     s.put("t", "", "1", checkpoint={}, metadata={}, values={"x": [1, 2]},
+        ...           versions={"x": 1})
+        ...     st = s.stats()
+        >>> st.threads, st.checkpoints, st.frames
+        (1, 1, 1)
+        """
+        with self._current():
+            self._check_open()
+            return collect_stats(self._b, self._index, self._heads, self.url, self._path,
+                                 progress, whole_values)
 
     def archive(self, url: str, *, seal: bool = False, **options: Any) -> Any:
         """Archive this (local) store's sealed segments to ``s3://bucket/prefix``; with
