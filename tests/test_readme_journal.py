@@ -1,4 +1,5 @@
-"""The README's "Durable steps" example works as written (run twice: pause, then finish)."""
+"""The README's "Durable steps" example works as written: the first run says it waits and
+records the decision, the second sends once, the third sends nothing."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ def test_readme_durable_steps_example(tmp_path):
                            text=True, timeout=60) for _ in range(3)]
     for r in runs:
         assert r.returncode == 0, r.stderr
-    assert runs[0].stdout == ""                       # paused at the approval, nothing sent
-    assert runs[1].stdout == "sending to a@b (key ticket-42:2)\n"
-    assert runs[2].stdout == ""                       # finished: replayed, not sent again
+    assert runs[0].stdout == ("run ticket-42: waiting\n"          # paused, nothing sent
+                              "waiting for approval of 'send' at step 1\n"
+                              "approved by ann: run this script again to send the email, once\n")
+    assert runs[1].stdout == "sending to a@b (key ticket-42:2)\nrun ticket-42: finished\n"
+    assert runs[2].stdout == "run ticket-42: finished\n"     # replayed, not sent again
