@@ -108,6 +108,8 @@ RANKS = {
     "durkv.cli.reports": 72,
     "durkv.cli.browse": 73,
     "durkv.cli.archive": 73,
+    "durkv.cli.demo_agent": 72,     # the demo's agent and its child processes' entry points
+    "durkv.cli.demo_report": 72.5,  # the demo's figures, read from the store and the files
     "durkv.cli.demo": 73,
     "durkv.cli.journal_view": 74,
     "durkv.cli.main": 75,
