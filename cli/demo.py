@@ -115,7 +115,7 @@ class Demo:
         self.rng = random.Random(seed)
         # never after the last-but-one step: the agent could finish before the signal lands
         self.kill_at = sorted(self.rng.sample(range(1, steps - 1), crashes))
-        self.kills: list[dict] = []         # {"pid", "after_step", "ms_into_next"}
+        self.kills: list[dict] = []         # {"pid", "after_step"}
         self.agent_pids: list[int] = []
         self.approvals: list[dict] = []     # {"step_id", "by", "approver_pid", "agent_pid"}
         self.agent_seconds = 0.0            # agents running (waits for a human excluded)
@@ -168,6 +168,8 @@ class Demo:
                 running_since, self.last_step = now, None
                 self.say(f"agent (pid {agent.pid}) sees the decision in the journal and "
                          "goes on")
+            elif kind == "signal":
+                self.say(f"  {ev['msg']} (logged in pid {agent.pid})")
             elif kind == "repeat":
                 self.say(f"mail service: a repeated request with key {ev['key']}: the "
                          "agent was killed after sending it, before its receipt; the key "
@@ -181,7 +183,8 @@ class Demo:
     def on_start(self, ev: dict) -> None:
         if len(self.agent_pids) == 1 and ev["step"] == 0:
             self.say(f"agent started in pid {ev['pid']}: run {self.run_id}, {self.steps} "
-                     f"steps ({self.steps // STEPS_PER_TICKET} tickets, 4 steps each)")
+                     f"steps ({-(-self.steps // STEPS_PER_TICKET)} tickets, "
+                     f"{STEPS_PER_TICKET} steps each)")
             return
         unreported = ""
         if self.kills and ev["step"] > self.kills[-1]["after_step"]:

@@ -20,6 +20,7 @@ stdout; :func:`approver_main` decides the approval from another process.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -70,9 +71,17 @@ def append_line(path: Path, line: str) -> None:
         os.close(fd)
 
 
-def emit(ev: str, **fields: Any) -> None:
+def tell(ev: str, **fields: Any) -> None:
     """One event for the parent ``durkv demo``: a JSON line on stdout."""
     print(json.dumps({"ev": ev, "pid": os.getpid(), **fields}), flush=True)
+
+
+class SignalsToParent(logging.Handler):
+    """durkv's operator signals (its logger's warnings: a tool called again after a
+    crash, version drift) as events, so that the demo prints them in its story."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tell("signal", msg=record.getMessage())
 
 
 class MailService:
@@ -90,7 +99,7 @@ class MailService:
     def send(self, key: str, to: str, subject: str, body: str) -> dict:
         append_line(self.requests, json.dumps({"key": key, "pid": os.getpid()}))
         if key in self.sent:        # a retry after a crash: the key says it was sent
-            emit("repeat", key=key)
+            tell("repeat", key=key)
             return {"message_id": self.sent[key], "to": to}
         mid = f"msg-{len(self.sent) + 1:05d}"
         append_line(self.outbox, json.dumps({"key": key, "message_id": mid, "to": to,
@@ -200,26 +209,28 @@ def agent_main() -> None:
     workdir, run_id, steps, durability = (Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]),
                                           sys.argv[4])
     desk = Desk(workdir, run_id)
+    signals = SignalsToParent(logging.WARNING)
+    logging.getLogger("durkv").addHandler(signals)
     with open_store(str(workdir / STORE_NAME), durability=durability) as store:
         app = build_graph(desk, approval_ticket(steps)).compile(store, name=GRAPH_NAME)
         ck = store.get(run_id)
-        emit("start", step=0 if ck is None else ck.metadata.get("step", 0),
+        tell("start", step=0 if ck is None else ck.metadata.get("step", 0),
              journal=store.journal_length(run_id))
         given = first_input(steps) if ck is None else None
         while True:
             for ss in app.stream(given, run_id=run_id):
-                emit("step", step=ss.step, replayed=desk.asked - desk.made)
+                tell("step", step=ss.step, replayed=desk.asked - desk.made)
             given = None
             res = app.state(run_id)
             if res.status != "waiting":
                 break
             pend = res.interrupt
-            emit("waiting", step=res.step, step_id=pend.step_id, action=pend.action,
+            tell("waiting", step=res.step, step_id=pend.step_id, action=pend.action,
                  payload=pend.payload)
             while app.state(run_id).status == "waiting":     # a decision from anywhere
                 time.sleep(APPROVAL_POLL)
-            emit("decided", step_id=pend.step_id)
-        emit("finished" if res.status == "finished" else "stopped", step=res.step,
+            tell("decided", step_id=pend.step_id)
+        tell("finished" if res.status == "finished" else "stopped", step=res.step,
              status=res.status, message=res.message)
 
 
@@ -230,4 +241,4 @@ def approver_main() -> None:
     with open_store(str(workdir / STORE_NAME)) as store:
         d = store.decide(run_id, step_id, True, by=f"ops@example.com (pid {os.getpid()})",
                          note="refund checked against the order")
-    emit("approved", step_id=step_id, by=d.by)
+    tell("approved", step_id=step_id, by=d.by)

@@ -98,7 +98,7 @@ def text(f: dict[str, Any]) -> list[str]:
         f"{f['crashes']} crashes survived, {len(agent_pids)} agent processes "
         f"(pids {', '.join(map(str, agent_pids))})",
         f"  model calls:  {m['calls_paid']} paid for {m['model_steps']} model steps: {paid}",
-        f"  lookups:      {f['lookups']} read-only calls recorded, replayed after crashes",
+        f"  lookups:      {f['lookups']} read-only calls, each recorded in the journal",
         f"  send_email:   {s['receipts']} receipts in the journal, "
         f"{s['retried_with_same_key']} retried after a crash with the same key",
         f"  outbox:       {s['effects']} emails, {s['distinct_keys']} distinct keys, "
