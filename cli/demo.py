@@ -95,6 +95,18 @@ class Child:
             os.kill(self.pid, signal.SIGKILL)
         self.proc.wait()
 
+    def finish(self) -> None:
+        """Wait for it to exit by itself (it may still be closing its store: a kill now
+        would tear the frame it is writing), then insist on a clean exit."""
+        try:
+            self.proc.wait(timeout=EVENT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise DurkvError(f"the demo's process {self.pid} did not exit within "
+                             f"{EVENT_TIMEOUT:.0f} s of its last word and was stopped") from None
+        if self.proc.returncode != 0:
+            raise self.failure()
+
     def failure(self) -> DurkvError:
         """Why it ended without finishing: its exit code and last line of stderr."""
         self.proc.wait()
@@ -125,7 +137,7 @@ class Demo:
         self.progress_every = max(1, steps // 10)
 
     def run(self) -> None:
-        """Run agent processes until one finishes the run."""
+        """Run agent processes until one finishes the run and exits by itself."""
         while not self.one_agent():
             pass
 
@@ -136,9 +148,13 @@ class Demo:
         self.agent_pids.append(agent.pid)
         self.last_step = None
         try:
-            return self.follow(agent)
-        finally:
-            agent.stop()
+            finished = self.follow(agent)
+        except BaseException:
+            agent.stop()    # an error on our side, or Ctrl-C: never leave an agent running
+            raise
+        if finished:
+            agent.finish()
+        return finished
 
     def follow(self, agent: Child) -> bool:
         """Tell what the agent reports, kill it when a kill is due; True once it finished."""
@@ -160,7 +176,8 @@ class Demo:
                 self.on_step(ev, first_step == ev["step"])
                 if self.kill_at and ev["step"] >= self.kill_at[0]:
                     self.agent_seconds += now - running_since
-                    return self.kill(agent, ev["step"])
+                    self.kill(agent, ev["step"])
+                    return False
             elif kind == "waiting":
                 self.agent_seconds += now - running_since
                 self.approve(agent, ev)
@@ -200,7 +217,7 @@ class Demo:
         if ev["step"] % self.progress_every == 0 or ev["step"] == self.steps:
             self.say(f"  step {ev['step']}/{self.steps} committed")
 
-    def kill(self, agent: Child, step: int) -> bool:
+    def kill(self, agent: Child, step: int) -> None:
         """SIGKILL the agent at a random moment of the step after ``step``."""
         recent = [t for t in self.step_seconds[-20:] if t > 0] or [0.005]
         delay = self.rng.uniform(0, sum(recent) / len(recent))
@@ -211,13 +228,12 @@ class Demo:
             finished = finished or ev["ev"] == "finished"
             step = ev.get("step", step)
         self.kill_at.pop(0)
-        if finished:        # it finished the run before the signal reached it
-            self.say(f"agent (pid {agent.pid}) finished before the kill reached it")
-            return True
         self.kills.append({"pid": agent.pid, "after_step": step})
+        # Finished first (a slow moment): the kill fell while it closed the store, so a
+        # new process still opens it -- repairing what the kill tore -- and finds it done.
         self.say(f"killed agent (pid {agent.pid}) with SIGKILL at a random moment after "
-                 f"step {step}")
-        return False
+                 f"step {step}" + (": it had finished the run and was closing the store"
+                                   if finished else ""))
 
     def approve(self, agent: Child, ev: dict) -> None:
         """Decide the approval the agent waits for, from a process of its own."""
@@ -232,8 +248,10 @@ class Demo:
             done = approver.next_event()
             if done is None:
                 raise approver.failure()
-        finally:
+        except BaseException:
             approver.stop()
+            raise
+        approver.finish()
         self.approvals.append({"step_id": ev["step_id"], "by": done["by"],
                                "approver_pid": approver.pid, "agent_pid": agent.pid})
         self.say(f"approved from pid {approver.pid} by {done['by']}, while the agent "
@@ -255,7 +273,7 @@ def check_options(steps: int, crashes: int) -> None:
 
 
 @click.command()
-@click.argument("directory", required=False, type=output.STORE_PATH)
+@click.argument("directory", metavar="[DIR]", required=False, type=output.STORE_PATH)
 @click.option("--steps", default=DEFAULT_STEPS, show_default=True, type=int,
               help="Agent steps (supersteps: four per ticket).")
 @click.option("--crashes", default=DEFAULT_CRASHES, show_default=True, type=int,
@@ -315,8 +333,8 @@ def demo(ctx: click.Context, directory: Path | None, steps: int, crashes: int,
             click.echo(line)
     # the figures are printed whole first (one JSON document under --json); then one line
     if not f["verify"]["ok"]:
-        click.echo(f"error: verify found damage in {f['store']}: {f['verify']['summary']}",
-                   err=True)
+        damage = "; ".join(f["verify"]["damage"]) or f["verify"]["summary"]
+        click.echo(f"error: verify found damage in {f['store']}: {damage}", err=True)
         ctx.exit(output.EXIT_CORRUPT)
     if problems:
         click.echo(f"error: a promise did not hold: {'; '.join(problems)}", err=True)

@@ -73,7 +73,8 @@ def figures(workdir: Path, run_id: str) -> dict[str, Any]:
             "receipts_match_effects": sorted(set(effects)) == receipts,
         },
         "bytes_on_disk": dir_bytes(store_dir),
-        "verify": {"ok": reports.is_clean(report), "summary": reports.summary(report)},
+        "verify": {"ok": reports.is_clean(report), "summary": reports.summary(report),
+                   "damage": [reports.damage_line(d) for d in report.damage]},
     }
 
 
@@ -112,6 +113,7 @@ def text(f: dict[str, Any]) -> list[str]:
         f"{f['start_seconds']:.1f} s of it starting {len(agent_pids)} Python processes",
         f"  on disk:      {output.human_bytes(f['bytes_on_disk'])} in {f['store']}",
         f"  verify:       {'ok' if f['verify']['ok'] else 'DAMAGED'}: {f['verify']['summary']}",
+        *(f"  damage:       {d}" for d in f["verify"]["damage"]),
         "Look inside:",
         *(f"  {c}" for c in f["next"]),
     ]
