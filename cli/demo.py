@@ -209,6 +209,9 @@ class Demo:
                           "before the agent could say so)")
         self.say(f"resumed in pid {ev['pid']}: the state after {ev['step']} steps read from "
                  f"the last checkpoint{unreported}, {ev['journal']} journal records kept")
+        if ev["torn_bytes"]:
+            self.say(f"  the kill had torn a frame at the log's end: opening the store cut "
+                     f"it, its {ev['torn_bytes']} bytes kept in quarantine/")
 
     def on_step(self, ev: dict, first: bool) -> None:
         if first and ev["replayed"]:

@@ -203,6 +203,13 @@ def first_input(steps: int) -> dict:
             "goal": steps}
 
 
+def quarantined(store_dir: Path) -> set[tuple[str, int]]:
+    """(file, size) of what the store's opens have cut and kept (a torn tail's bytes)."""
+    q = store_dir / "quarantine"
+    return {(str(p), p.stat().st_size) for p in q.rglob("*") if p.is_file()} if q.is_dir() \
+        else set()
+
+
 def agent_main() -> None:
     """``python -c ... agent_main()`` STORE_DIR RUN_ID STEPS DURABILITY: run (or resume)
     the agent until it finishes, waiting for the approval when it asks for one."""
@@ -211,11 +218,13 @@ def agent_main() -> None:
     desk = Desk(workdir, run_id)
     signals = SignalsToParent(logging.WARNING)
     logging.getLogger("durkv").addHandler(signals)
+    kept_before = quarantined(workdir / STORE_NAME)
     with open_store(str(workdir / STORE_NAME), durability=durability) as store:
         app = build_graph(desk, approval_ticket(steps)).compile(store, name=GRAPH_NAME)
         ck = store.get(run_id)
+        cut = quarantined(workdir / STORE_NAME) - kept_before   # a torn tail, cut at open
         tell("start", step=0 if ck is None else ck.metadata.get("step", 0),
-             journal=store.journal_length(run_id))
+             journal=store.journal_length(run_id), torn_bytes=sum(n for _, n in cut))
         given = first_input(steps) if ck is None else None
         while True:
             for ss in app.stream(given, run_id=run_id):

@@ -165,8 +165,9 @@ demo_agent.agent_main()
 
 
 def test_an_agent_killed_between_the_email_and_its_receipt_sends_it_once(tmp_path):
-    """The window the random kills rarely hit, hit on purpose: the resumed agent calls
-    send_email again with the same key, and the mail service does not send twice."""
+    """The windows the random kills rarely hit, hit on purpose: the resumed agent calls
+    send_email again with the same key, and the mail service does not send twice; a
+    frame torn by the kill is cut when the new process opens the store, and said."""
     argv = [str(tmp_path), "support-1", "8", "sync"]
     killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_EFFECT, *argv],
                             capture_output=True, text=True, timeout=60)
@@ -174,6 +175,8 @@ def test_an_agent_killed_between_the_email_and_its_receipt_sends_it_once(tmp_pat
     with durkv.open(str(tmp_path / "agent.durkv"), read_only=True) as store:
         [e] = [e for e in describe(store, "support-1") if e.kind == "tool"]
     assert e.state == "in_doubt" and e.idempotency_key == "support-1:3:act:0:0"
+    # and as if the kill had also torn a frame it was writing: the next open cuts it
+    lt.append_garbage(lt.segment_files(tmp_path / "agent.durkv")[-1], 100)
 
     resumed = subprocess.Popen([sys.executable, "-c", "from durkv.cli.demo_agent import "
                                 "agent_main; agent_main()", *argv],
@@ -186,6 +189,8 @@ def test_an_agent_killed_between_the_email_and_its_receipt_sends_it_once(tmp_pat
                             "approver_main; approver_main()", str(tmp_path), "support-1",
                             events[-1]["step_id"]], check=True, timeout=60)
     assert resumed.wait(timeout=60) == 0
+    assert events[0]["ev"] == "start" and events[0]["torn_bytes"] == 100
+    assert sum(p.stat().st_size for p in lt.quarantine_files(tmp_path / "agent.durkv")) == 100
     assert {"ev": "repeat", "pid": resumed.pid, "key": e.idempotency_key} in events
     outbox = [r["key"] for r in _jsonl(tmp_path / "outbox.jsonl")]
     assert outbox == ["support-1:3:act:0:0", "support-1:7:act:0:1"]   # 7:act:0:0: the approval
