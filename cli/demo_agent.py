@@ -206,8 +206,9 @@ def first_input(steps: int) -> dict:
 def quarantined(store_dir: Path) -> set[tuple[str, int]]:
     """(file, size) of what the store's opens have cut and kept (a torn tail's bytes)."""
     q = store_dir / "quarantine"
-    return {(str(p), p.stat().st_size) for p in q.rglob("*") if p.is_file()} if q.is_dir() \
-        else set()
+    if not q.is_dir():
+        return set()
+    return {(str(p), p.stat().st_size) for p in q.rglob("*") if p.is_file()}
 
 
 def agent_main() -> None:
