@@ -1,20 +1,25 @@
-"""``durkv demo``: a small simulated agent loop on a real store.
+"""``durkv demo [DIR]``: the mission in one minute -- an agent that is killed and resumed.
 
-Each step of the "agent" appends two messages (its thought and a tool result)
-and bumps a step counter, then commits one checkpoint. The demo then reopens
-the store to show the state survived, and verifies the log. With ``--crash``
-the loop runs in a child process that is killed with SIGKILL mid-run; the demo
-reopens the store and resumes from the last committed step, and checks the
-result is exactly what an uninterrupted run produces.
+The agent (:mod:`durkv.cli.demo_agent`: a support desk on ``durkv.Graph`` with a
+scripted model, a read-only lookup, a mutating ``send_email`` and a human approval) runs
+on the local store ``DIR/agent.durkv`` in a child process. The demo SIGKILLs it at
+random moments, resumes it each time in a new process, approves its approval from a
+third process while it waits, and then measures what happened from the evidence
+(:mod:`durkv.cli.demo_report`): the store, the journal, the outbox, the model's bill
+and ``verify``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import queue
+import random
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,163 +27,318 @@ from typing import Any
 import click
 
 from .. import open as open_store
-from ..durability import DURABILITIES, EXIT, SYNC
+from ..durability import DURABILITIES, SYNC
 from ..errors import ConfigError, DurkvError
-from . import output, reports
-from .stores import log_module
+from . import demo_report, output
+from .demo_agent import STEPS_PER_TICKET, STORE_NAME
+from .output import JSON_KEY
 
-THREAD = "demo"
-STEP_PAUSE = 0.005  # seconds per step in the crash child: "the LLM is thinking"
-
-
-def messages_for(step: int) -> list[str]:
-    """The two messages step ``step`` appends (deterministic, so runs can be compared)."""
-    return [f"assistant: step {step}: I will call tool_{step % 3}",
-            f"tool_{step % 3}: result {step * step}"]
-
-
-def expected_messages(last_step: int) -> list[str]:
-    out = ["user: plan a trip to Lisbon"]
-    for s in range(1, last_step + 1):
-        out += messages_for(s)
-    return out
+DEFAULT_STEPS = 300
+DEFAULT_CRASHES = 4
+EVENT_TIMEOUT = 120.0       # seconds without a word from a child: it is stuck
+RUN_PREFIX = "support-"
+AGENT_CODE = "from durkv.cli.demo_agent import agent_main; agent_main()"
+APPROVER_CODE = "from durkv.cli.demo_agent import approver_main; approver_main()"
 
 
-def latest(store: Any) -> tuple[int, list[str]]:
-    """(step, messages) of the thread's latest checkpoint; (0, [first message]) if none."""
-    ck = store.get(THREAD)
-    if ck is None:
-        return 0, expected_messages(0)
-    return int(ck.values["step"]), list(ck.values["messages"])
+def prepare(directory: Path | None) -> tuple[Path, str]:
+    """The demo's directory (made if new) and the id of the run to start in it."""
+    if directory is None:
+        directory = Path(tempfile.mkdtemp(prefix="durkv-demo-"))
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{directory} is a file; give the demo a directory (new, empty, "
+                          "or one an earlier demo made)")
+    directory.mkdir(parents=True, exist_ok=True)
+    names = os.listdir(directory)
+    if any(n.endswith(".seg") for n in names):
+        raise ConfigError(f"{directory} is a durkv store itself; give the demo a directory "
+                          f"of its own (it makes {STORE_NAME}, outbox.jsonl and the model's "
+                          "bill there)")
+    if names and STORE_NAME not in names:
+        raise ConfigError(f"{directory} exists and holds no earlier demo ({STORE_NAME}); give "
+                          "a new or empty directory (or none, for a temporary one)")
+    done = 0
+    if STORE_NAME in names:
+        with open_store(str(directory / STORE_NAME), read_only=True) as store:
+            done = sum(r.startswith(RUN_PREFIX) for r in store.journal_runs())
+    return directory, f"{RUN_PREFIX}{done + 1}"
 
 
-def agent_loop(store: Any, last_step: int, report=None) -> int:
-    """Run steps after the latest one up to ``last_step``, one commit each; returns the last."""
-    step, messages = latest(store)
-    while step < last_step:
-        step += 1
-        messages = messages + messages_for(step)
-        store.put(THREAD, "", f"{step:08d}", checkpoint={}, metadata={"step": step},
-                  values={"messages": messages, "step": step},
-                  versions={"messages": step, "step": step},
-                  parent_id=f"{step - 1:08d}" if step > 1 else None)
-        if report:
-            report(step)
-    return step
+class Child:
+    """A child process of the demo whose stdout is a stream of JSON events."""
+
+    def __init__(self, code: str, *args: str) -> None:
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-c", code, *args],
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        self.pid = self.proc.pid
+        self.events: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.events.put(json.loads(line))
+        self.events.put(None)       # end of stream: the process exited
+
+    def next_event(self) -> dict | None:
+        try:
+            return self.events.get(timeout=EVENT_TIMEOUT)
+        except queue.Empty:
+            self.stop()
+            raise DurkvError(f"the demo's child process {self.pid} said nothing for "
+                             f"{EVENT_TIMEOUT:.0f} s and was stopped") from None
+
+    def stop(self) -> None:
+        """SIGKILL (if still running) and reap it."""
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def finish(self) -> None:
+        """Wait for it to exit by itself (it may still be closing its store: a kill now
+        would tear the frame it is writing), then insist on a clean exit."""
+        try:
+            self.proc.wait(timeout=EVENT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise DurkvError(f"the demo's process {self.pid} did not exit within "
+                             f"{EVENT_TIMEOUT:.0f} s of its last word and was stopped") from None
+        if self.proc.returncode != 0:
+            raise self.failure()
+
+    def failure(self) -> DurkvError:
+        """Why it ended without finishing: its exit code and last line of stderr."""
+        self.proc.wait()
+        self.stderr.seek(0)
+        lines = [ln for ln in self.stderr.read().decode(errors="replace").splitlines() if ln]
+        last = f": {lines[-1]}" if lines else ""
+        return DurkvError(f"the demo's process {self.pid} exited with code "
+                          f"{self.proc.returncode}{last}")
 
 
-def crash_child(path: str, last_step: int, durability: str) -> None:
-    """The process --crash kills: runs the loop, prints 'step N' after each commit returns."""
-    def report(step: int) -> None:
-        print(f"step {step}", flush=True)
-        time.sleep(STEP_PAUSE)
+class Demo:
+    """One demo: the agent's processes, the kills, the approval; and what they did."""
 
-    with open_store(path, durability=durability) as store:
-        agent_loop(store, last_step, report)
+    def __init__(self, workdir: Path, run_id: str, steps: int, crashes: int, seed: int,
+                 durability: str, say: Any) -> None:
+        self.workdir, self.run_id, self.steps = workdir, run_id, steps
+        self.durability, self.say = durability, say
+        self.rng = random.Random(seed)
+        # never after the last-but-one step: the agent could finish before the signal lands
+        self.kill_at = sorted(self.rng.sample(range(1, steps - 1), crashes))
+        self.kills: list[dict] = []         # {"pid", "after_step"}
+        self.agent_pids: list[int] = []
+        self.approvals: list[dict] = []     # {"step_id", "by", "approver_pid", "agent_pid"}
+        self.agent_seconds = 0.0            # agents running (waits for a human excluded)
+        self.start_seconds = 0.0            # agent processes starting: import, open
+        self.step_seconds: list[float] = [] # between step events: how long a step takes
+        self.last_step: float | None = None
+        self.progress_every = max(1, steps // 10)
+
+    def run(self) -> None:
+        """Run agent processes until one finishes the run and exits by itself."""
+        while not self.one_agent():
+            pass
+
+    def one_agent(self) -> bool:
+        """Start (or resume) the agent in a new process; True once it finishes the run."""
+        agent = Child(AGENT_CODE, str(self.workdir), self.run_id, str(self.steps),
+                      self.durability)
+        self.agent_pids.append(agent.pid)
+        self.last_step = None
+        try:
+            finished = self.follow(agent)
+        except BaseException:
+            agent.stop()    # an error on our side, or Ctrl-C: never leave an agent running
+            raise
+        if finished:
+            agent.finish()
+        return finished
+
+    def follow(self, agent: Child) -> bool:
+        """Tell what the agent reports, kill it when a kill is due; True once it finished."""
+        spawned = running_since = time.monotonic()
+        first_step: int | None = None
+        while True:
+            ev = agent.next_event()
+            if ev is None:
+                raise agent.failure()
+            kind, now = ev["ev"], time.monotonic()
+            if kind == "start":     # imported and opened: the agent runs from here
+                self.start_seconds += now - spawned
+                running_since = now
+                self.on_start(ev)
+            elif kind == "step":
+                self.step_seconds.append(now - (self.last_step or now))
+                self.last_step = now
+                first_step = first_step or ev["step"]
+                self.on_step(ev, first_step == ev["step"])
+                if self.kill_at and ev["step"] >= self.kill_at[0]:
+                    self.agent_seconds += now - running_since
+                    self.kill(agent, ev["step"])
+                    return False
+            elif kind == "waiting":
+                self.agent_seconds += now - running_since
+                self.approve(agent, ev)
+            elif kind == "decided":
+                running_since, self.last_step = now, None
+                self.say(f"agent (pid {agent.pid}) sees the decision in the journal and "
+                         "goes on")
+            elif kind == "signal":
+                self.say(f"  {ev['msg']} (logged in pid {agent.pid})")
+            elif kind == "repeat":
+                self.say(f"mail service: a repeated request with key {ev['key']}: the "
+                         "agent was killed after sending it, before its receipt; the key "
+                         "says it was sent, so it is not sent again")
+            elif kind in ("finished", "stopped"):
+                self.agent_seconds += now - running_since
+                self.say(f"agent (pid {agent.pid}) {ev['status']} the run at step "
+                         f"{ev['step']}" + (f": {ev['message']}" if ev.get("message") else ""))
+                return True
+
+    def on_start(self, ev: dict) -> None:
+        if len(self.agent_pids) == 1 and ev["step"] == 0:
+            self.say(f"agent started in pid {ev['pid']}: run {self.run_id}, {self.steps} "
+                     f"steps ({-(-self.steps // STEPS_PER_TICKET)} tickets, "
+                     f"{STEPS_PER_TICKET} steps each)")
+            return
+        unreported = ""
+        if self.kills and ev["step"] > self.kills[-1]["after_step"]:
+            unreported = (f" (step {ev['step']} was committed just before the kill, "
+                          "before the agent could say so)")
+        self.say(f"resumed in pid {ev['pid']}: the state after {ev['step']} steps read from "
+                 f"the last checkpoint{unreported}, {ev['journal']} journal records kept")
+        if ev["torn_bytes"]:
+            self.say(f"  the kill had torn a frame at the log's end: opening the store cut "
+                     f"it, its {ev['torn_bytes']} bytes kept in quarantine/")
+
+    def on_step(self, ev: dict, first: bool) -> None:
+        if first and ev["replayed"]:
+            self.say(f"  step {ev['step']}: {ev['replayed']} call(s) the killed process had "
+                     "made were replayed from the journal, not made again")
+        if ev["step"] % self.progress_every == 0 or ev["step"] == self.steps:
+            self.say(f"  step {ev['step']}/{self.steps} committed")
+
+    def kill(self, agent: Child, step: int) -> None:
+        """SIGKILL the agent at a random moment of the step after ``step``."""
+        recent = [t for t in self.step_seconds[-20:] if t > 0] or [0.005]
+        delay = self.rng.uniform(0, sum(recent) / len(recent))
+        time.sleep(delay)
+        agent.stop()
+        finished = False
+        while (ev := agent.events.get()) is not None:   # what it said before it died
+            finished = finished or ev["ev"] == "finished"
+            step = ev.get("step", step)
+        self.kill_at.pop(0)
+        self.kills.append({"pid": agent.pid, "after_step": step})
+        # Finished first (a slow moment): the kill fell while it closed the store, so a
+        # new process still opens it -- repairing what the kill tore -- and finds it done.
+        self.say(f"killed agent (pid {agent.pid}) with SIGKILL at a random moment after "
+                 f"step {step}" + (": it had finished the run and was closing the store"
+                                   if finished else ""))
+
+    def approve(self, agent: Child, ev: dict) -> None:
+        """Decide the approval the agent waits for, from a process of its own."""
+        p = ev["payload"]
+        again = any(a["step_id"] == ev["step_id"] for a in self.approvals)
+        self.say(f"agent (pid {agent.pid}) waits at step {ev['step']} for approval of "
+                 f"{ev['action']} to {p['to']} ({p['subject']}), journal step "
+                 f"{ev['step_id']}" + (": the request an earlier process made" if again
+                                       else ""))
+        approver = Child(APPROVER_CODE, str(self.workdir), self.run_id, ev["step_id"])
+        try:
+            done = approver.next_event()
+            if done is None:
+                raise approver.failure()
+        except BaseException:
+            approver.stop()
+            raise
+        approver.finish()
+        self.approvals.append({"step_id": ev["step_id"], "by": done["by"],
+                               "approver_pid": approver.pid, "agent_pid": agent.pid})
+        self.say(f"approved from pid {approver.pid} by {done['by']}, while the agent "
+                 f"(pid {agent.pid}) waits")
+
+    def trace(self) -> dict[str, Any]:
+        return {"crashes": len(self.kills), "kills": self.kills, "agent_pids": self.agent_pids,
+                "approved": self.approvals, "agent_seconds": self.agent_seconds,
+                "start_seconds": self.start_seconds}
 
 
-def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _check_path(path: Path) -> None:
-    if path.exists() and (not path.is_dir() or
-                          (any(path.iterdir()) and not any(path.glob("*.seg")))):
-        raise ConfigError(f"{path} exists and is not a durkv store; "
-                          f"give a new directory (or none, for a temporary one)")
-
-
-def _kill_mid_run(path: Path, last_step: int, kill_at: int, durability: str) -> int:
-    """Run the loop in a child process, SIGKILL it once it reported step ``kill_at``."""
-    code = ("import sys; from durkv.cli.demo import crash_child; "
-            "crash_child(sys.argv[1], int(sys.argv[2]), sys.argv[3])")
-    child = subprocess.Popen([sys.executable, "-c", code, str(path), str(last_step), durability],
-                             stdout=subprocess.PIPE, text=True)
-    reported = 0
-    try:
-        assert child.stdout is not None
-        for line in child.stdout:
-            reported = int(line.split()[1])
-            if reported >= kill_at:
-                os.kill(child.pid, signal.SIGKILL)
-                break
-    finally:
-        child.kill()  # no-op when already dead; never leave the child running
-        child.wait()
-    if reported < kill_at:
-        raise DurkvError(f"the agent process exited early (exit code {child.returncode})")
-    click.echo(f"  killed the agent process (pid {child.pid}) with SIGKILL "
-               f"right after it reported step {reported}")
-    return reported
+def check_options(steps: int, crashes: int) -> None:
+    if steps < STEPS_PER_TICKET:
+        raise ConfigError(f"--steps {steps}: the agent needs at least {STEPS_PER_TICKET} "
+                          f"steps (one ticket); the default is {DEFAULT_STEPS}")
+    if not 0 <= crashes <= steps - 2:
+        raise ConfigError(f"--crashes {crashes}: give 0 to {steps - 2} for --steps {steps} "
+                          "(at most one kill after each step but the last two)")
 
 
 @click.command()
-@click.argument("path", required=False, type=output.STORE_PATH)
-@click.option("--steps", default=12, show_default=True, type=click.IntRange(2, 100_000),
-              help="Agent steps to run.")
-@click.option("--crash", is_flag=True,
-              help="Run the loop in a child process, kill -9 it mid-run, then resume.")
+@click.argument("directory", metavar="[DIR]", required=False, type=output.STORE_PATH)
+@click.option("--steps", default=DEFAULT_STEPS, show_default=True, type=int,
+              help="Agent steps (supersteps: four per ticket).")
+@click.option("--crashes", default=DEFAULT_CRASHES, show_default=True, type=int,
+              help="How many times to SIGKILL the agent at a random moment.")
+@click.option("--seed", default=None, type=int,
+              help="Seed of the kill moments (default: a random one, printed).")
 @click.option("--durability", type=click.Choice(DURABILITIES), default=SYNC,
               show_default=True, help="When a commit's bytes are safe (see README).")
-def demo(path: Path | None, steps: int, crash: bool, durability: str) -> None:
-    """Run a simulated agent on a real store and show it is durable.
+@output.json_option
+@click.pass_context
+def demo(ctx: click.Context, directory: Path | None, steps: int, crashes: int,
+         seed: int | None, durability: str, as_json: bool) -> None:
+    """Watch an agent survive SIGKILLs: no tool repeated, no model call paid twice.
 
-    Commits one checkpoint per agent step (a growing message list and a step
-    counter) to the store at PATH (a new temporary directory if omitted),
-    reopens it, prints the latest state and its history, then verifies the log.
-    With --crash the agent runs in a child process killed with SIGKILL halfway;
-    the demo reopens the store and resumes exactly where the agent stopped.
+    A support-desk agent (durkv.Graph: a scripted model, a read-only lookup, a
+    send_email tool that writes an outbox, a human approval before a large refund)
+    runs on DIR/agent.durkv in a child process (DIR: new, empty, or an earlier demo's;
+    a temporary directory if omitted). The demo kills it with SIGKILL at random
+    moments, resumes it each time in a new process, approves the refund from another
+    process while the agent waits, then checks the outbox, the model's bill and the
+    journal against each other and runs verify.
+
+    Exit status: 0 every promise held; 1 one did not (or a process failed);
+    2 bad options; 3 the log is damaged.
 
     \b
     Example:
         durkv demo
-        durkv demo --crash ./agent.durkv
-        durkv verify ./agent.durkv
+        durkv demo ./demo --steps 100 --crashes 2 --seed 7
+        durkv demo --json | jq '.send_email.duplicates'
     """
-    if path is None:
-        path = Path(tempfile.mkdtemp(prefix="durkv-demo-")) / "agent.durkv"
-    _check_path(path)
+    ctx.meta[JSON_KEY] = as_json
+    check_options(steps, crashes)
+    workdir, run_id = prepare(directory)
+    seed = random.SystemRandom().randrange(1 << 31) if seed is None else seed
 
-    with open_store(str(path), durability=durability) as store:
-        start, _ = latest(store)
-    target = start + steps
-    click.echo(f"durkv demo: an agent runs steps {start + 1}..{target} on {path} "
-               f"(durability={durability})")
+    def say(line: str) -> None:
+        if not as_json:
+            click.echo(line)
 
-    if crash:
-        kill_at = start + max(1, steps // 2)
-        reported = _kill_mid_run(path, target, kill_at, durability)
-        with open_store(str(path), durability=durability) as store:
-            resumed, _ = latest(store)
-            click.echo(f"  reopened: the latest checkpoint is step {resumed} "
-                       f"(the agent had reported step {reported} committed when it was killed)")
-            if resumed < reported:
-                if durability != EXIT:
-                    raise DurkvError(f"step {reported} was committed but is lost after the kill")
-                click.echo("  (durability=exit keeps commits in memory until a flush or a "
-                           "clean close: a kill loses them, by design)")
-            click.echo(f"  resuming at step {resumed + 1}")
-            agent_loop(store, target)
+    say(f"durkv demo: {workdir} (seed {seed}, durability={durability})")
+    t0 = time.monotonic()
+    d = Demo(workdir, run_id, steps, crashes, seed, durability, say)
+    d.run()
+    trace = d.trace()
+    f = {"dir": str(workdir), "store": str(workdir / STORE_NAME), "run_id": run_id,
+         "seed": seed, "durability": durability, **trace,
+         **demo_report.figures(workdir, run_id), "seconds": time.monotonic() - t0,
+         "next": demo_report.next_commands(workdir, run_id)}
+    f["steps_per_s"] = f["steps"] / trace["agent_seconds"] if trace["agent_seconds"] else 0.0
+    problems = demo_report.broken_promises(f)
+    f["ok"], f["problems"] = not problems and f["verify"]["ok"], problems
+    if as_json:
+        output.emit_json(f)
     else:
-        with open_store(str(path), durability=durability) as store:
-            agent_loop(store, target,
-                       lambda s: click.echo(f"  step {s}: committed checkpoint {s:08d}"))
-
-    with open_store(str(path), read_only=True) as store:
-        step, messages = latest(store)
-        n_history = sum(1 for _ in store.history(THREAD))
-    same = messages == expected_messages(target)
-    click.echo(f"  reopened: step {step}, {len(messages)} messages, "
-               f"{n_history} checkpoints in history, "
-               f"{output.human_bytes(_dir_bytes(path))} on disk")
-    click.echo(f"  last message: {messages[-1]!r}")
-    click.echo(f"  state identical to an uninterrupted run: {'yes' if same else 'NO'}")
-
-    report = log_module().verify(str(path))
-    clean = reports.is_clean(report)
-    click.echo(f"verify: {'ok' if clean else 'DAMAGED'}: {reports.summary(report)}")
-    click.echo(f"Try: durkv verify {path}")
-    if not same or step != target:
-        raise DurkvError("the reopened state is not the state the agent committed")
-    if not clean:
-        click.get_current_context().exit(output.EXIT_CORRUPT)
+        for line in demo_report.text(f):
+            click.echo(line)
+    # the figures are printed whole first (one JSON document under --json); then one line
+    if not f["verify"]["ok"]:
+        damage = "; ".join(f["verify"]["damage"]) or f["verify"]["summary"]
+        click.echo(f"error: verify found damage in {f['store']}: {damage}", err=True)
+        ctx.exit(output.EXIT_CORRUPT)
+    if problems:
+        click.echo(f"error: a promise did not hold: {'; '.join(problems)}", err=True)
+        ctx.exit(output.EXIT_ERROR)

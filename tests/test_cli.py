@@ -75,9 +75,7 @@ def test_every_command_has_help_and_an_example(run):
 
 
 # Commands that need no --json, each with why (a command that lists things has one).
-NO_JSON = {
-    "demo": "tells its story to a person; its figures are checked against the store by its test",
-}
+NO_JSON: dict[str, str] = {}
 # Commands not run by the walk below, each with why; their own tests parse their --json.
 NOT_RUN = {
     "demo": "runs an agent for a minute",
@@ -363,44 +361,6 @@ def test_recover_refuses_mid_log_corruption_then_skip_corrupt(run, clean_log):
     assert run("verify", clean_log).exit_code == 0
     with SegmentLog.open(str(clean_log), durability="sync") as log:
         assert log.next_lsn >= frame.lsn
-
-
-# ---- demo -----------------------------------------------------------------------------------
-
-
-def test_demo_runs_and_leaves_a_clean_store(run, tmp_path):
-    d = tmp_path / "demo.durkv"
-    result = run("demo", d)
-    assert result.exit_code == 0, result.output
-    assert "ok:" in result.stdout
-    assert run("verify", d).exit_code == 0
-
-
-def test_demo_in_a_temp_dir(run, tmp_path, monkeypatch):
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    result = run("demo")
-    assert result.exit_code == 0, result.output
-    made = list(tmp_path.glob("durkv-demo-*/agent.durkv"))
-    assert len(made) == 1 and f"durkv verify {made[0]}" in result.stdout
-
-
-
-def test_demo_crash_resumes_where_the_agent_stopped(run, tmp_path):
-    d = tmp_path / "crash.durkv"
-    result = run("demo", "--crash", "--steps", "8", d)
-    assert result.exit_code == 0, result.output
-    assert "SIGKILL" in result.stdout
-    assert "identical to an uninterrupted run: yes" in result.stdout
-
-
-def test_demo_refuses_a_directory_that_is_not_a_store(run, tmp_path):
-    (tmp_path / "notes.txt").write_text("mine")
-    result = run("demo", tmp_path)
-    assert result.exit_code == 2
-    assert result.stderr.startswith("error: ") and (tmp_path / "notes.txt").exists()
-    assert not lt.segment_files(tmp_path)
 
 
 # ---- ls, history, show ----------------------------------------------------------------------

@@ -109,6 +109,8 @@ RANKS = {
     "durkv.cli.reports": 72,
     "durkv.cli.browse": 73,
     "durkv.cli.archive": 73,
+    "durkv.cli.demo_agent": 72,     # the demo's agent and its child processes' entry points
+    "durkv.cli.demo_report": 72.5,  # the demo's figures, read from the store and the files
     "durkv.cli.demo": 73,
     "durkv.cli.benchwork": 71,      # durkv bench: the agent-loop workloads, the runner
     "durkv.cli.benchgraph": 72,     # durkv bench: the loop as a LangGraph graph, NullSaver
