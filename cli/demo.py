@@ -257,7 +257,7 @@ class Demo:
         approver.finish()
         self.approvals.append({"step_id": ev["step_id"], "by": done["by"],
                                "approver_pid": approver.pid, "agent_pid": agent.pid})
-        self.say(f"approved from pid {approver.pid} by {done['by']}, while the agent "
+        self.say(f"approved by {done['by']}, a process of its own, while the agent "
                  f"(pid {agent.pid}) waits")
 
     def trace(self) -> dict[str, Any]:

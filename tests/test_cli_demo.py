@@ -96,7 +96,7 @@ def test_demo_in_a_temp_dir_tells_the_story(run, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     [made] = tmp_path.glob("durkv-demo-*/agent.durkv")
     out = result.stdout
-    for told in ("killed agent (pid", "resumed in pid", "approved from pid", "duplicates: 0",
+    for told in ("killed agent (pid", "resumed in pid", "a process of its own, while the agent", "duplicates: 0",
                  "crashes survived", "verify:       ok", f"durkv runs {made}"):
         assert told in out, out
     assert run("verify", made).exit_code == 0
