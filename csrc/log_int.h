@@ -33,7 +33,8 @@ typedef struct {
     uint32_t seq, wake;         /* seqlock over seg_base/written; futex word */
     uint64_t seg_base, written, durable, syncing, want_ns;
     uint32_t poison, waiters, holder_pid;
-    uint8_t reserved[36];
+    uint32_t sync_owner;        /* pid running the store's fdatasync now, 0: none */
+    uint8_t reserved[32];
 } dkv_wshm;
 
 /* Sealed segments whose fd stays open at a time (segfd.c); the active segment's is extra. */
@@ -148,11 +149,15 @@ void dkv__shm_rolled(dkv_log *log, uint64_t new_base);
  * it will cover (own: what this handle wrote), announced as in flight. After it: publish
  * (ok) or poison (failed). Called without mu. */
 uint64_t dkv__shm_cover(dkv_log *log, uint64_t base, uint64_t own);
-void dkv__shm_synced(dkv_log *log, uint64_t cover, int ok);
+void dkv__shm_synced(dkv_log *log, uint64_t cover, int ok, int turn);
+/* Give the syncer's turn (dkv__shm_sync_turn) back without a publish (a failed write). */
+void dkv__shm_turn_release(dkv_log *log);
 int dkv__shm_poisoned(dkv_log *log);
 uint64_t dkv__shm_durable(dkv_log *log);
-/* Another process's fdatasync in flight covers frames below end; sleep for its publish. */
-int dkv__shm_in_flight(dkv_log *log, uint64_t end);
+/* Become the store's one syncer (1), or another process's fdatasync runs (0): sleep until
+ * it publishes (at most timeout_us; a syncer found dead gives its turn up). A group-commit
+ * leader's fdatasync (lead) runs with the turn; the async flusher's without it. */
+int dkv__shm_sync_turn(dkv_log *log);
 void dkv__shm_wait(dkv_log *log, uint64_t end, uint32_t timeout_us);
 /* The lease: a WLOCK waiter marks itself until until_ns; a holder asks if one waits. */
 void dkv__shm_want(dkv_log *log, uint64_t until_ns);

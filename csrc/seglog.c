@@ -218,7 +218,8 @@ static void raise_durable(dkv_log *log, uint64_t d)
 }
 
 /* Become leader (mu held, no leader running): write everything pending, fdatasync if
- * asked, return with mu held. */
+ * asked (a shared writer holds the store's syncer turn then, sync_step: given back here),
+ * return with mu held. */
 static int lead(dkv_log *log, int do_sync)
 {
     log->leader = 1;
@@ -247,6 +248,8 @@ static int lead(dkv_log *log, int do_sync)
     pthread_mutex_lock(&log->mu);
     if (rc) {
         log->leader = 0;
+        if (do_sync)
+            dkv__shm_turn_release(log);
         return fail(log, "write", rc);
     }
     if (n)      /* an empty group (a sync) leaves a catch-up's digest and tail alone */
@@ -260,7 +263,7 @@ static int lead(dkv_log *log, int do_sync)
         pthread_mutex_unlock(&log->mu);
         uint64_t cover = dkv__shm_cover(log, base, upto);   /* other processes' frames too */
         rc = dkv__fdatasync(fd);
-        dkv__shm_synced(log, cover, !rc);
+        dkv__shm_synced(log, cover, !rc, 1);
         pthread_mutex_lock(&log->mu);
         log->lead_sync = 0;
         if (rc) {
@@ -310,11 +313,13 @@ static void lease_tick(dkv_log *log)
         lease_release(log);
 }
 
-/* One step towards frames below `end` being durable, when no leader runs (mu held): take
- * another process's fdatasync that covered them (WSHM's durable), or sleep once for one in
- * flight that will (*waited: at most once per wait, 10 ms: its syncer may be dead), or
- * lead an fdatasync. A failed fdatasync anywhere (WSHM's poison) fails the handle. */
-static int sync_step(dkv_log *log, uint64_t end, int *waited)
+/* One step towards frames below `end` being durable, when no leader of this process runs
+ * (mu held): take another process's fdatasync that covered them (WSHM's durable); or, if
+ * another process's fdatasync runs, sleep until it publishes (10 ms at most) and look
+ * again -- one fsync at a time per store, each covering every frame written while the
+ * previous one ran (cross-process group commit); or run the store's next fdatasync. A
+ * failed fdatasync anywhere (WSHM's poison) fails the handle. */
+static int sync_step(dkv_log *log, uint64_t end)
 {
     if (!log->shm)
         return lead(log, 1);
@@ -324,9 +329,8 @@ static int sync_step(dkv_log *log, uint64_t end, int *waited)
     raise_durable(log, dkv__shm_durable(log));
     if (log->durable_lsn >= end)
         return 0;
-    if (*waited || !dkv__shm_in_flight(log, end))
-        return lead(log, 1);
-    *waited = 1;
+    if (dkv__shm_sync_turn(log))
+        return lead(log, 1);            /* its publish gives the turn back */
     log->leader = log->lead_sync = 1;   /* this process's other waiters wait for this one */
     pthread_mutex_unlock(&log->mu);
     dkv__shm_wait(log, end, 10000);
@@ -745,7 +749,6 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
     }
     if (rc)
         return rc;
-    int waited = 0;
     for (;;) {
         if (log->failed)
             return dkv__usable(log, 1);
@@ -763,7 +766,7 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
             return 0;
         }
         if (!log->leader && !log->rolling) {
-            rc = durability == DKV_SYNC ? sync_step(log, end, &waited) : lead(log, 0);
+            rc = durability == DKV_SYNC ? sync_step(log, end) : lead(log, 0);
             if (rc)
                 return rc;
             continue;
@@ -826,7 +829,6 @@ int dkv_append_many(dkv_log *log, uint8_t type, const uint8_t *const *bufs, cons
 
 static int wait_durable_locked(dkv_log *log, uint64_t end)
 {
-    int waited = 0;
     for (;;) {
         int rc = dkv__usable(log, 0);
         if (rc)
@@ -834,7 +836,7 @@ static int wait_durable_locked(dkv_log *log, uint64_t end)
         if (log->opt.read_only || log->durable_lsn >= end)
             return 0;
         if (!log->leader && !log->rolling) {
-            if ((rc = sync_step(log, end, &waited)))
+            if ((rc = sync_step(log, end)))
                 return rc;
             continue;
         }
@@ -950,7 +952,7 @@ void *dkv__flusher_main(void *arg)
         pthread_mutex_unlock(&log->mu);
         uint64_t cover = dkv__shm_cover(log, base, upto);   /* other processes' frames too */
         int rc = dkv__fdatasync(fd);
-        dkv__shm_synced(log, cover, !rc);
+        dkv__shm_synced(log, cover, !rc, 0);
         pthread_mutex_lock(&log->mu);
         log->syncing = 0;
         if (rc)

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -139,7 +140,22 @@ static void wake_all(dkv_wshm *m)
         syscall(SYS_futex, &m->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-void dkv__shm_synced(dkv_log *log, uint64_t cover, int ok)
+static void give_turn(dkv_log *log)
+{
+    uint32_t me = (uint32_t)log->pid;
+    __atomic_compare_exchange_n(&log->shm->sync_owner, &me, 0, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+}
+
+void dkv__shm_turn_release(dkv_log *log)
+{
+    if (!log->shm)
+        return;
+    give_turn(log);
+    wake_all(log->shm);
+}
+
+void dkv__shm_synced(dkv_log *log, uint64_t cover, int ok, int turn)
 {
     dkv_wshm *m = log->shm;
     if (!m)
@@ -148,6 +164,8 @@ void dkv__shm_synced(dkv_log *log, uint64_t cover, int ok)
         raise_to(&m->durable, cover);
     else
         ST(m->poison, 1);
+    if (turn)
+        give_turn(log);
     wake_all(m);
 }
 
@@ -155,21 +173,30 @@ int dkv__shm_poisoned(dkv_log *log) { return log->shm && LD(log->shm->poison); }
 
 uint64_t dkv__shm_durable(dkv_log *log) { return log->shm ? LD(log->shm->durable) : 0; }
 
-int dkv__shm_in_flight(dkv_log *log, uint64_t end)
+int dkv__shm_sync_turn(dkv_log *log)
 {
-    return log->shm && LD(log->shm->syncing) >= end;
+    uint32_t none = 0;
+    return !log->shm || __atomic_compare_exchange_n(&log->shm->sync_owner, &none,
+                                                    (uint32_t)log->pid, 0, __ATOMIC_ACQ_REL,
+                                                    __ATOMIC_ACQUIRE);
 }
 
 void dkv__shm_wait(dkv_log *log, uint64_t end, uint32_t timeout_us)
 {
     dkv_wshm *m = log->shm;
     uint32_t v = LD(m->wake);
+    uint32_t owner = LD(m->sync_owner);
     __atomic_add_fetch(&m->waiters, 1, __ATOMIC_ACQ_REL);
-    if (LD(m->durable) < end && !LD(m->poison)) {
+    long r = 0;
+    if (owner && LD(m->durable) < end && !LD(m->poison)) {
         struct timespec t = {0, (long)timeout_us * 1000};
-        syscall(SYS_futex, &m->wake, FUTEX_WAIT, v, &t, NULL, 0);
+        r = syscall(SYS_futex, &m->wake, FUTEX_WAIT, v, &t, NULL, 0);
     }
     __atomic_sub_fetch(&m->waiters, 1, __ATOMIC_ACQ_REL);
+    /* no publish for timeout_us: a syncer killed mid-fdatasync never gives its turn back */
+    if (r && errno == ETIMEDOUT && owner && kill((pid_t)owner, 0) && errno == ESRCH)
+        __atomic_compare_exchange_n(&m->sync_owner, &owner, 0, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
 }
 
 void dkv__shm_want(dkv_log *log, uint64_t until_ns)
