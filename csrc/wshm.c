@@ -226,3 +226,13 @@ void dkv__shm_set_holder(dkv_log *log, uint32_t pid)
     if (log->shm)
         ST(log->shm->holder_pid, pid);
 }
+
+int dkv_shared_durable(dkv_log *log, uint64_t *durable, uint64_t *publishes)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    if (!log->shm)
+        return DKV_EINVAL;
+    *durable = LD(log->shm->durable);
+    *publishes = LD(log->shm->wake);
+    return 0;
+}

@@ -452,6 +452,18 @@ class SegmentLog:
         return lib.dkv_flusher_syncs(self._handle())
 
     @property
+    def shared_durable(self) -> tuple[int, int] | None:
+        """A writer's view of the store's shared watermark (FORMAT.md section 12):
+        ``(durable, publishes)`` -- frames below ``durable`` were fdatasync'd by some
+        process of the store, and ``publishes`` counts the fdatasyncs (or failures)
+        published so far. None on a handle that shares none (read-only)."""
+        h = self._handle()
+        d, n = _new("uint64_t *"), _new("uint64_t *")
+        if lib.dkv_shared_durable(h, d, n):
+            return None
+        return d[0], n[0]
+
+    @property
     def durable_lsn(self) -> int:
         """Frames with lsn < durable_lsn are durable."""
         return lib.dkv_durable_lsn(self._handle())
