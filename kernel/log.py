@@ -359,7 +359,9 @@ class SegmentLog:
         store's write lock and the log has caught up with every frame other processes
         appended, so ``next_lsn`` is the LSN the next append gets. Sections nest. Raises
         StoreLockedError (naming the holder's pid) after ``lock_timeout_ms``."""
-        h = self._handle()
+        h = self._h
+        if h is None:
+            h = self._handle()
         rc = lib.dkv_write_begin(h)
         if rc:
             raise _error(rc, h, self.path, "write_begin")
@@ -367,7 +369,9 @@ class SegmentLog:
     def write_end(self) -> None:
         """Close the section: its frames are written to the OS (not fsync'd: ``flush`` or
         ``wait_durable`` does that, outside the lock) and the write lock is released."""
-        h = self._handle()
+        h = self._h
+        if h is None:
+            h = self._handle()
         rc = lib.dkv_write_end(h)
         if rc:
             raise _error(rc, h, self.path, "write_end")
@@ -470,8 +474,8 @@ class SegmentLog:
 
     @property
     def next_lsn(self) -> int:
-        h = self._handle()
-        return lib.dkv_next_lsn(h)
+        h = self._h     # read on every commit (twice): no call for the common case
+        return lib.dkv_next_lsn(h if h is not None else self._handle())
 
     @property
     def start_lsn(self) -> int:
