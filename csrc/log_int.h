@@ -138,8 +138,12 @@ int dkv__wlock_take(dkv_log *log);
 int dkv__catch_up(dkv_log *log);
 /* WSHM (wshm.c). Without a mapping every call is a no-op that claims nothing. */
 uint64_t dkv__mono_ns(void);
-/* Map it; alone (no other writer attached) or stale: rebuild it from the loaded log. */
-int dkv__shm_open(dkv_log *log, int alone);
+/* Map it (before open takes WLOCK: a waiting opener asks a lease holder to let go too);
+ * then, once the log is loaded, check it: alone (no other writer attached) or stale (not
+ * this log's, or torn), rebuild it from the loaded log. Until checked only want_ns and
+ * holder_pid are used, which nothing trusts. */
+int dkv__shm_map(dkv_log *log);
+void dkv__shm_check(dkv_log *log, int alone);
 void dkv__shm_close(dkv_log *log);
 /* A section wrote its frames (WLOCK held): publish the active segment and written_lsn. */
 void dkv__shm_written(dkv_log *log);

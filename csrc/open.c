@@ -840,6 +840,8 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
     int alone = 0;
     if (!rc && !log->opt.read_only && log->lock_fd < 0)
         rc = take_lock(log, &alone);
+    if (!rc && log->shared)
+        rc = dkv__shm_map(log);
     /* loading (a scan of the active segment, a torn tail's repair) sees no half-written
      * frame of another writer: it runs under WLOCK, released once the handle is set up */
     if (!rc && log->shared && (rc = dkv__wlock_take(log)) == 0)
@@ -853,8 +855,8 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
         return rc;
     if (!log->opt.read_only && !repair && (rc = name_active_in_head(log)))
         return rc;
-    if (log->shared && (rc = dkv__shm_open(log, alone)))
-        return rc;
+    if (log->shared)
+        dkv__shm_check(log, alone);
     if (log->shared && alone && flock(log->lock_fd, LOCK_SH))
         return dkv__io_error(log, errno, "cannot share %s/LOCK", dir);
     if (log->shared)

@@ -57,7 +57,7 @@ static void rebuild(dkv_log *log, dkv_wshm *m)
     memcpy(m->magic, WSHM_MAGIC, 8);
 }
 
-int dkv__shm_open(dkv_log *log, int alone)
+int dkv__shm_map(dkv_log *log)
 {
     char p[4200];
     snprintf(p, sizeof p, "%s/WSHM", log->dir);
@@ -77,12 +77,19 @@ int dkv__shm_open(dkv_log *log, int alone)
     if (m == MAP_FAILED)
         return dkv__io_error(log, e, "cannot map %s", p);
     dkv_wshm *w = m;
-    /* alone: whatever the file says (a crash's, a power loss's) is not this log's now */
-    if (alone || short_file || memcmp(w->magic, WSHM_MAGIC, 8) || memcmp(w->uuid, log->uuid, 16) ||
-        w->epoch != log->epoch)
-        rebuild(log, w);
+    if (short_file)
+        memset(w->magic, 0, 8);     /* never valid: rebuilt by dkv__shm_check */
     log->shm = w;
     return 0;
+}
+
+void dkv__shm_check(dkv_log *log, int alone)
+{
+    dkv_wshm *w = log->shm;
+    /* alone: whatever the file says (a crash's, a power loss's) is not this log's now */
+    if (alone || memcmp(w->magic, WSHM_MAGIC, 8) || memcmp(w->uuid, log->uuid, 16) ||
+        w->epoch != log->epoch)
+        rebuild(log, w);
 }
 
 void dkv__shm_close(dkv_log *log)
