@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -490,4 +491,36 @@ def test_a_failed_fsync_in_one_process_lets_no_process_ack(tmp_path):
     with SegmentLog.open(path, durability="sync") as log:
         log.append(b"again")
         assert log.shared_durable[0] == log.next_lsn
+    assert verify(path).ok
+
+
+def test_a_stale_or_torn_wshm_is_rebuilt_at_open_and_never_trusted(tmp_path):
+    path = str(tmp_path / "log")
+    shm = os.path.join(path, "WSHM")
+    with SegmentLog.open(path, durability="sync") as log:
+        log.append(b"a")
+    # a stale file: this log's magic, uuid and epoch, a watermark far past the log (what
+    # a power loss could leave if a file outlived its writers)
+    with open(shm, "r+b") as f:
+        f.seek(56)
+        f.write(struct.pack("=Q", 1 << 60))
+    with SegmentLog.open(path, durability="sync") as log:     # alone: rebuilt
+        assert log.shared_durable[0] == log.next_lsn == 1
+        before = fdatasync_count()
+        log.append(b"b")
+        assert fdatasync_count() > before       # its own fsync, not the stale watermark
+    # a torn (short) file, then garbage while another writer is attached: rebuilt too
+    with open(shm, "r+b") as f:
+        f.truncate(20)
+    with SegmentLog.open(path, durability="sync") as a:
+        assert a.shared_durable[0] == 2
+        with open(shm, "r+b") as f:
+            f.write(b"\xff" * 128)
+        with SegmentLog.open(path, durability="sync") as b:   # not alone, not this log's
+            assert b.shared_durable[0] == b.next_lsn == 2
+            b.append(b"c")
+            a.append(b"d")
+            assert a.shared_durable[0] == 4
+    with SegmentLog.open(path, read_only=True) as r:
+        assert [p for _, p in r.scan()] == [b"a", b"b", b"c", b"d"]
     assert verify(path).ok
