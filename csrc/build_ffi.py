@@ -42,10 +42,13 @@ _args = ["-O2", "-Wall", "-Wextra", "-std=gnu11"]
 if os.environ.get("DURKV_WERROR") == "1":
     _args.append("-Werror")
 
+# the writers' shared state (FORMAT.md section 12), kept apart from SOURCES' line
+MULTIWRITER_SOURCES = ["wshm.c"]
+
 ffibuilder.set_source(
     "durkv._seglog",
     '#include "seglog.h"',
-    sources=[os.path.relpath(HERE / s) for s in SOURCES],
+    sources=[os.path.relpath(HERE / s) for s in SOURCES + MULTIWRITER_SOURCES],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=_args,
     libraries=["pthread"],

@@ -24,6 +24,19 @@ typedef struct {
     uint64_t dev, ino;      /* the file this handle loaded: a reopen must find the same one */
 } seg_t;
 
+/* WSHM (wshm.c, FORMAT.md section 12): what the writer processes of one store share. */
+#define WSHM_LEN 128
+typedef struct {
+    char magic[8];
+    uint8_t uuid[16];
+    uint64_t epoch;
+    uint32_t seq, wake;         /* seqlock over seg_base/written; futex word */
+    uint64_t seg_base, written, durable, syncing, want_ns;
+    uint32_t poison, waiters, holder_pid;
+    uint32_t sync_owner;        /* pid running the store's fdatasync now, 0: none */
+    uint8_t reserved[32];
+} dkv_wshm;
+
 /* Sealed segments whose fd stays open at a time (segfd.c); the active segment's is extra. */
 #define SEALED_FDS 64
 
@@ -34,6 +47,10 @@ struct dkv_log {
     int wlock_fd;               /* WLOCK: the cross-process write lock (shared writers) */
     int shared;                 /* LOCK held shared: other processes may write (FORMAT.md) */
     int wheld, wdepth;          /* a thread of this process holds WLOCK (mu) */
+    int lease;                  /* WLOCK kept between sections (no other process wants it) */
+    int wfresh;                 /* the running section took WLOCK itself (not from a lease) */
+    uint64_t lease_ns;          /*   since the end of the last section (CLOCK_MONOTONIC) */
+    dkv_wshm *shm;              /* WSHM mapped (shared writers), else NULL */
     pthread_t wowner;
     uint8_t uuid[16];
     seg_t *segs;
@@ -119,6 +136,39 @@ int dkv__create_next_segment(dkv_log *log);
  * processes appended (mu held, WLOCK held, nothing pending). */
 int dkv__wlock_take(dkv_log *log);
 int dkv__catch_up(dkv_log *log);
+/* WSHM (wshm.c). Without a mapping every call is a no-op that claims nothing. */
+uint64_t dkv__mono_ns(void);
+/* Map it (before open takes WLOCK: a waiting opener asks a lease holder to let go too);
+ * then, once the log is loaded, check it: alone (no other writer attached) or stale (not
+ * this log's, or torn), rebuild it from the loaded log. Until checked only want_ns and
+ * holder_pid are used, which nothing trusts. */
+int dkv__shm_map(dkv_log *log);
+void dkv__shm_check(dkv_log *log, int alone);
+void dkv__shm_close(dkv_log *log);
+/* A section wrote its frames (WLOCK held): publish the active segment and written_lsn. */
+void dkv__shm_written(dkv_log *log);
+/* A roll sealed (fdatasync'd) every frame below new_base. */
+void dkv__shm_rolled(dkv_log *log, uint64_t new_base);
+/* Before an fdatasync of the active segment (base: its base LSN, read under mu): the end
+ * it will cover (own: what this handle wrote), announced as in flight. After it: publish
+ * (ok) or poison (failed). Called without mu. */
+uint64_t dkv__shm_cover(dkv_log *log, uint64_t base, uint64_t own);
+void dkv__shm_synced(dkv_log *log, uint64_t cover, int ok, int turn);
+/* Give the syncer's turn (dkv__shm_sync_turn) back without a publish (a failed write). */
+void dkv__shm_turn_release(dkv_log *log);
+int dkv__shm_poisoned(dkv_log *log);
+uint64_t dkv__shm_durable(dkv_log *log);
+/* Become the store's one syncer (1), or another process's fdatasync runs (0): sleep until
+ * it publishes (at most timeout_us; a syncer found dead gives its turn up). A group-commit
+ * leader's fdatasync (lead) runs with the turn; the async flusher's without it. */
+int dkv__shm_sync_turn(dkv_log *log);
+void dkv__shm_wait(dkv_log *log, uint64_t end, uint32_t timeout_us);
+/* The lease: a WLOCK waiter marks itself until until_ns; a holder asks if one waits. */
+void dkv__shm_want(dkv_log *log, uint64_t until_ns);
+void dkv__shm_unwant(dkv_log *log);
+int dkv__shm_wanted(dkv_log *log, uint64_t now_ns);
+int dkv__shm_holder_is(dkv_log *log, uint32_t pid);
+void dkv__shm_set_holder(dkv_log *log, uint32_t pid);
 /* Enter (1) or leave (0) the calling thread's write section (mu held, seglog.c). */
 int dkv__write_section(dkv_log *log, int enter);
 /* Wait until no leader, flusher sync or roll runs (mu held, seglog.c). */

@@ -33,17 +33,27 @@ static uint64_t now_ms(void)
     return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
 }
 
+/* How long a WLOCK waiter's mark in WSHM lasts: it renews it on every poll (at most 1 ms
+ * apart), so a waiter killed mid-wait stops asking a lease holder within this. */
+#define WANT_NS 5000000u
+
 /* flock(fd, op | LOCK_NB) until it holds or timeout_ms pass: yields first (a commit holds
- * WLOCK for microseconds), then sleeps up to 1 ms at a time. 0, EWOULDBLOCK or errno. */
-static int flock_wait(int fd, int op, uint32_t timeout_ms)
+ * WLOCK for microseconds), then sleeps up to 1 ms at a time. 0, EWOULDBLOCK or errno.
+ * want: WLOCK's handle, whose every failed poll asks a lease holder to let go (WSHM). */
+static int flock_wait(int fd, int op, uint32_t timeout_ms, dkv_log *want)
 {
     uint64_t deadline = now_ms() + timeout_ms;
     long ns = 20000;
     for (unsigned i = 0;; i++) {
-        if (!flock(fd, op | LOCK_NB))
+        if (!flock(fd, op | LOCK_NB)) {
+            if (want && i)
+                dkv__shm_unwant(want);  /* others waiting mark again on their next poll */
             return 0;
+        }
         if (errno != EWOULDBLOCK && errno != EINTR)
             return errno;
+        if (want)
+            dkv__shm_want(want, dkv__mono_ns() + WANT_NS);
         if (now_ms() >= deadline)
             return EWOULDBLOCK;
         if (i < 64) {
@@ -58,15 +68,18 @@ static int flock_wait(int fd, int op, uint32_t timeout_ms)
 }
 
 /* A writer attaches: LOCK shared for the handle's life (recover and compaction hold it
- * exclusively), and WLOCK opened for its appends (FORMAT.md "Several writers"). */
-static int take_lock(dkv_log *log)
+ * exclusively), and WLOCK opened for its appends (FORMAT.md "Several writers"). *alone:
+ * no other writer is attached -- LOCK is held exclusively until open shares it (so WSHM
+ * is rebuilt by a writer nobody else can be reading it with). */
+static int take_lock(dkv_log *log, int *alone)
 {
     char p[4200];
     snprintf(p, sizeof p, "%s/LOCK", log->dir);
     int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return dkv__io_error(log, errno, "cannot open %s", p);
-    int e = flock_wait(fd, LOCK_SH, log->opt.lock_timeout_ms);
+    *alone = !flock(fd, LOCK_EX | LOCK_NB);
+    int e = *alone ? 0 : flock_wait(fd, LOCK_SH, log->opt.lock_timeout_ms, NULL);
     if (e) {
         char pid[32];
         lock_holder(fd, pid);
@@ -89,7 +102,7 @@ static int take_lock(dkv_log *log)
 
 int dkv__wlock_take(dkv_log *log)
 {
-    int e = flock_wait(log->wlock_fd, LOCK_EX, log->opt.lock_timeout_ms);
+    int e = flock_wait(log->wlock_fd, LOCK_EX, log->opt.lock_timeout_ms, log);
     if (e == EWOULDBLOCK) {
         char pid[32];
         lock_holder(log->wlock_fd, pid);
@@ -100,9 +113,13 @@ int dkv__wlock_take(dkv_log *log)
     }
     if (e)
         return dkv__io_error(log, e, "cannot lock %s/WLOCK", log->dir);
-    char pid[32];
-    int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-    (void)!pwrite(log->wlock_fd, pid, (size_t)n, 0);   /* advisory, for messages only */
+    /* advisory, for messages only: rewritten only when another process wrote its own */
+    if (!dkv__shm_holder_is(log, (uint32_t)log->pid)) {
+        char pid[32];
+        int n = snprintf(pid, sizeof pid, "%d\n", log->pid);
+        (void)!pwrite(log->wlock_fd, pid, (size_t)n, 0);
+        dkv__shm_set_holder(log, (uint32_t)log->pid);
+    }
     return 0;
 }
 
@@ -117,7 +134,7 @@ int dkv_exclusive(dkv_log *log, int on)
             log->shared = 2;
             return 0;
         }
-        int e = flock_wait(log->lock_fd, LOCK_SH, log->opt.lock_timeout_ms);
+        int e = flock_wait(log->lock_fd, LOCK_SH, log->opt.lock_timeout_ms, NULL);
         if (e)
             return dkv__io_error(log, e, "cannot re-take the shared lock on %s/LOCK", log->dir);
         dkv__set_error(log, "other processes have %s open for writing; this needs the store "
@@ -197,6 +214,7 @@ static void go_read_only(dkv_log *log)
         close(log->wlock_fd);   /* releases WLOCK if open held it */
     log->wlock_fd = -1;
     log->shared = 0;
+    dkv__shm_close(log);
 }
 
 /* ---- loading one segment ---- */
@@ -819,8 +837,11 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
     int rc = check_options(log, opt);
     if (!rc)
         rc = ensure_dir(log, dir);
+    int alone = 0;
     if (!rc && !log->opt.read_only && log->lock_fd < 0)
-        rc = take_lock(log);
+        rc = take_lock(log, &alone);
+    if (!rc && log->shared)
+        rc = dkv__shm_map(log);
     /* loading (a scan of the active segment, a torn tail's repair) sees no half-written
      * frame of another writer: it runs under WLOCK, released once the handle is set up */
     if (!rc && log->shared && (rc = dkv__wlock_take(log)) == 0)
@@ -834,6 +855,10 @@ static int open_impl(const char *dir, const dkv_options *opt, int lock_fd, int r
         return rc;
     if (!log->opt.read_only && !repair && (rc = name_active_in_head(log)))
         return rc;
+    if (log->shared)
+        dkv__shm_check(log, alone);
+    if (log->shared && alone && flock(log->lock_fd, LOCK_SH))
+        return dkv__io_error(log, errno, "cannot share %s/LOCK", dir);
     if (log->shared)
         flock(log->wlock_fd, LOCK_UN);
     log->written_lsn = log->durable_lsn = log->next_lsn;

@@ -207,8 +207,19 @@ static void wake_flusher(dkv_log *log)
     }
 }
 
+/* Frames below d are durable (d: an fdatasync's cover, or WSHM's durable): raise the
+ * handle's watermark, never past the frames it knows were written. mu held. */
+static void raise_durable(dkv_log *log, uint64_t d)
+{
+    if (d > log->written_lsn)
+        d = log->written_lsn;
+    if (d > log->durable_lsn)
+        STORE_LSN(log->durable_lsn, d);
+}
+
 /* Become leader (mu held, no leader running): write everything pending, fdatasync if
- * asked, return with mu held. */
+ * asked (a shared writer holds the store's syncer turn then, sync_step: given back here),
+ * return with mu held. */
 static int lead(dkv_log *log, int do_sync)
 {
     log->leader = 1;
@@ -222,6 +233,7 @@ static int lead(dkv_log *log, int do_sync)
     log->pend_len = 0;
     log->pend_off = off + n;
     int fd = log->wfd;
+    uint64_t base = active(log)->base_lsn;
     uint32_t digest = log->run_digest, seed = log->seed;
     /* The durable watermark now, just before the write: frames queued while an earlier
      * group was being synced record that group as durable (FORMAT.md section 3). */
@@ -236,6 +248,8 @@ static int lead(dkv_log *log, int do_sync)
     pthread_mutex_lock(&log->mu);
     if (rc) {
         log->leader = 0;
+        if (do_sync)
+            dkv__shm_turn_release(log);
         return fail(log, "write", rc);
     }
     if (n)      /* an empty group (a sync) leaves a catch-up's digest and tail alone */
@@ -247,7 +261,9 @@ static int lead(dkv_log *log, int do_sync)
         log->lead_sync = 1;
         pthread_cond_broadcast(&log->cv);
         pthread_mutex_unlock(&log->mu);
+        uint64_t cover = dkv__shm_cover(log, base, upto);   /* other processes' frames too */
         rc = dkv__fdatasync(fd);
+        dkv__shm_synced(log, cover, !rc, 1);
         pthread_mutex_lock(&log->mu);
         log->lead_sync = 0;
         if (rc) {
@@ -255,12 +271,75 @@ static int lead(dkv_log *log, int do_sync)
             return fail(log, "fdatasync", rc);
         }
         log->commit_syncs++;
-        if (upto > log->durable_lsn)
-            STORE_LSN(log->durable_lsn, upto);
+        raise_durable(log, cover);
     }
     log->leader = 0;
     pthread_cond_broadcast(&log->cv);
     wake_flusher(log);
+    return 0;
+}
+
+/* CLOCK_REALTIME ns from now (pthread_cond_timedwait's clock). */
+static struct timespec realtime_in(uint64_t ns)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    ns += (uint64_t)t.tv_nsec;
+    t.tv_sec += (time_t)(ns / 1000000000u);
+    t.tv_nsec = (long)(ns % 1000000000u);
+    return t;
+}
+
+/* The lease (FORMAT.md 12): WLOCK kept after a section while no other process wants it. */
+#define LEASE_IDLE_NS 1000000u      /* let it go after this long without a section */
+
+/* Let WLOCK go if this process holds it between sections. mu held. */
+static void lease_release(dkv_log *log)
+{
+    if (log->lease) {
+        log->lease = 0;
+        flock(log->wlock_fd, LOCK_UN);
+    }
+}
+
+/* The flusher's look at a lease: gone when another process waits, the handle failed or
+ * stops, or no section came for LEASE_IDLE_NS. mu held. */
+static void lease_tick(dkv_log *log)
+{
+    if (!log->lease)
+        return;
+    uint64_t now = dkv__mono_ns();
+    if (log->failed || log->stop || dkv__shm_wanted(log, now) || now - log->lease_ns >= LEASE_IDLE_NS)
+        lease_release(log);
+}
+
+/* One step towards frames below `end` being durable, when no leader of this process runs
+ * (mu held): take another process's fdatasync that covered them (WSHM's durable); or, if
+ * another process's fdatasync runs, sleep until it publishes (10 ms at most) and look
+ * again -- one fsync at a time per store, each covering every frame written while the
+ * previous one ran (cross-process group commit); or run the store's next fdatasync. A
+ * failed fdatasync anywhere (WSHM's poison) fails the handle. */
+static int sync_step(dkv_log *log, uint64_t end)
+{
+    if (!log->shm)
+        return lead(log, 1);
+    lease_release(log);     /* this thread now waits for a disk: others may write meanwhile */
+    if (dkv__shm_poisoned(log))
+        return fail(log, "fdatasync (in another process writing this store)", -EIO);
+    raise_durable(log, dkv__shm_durable(log));
+    if (log->durable_lsn >= end)
+        return 0;
+    if (dkv__shm_sync_turn(log))
+        return lead(log, 1);            /* its publish gives the turn back */
+    log->leader = log->lead_sync = 1;   /* this process's other waiters wait for this one */
+    pthread_mutex_unlock(&log->mu);
+    dkv__shm_wait(log, end, 10000);
+    pthread_mutex_lock(&log->mu);
+    log->leader = log->lead_sync = 0;
+    pthread_cond_broadcast(&log->cv);
+    if (dkv__shm_poisoned(log))
+        return fail(log, "fdatasync (in another process writing this store)", -EIO);
+    raise_durable(log, dkv__shm_durable(log));
     return 0;
 }
 
@@ -407,6 +486,8 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
         what = "HEAD update";
         rc = dkv__head_update(log);
     }
+    if (!rc)
+        dkv__shm_rolled(log, h.base_lsn);
     dkv__seg_retire(log);
     if (rc)
         return fail(log, what, rc);
@@ -515,6 +596,13 @@ static int write_enter(dkv_log *log)
     log->wheld = 1;
     log->wdepth = 1;
     log->wowner = pthread_self();
+    if (log->lease) {
+        /* WLOCK held since this process's last section: no one else wrote; no catch-up */
+        log->lease = 0;
+        log->wfresh = 0;
+        return 0;
+    }
+    log->wfresh = 1;
     pthread_mutex_unlock(&log->mu);
     rc = dkv__wlock_take(log);
     pthread_mutex_lock(&log->mu);
@@ -569,9 +657,21 @@ static int write_exit(dkv_log *log)
     }
     if (!rc && log->failed)
         rc = dkv__usable(log, 1);
-    /* a failed handle's unwritten frames were never acknowledged: releasing is safe */
-    flock(log->wlock_fd, LOCK_UN);
+    if (!rc)
+        dkv__shm_written(log);
     log->wheld = 0;
+    uint64_t now = dkv__mono_ns();
+    if (!rc && !log->closed && !dkv__shm_wanted(log, now)) {
+        /* no other process waits: keep WLOCK for this process's next section (FORMAT.md
+         * 12, the lease); the flusher lets it go after LEASE_IDLE_NS without one */
+        log->lease = 1;
+        log->lease_ns = now;
+        if (log->wfresh && log->flusher_idle)
+            pthread_cond_signal(&log->flush_cv);    /* it times the lease from now */
+    } else {
+        /* a failed handle's unwritten frames were never acknowledged: releasing is safe */
+        flock(log->wlock_fd, LOCK_UN);
+    }
     pthread_cond_broadcast(&log->cv);
     return rc;
 }
@@ -666,7 +766,7 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
             return 0;
         }
         if (!log->leader && !log->rolling) {
-            rc = lead(log, durability == DKV_SYNC);
+            rc = durability == DKV_SYNC ? sync_step(log, end) : lead(log, 0);
             if (rc)
                 return rc;
             continue;
@@ -736,7 +836,7 @@ static int wait_durable_locked(dkv_log *log, uint64_t end)
         if (log->opt.read_only || log->durable_lsn >= end)
             return 0;
         if (!log->leader && !log->rolling) {
-            if ((rc = lead(log, 1)))
+            if ((rc = sync_step(log, end)))
                 return rc;
             continue;
         }
@@ -814,18 +914,29 @@ void *dkv__flusher_main(void *arg)
             lead(log, 0);           /* a failure fails the handle; appenders see it */
             continue;
         }
+        lease_tick(log);
         if (log->failed || !flush_due(log)) {
             log->flusher_idle = 1;
-            pthread_cond_wait(&log->flush_cv, &log->mu);
+            if (log->lease) {       /* look at the lease again within a millisecond */
+                struct timespec t = realtime_in(LEASE_IDLE_NS);
+                pthread_cond_timedwait(&log->flush_cv, &log->mu, &t);
+            } else {
+                pthread_cond_wait(&log->flush_cv, &log->mu);
+            }
             log->flusher_idle = 0;
             continue;
         }
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)log->opt.flush_interval_ms * 1000000u;
-        dl.tv_sec += (time_t)(ns / 1000000000u);
-        dl.tv_nsec = (long)(ns % 1000000000u);
-        while (!log->stop && pthread_cond_timedwait(&log->flush_cv, &log->mu, &dl) != ETIMEDOUT) {
+        uint64_t due = dkv__mono_ns() + (uint64_t)log->opt.flush_interval_ms * 1000000u;
+        for (;;) {
+            uint64_t now = dkv__mono_ns();
+            if (log->stop || now >= due)
+                break;
+            uint64_t step = due - now;
+            if (log->lease && step > LEASE_IDLE_NS)
+                step = LEASE_IDLE_NS;
+            struct timespec t = realtime_in(step);
+            pthread_cond_timedwait(&log->flush_cv, &log->mu, &t);
+            lease_tick(log);
             if (log->spill_req && !log->failed && !log->leader && !log->rolling) {
                 log->spill_req = 0;
                 lead(log, 0);
@@ -836,18 +947,20 @@ void *dkv__flusher_main(void *arg)
         if (log->stop || log->failed || !flush_due(log))
             continue;
         log->syncing = 1;
-        uint64_t upto = log->written_lsn;
+        uint64_t upto = log->written_lsn, base = active(log)->base_lsn;
         int fd = log->wfd;
         pthread_mutex_unlock(&log->mu);
+        uint64_t cover = dkv__shm_cover(log, base, upto);   /* other processes' frames too */
         int rc = dkv__fdatasync(fd);
+        dkv__shm_synced(log, cover, !rc, 0);
         pthread_mutex_lock(&log->mu);
         log->syncing = 0;
         if (rc)
             fail(log, "fdatasync", rc);
         else
             __atomic_add_fetch(&log->flusher_syncs, 1, __ATOMIC_RELAXED);
-        if (!rc && upto > log->durable_lsn)
-            STORE_LSN(log->durable_lsn, upto);
+        if (!rc)
+            raise_durable(log, cover);
         pthread_cond_broadcast(&log->cv);
     }
     pthread_mutex_unlock(&log->mu);
@@ -983,7 +1096,8 @@ int dkv_close(dkv_log *log)
     if (log->lock_fd >= 0)
         close(log->lock_fd);    /* releases the flock */
     if (log->wlock_fd >= 0)
-        close(log->wlock_fd);
+        close(log->wlock_fd);   /* releases WLOCK if a lease held it */
+    dkv__shm_close(log);
     pthread_mutex_destroy(&log->mu);
     pthread_cond_destroy(&log->cv);
     pthread_cond_destroy(&log->flush_cv);

@@ -181,6 +181,11 @@ uint64_t dkv_start_lsn(dkv_log *log);
  * and releases the lock. */
 int dkv_write_begin(dkv_log *log);
 int dkv_write_end(dkv_log *log);
+/* Several writers: the store's shared watermark (WSHM, FORMAT.md section 12): frames below
+ * *durable were fdatasync'd by some process; *publishes counts the fdatasyncs (and
+ * failures) published so far. DKV_EINVAL on a handle that shares none (read-only). A
+ * witness for tests and benchmarks. */
+int dkv_shared_durable(dkv_log *log, uint64_t *durable, uint64_t *publishes);
 /* Try to hold LOCK exclusively (on=1: no other handle attached; DKV_ELOCKED if one is) or
  * go back to sharing it (on=0): compaction runs with the store alone. */
 int dkv_exclusive(dkv_log *log, int on);

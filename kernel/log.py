@@ -20,7 +20,6 @@ import errno as _errno
 import os
 import struct
 import sys
-import threading
 import weakref
 from array import array
 from collections.abc import Iterator
@@ -54,10 +53,6 @@ _append_lsn = lib.dkv_append_lsn
 _append_packed = lib.dkv_append_packed
 _read_alloc = lib.dkv_read_alloc
 _free = lib.dkv_free
-
-# `exit` policy: appends are batched here and handed to C in one call per batch.
-_BATCH_FRAMES = 256
-_BATCH_BYTES = 1 << 20
 
 
 # ---------------------------------------------------------------- reports
@@ -258,14 +253,6 @@ class SegmentLog:
         self.read_only = read_only
         self._salvage = False
         self._recovery_damage = recovery_damage
-        # `exit` policy only: frames appended but not yet handed to C (None: no batching).
-        # _bfirst is the LSN of _batch[0]; every frame in it has type _btype.
-        self._batch: list[bytes] | None = None
-        self._btype = FRAME_DATA
-        self._bfirst = 0
-        self._bbytes = 0
-        self._block = threading.Lock()
-        self._wdepth = 0            # write sections open (write_begin .. write_end)
         self._pid = os.getpid()     # the process that opened it (the handle is its alone)
         self._forked = False        # this process is a fork of that one: refuse everything
 
@@ -313,8 +300,6 @@ class SegmentLog:
                                                     damage.kind != "torn_tail")
         self = cls(ffi.gc(h, lib.dkv_close), path, durability, ro, damage)
         self._salvage = recovery == "salvage"
-        if durability == "exit" and not ro:
-            self._batch = []
         _open_logs.add(self)
         return self
 
@@ -337,9 +322,7 @@ class SegmentLog:
         return h
 
     def _disown(self) -> None:
-        """In a forked child: drop the parent's buffered frames (the parent writes them)
-        and close the handle without a flush (see :func:`_disown_all_in_child`)."""
-        self._batch = None
+        """In a forked child: close the handle without a flush (see :func:`_disown_all_in_child`)."""
         self._forked = True
         h, self._h = self._h, None
         _open_logs.discard(self)
@@ -349,12 +332,6 @@ class SegmentLog:
 
     def close(self) -> None:
         """Flush (every policy), stop the flusher, release the lock. Idempotent."""
-        err = None
-        if self._batch:
-            try:
-                self._drain()
-            except DurkvError as e:     # the handle failed: close it all the same
-                err = e
         h, self._h = self._h, None
         if h is None:
             return
@@ -362,19 +339,8 @@ class SegmentLog:
         raw = ffi.cast("dkv_log *", h)
         ffi.gc(h, None)     # detach the finalizer: we close it now, exactly once
         rc = lib.dkv_close(raw)
-        if err is not None:
-            raise err
         if rc and rc != lib.DKV_EFAILED:
             raise _error(rc, None, self.path, "close")
-
-    def __del__(self) -> None:
-        # An `exit` log dropped without close(): hand its batch to C, whose handle
-        # finalizer (ffi.gc) then flushes it, as it did before batching.
-        if getattr(self, "_batch", None) and getattr(self, "_h", None) is not None:
-            try:
-                self._drain()
-            except Exception:
-                pass
 
     def __enter__(self) -> SegmentLog:
         return self
@@ -393,22 +359,20 @@ class SegmentLog:
         store's write lock and the log has caught up with every frame other processes
         appended, so ``next_lsn`` is the LSN the next append gets. Sections nest. Raises
         StoreLockedError (naming the holder's pid) after ``lock_timeout_ms``."""
-        h = self._handle()
+        h = self._h
+        if h is None:
+            h = self._handle()
         rc = lib.dkv_write_begin(h)
         if rc:
             raise _error(rc, h, self.path, "write_begin")
-        self._wdepth += 1
 
     def write_end(self) -> None:
         """Close the section: its frames are written to the OS (not fsync'd: ``flush`` or
         ``wait_durable`` does that, outside the lock) and the write lock is released."""
-        h = self._handle()
-        self._wdepth -= 1
-        try:
-            if not self._wdepth and self._batch:
-                self._drain()
-        finally:
-            rc = lib.dkv_write_end(h)
+        h = self._h
+        if h is None:
+            h = self._handle()
+        rc = lib.dkv_write_end(h)
         if rc:
             raise _error(rc, h, self.path, "write_end")
 
@@ -428,97 +392,14 @@ class SegmentLog:
             self._handle()
         if type(payload) is not bytes:
             payload = bytes(memoryview(payload))
-        # `exit` frames wait in Python only inside a write section: outside one, another
-        # process may take the LSN a buffered frame was promised
-        batch = self._batch if self._wdepth else None
-        if batch is not None:
-            if durability is None or durability == "exit":
-                # the common case inline: a batch of this frame type is open
-                if batch and frame_type == self._btype:
-                    n = len(payload)
-                    if n <= _BATCH_BYTES:
-                        lock = self._block
-                        lock.acquire()
-                        try:
-                            if batch and frame_type == self._btype:
-                                lsn = self._bfirst + len(batch)
-                                batch.append(payload)
-                                self._bbytes += n
-                                if len(batch) >= _BATCH_FRAMES or self._bbytes >= _BATCH_BYTES:
-                                    self._drain_locked()
-                                return lsn
-                        finally:
-                            lock.release()
-                return self._append_exit(h, payload, frame_type)
-            with self._block:       # buffered frames go first: LSN order is append order
-                self._drain_locked()
-                return self._append_c(h, payload, frame_type, _DURABILITY[durability])
-        # bytes pass to `const char *` without a copy; the LSN is the return value
+        # bytes pass to `const char *` without a copy; the LSN is the return value. In a
+        # write section an `exit` frame is only queued in C (no write, no lock): the
+        # section's end writes every frame of it in one write(2)
         r = _append_lsn(h, frame_type, payload, len(payload),
                         -1 if durability is None else _DURABILITY[durability])
         if r < 0:
             raise _error(r, h, self.path, "append")
         return r
-
-    def _append_c(self, h, payload: bytes, frame_type: int, pol: int) -> int:
-        # bytes pass to `const char *` without a copy; the LSN is the return value
-        r = _append_lsn(h, frame_type, payload, len(payload), pol)
-        if r < 0:
-            raise _error(r, h, self.path, "append")
-        return r
-
-    def _append_exit(self, h, payload: bytes, frame_type: int) -> int:
-        """`exit` policy: the frame takes the next LSN and waits in ``_batch``; a batch goes
-        to C (one call, like append_many) at 256 frames / 1 MiB and before anything that
-        reads, syncs or seals. The promise is unchanged: buffered in memory until
-        flush/close/interpreter exit."""
-        n = len(payload)
-        with self._block:
-            batch = self._batch
-            if batch and (frame_type != self._btype or n > _BATCH_BYTES):
-                self._drain_locked()
-            if n > _BATCH_BYTES:
-                return self._append_c(h, payload, frame_type, -1)
-            if not batch:
-                # An empty append checks the handle (closed/failed/read-only, frame type)
-                # and tells the next LSN; no other thread appends while we hold _block.
-                out = _new("uint64_t *")
-                rc = _append_packed(h, frame_type, ffi.NULL, ffi.NULL, 0, -1, out)
-                if rc:
-                    raise _error(rc, h, self.path, "append")
-                self._bfirst = out[0]
-                self._btype = frame_type
-            lsn = self._bfirst + len(batch)
-            batch.append(payload)
-            self._bbytes += n
-            if len(batch) >= _BATCH_FRAMES or self._bbytes >= _BATCH_BYTES:
-                self._drain_locked()
-            return lsn
-
-    def _drain(self) -> None:
-        """Hand the `exit` batch to C (no-op without one)."""
-        if self._batch:
-            with self._block:
-                self._drain_locked()
-
-    def _drain_locked(self) -> None:
-        batch = self._batch
-        if not batch:
-            return
-        h = self._handle()
-        n = len(batch)
-        data = b"".join(batch)
-        lens = array("I", [len(p) for p in batch])
-        first = self._bfirst
-        batch.clear()
-        self._bbytes = 0
-        out = _new("uint64_t *")
-        rc = _append_packed(h, self._btype, data, _from_buffer("uint32_t[]", lens), n, -1, out)
-        if rc:
-            raise _error(rc, h, self.path, "append")
-        if out[0] != first:     # cannot happen: every append of this handle takes _block
-            raise LogFailedError(f"exit batch of {self.path} got lsn {out[0]}, expected {first}",
-                                 path=self.path)
 
     def append_many(self, payloads: list[bytes], *, frame_type: int = FRAME_DATA,
                     durability: str | None = None) -> list[int]:
@@ -532,14 +413,7 @@ class SegmentLog:
         data = b"".join(payloads)
         lens = array("I", [len(p) for p in payloads])
         out = _new("uint64_t *")
-        if self._batch is not None:
-            with self._block:
-                self._drain_locked()
-                rc = _append_packed(h, frame_type, data, _from_buffer("uint32_t[]", lens), n,
-                                    pol, out)
-        else:
-            rc = _append_packed(h, frame_type, data, _from_buffer("uint32_t[]", lens), n, pol,
-                                out)
+        rc = _append_packed(h, frame_type, data, _from_buffer("uint32_t[]", lens), n, pol, out)
         if rc:
             raise _error(rc, h, self.path, "append")
         first = out[0]
@@ -548,8 +422,6 @@ class SegmentLog:
     def flush(self) -> None:
         """Make every frame appended so far durable, under any policy."""
         h = self._handle()
-        if self._batch:
-            self._drain()
         rc = lib.dkv_flush(h)
         if rc:
             raise _error(rc, h, self.path, "flush")
@@ -558,8 +430,6 @@ class SegmentLog:
         """Block until frame ``lsn`` (and all before it) is durable."""
         _check_lsn(lsn)
         h = self._handle()
-        if self._batch:
-            self._drain()
         rc = lib.dkv_wait_durable(h, lsn)
         if rc:
             raise _error(rc, h, self.path, "wait_durable")
@@ -569,8 +439,6 @@ class SegmentLog:
         ``async`` append promises, for a frame appended under ``exit`` (queued only)."""
         _check_lsn(lsn)
         h = self._handle()
-        if self._batch:
-            self._drain()
         rc = lib.dkv_wait_written(h, lsn)
         if rc:
             raise _error(rc, h, self.path, "wait_written")
@@ -588,18 +456,26 @@ class SegmentLog:
         return lib.dkv_flusher_syncs(self._handle())
 
     @property
+    def shared_durable(self) -> tuple[int, int] | None:
+        """A writer's view of the store's shared watermark (FORMAT.md section 12):
+        ``(durable, publishes)`` -- frames below ``durable`` were fdatasync'd by some
+        process of the store, and ``publishes`` counts the fdatasyncs (or failures)
+        published so far. None on a handle that shares none (read-only)."""
+        h = self._handle()
+        d, n = _new("uint64_t *"), _new("uint64_t *")
+        if lib.dkv_shared_durable(h, d, n):
+            return None
+        return d[0], n[0]
+
+    @property
     def durable_lsn(self) -> int:
         """Frames with lsn < durable_lsn are durable."""
         return lib.dkv_durable_lsn(self._handle())
 
     @property
     def next_lsn(self) -> int:
-        h = self._handle()
-        if self._batch:
-            with self._block:
-                if self._batch:
-                    return self._bfirst + len(self._batch)
-        return lib.dkv_next_lsn(h)
+        h = self._h     # read on every commit (twice): no call for the common case
+        return lib.dkv_next_lsn(h if h is not None else self._handle())
 
     @property
     def start_lsn(self) -> int:
@@ -609,8 +485,6 @@ class SegmentLog:
         """Seal the active segment and start a new one; with ``new_start_lsn``, also drop
         sealed segments wholly below it (FORMAT.md section 7)."""
         h = self._handle()
-        if self._batch:
-            self._drain()
         rc = lib.dkv_seal(h, new_start_lsn or 0)
         if rc:
             raise _error(rc, h, self.path, "seal")
@@ -636,11 +510,6 @@ class SegmentLog:
             if type(lsn) is int and lsn < 0:
                 raise NotFoundError(f"lsn {lsn} is not in the log")
             _check_lsn(lsn)
-        if self._batch and lsn >= self._bfirst:
-            with self._block:               # still in the `exit` batch: served from memory
-                i = lsn - self._bfirst
-                if self._batch and 0 <= i < len(self._batch):
-                    return self._btype, self._batch[i]
         buf = _new("uint8_t **")
         ln = _new("uint32_t *")
         ty = _new("uint8_t *")
@@ -679,8 +548,6 @@ class SegmentLog:
         """The heads of the COMMIT frames ``lsns`` as one msgpack array (a bytes-like
         buffer), in one C call (each frame crc-checked as :meth:`read_frame` does)."""
         h = self._handle()
-        if self._batch:
-            self._drain()
         want = array("Q", lsns)
         buf = _new("uint8_t **")
         ln = _new("size_t *")
@@ -693,8 +560,6 @@ class SegmentLog:
     def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
         """The materialized item list of channel entry (lsn, idx), in one C call."""
         h = self._handle()
-        if self._batch:
-            self._drain()
         buf = ffi.new("uint8_t **")
         ln = ffi.new("size_t *")
         n = ffi.new("uint32_t *")
@@ -710,8 +575,6 @@ class SegmentLog:
 
     def segments(self) -> list[SegmentInfo]:
         h = self._handle()
-        if self._batch:
-            self._drain()
         out = ffi.new("dkv_report **")
         rc = lib.dkv_segments(h, out)
         if rc:
@@ -728,8 +591,6 @@ class SegmentLog:
     def verify(self, deep: bool = False) -> Report:
         """Verify the files of this log (like :func:`verify`; takes no lock)."""
         self._handle()
-        if self._batch:
-            self._drain()
         return verify(self.path, deep=deep)
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import time
 import pytest
 
 import durkv
-from durkv.errors import StoreLockedError
+from durkv.errors import LogFailedError, StoreLockedError
 from durkv.log import SegmentLog, fdatasync_count, verify
 
 _CHILD = r"""
@@ -308,3 +309,218 @@ def test_a_fork_does_not_keep_a_dead_parents_driver_claim(tmp_path):
             assert run.step("s", lambda: 1) == 1
     finally:
         os.killpg(p.pid, 9)                 # the orphaned child, by its process group
+
+
+# -- the lease and the shared watermark (FORMAT.md section 12, WSHM) ------------------------
+
+def _wlock_free(path: str) -> bool:
+    """Whether WLOCK is free now: a separate open file description tries it (no wait)."""
+    import fcntl
+
+    fd = os.open(os.path.join(path, "WLOCK"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)      # closing drops a lock it took
+    return True
+
+
+def test_a_lone_writer_keeps_wlock_between_commits_and_lets_it_go_when_idle(tmp_path):
+    path = str(tmp_path / "log")
+    with SegmentLog.open(path, durability="exit") as log:
+        held = 0
+        for i in range(50):
+            log.append(b"frame %d" % i)
+            held += not _wlock_free(path)       # right after the commit: the lease holds it
+        assert held >= 25
+        deadline = time.monotonic() + 2
+        while not _wlock_free(path):           # no commit for 1 ms: the flusher lets it go
+            assert time.monotonic() < deadline, "the lease was never released"
+            time.sleep(0.005)
+        # the frames were written at each commit (exit: write(2), no fsync), lease or not
+        assert os.path.getsize(os.path.join(path, "0000000000000000.seg")) > 50 * 24
+
+
+_LEASER = r"""
+import sys, time
+from durkv.log import SegmentLog
+log = SegmentLog.open(sys.argv[1], durability="exit")
+n, t0 = 0, time.monotonic()
+log.append(b"first")
+print("go", flush=True)
+while time.monotonic() - t0 < float(sys.argv[2]):
+    log.append(b"leaser %d" % n)
+    n += 1
+log.close()
+print(n, flush=True)
+"""
+
+
+def test_a_busy_lease_holder_lets_a_waiting_process_commit_well_within_the_timeout(tmp_path):
+    path = str(tmp_path / "log")
+    SegmentLog.open(path).close()
+    p = subprocess.Popen([sys.executable, "-c", _LEASER, path, "3"], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "go"
+        t0 = time.monotonic()       # opening waits for WLOCK too (its load runs under it)
+        with SegmentLog.open(path, durability="exit", lock_timeout_ms=5000) as log:
+            waits = [time.monotonic() - t0]
+            for i in range(30):
+                t0 = time.monotonic()
+                log.append(b"waiter %d" % i)
+                waits.append(time.monotonic() - t0)
+                time.sleep(0.01)
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0
+        assert int(out.split()[-1]) > 100       # the holder kept committing meanwhile
+        assert max(waits) < 1.0, waits          # a fifth of the timeout, at worst
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    rep = verify(path)
+    assert rep.ok and rep.next_lsn > 130
+
+
+def test_a_killed_lease_holder_frees_the_others_at_once(tmp_path):
+    path = str(tmp_path / "log")
+    SegmentLog.open(path).close()
+    p = subprocess.Popen([sys.executable, "-c", _LEASER, path, "30"], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "go"
+        time.sleep(0.2)
+        p.kill()                                # SIGKILL, wherever it was: lease or section
+        p.wait()
+        with SegmentLog.open(path, lock_timeout_ms=5000) as log:
+            t0 = time.monotonic()
+            lsn = log.append(b"after the kill", durability="sync")
+            assert time.monotonic() - t0 < 1.0
+            assert log.read(lsn) == b"after the kill"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert verify(path).ok
+
+
+_SYNCER = r"""
+import json, sys
+from durkv.log import SegmentLog, fdatasync_count
+log = SegmentLog.open(sys.argv[1], durability="sync")
+print("ready", flush=True)
+sys.stdin.readline()
+rows = []
+for i in range(int(sys.argv[2])):
+    f0, (_, p0) = fdatasync_count(), log.shared_durable
+    lsn = log.append(b"p%s %d" % (sys.argv[3].encode(), i))
+    d, p1 = log.shared_durable
+    rows.append([lsn, fdatasync_count() - f0, p0, p1, d, log.durable_lsn])
+log.close()
+print(json.dumps(rows), flush=True)
+"""
+
+
+def test_a_commit_acked_through_another_processes_fsync_was_covered_by_it(tmp_path):
+    # the power-loss witness of cross-process group commit: a sync commit that returned
+    # without an fdatasync of its own did so because the store's shared watermark (raised
+    # only after an fdatasync that began after the frame was written) covered it
+    path = str(tmp_path / "log")
+    SegmentLog.open(path).close()
+    n = 150
+    ps = [subprocess.Popen([sys.executable, "-c", _SYNCER, path, str(n), str(k)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+          for k in range(4)]
+    for p in ps:
+        assert p.stdout.readline().strip() == "ready"
+    for p in ps:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    rows = []
+    for p in ps:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0
+        rows += json.loads(out)
+    lsns = sorted(r[0] for r in rows)
+    assert lsns == list(range(4 * n))
+    borrowed = [r for r in rows if r[1] == 0]
+    for lsn, _, p0, p1, shared, own in borrowed:
+        assert shared > lsn and own > lsn        # durable, by the shared watermark
+        assert p1 > p0                           # published after this frame's write began
+    own_syncs = sum(r[1] for r in rows)
+    assert borrowed and own_syncs < len(rows)    # they shared fsyncs across processes
+    assert verify(path).ok
+
+
+_FAILER = r"""
+import sys
+from durkv.errors import DurkvError
+from durkv.log import SegmentLog, fault_inject
+log = SegmentLog.open(sys.argv[1], durability="sync")
+fault_inject("fdatasync", 1)
+try:
+    log.append(b"failer")
+    print("acked", flush=True)
+except DurkvError as e:
+    print("failed", type(e).__name__, flush=True)
+"""
+
+
+def test_a_failed_fsync_in_one_process_lets_no_process_ack(tmp_path):
+    path = str(tmp_path / "log")
+    log = SegmentLog.open(path, durability="sync")
+    try:
+        before = fdatasync_count()
+        lsn = log.append(b"mine", durability="exit")     # written (section end), not synced
+        assert fdatasync_count() == before and log.durable_lsn <= lsn
+        # another process runs the fdatasync that would have covered it -- and it fails
+        out = subprocess.run([sys.executable, "-c", _FAILER, path], capture_output=True,
+                             text=True, timeout=60).stdout
+        assert out.startswith("failed LogFailedError"), out
+        with pytest.raises(LogFailedError, match="another process"):
+            log.wait_durable(lsn)                # never acked through the failed fsync
+        assert log.durable_lsn <= lsn
+        with pytest.raises(LogFailedError):
+            log.append(b"later", durability="sync")
+    finally:
+        log.close()
+    # all closed: the next writer opens alone, rebuilds WSHM and the store works again
+    with SegmentLog.open(path, durability="sync") as log:
+        log.append(b"again")
+        assert log.shared_durable[0] == log.next_lsn
+    assert verify(path).ok
+
+
+def test_a_stale_or_torn_wshm_is_rebuilt_at_open_and_never_trusted(tmp_path):
+    path = str(tmp_path / "log")
+    shm = os.path.join(path, "WSHM")
+    with SegmentLog.open(path, durability="sync") as log:
+        log.append(b"a")
+    # a stale file: this log's magic, uuid and epoch, a watermark far past the log (what
+    # a power loss could leave if a file outlived its writers)
+    with open(shm, "r+b") as f:
+        f.seek(56)
+        f.write(struct.pack("=Q", 1 << 60))
+    with SegmentLog.open(path, durability="sync") as log:     # alone: rebuilt
+        assert log.shared_durable[0] == log.next_lsn == 1
+        before = fdatasync_count()
+        log.append(b"b")
+        assert fdatasync_count() > before       # its own fsync, not the stale watermark
+    # a torn (short) file, then garbage while another writer is attached: rebuilt too
+    with open(shm, "r+b") as f:
+        f.truncate(20)
+    with SegmentLog.open(path, durability="sync") as a:
+        assert a.shared_durable[0] == 2
+        with open(shm, "r+b") as f:
+            f.write(b"\xff" * 128)
+        with SegmentLog.open(path, durability="sync") as b:   # not alone, not this log's
+            assert b.shared_durable[0] == b.next_lsn == 2
+            b.append(b"c")
+            a.append(b"d")
+            assert a.shared_durable[0] == 4
+    with SegmentLog.open(path, read_only=True) as r:
+        assert [p for _, p in r.scan()] == [b"a", b"b", b"c", b"d"]
+    assert verify(path).ok
