@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import threading
 import weakref
 
 import xxhash
@@ -25,6 +26,10 @@ __all__ = ["DriverClaim", "claim"]
 
 
 _held: weakref.WeakSet = weakref.WeakSet()     # this process's claims (see _after_fork)
+# a claim may be released from two threads at once (a LangGraph invocation's exit stack,
+# and the collection of its loop): one of them closes the fd, never both (the number
+# could be another file's by then)
+_releasing = threading.Lock()
 
 
 class DriverClaim:
@@ -38,7 +43,8 @@ class DriverClaim:
         _held.add(self)
 
     def release(self) -> None:
-        fd, self.fd = self.fd, -1
+        with _releasing:
+            fd, self.fd = self.fd, -1
         if fd < 0:
             return
         try:
