@@ -1,0 +1,174 @@
+"""Four LangGraph worker processes serve 40 threads of one graph through one local store
+while the parent kills workers with -9 (issue 17; GUARANTEES.md section 18).
+
+Each thread gets K invocations, one at a time, each sent to a random idle worker
+(lg_worker_child.py). At random instants a worker that has started an invocation is
+SIGKILLed; the invocation is sent again to another worker (the driving is idempotent:
+a resume if the killed one got its input committed) and a fresh worker replaces the
+dead one. Then:
+
+- every thread's final state equals a single-process run of the same invocations;
+- every tool effect was made under one idempotency key, and each key made one effect
+  (a retry after a kill between the effect and its receipt repeats the SAME key);
+- no worker ever met RunBusyError (a killed holder's thread claim is dropped by the
+  kernel at once) or died of anything but a kill;
+- ``verify --deep`` is clean.
+
+CI: K=2 and >= 8 kills (~30 s); DURKV_SLOW_TESTS=1: K=10 and >= 60 kills.
+DURKV_CHAOS_SEED replays a schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("langgraph")
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import lg_worker_child as child  # noqa: E402
+
+from durkv.langgraph import DurkvSaver  # noqa: E402
+from durkv.log import verify  # noqa: E402
+
+pytestmark = pytest.mark.chaos
+
+SLOW = os.environ.get("DURKV_SLOW_TESTS") == "1"
+WORKERS, THREADS = 4, 40
+K = 10 if SLOW else 2
+MIN_KILLS = 60 if SLOW else 8
+BUDGET = 1800 if SLOW else 120
+
+
+class Worker:
+    def __init__(self, store: Path, effects: Path, err: Path) -> None:
+        self.err = err
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "lg_worker_child.py"), str(store), str(effects)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(err, "wb"))
+        self.buf = b""
+        self.ready = False
+        self.job: tuple[str, int] | None = None    # (thread, k) it was sent
+        self.started = False                        # ... and said START for
+
+    def send(self, thread: str, k: int) -> None:
+        self.job, self.started = (thread, k), False
+        self.proc.stdin.write(f"RUN {thread} {k}\n".encode())
+        self.proc.stdin.flush()
+
+    def lines(self) -> list[str]:
+        chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+        if not chunk:
+            self.proc.wait()
+            pytest.fail(f"worker {self.proc.pid} died on its own ({self.proc.returncode}):\n"
+                        f"{self.err.read_text()[-3000:]}")
+        self.buf += chunk
+        *whole, self.buf = self.buf.split(b"\n")
+        return [ln.decode() for ln in whole]
+
+
+def _reference() -> dict[str, dict]:
+    with DurkvSaver.open("memory://") as saver:
+        graph = child.build(None).compile(checkpointer=saver)
+        return {f"t{i}": json.loads(json.dumps(
+                    [child.drive(graph, f"t{i}", k) for k in range(1, K + 1)][-1]))
+                for i in range(THREADS)}
+
+
+def _serve(tmp_path: Path, rnd: random.Random) -> tuple[int, int]:
+    """Drive every thread to its K-th invocation through killed workers: (kills, done)."""
+    store, effects = tmp_path / "s.durkv", tmp_path / "effects"
+    n_err = iter(range(10**6))
+    new = lambda: Worker(store, effects, tmp_path / f"w{next(n_err)}.err")  # noqa: E731
+    workers = [new() for _ in range(WORKERS)]
+    next_k = {f"t{i}": 1 for i in range(THREADS)}     # the thread's next invocation
+    busy: set[str] = set()
+    kills, done, kill_at = 0, 0, None                 # kill_at: (when, worker, job)
+    left = THREADS * K
+    t_end = time.monotonic() + BUDGET
+    try:
+        while left:
+            assert time.monotonic() < t_end, f"{left} invocations left after {BUDGET} s"
+            for w in workers:                         # idle workers take idle threads
+                free = [t for t, k in next_k.items() if k <= K and t not in busy]
+                if w.ready and w.job is None and free:
+                    t = rnd.choice(free)
+                    busy.add(t)
+                    w.send(t, next_k[t])
+            wait = 1.0 if kill_at is None else max(0.0, kill_at[0] - time.monotonic())
+            r, _, _ = select.select([w.proc.stdout for w in workers], [], [], wait)
+            for w in [w for w in workers if w.proc.stdout in r]:
+                for ln in w.lines():
+                    word, *rest = ln.split(" ", 3)
+                    if word == "READY":
+                        w.ready = True
+                    elif word == "START":
+                        w.started = True
+                        if kill_at is None and rnd.random() < 3 * (MIN_KILLS - kills + 1) / left:
+                            kill_at = (time.monotonic() + rnd.uniform(0, 0.08), w, w.job)
+                    elif word == "DONE":
+                        t, k = rest[0], int(rest[1])
+                        assert (t, k) == w.job, (ln, w.job)
+                        busy.discard(t)
+                        next_k[t] = k + 1
+                        w.job = None
+                        left -= 1
+                        done += 1
+            if kill_at is not None and time.monotonic() >= kill_at[0]:
+                _, w, job = kill_at
+                kill_at = None
+                if w.job == job and w.proc.poll() is None:   # still inside that invocation
+                    w.proc.send_signal(signal.SIGKILL)
+                    assert w.proc.wait() == -signal.SIGKILL
+                    kills += 1
+                    busy.discard(job[0])              # re-driven by another worker
+                    workers[workers.index(w)] = new()
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.stdin.close()
+        for w in workers:
+            try:
+                assert w.proc.wait(timeout=60) in (0, -signal.SIGKILL), w.err.read_text()
+            finally:
+                if w.proc.poll() is None:
+                    w.proc.kill()
+    return kills, done
+
+
+def test_four_workers_forty_threads_kill_9(tmp_path):
+    rnd = random.Random(int(os.environ.get("DURKV_CHAOS_SEED", "17")))
+    kills, done = _serve(tmp_path, rnd)
+    assert kills >= MIN_KILLS, f"only {kills} kills landed inside an invocation"
+
+    expected = _reference()
+    with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:   # repairs a torn tail
+        graph = child.build(None).compile(checkpointer=saver)
+        got = {t: graph.get_state({"configurable": {"thread_id": t}}).values for t in expected}
+    assert got == expected
+
+    by_key: dict[str, set[str]] = {}
+    by_what: dict[str, set[str]] = {}
+    lines = (tmp_path / "effects").read_text().splitlines()
+    for line in lines:
+        key, what = line.split()
+        by_key.setdefault(key, set()).add(what)
+        by_what.setdefault(what, set()).add(key)
+    assert all(len(v) == 1 for v in by_key.values()), "a key made two different effects"
+    assert all(len(v) == 1 for v in by_what.values()), "an effect made under two keys"
+    assert sorted(by_what) == sorted(f"t{i}:{k}:{s}" for i in range(THREADS)
+                                     for k in range(1, K + 1) for s in range(child.STEPS))
+    report = verify(tmp_path / "s.durkv", deep=True)
+    assert report.ok, report.damage
+    print(f"kills {kills}, invocations {done}, effects {len(lines)} "
+          f"({len(lines) - len(by_key)} repeated under their key)")
