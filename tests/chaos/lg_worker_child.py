@@ -7,7 +7,8 @@ Usage: lg_worker_child.py STORE EFFECTS     (commands on stdin, one per line)
 ``START <thread> <k>`` then ``DONE <thread> <k> <json of the state>``. Driving is
 idempotent, so the parent re-sends the command of a worker it killed to another one:
 if the thread's state already belongs to invocation k it is resumed
-(``invoke(None)``) or, finished, just reported; otherwise k is invoked with its input.
+(``invoke(None)``) or, finished (STEPS steps done), just reported; otherwise k is
+invoked with its input.
 End of stdin: the worker closes the store and exits 0.
 
 The graph: ``act`` runs STEPS times per invocation; each time it sends one effect
@@ -84,8 +85,8 @@ def drive(graph, thread: str, k: int) -> dict:
     state = graph.get_state(cfg)
     if state.values.get("inv") != k:
         return graph.invoke({"inv": k, "step": 0}, cfg, durability=durability(thread))
-    if state.next:
-        return graph.invoke(None, cfg, durability=durability(thread))
+    if state.values["step"] < STEPS:    # not `state.next`: a task whose writes were
+        return graph.invoke(None, cfg, durability=durability(thread))   # saved is not in it
     return state.values
 
 

@@ -119,6 +119,8 @@ def _serve(tmp_path: Path, rnd: random.Random) -> tuple[int, int]:
                     elif word == "DONE":
                         t, k = rest[0], int(rest[1])
                         assert (t, k) == w.job, (ln, w.job)
+                        state = json.loads(rest[2])
+                        assert (state["inv"], state["step"]) == (k, child.STEPS), ln
                         busy.discard(t)
                         next_k[t] = k + 1
                         w.job = None
