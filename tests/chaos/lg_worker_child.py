@@ -1,7 +1,14 @@
 """A LangGraph worker of tests/chaos/test_kill_lg_workers.py: one of several processes
 serving the threads of one graph through one local store, as a web server's workers do.
 
-Usage: lg_worker_child.py STORE EFFECTS     (commands on stdin, one per line)
+Usage: lg_worker_child.py --spawner STORE EFFECTS
+
+The spawner imports everything once (seconds on a loaded machine), then forks a fresh
+worker per ``FORK <in fifo> <out fifo> <stderr file>`` line on its stdin and answers
+``PID <pid>``; the worker reads its commands from the first FIFO and writes its lines
+to the second (the parent opens them in the same order, write end first). Nothing is
+open in the spawner when it forks: each worker opens the store itself, as a freshly
+started process would. Killed workers are reaped by the kernel (SIGCHLD ignored).
 
 ``RUN <thread> <k>`` drives invocation k of the thread to its end and prints
 ``START <thread> <k>`` then ``DONE <thread> <k> <json of the state>``. Driving is
@@ -24,8 +31,11 @@ import json
 import operator
 import os
 import random
+import signal
 import sys
+import threading
 import time
+import traceback
 from typing import Annotated
 
 from langgraph.graph import END, START, StateGraph
@@ -44,8 +54,11 @@ class State(TypedDict):
     log: Annotated[list, operator.add]
 
 
+_out = 1
+
+
 def say(line: str) -> None:
-    os.write(1, (line + "\n").encode())     # one write: a kill cuts only between lines
+    os.write(_out, (line + "\n").encode())  # one write: a kill cuts only between lines
 
 
 def durability(thread: str) -> str:
@@ -90,11 +103,11 @@ def drive(graph, thread: str, k: int) -> dict:
     return state.values
 
 
-def main(store: str, effects: str) -> None:
+def serve(store: str, effects: str, commands) -> None:
     with DurkvSaver.open(store) as saver:
         graph = build(effects, nap=0.01).compile(checkpointer=saver)
         say("READY")
-        for line in sys.stdin:
+        for line in commands:
             cmd, thread, k = line.split()
             assert cmd == "RUN", line
             say(f"START {thread} {k}")
@@ -102,5 +115,38 @@ def main(store: str, effects: str) -> None:
             say(f"DONE {thread} {k} {json.dumps(out, sort_keys=True)}")
 
 
+def _worker(store: str, effects: str, fifo_in: str, fifo_out: str, err: str) -> None:
+    """In a forked worker: never returns (SIGKILL, or _exit at the end of its commands)."""
+    global _out
+    code = 1
+    try:
+        fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+        commands = open(fifo_in)                 # the parent opens the write end first
+        _out = os.open(fifo_out, os.O_WRONLY)
+        serve(store, effects, commands)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def spawner(store: str, effects: str) -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    os.write(1, b"SPAWNER READY\n")
+    for line in sys.stdin:
+        cmd, fifo_in, fifo_out, err = line.split()
+        assert cmd == "FORK", line
+        assert threading.active_count() == 1, threading.enumerate()  # fork copies one
+        pid = os.fork()
+        if pid == 0:
+            _worker(store, effects, fifo_in, fifo_out, err)
+        os.write(1, f"PID {pid}\n".encode())
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    assert sys.argv[1] == "--spawner", sys.argv
+    spawner(sys.argv[2], sys.argv[3])

@@ -50,31 +50,74 @@ MIN_KILLS = 60 if SLOW else 8
 BUDGET = 1800 if SLOW else 120
 
 
-class Worker:
-    def __init__(self, store: Path, effects: Path, err: Path) -> None:
-        self.err = err
+class Spawner:
+    """lg_worker_child.py --spawner: imports once, forks a worker per :meth:`worker`."""
+
+    def __init__(self, store: Path, effects: Path, tmp: Path) -> None:
+        self.tmp = tmp
+        self.n = 0
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "lg_worker_child.py"), str(store), str(effects)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(err, "wb"))
+            [sys.executable, str(HERE / "lg_worker_child.py"), "--spawner", str(store),
+             str(effects)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=open(tmp / "spawner.err", "wb"))
+        assert self.proc.stdout.readline() == b"SPAWNER READY\n", (
+            (tmp / "spawner.err").read_text()[-3000:])
+
+    def worker(self) -> "Worker":
+        self.n += 1
+        fifo_in, fifo_out = self.tmp / f"w{self.n}.in", self.tmp / f"w{self.n}.out"
+        err = self.tmp / f"w{self.n}.err"
+        os.mkfifo(fifo_in)
+        os.mkfifo(fifo_out)
+        self.proc.stdin.write(f"FORK {fifo_in} {fifo_out} {err}\n".encode())
+        self.proc.stdin.flush()
+        word, pid = self.proc.stdout.readline().split()
+        assert word == b"PID", (word, pid)
+        return Worker(int(pid), open(fifo_in, "wb"), os.open(fifo_out, os.O_RDONLY), err)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+class Worker:
+    def __init__(self, pid: int, commands, out: int, err: Path) -> None:
+        self.pid, self.commands, self.out, self.err = pid, commands, out, err
         self.buf = b""
         self.ready = False
         self.job: tuple[str, int] | None = None    # (thread, k) it was sent
-        self.started = False                        # ... and said START for
+        self.alive = True
+
+    def fileno(self) -> int:
+        return self.out
 
     def send(self, thread: str, k: int) -> None:
-        self.job, self.started = (thread, k), False
-        self.proc.stdin.write(f"RUN {thread} {k}\n".encode())
-        self.proc.stdin.flush()
+        self.job = (thread, k)
+        self.commands.write(f"RUN {thread} {k}\n".encode())
+        self.commands.flush()
 
     def lines(self) -> list[str]:
-        chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+        chunk = os.read(self.out, 1 << 16)
         if not chunk:
-            self.proc.wait()
-            pytest.fail(f"worker {self.proc.pid} died on its own ({self.proc.returncode}):\n"
-                        f"{self.err.read_text()[-3000:]}")
+            pytest.fail(f"worker {self.pid} died on its own:\n{self.err.read_text()[-3000:]}")
         self.buf += chunk
         *whole, self.buf = self.buf.split(b"\n")
         return [ln.decode() for ln in whole]
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        while os.read(self.out, 1 << 16):       # EOF: the kernel closed its fds (and locks)
+            pass
+        self.close()
+
+    def close(self) -> None:
+        if self.alive:
+            self.alive = False
+            try:
+                self.commands.close()
+            except BrokenPipeError:
+                pass
+            os.close(self.out)
 
 
 def _reference() -> dict[str, dict]:
@@ -88,9 +131,8 @@ def _reference() -> dict[str, dict]:
 def _serve(tmp_path: Path, rnd: random.Random) -> tuple[int, int]:
     """Drive every thread to its K-th invocation through killed workers: (kills, done)."""
     store, effects = tmp_path / "s.durkv", tmp_path / "effects"
-    n_err = iter(range(10**6))
-    new = lambda: Worker(store, effects, tmp_path / f"w{next(n_err)}.err")  # noqa: E731
-    workers = [new() for _ in range(WORKERS)]
+    spawner = Spawner(store, effects, tmp_path)
+    workers = [spawner.worker() for _ in range(WORKERS)]
     next_k = {f"t{i}": 1 for i in range(THREADS)}     # the thread's next invocation
     busy: set[str] = set()
     kills, done, kill_at = 0, 0, None                 # kill_at: (when, worker, job)
@@ -106,14 +148,13 @@ def _serve(tmp_path: Path, rnd: random.Random) -> tuple[int, int]:
                     busy.add(t)
                     w.send(t, next_k[t])
             wait = 1.0 if kill_at is None else max(0.0, kill_at[0] - time.monotonic())
-            r, _, _ = select.select([w.proc.stdout for w in workers], [], [], wait)
-            for w in [w for w in workers if w.proc.stdout in r]:
+            r, _, _ = select.select(workers, [], [], wait)
+            for w in r:
                 for ln in w.lines():
                     word, *rest = ln.split(" ", 3)
                     if word == "READY":
                         w.ready = True
                     elif word == "START":
-                        w.started = True
                         if kill_at is None and rnd.random() < 3 * (MIN_KILLS - kills + 1) / left:
                             kill_at = (time.monotonic() + rnd.uniform(0, 0.08), w, w.job)
                     elif word == "DONE":
@@ -129,22 +170,27 @@ def _serve(tmp_path: Path, rnd: random.Random) -> tuple[int, int]:
             if kill_at is not None and time.monotonic() >= kill_at[0]:
                 _, w, job = kill_at
                 kill_at = None
-                if w.job == job and w.proc.poll() is None:   # still inside that invocation
-                    w.proc.send_signal(signal.SIGKILL)
-                    assert w.proc.wait() == -signal.SIGKILL
+                if w.job == job:                      # still inside that invocation
+                    w.kill()
                     kills += 1
                     busy.discard(job[0])              # re-driven by another worker
-                    workers[workers.index(w)] = new()
+                    workers[workers.index(w)] = spawner.worker()
     finally:
+        for w in workers:                             # end of commands: they exit
+            w.close()
+        spawner.close()
         for w in workers:
-            if w.proc.poll() is None:
-                w.proc.stdin.close()
+            for _ in range(600):                      # each closed the store and exited
+                try:
+                    os.kill(w.pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(w.pid, signal.SIGKILL)
+                pytest.fail(f"worker {w.pid} did not exit: {w.err.read_text()[-3000:]}")
         for w in workers:
-            try:
-                assert w.proc.wait(timeout=60) in (0, -signal.SIGKILL), w.err.read_text()
-            finally:
-                if w.proc.poll() is None:
-                    w.proc.kill()
+            assert "Traceback" not in w.err.read_text(), w.err.read_text()[-3000:]
     return kills, done
 
 
