@@ -35,7 +35,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from typing import Annotated
 
 from langgraph.graph import END, START, StateGraph
@@ -44,6 +43,7 @@ from typing_extensions import TypedDict
 import durkv
 from durkv.langgraph import DurkvSaver
 from durkv.langgraph import tool as lg_tool
+from forkserver import run_child            # this file runs as a script from its directory
 
 STEPS = 3
 
@@ -115,23 +115,13 @@ def serve(store: str, effects: str, commands) -> None:
             say(f"DONE {thread} {k} {json.dumps(out, sort_keys=True)}")
 
 
-def _worker(store: str, effects: str, fifo_in: str, fifo_out: str, err: str) -> None:
-    """In a forked worker: never returns (SIGKILL, or _exit at the end of its commands)."""
+def _worker(argv: list[str]) -> None:
+    """A forked worker's main: its commands and lines go through the two FIFOs."""
     global _out
-    code = 1
-    try:
-        fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 2)
-        os.close(fd)
-        commands = open(fifo_in)                 # the parent opens the write end first
-        _out = os.open(fifo_out, os.O_WRONLY)
-        serve(store, effects, commands)
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stderr.flush()
-        os._exit(code)
+    store, effects, fifo_in, fifo_out = argv
+    commands = open(fifo_in)                     # the parent opens the write end first
+    _out = os.open(fifo_out, os.O_WRONLY)
+    serve(store, effects, commands)
 
 
 def spawner(store: str, effects: str) -> None:
@@ -142,8 +132,8 @@ def spawner(store: str, effects: str) -> None:
         assert cmd == "FORK", line
         assert threading.active_count() == 1, threading.enumerate()  # fork copies one
         pid = os.fork()
-        if pid == 0:
-            _worker(store, effects, fifo_in, fifo_out, err)
+        if pid == 0:        # never returns: SIGKILL, or _exit at the end of its commands
+            run_child(_worker, [store, effects, fifo_in, fifo_out], err)
         os.write(1, f"PID {pid}\n".encode())
 
 
