@@ -14,7 +14,7 @@ dead one. Then:
   kernel at once) or died of anything but a kill;
 - ``verify --deep`` is clean.
 
-CI: K=2 and >= 8 kills (~30 s); DURKV_SLOW_TESTS=1: K=10 and >= 60 kills.
+CI: K=3 and >= 20 kills (~10-20 s); DURKV_SLOW_TESTS=1: K=25 and >= 250 kills.
 DURKV_CHAOS_SEED replays a schedule.
 """
 
@@ -45,8 +45,8 @@ pytestmark = pytest.mark.chaos
 
 SLOW = os.environ.get("DURKV_SLOW_TESTS") == "1"
 WORKERS, THREADS = 4, 40
-K = 10 if SLOW else 2
-MIN_KILLS = 60 if SLOW else 8
+K = 25 if SLOW else 3
+MIN_KILLS = 250 if SLOW else 20
 BUDGET = 1800 if SLOW else 120
 
 
