@@ -440,15 +440,21 @@ def test_bytes_vs_raw(benchmark, savers, msg, n):
 CLAIM_INVOKES = 50 if QUICK else 300
 
 
+class OneStep(TypedDict):
+    n: int
+
+
 def test_thread_claim(benchmark, savers, monkeypatch):
     """invoke of a 1-node graph (the smallest invocation: one input checkpoint, one loop
     checkpoint) on a local store, with the thread claim (durkv.langgraph_claim) and with
     it switched off, in alternating rounds; the ratio is unclaimed time / claimed time."""
+    from langgraph.graph import END, START, StateGraph
+
     import durkv.langgraph as dlg
 
     benchmark.group = "thread-claim"
     saver, _ = savers.open("durkv")
-    g = StateGraph(State)
+    g = StateGraph(OneStep)
     g.add_node("agent", lambda s: {"n": s["n"] + 1})
     g.add_edge(START, "agent")
     g.add_edge("agent", END)
@@ -461,7 +467,7 @@ def test_thread_claim(benchmark, savers, monkeypatch):
                             (lambda *a: None))
         t0 = time.perf_counter()
         for i in range(CLAIM_INVOKES):
-            graph.invoke({"n": 0, "messages": []}, cfg(f"claim-{claimed}-{r}-{i % 8}", 1))
+            graph.invoke({"n": 0}, {"configurable": {"thread_id": f"claim-{claimed}-{r}-{i % 8}"}})
         times[claimed].append((time.perf_counter() - t0) / CLAIM_INVOKES)
 
     def rounds():
