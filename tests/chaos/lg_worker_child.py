@@ -14,8 +14,8 @@ started process would. Killed workers are reaped by the kernel (SIGCHLD ignored)
 ``START <thread> <k>`` then ``DONE <thread> <k> <json of the state>``. Driving is
 idempotent, so the parent re-sends the command of a worker it killed to another one:
 if the thread's state already belongs to invocation k it is resumed
-(``invoke(None)``) or, finished (STEPS steps done), just reported; otherwise k is
-invoked with its input.
+(``invoke(None)``) or, finished (no task left), just reported; otherwise k is invoked
+with its input.
 End of stdin: the worker closes the store and exits 0.
 
 The graph: ``act`` runs STEPS times per invocation; each time it sends one effect
@@ -98,8 +98,14 @@ def drive(graph, thread: str, k: int) -> dict:
     state = graph.get_state(cfg)
     if state.values.get("inv") != k:
         return graph.invoke({"inv": k, "step": 0}, cfg, durability=durability(thread))
-    if state.values["step"] < STEPS:    # not `state.next`: a task whose writes were
-        return graph.invoke(None, cfg, durability=durability(thread))   # saved is not in it
+    # Started. Finished only when no task is left: not `state.next`, nor the values, which
+    # get_state shows with the saved writes of finished tasks applied. A worker killed
+    # after its last task's writes were saved, before the checkpoint that applies them,
+    # leaves `next == ()` and the final-looking values; a new input would then start
+    # from that checkpoint without those writes (they are lost). invoke(None) applies
+    # them (without running the task again) and saves the checkpoint.
+    if state.tasks:
+        return graph.invoke(None, cfg, durability=durability(thread))
     return state.values
 
 
