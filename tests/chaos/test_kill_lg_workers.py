@@ -50,6 +50,18 @@ MIN_KILLS = 250 if SLOW else 20
 BUDGET = 1800 if SLOW else 120
 
 
+def _gone(pid: int, timeout: float) -> bool:
+    """Wait until process ``pid`` no longer exists (True) or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.005)
+    return False
+
+
 class Spawner:
     """lg_worker_child.py --spawner: imports once, forks a worker per :meth:`worker`."""
 
@@ -106,9 +118,11 @@ class Worker:
 
     def kill(self) -> None:
         os.kill(self.pid, signal.SIGKILL)
-        while os.read(self.out, 1 << 16):       # EOF: the kernel closed its fds (and locks)
+        while os.read(self.out, 1 << 16):       # EOF: its FIFO is closed ...
             pass
         self.close()
+        assert _gone(self.pid, 10), f"killed worker {self.pid} still exists"   # ... and all
+        # its files with it, the thread claim's too (the spawner ignores SIGCHLD: reaped)
 
     def close(self) -> None:
         if self.alive:
@@ -179,14 +193,8 @@ def _serve(tmp_path: Path, rnd: random.Random) -> tuple[int, int]:
         for w in workers:                             # end of commands: they exit
             w.close()
         spawner.close()
-        for w in workers:
-            for _ in range(600):                      # each closed the store and exited
-                try:
-                    os.kill(w.pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.1)
-            else:
+        for w in workers:                             # each closed the store and exited
+            if not _gone(w.pid, 60):
                 os.kill(w.pid, signal.SIGKILL)
                 pytest.fail(f"worker {w.pid} did not exit: {w.err.read_text()[-3000:]}")
         for w in workers:
