@@ -386,3 +386,57 @@ def test_bytes_vs_raw(benchmark, savers, msg, n):
         growth = info["disk_bytes"] / SIZES[("raw", msg, small)][1]["disk_bytes"]
         record(benchmark, f"bytes N={n} / N={small} {msg}", ratio=growth,
                target=f"<= {2.1 * n / small / 2:.2f}x", ok=growth <= 2.1 * n / small / 2)
+
+
+# ---- the thread claim (issue 17): its cost per invocation ---------------------------------
+
+CLAIM_INVOKES = 50 if QUICK else 300
+
+
+class OneStep(TypedDict):
+    n: int
+
+
+def test_thread_claim(benchmark, savers, monkeypatch):
+    """invoke of a 1-node graph (the smallest invocation: one input checkpoint, one loop
+    checkpoint) on a local store, with the thread claim (durkv.langgraph_claim) and with
+    it switched off, in alternating rounds; the ratio is unclaimed time / claimed time."""
+    from langgraph.graph import END, START, StateGraph
+
+    import durkv.langgraph as dlg
+
+    benchmark.group = "thread-claim"
+    saver, _ = savers.open("durkv")
+    g = StateGraph(OneStep)
+    g.add_node("agent", lambda s: {"n": s["n"] + 1})
+    g.add_edge(START, "agent")
+    g.add_edge("agent", END)
+    graph = g.compile(checkpointer=saver)
+    claim = dlg.claim_for_loop
+    times: dict[bool, list[float]] = {True: [], False: []}
+
+    def batch(claimed: bool, r: int) -> None:
+        monkeypatch.setattr(dlg, "claim_for_loop", claim if claimed else
+                            (lambda *a: None))
+        t0 = time.perf_counter()
+        for i in range(CLAIM_INVOKES):
+            graph.invoke({"n": 0}, {"configurable": {"thread_id": f"claim-{claimed}-{r}-{i % 8}"}})
+        times[claimed].append((time.perf_counter() - t0) / CLAIM_INVOKES)
+
+    def rounds():
+        for r in range(ROUNDS * 2 + 1):
+            for claimed in ((True, False) if r % 2 == 0 else (False, True)):
+                batch(claimed, r)
+
+    benchmark.pedantic(rounds, rounds=1, iterations=1)
+    t0 = time.perf_counter()                  # the claim alone: flock file made, unlinked
+    for i in range(CLAIM_INVOKES):
+        saver.store.claim_driver("thread", f"bare-{i % 8}").release()
+    benchmark.extra_info["claim_release_us"] = round(
+        (time.perf_counter() - t0) / CLAIM_INVOKES * 1e6, 1)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    benchmark.extra_info["invoke_us"] = {"claimed": round(med[True] * 1e6, 1),
+                                         "unclaimed": round(med[False] * 1e6, 1)}
+    benchmark.extra_info["claim_us_per_invoke"] = round((med[True] - med[False]) * 1e6, 1)
+    record(benchmark, "invoke 1-node graph, claimed vs unclaimed", ratio=med[False] / med[True],
+           target=">= 0.9x unclaimed", ok=med[False] / med[True] >= 0.9)

@@ -92,6 +92,7 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from .durability import DURABILITIES
 from .errors import ConfigError
+from .langgraph_claim import claim_for_loop
 from .langgraph_serde import EMPTY, LangGraphSerde
 from .runtime.langgraph_steps import astep, atool, forget_thread, step, thread_key, tool
 
@@ -434,9 +435,14 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         return True
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """The checkpoint named by ``config`` (its latest if no checkpoint_id), or None."""
+        """The checkpoint named by ``config`` (its latest if no checkpoint_id), or None.
+
+        Called by a root graph's pregel loop as it enters, it first claims the thread for
+        that invocation: RunBusyError naming the holder's pid if another invocation, here
+        or in another process, drives it (:mod:`durkv.langgraph_claim`)."""
         conf = _conf(config)
         cid = conf.get("checkpoint_id")
+        claim_for_loop(self, _thread_id(conf), conf.get("checkpoint_ns") or "")
         self._catch_up()
         ck = self.store.get(_thread_id(conf), conf.get("checkpoint_ns") or "", cid)
         if ck is None:

@@ -101,6 +101,7 @@ RANKS = {
     # langgraph: the checkpointer (DurkvSaver) over the store, and the runtime's step/tool
     # re-exported for LangGraph nodes: so it ranks above the runtime
     "durkv.langgraph_serde": 67,
+    "durkv.langgraph_claim": 67,    # one driver per thread: the bracket of an invocation
     "durkv.langgraph": 68,
     # cli: the durkv command
     "durkv.cli.strict_json": 70,

@@ -2,7 +2,9 @@
 
 A driver -- a ``with store.run(...)``, or a LangGraph invocation of one thread -- claims
 its run or thread with an exclusive ``flock`` on ``STORE/drivers/<xxh3 of kind+id>``,
-held for as long as it drives and holding the driver's pid (text, for the message). A
+held for as long as it drives, the driver's pid (for the message) being the file's size:
+a sparse file has no data block to allocate and free, which made a claim of a file
+holding the pid as text cost about 1 ms (most of a small LangGraph invocation). A
 second driver, in this process or another, gets :class:`RunBusyError` naming the holder;
 the kernel drops the lock of a holder that dies, even by ``kill -9``, so a dead driver
 releases at once. A released claim unlinks its file, so the directory holds only the
@@ -15,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import threading
 import weakref
 
 import xxhash
@@ -25,6 +28,10 @@ __all__ = ["DriverClaim", "claim"]
 
 
 _held: weakref.WeakSet = weakref.WeakSet()     # this process's claims (see _after_fork)
+# a claim may be released from two threads at once (a LangGraph invocation's exit stack,
+# and the collection of its loop): one of them closes the fd, never both (the number
+# could be another file's by then)
+_releasing = threading.Lock()
 
 
 class DriverClaim:
@@ -38,7 +45,8 @@ class DriverClaim:
         _held.add(self)
 
     def release(self) -> None:
-        fd, self.fd = self.fd, -1
+        with _releasing:
+            fd, self.fd = self.fd, -1
         if fd < 0:
             return
         try:
@@ -65,7 +73,7 @@ os.register_at_fork(after_in_child=_after_fork)
 
 def _holder(fd: int) -> str:
     try:
-        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        return str(os.fstat(fd).st_size or "?")
     except OSError:
         return "?"
 
@@ -105,7 +113,6 @@ def claim(store_dir: str, kind: str, key: str) -> DriverClaim:
         if not same:            # the file we locked was released and unlinked meanwhile
             os.close(fd)
             continue
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.ftruncate(fd, os.getpid())       # the pid as the size: no data written
         return DriverClaim(path, fd)
     raise BackendError(f"cannot claim {kind} {key!r}: {path} keeps being replaced", path=path)

@@ -44,8 +44,9 @@ def _lines(fd: int):
             yield line.decode()
 
 
-def _child(main, argv: list[str], err_path: str) -> None:
-    """In the forked child: never returns (SIGKILL, or _exit if main fails or ends)."""
+def run_child(main, argv: list[str], err_path: str) -> None:
+    """In the forked child: never returns (SIGKILL, or _exit if main fails or ends).
+    (lg_worker_child.py's spawner forks its workers through it too.)"""
     code = 1
     try:
         fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -87,7 +88,7 @@ def serve(module_name: str) -> None:
         assert not _open_stores(), _open_stores()
         pid = os.fork()
         if pid == 0:
-            _child(main, req["argv"], req["stderr"])
+            run_child(main, req["argv"], req["stderr"])
         os.write(1, f"PID {pid}\n".encode())
         _, status = os.waitpid(pid, 0)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
