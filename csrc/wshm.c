@@ -46,7 +46,17 @@ static void raise_to(uint64_t *f, uint64_t v)
 static void rebuild(dkv_log *log, dkv_wshm *m)
 {
     const seg_t *a = &log->segs[log->nsegs - 1];
+    /* Counters and holder_pid are kept from a valid file (seq made even: no update is
+     * in progress when a writer is alone), so that reopening an unchanged log rewrites
+     * WSHM byte for byte (an open that changes nothing in the log changes no file) */
+    int valid = !memcmp(m->magic, WSHM_MAGIC, 8);
+    uint32_t holder = valid ? LD(m->holder_pid) : 0;
+    uint32_t seq = valid ? (LD(m->seq) + 1) & ~1u : 0;
+    uint32_t wake = valid ? LD(m->wake) : 0;
     memset(m, 0, WSHM_LEN);
+    m->holder_pid = holder;
+    m->seq = seq;
+    m->wake = wake;
     memcpy(m->uuid, log->uuid, 16);
     m->epoch = log->epoch;
     m->seg_base = a->base_lsn;
