@@ -1,17 +1,61 @@
-"""What one durable call will do (replay a recorded entry, or call and record), shared by
-the sync verbs (:mod:`durkv.runtime.run`) and the async ones (:mod:`durkv.runtime.aio`)."""
+"""The call protocol of a run's durable calls, shared by its sync and async verbs:
+plan (:class:`Plan`: replay a recorded entry, or call and record), attempts, record.
+
+``Run.attempts`` is the one place a :class:`~durkv.Retry` drives attempts: a generator
+that yields what each step of the protocol needs -- :data:`CALL` (make an attempt; the
+driver sends back its :class:`Outcome`), ``(RECORD, fn, *args)`` (journal a record; the
+driver waits for its fsync), ``(SLEEP, sleep, seconds)`` (back off) -- and returns the
+call's outcome. :func:`drive` runs it in the calling thread (``run.step``, ``run.tool``);
+:func:`durkv.runtime.aio.adrive` from a coroutine, every durable wait off the event loop
+(``run.astep``, ``run.atool``), as DBOS composes its immediate and pending outcomes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Generator
 
 from ..errors import ConfigError
 from .journal import Entry
 from .tools import Retry, ToolSpec
 
-__all__ = ["Plan", "err_type", "ONCE", "plain_version"]
+__all__ = ["Plan", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP", "Outcome",
+           "drive"]
 
 ONCE = Retry(1)      # no retry: one attempt
+CALL = "call"        # the effects an attempt generator yields (see the module docstring)
+RECORD = "record"
+SLEEP = "sleep"
+
+
+class Outcome:
+    """An attempt's (or a call's) outcome: its value, or the exception it raised."""
+
+    __slots__ = ("ok", "value")
+
+    def __init__(self, ok: bool, value: Any) -> None:
+        self.ok, self.value = ok, value
+
+    def unwrap(self) -> Any:
+        if self.ok:
+            return self.value
+        raise self.value
+
+
+def drive(attempts: Generator, call: Callable[[], Any]) -> Any:
+    """Drive a call's attempts in this thread: ``call()`` each attempt, records and
+    sleeps done here (each record waits as the store's policy says)."""
+    sent = None
+    try:
+        while True:
+            effect = attempts.send(sent)
+            if effect is CALL:
+                try:
+                    sent = Outcome(True, call())
+                except Exception as e:
+                    sent = Outcome(False, e)
+            else:
+                sent = effect[1](*effect[2:])
+    except StopIteration as stop:
+        return stop.value.unwrap()
 
 
 class Plan:
