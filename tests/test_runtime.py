@@ -13,7 +13,9 @@ import pytest
 
 import durkv
 from durkv.runtime.journal import E_INTENT
-from rundrivers import drive  # noqa: F401  (the fixture: every protocol test, sync and async)
+import rundrivers
+
+drive = rundrivers.drive      # the fixture: the protocol's tests run sync and async
 
 
 class Model:
