@@ -1,12 +1,12 @@
 """Two versions of durkv side by side, alternating runs in one script (issue 16 item 5).
 
-    python bench/compare_versions.py OLD_PYTHON NEW_PYTHON [--rounds 5] [--quick]
+    python bench/compare_versions.py OLD_PYTHON [OTHER_PYTHON...] NEW_PYTHON [--rounds 5]
 
 Each PYTHON is an interpreter whose ``import durkv`` is one version (e.g. a venv with an
 editable install of a worktree at 70cd864, and this worktree's). Every round runs each
-workload once in a fresh process of each version, old and new in turn (the order swaps
-every round), so the machine's load drifts over both alike; the report is each version's
-median and the ratio new/old (below 1: the new one is faster).
+workload once in a fresh process of each version, in turn (the order reverses every
+round), so the machine's load drifts over all alike; the report is each version's
+median and the ratio of the last (the new one) to each other (below 1: it is faster).
 
 Workloads (time per operation, lower is better):
     step-record   run.step of a new step (async policy): the live hot path
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -130,8 +129,7 @@ def _child(python: str, workload: str, quick: bool) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("old", nargs="?")
-    ap.add_argument("new", nargs="?")
+    ap.add_argument("pythons", nargs="*")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", nargs="*", default=list(WORKLOADS))
@@ -141,18 +139,22 @@ def main() -> None:
     if a.child:
         print(json.dumps(measure(a.child, Path(a.dir), a.quick)))
         return
-    if not (a.old and a.new) or not shutil.which(a.old) and not Path(a.old).exists():
-        ap.error("give the two interpreters: OLD_PYTHON NEW_PYTHON")
-    print(f"{'workload':<12} {'old median':>12} {'new median':>12} {'new/old':>8}  "
-          f"(us per op; {a.rounds} alternating rounds)")
+    if len(a.pythons) < 2 or not all(Path(p).exists() for p in a.pythons):
+        ap.error("give two interpreters or more: OLD_PYTHON ... NEW_PYTHON")
+    pys = a.pythons
+    print("us per op, median of", a.rounds, "alternating rounds; versions:",
+          ", ".join(f"v{i}={p}" for i, p in enumerate(pys)))
+    print(f"{'workload':<12}" + "".join(f"{f'v{i}':>12}" for i in range(len(pys)))
+          + "".join(f"{f'v{len(pys) - 1}/v{i}':>10}" for i in range(len(pys) - 1)))
     for w in a.only:
-        got: dict[str, list[float]] = {"old": [], "new": []}
+        got: list[list[float]] = [[] for _ in pys]
         for r in range(a.rounds):
-            order = (("old", a.old), ("new", a.new))
-            for name, py in order if r % 2 == 0 else order[::-1]:
-                got[name].append(_child(py, w, a.quick))
-        old, new = statistics.median(got["old"]), statistics.median(got["new"])
-        print(f"{w:<12} {old * 1e6:>12.2f} {new * 1e6:>12.2f} {new / old:>8.3f}", flush=True)
+            order = list(enumerate(pys))
+            for i, py in order if r % 2 == 0 else order[::-1]:
+                got[i].append(_child(py, w, a.quick))
+        med = [statistics.median(g) for g in got]
+        print(f"{w:<12}" + "".join(f"{m * 1e6:>12.2f}" for m in med)
+              + "".join(f"{med[-1] / m:>10.3f}" for m in med[:-1]), flush=True)
 
 
 if __name__ == "__main__":
