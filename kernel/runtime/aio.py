@@ -28,7 +28,7 @@ import weakref
 from itertools import count
 from typing import Any, Callable
 
-from .plan import CALL, SLEEP, Outcome
+from .plan import CALL, SLEEP, outcome
 
 __all__ = ["OWED", "SCOPED_ID", "scoped_id", "deferred", "raise_now", "settled", "off_loop", "adrive",
            "asleep_with", "scope_tasks", "unscope_tasks"]
@@ -119,28 +119,27 @@ async def off_loop(store: Any, fn: Callable, *args: Any) -> Any:
     return await settled(store, deferred(fn, *args))
 
 
-async def adrive(store: Any, attempts: Any, call: Callable[[], Any]) -> Any:
-    """Drive a call's attempts (:meth:`Run.attempts <durkv.runtime.run>`) from a
-    coroutine: ``call()`` may return an awaitable; each record's fsync is waited for in a
-    worker thread, each sleep on the loop. :func:`durkv.runtime.plan.drive` is the sync
-    form."""
-    sent: Outcome | None = None
+async def adrive(store: Any, attempts: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Drive a call's attempts (``Run.attempts``) from a coroutine: ``fn`` may return an
+    awaitable; each record's fsync is waited for in a worker thread, each sleep on the
+    loop. :func:`durkv.runtime.plan.drive` is the sync form."""
+    sent: Any = None
     while True:
         try:
             effect = attempts.send(sent)
         except StopIteration as stop:
-            return stop.value.unwrap()
+            return outcome(stop.value)
         sent = None
         if effect is CALL:
             try:
-                r = call()
-                sent = Outcome(True, await r if inspect.isawaitable(r) else r)
+                r = fn(*args, **kwargs)
+                sent = True, (await r if inspect.isawaitable(r) else r)
             except Exception as e:
-                sent = Outcome(False, e)
+                sent = False, e
         elif effect[0] is SLEEP:
-            await asleep_with(effect[1], effect[2])
+            await asleep_with(effect[1], *effect[2])
         else:
-            await off_loop(store, *effect[1:])
+            await off_loop(store, effect[1], *effect[2])
 
 
 def scope_tasks(run: Any) -> Any:

@@ -3,9 +3,9 @@ plan (:class:`Plan`: replay a recorded entry, or call and record), attempts, rec
 
 ``Run.attempts`` is the one place a :class:`~durkv.Retry` drives attempts: a generator
 that yields what each step of the protocol needs -- :data:`CALL` (make an attempt; the
-driver sends back its :class:`Outcome`), ``(RECORD, fn, *args)`` (journal a record; the
-driver waits for its fsync), ``(SLEEP, sleep, seconds)`` (back off) -- and returns the
-call's outcome. :func:`drive` runs it in the calling thread (``run.step``, ``run.tool``);
+driver sends back its outcome ``(ok, value or exception)``), ``(RECORD, fn, args)``
+(journal a record; the driver waits for its fsync), ``(SLEEP, sleep, (seconds,))`` (back
+off) -- and returns the call's outcome ``(ok, value or exception)``. :func:`drive` runs it in the calling thread (``run.step``, ``run.tool``);
 :func:`durkv.runtime.aio.adrive` from a coroutine, every durable wait off the event loop
 (``run.astep``, ``run.atool``), as DBOS composes its immediate and pending outcomes."""
 
@@ -17,8 +17,8 @@ from ..errors import ConfigError
 from .journal import Entry
 from .tools import Retry, ToolSpec
 
-__all__ = ["Plan", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP", "Outcome",
-           "drive"]
+__all__ = ["Plan", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP", "drive",
+           "outcome"]
 
 ONCE = Retry(1)      # no retry: one attempt
 CALL = "call"        # the effects an attempt generator yields (see the module docstring)
@@ -26,36 +26,29 @@ RECORD = "record"
 SLEEP = "sleep"
 
 
-class Outcome:
-    """An attempt's (or a call's) outcome: its value, or the exception it raised."""
-
-    __slots__ = ("ok", "value")
-
-    def __init__(self, ok: bool, value: Any) -> None:
-        self.ok, self.value = ok, value
-
-    def unwrap(self) -> Any:
-        if self.ok:
-            return self.value
-        raise self.value
+def outcome(done: tuple[bool, Any]) -> Any:
+    """The value of an outcome ``(ok, value or exception)``, or its exception raised."""
+    if done[0]:
+        return done[1]
+    raise done[1]
 
 
-def drive(attempts: Generator, call: Callable[[], Any]) -> Any:
-    """Drive a call's attempts in this thread: ``call()`` each attempt, records and
-    sleeps done here (each record waits as the store's policy says)."""
-    sent = None
+def drive(attempts: Generator, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Drive a call's attempts in this thread: ``fn(*args, **kwargs)`` each attempt,
+    records and sleeps done here (each record waits as the store's policy says)."""
+    sent: Any = None
     try:
         while True:
             effect = attempts.send(sent)
             if effect is CALL:
                 try:
-                    sent = Outcome(True, call())
+                    sent = True, fn(*args, **kwargs)
                 except Exception as e:
-                    sent = Outcome(False, e)
+                    sent = False, e
             else:
-                sent = effect[1](*effect[2:])
+                sent = effect[1](*effect[2])
     except StopIteration as stop:
-        return stop.value.unwrap()
+        return outcome(stop.value)
 
 
 class Plan:

@@ -33,7 +33,6 @@ import time
 import uuid as _uuid
 import weakref
 from dataclasses import dataclass, replace
-from functools import partial
 from itertools import count
 from typing import Any, Callable, Generator, Iterator
 
@@ -50,7 +49,7 @@ from .journal import (
     E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_TRY, E_WARN, STATUSES,
     Entry, JournalEntry, apply, bulk_load, fold,
 )
-from .plan import CALL, ONCE, RECORD, SLEEP, Outcome, Plan, drive, err_type, plain_version
+from .plan import CALL, ONCE, RECORD, SLEEP, Plan, drive, err_type, plain_version
 from .repair import damage_of
 from .tools import Retry, ToolSpec, tool_spec
 from .values import Values, fingerprint
@@ -414,7 +413,8 @@ class Run:
     def _plan_step(self, sid: str, kind: str, name: str, fp: int | None, inputs: Any,
                    version: Any, retry_failed: bool = False) -> Plan:
         p = Plan(sid, kind, name, fp or 0, inputs, version)
-        e = self._st.latest(sid)
+        gens = self._st.entries.get(sid)
+        e = gens[-1] if gens else None
         if e is not None and e.done and e.err is None and e.fp == fp and e.kind == kind and (
                 e.name == name and e.prompt_version == version):
             p.entry, p.replay = e, True     # the hot path of a replay: recorded, the same
@@ -502,20 +502,19 @@ class Run:
         tries = list(p.tries)
         for i in count(len(tries)):      # the budget goes on across executions
             if p.spec is not None:
-                yield RECORD, self._intent, p
-            out: Outcome = yield CALL
-            if out.ok:
-                yield RECORD, record, p, out.value, None, tries
-                return Outcome(True, self._done(p, out.value))
-            exc = out.value
-            tries.append([err_type(exc), str(exc)])
-            if not r.retries(exc, i):
-                yield RECORD, record, p, None, exc, tries
-                return out
-            yield RECORD, self._try, p, tries
+                yield RECORD, self._intent, (p,)
+            ok, value = yield CALL
+            if ok:
+                yield RECORD, record, (p, value, None, tries)
+                return ok, self._done(p, value)
+            tries.append([err_type(value), str(value)])
+            if not r.retries(value, i):
+                yield RECORD, record, (p, None, value, tries)
+                return ok, value
+            yield RECORD, self._try, (p, tries)
             log.info("durkv: run %r step %s attempt %d failed: %s", self.run_id, p.sid, i + 1,
-                     exc)
-            yield SLEEP, r.sleep, r.delay(i)
+                     value)
+            yield SLEEP, r.sleep, (r.delay(i),)
             p.rc += 1
         raise AssertionError("unreachable: count() is endless")
 
@@ -681,7 +680,7 @@ class Run:
         """A planned call, synchronously: its recorded outcome, or its attempts."""
         if p.replay:
             return self._done(p, self._outcome(p.entry))
-        return drive(self.attempts(p, retry), _call_of(p, fn, args, kwargs))
+        return drive(self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
 
     def compensate(self) -> list:
         """Run the undos of this run's completed tools that declared ``compensate=``,
@@ -734,7 +733,7 @@ class Run:
         p = await settled(self.store, done)
         if p.replay:
             return self._done(p, self._outcome(p.entry))
-        return await adrive(self.store, self.attempts(p, retry), _call_of(p, fn, args, kwargs))
+        return await adrive(self.store, self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
 
     def aapprove(self, action: str, payload: Any = None, *, key: str | None = None):
         """Awaitable :meth:`approve` (a :class:`Decision`)."""
@@ -859,8 +858,6 @@ class Run:
         return describe(self.store, self.run_id)
 
 
-def _call_of(p: Plan, fn: Callable, args: tuple, kwargs: dict) -> Callable[[], Any]:
-    """One attempt of a planned call: a tool gets its idempotency key (fixed by the plan)."""
-    if p.spec is None:
-        return partial(fn, *args, **kwargs)
-    return partial(fn, *args, idempotency_key=p.key, **kwargs)
+def _kwargs_of(p: Plan, kwargs: dict) -> dict:
+    """The keyword arguments of each attempt: a tool's get its idempotency key (the plan's)."""
+    return kwargs if p.spec is None else {"idempotency_key": p.key, **kwargs}
