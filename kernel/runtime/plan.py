@@ -71,6 +71,14 @@ class Plan:
         self.spec: ToolSpec | None = None
         self.tries: tuple | list = ()    # failed attempts already journaled (the budget used)
 
+    @classmethod
+    def replay_of(cls, e: Entry) -> "Plan":
+        """The plan of a call recorded as it is asked for now: return (raise) the recorded
+        outcome. Built without ``__init__``: the hot path of a re-execution."""
+        p = cls.__new__(cls)
+        p.entry, p.replay, p.spec, p.sid = e, True, None, e.step_id
+        return p
+
 
 def err_type(exc: BaseException) -> str:
     t = type(exc)

@@ -412,13 +412,12 @@ class Run:
 
     def _plan_step(self, sid: str, kind: str, name: str, fp: int | None, inputs: Any,
                    version: Any, retry_failed: bool = False) -> Plan:
-        p = Plan(sid, kind, name, fp or 0, inputs, version)
         gens = self._st.entries.get(sid)
         e = gens[-1] if gens else None
         if e is not None and e.done and e.err is None and e.fp == fp and e.kind == kind and (
                 e.name == name and e.prompt_version == version):
-            p.entry, p.replay = e, True     # the hot path of a replay: recorded, the same
-            return p
+            return Plan.replay_of(e)    # the hot path of a replay: recorded as asked for now
+        p = Plan(sid, kind, name, fp or 0, inputs, version)
         p.t0 = self._clock()
         if e is None:       # the hot path of a live run: a new step
             return p
