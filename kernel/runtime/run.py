@@ -440,14 +440,8 @@ class Run:
 
     def _record_step(self, p: Plan, result: Any = None, exc: BaseException | None = None,
                      tries: list | None = None) -> None:
-        rec: dict = {"e": E_STEP, "t": self._clock(), "s": p.sid, "k": p.kind, "n": p.name,
-                     "fp": p.fp, "t0": p.t0}
-        if p.gen:
-            rec["g"] = p.gen
-        if p.inputs is not None:
-            rec["in"] = p.inputs
-        if p.version is not None:
-            rec["pv"] = p.version
+        rec = _with_call_fields({"e": E_STEP, "t": self._clock(), "s": p.sid, "k": p.kind,
+                                 "n": p.name, "fp": p.fp, "t0": p.t0}, p, "pv")
         self._add_outcome(rec, p, result, exc, tries,
                           "nothing was recorded and the step will run again: return plain data")
         self._append(rec)
@@ -578,14 +572,8 @@ class Run:
         return p
 
     def _intent(self, p: Plan) -> None:
-        rec: dict = {"e": E_INTENT, "t": self._clock(), "s": p.sid, "n": p.name, "fp": p.fp,
-                     "key": p.key, "rc": p.rc}
-        if p.gen:
-            rec["g"] = p.gen
-        if p.inputs is not None:
-            rec["in"] = p.inputs
-        if p.version is not None:
-            rec["tv"] = p.version
+        rec = _with_call_fields({"e": E_INTENT, "t": self._clock(), "s": p.sid, "n": p.name,
+                                 "fp": p.fp, "key": p.key, "rc": p.rc}, p, "tv")
         if p.spec is not None and p.spec.at_most_once:
             rec["amo"] = True
         if p.comp_of is not None:
@@ -855,6 +843,18 @@ class Run:
     def journal(self) -> list[JournalEntry]:
         """The run's journal entries in call order, read from the store."""
         return describe(self.store, self.run_id)
+
+
+def _with_call_fields(rec: dict, p: Plan, version_field: str) -> dict:
+    """A STEP's or INTENT's optional fields, in the order of docs/FORMAT.md 5a: the
+    generation, the inputs kept, the version (``pv`` of a prompt, ``tv`` of a tool)."""
+    if p.gen:
+        rec["g"] = p.gen
+    if p.inputs is not None:
+        rec["in"] = p.inputs
+    if p.version is not None:
+        rec[version_field] = p.version
+    return rec
 
 
 def _kwargs_of(p: Plan, kwargs: dict) -> dict:
