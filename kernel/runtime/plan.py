@@ -5,9 +5,10 @@ plan (:class:`Plan`: replay a recorded entry, or call and record), attempts, rec
 that yields what each step of the protocol needs -- :data:`CALL` (make an attempt; the
 driver sends back its outcome ``(ok, value or exception)``), ``(RECORD, fn, args)``
 (journal a record; the driver waits for its fsync), ``(SLEEP, sleep, (seconds,))`` (back
-off) -- and returns the call's outcome ``(ok, value or exception)``. :func:`drive` runs it in the calling thread (``run.step``, ``run.tool``);
-:func:`durkv.runtime.aio.adrive` from a coroutine, every durable wait off the event loop
-(``run.astep``, ``run.atool``), as DBOS composes its immediate and pending outcomes."""
+off) -- and returns the call's outcome ``(ok, value or exception)``. :func:`drive` runs
+it in the calling thread (``run.step``, ``run.tool``); :func:`durkv.runtime.aio.adrive`
+from a coroutine, every durable wait off the event loop (``run.astep``, ``run.atool``),
+as DBOS composes its immediate and pending outcomes."""
 
 from __future__ import annotations
 
