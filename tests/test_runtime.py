@@ -431,43 +431,52 @@ def test_tool_without_idempotency_key_fails_at_decoration():
             run.tool(print, "x")
 
 
-def test_unencodable_result_records_nothing_and_runs_again(url):
+def test_unencodable_result_records_nothing_and_runs_again(url, drive):
     model = Model()
 
     def bad(p):
         model.calls.append(p)
         return object()
 
+    def scenario(fn, arg):
+        async def go(v):
+            return await v.step("b", fn, arg)
+        return go
+
     with durkv.open(url) as s:
         with pytest.raises(durkv.SerializationError, match="nothing was recorded"):
-            with s.run("r") as run:
-                run.step("b", bad, "x")
-        assert run.journal() == []
-        with s.run("r") as run:
-            assert run.step("b", lambda p: "fine", "x") == "fine"
+            drive(s, "r", scenario(bad, "x"))
+        assert drive.run.journal() == []
+        assert drive(s, "r", scenario(lambda p: "fine", "x")) == "fine"
         with pytest.raises(durkv.SerializationError, match="plain data"):
-            with s.run("r2") as run:
-                run.step("b", bad, object())
+            drive(s, "r2", scenario(bad, object()))
     assert model.calls == ["x"]
 
 
-def test_oversized_and_secret_inputs(url):
+def test_oversized_and_secret_inputs(url, drive):
     big = "x" * (200 << 10)
+
+    def scenario(pw):
+        async def go(v):
+            await v.step("big", len, big)
+            await v.step("pw", len, pw, secret=True)
+        return go
+
     with durkv.open(url) as s:
-        with s.run("r") as run:
-            run.step("big", len, big)
-            run.step("pw", len, "hunter2", secret=True)
-        with s.run("r") as run:
-            assert run.step("big", len, big) == len(big)
-            with pytest.raises(durkv.IdempotencyConflictError):
-                run.step("pw", len, "hunter3", secret=True)
-        j = run.journal()
+        drive(s, "r", scenario("hunter2"))
+        with pytest.raises(durkv.IdempotencyConflictError):
+            drive(s, "r", scenario("hunter3"))
+        j = drive.run.journal()
         assert j[0].inputs is None and j[1].inputs is None     # fingerprints only
         assert j[0].inputs_fingerprint != j[1].inputs_fingerprint
-    with durkv.open("memory://", max_commit_bytes=4096) as s, s.run("r") as run:
+
+    async def huge(v):
         with pytest.raises(durkv.FrameTooLargeError, match="max_commit_bytes"):
-            run.step("huge", lambda: "y" * 10_000)
-        assert run.journal() == []
+            await v.step("huge", lambda: "y" * 10_000)
+        assert v.run.journal() == []
+
+    with durkv.open("memory://", max_commit_bytes=4096) as s:
+        drive(s, "r", huge)
 
 
 def test_intent_is_durable_before_the_call_under_exit_policy(tmp_path):
@@ -498,16 +507,19 @@ class QuotaError(Exception):
     pass
 
 
-def test_recorded_failure_types_are_rebuilt_and_a_missing_class_is_named(url):
+def test_recorded_failure_types_are_rebuilt_and_a_missing_class_is_named(url, drive):
     from durkv.runtime.values import Values
 
     def quota():
         raise QuotaError("over quota", 3)
 
+    async def scenario(v):
+        await v.step("q", quota)
+
     with durkv.open(url) as s:
         for _ in range(2):
-            with pytest.raises(QuotaError) as ei, s.run("r") as run:
-                run.step("q", quota)
+            with pytest.raises(QuotaError) as ei:
+                drive(s, "r", scenario)
             assert ei.value.args == ("over quota", 3)
     e = Values(durkv.open("memory://").serde).rebuild(
         ["not_imported_anywhere.Boom", "boom", None], "run 'r' step 0 ('q')")
@@ -526,7 +538,7 @@ def test_one_run_object_executed_twice(url):
         assert model.calls == [1, 2]
 
 
-def test_compensation_gets_the_recorded_result_not_the_callers_mutated_object(url):
+def test_compensation_gets_the_recorded_result_not_the_callers_mutated_object(url, drive):
     """The caller may mutate a tool's result after it returns; the undo must still get the
     result as recorded (the same value a replay passes), or the undo acts on the wrong
     thing and a re-execution meets an IdempotencyConflictError at the undo step."""
@@ -540,10 +552,12 @@ def test_compensation_gets_the_recorded_result_not_the_callers_mutated_object(ur
     def book(*, idempotency_key):
         return {"id": "B1"}
 
+    async def scenario(v):
+        got = await v.tool(book)
+        got["id"] = "mutated by the caller"
+        await v.compensate()
+
     with durkv.open(url) as s:
         for _ in range(2):          # the second execution replays the tool and the undo
-            with s.run("r") as run:
-                got = run.tool(book)
-                got["id"] = "mutated by the caller"
-                run.compensate()
+            drive(s, "r", scenario)
         assert undone == [{"id": "B1"}]
