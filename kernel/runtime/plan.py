@@ -49,7 +49,10 @@ def drive(attempts: Generator, fn: Callable, args: tuple, kwargs: dict) -> Any:
             else:
                 sent = effect[1](*effect[2])
     except StopIteration as stop:
-        return outcome(stop.value)
+        ok, value = stop.value
+    if ok:
+        return value
+    raise value
 
 
 class Plan:

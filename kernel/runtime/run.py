@@ -474,8 +474,8 @@ class Run:
             secret: journal only the inputs' fingerprint, not the inputs.
             retry_failed: call again even if a final failure is recorded.
         """
-        p = self._plan_call(self._sid(key), name, args, kwargs, prompt_version, secret,
-                            retry_failed)
+        sid = str(next(self._n)) if key is None and self._plain else self._sid(key)
+        p = self._plan_call(sid, name, args, kwargs, prompt_version, secret, retry_failed)
         return self._drive(p, fn, args, kwargs, retry)
 
     def _plan_call(self, sid: str, name: str, args: tuple, kwargs: dict, prompt_version: Any,
@@ -499,7 +499,7 @@ class Run:
             ok, value = yield CALL
             if ok:
                 yield RECORD, record, (p, value, None, tries)
-                return ok, self._done(p, value)
+                return ok, (value if p.spec is None else self._done(p, value))
             tries.append([err_type(value), str(value)])
             if not r.retries(value, i):
                 yield RECORD, record, (p, None, value, tries)
@@ -666,7 +666,9 @@ class Run:
                retry: Retry | None) -> Any:
         """A planned call, synchronously: its recorded outcome, or its attempts."""
         if p.replay:
-            return self._done(p, self._outcome(p.entry))
+            e = p.entry
+            v = self._loads(e.result) if e.err is None else self._outcome(e)
+            return v if p.spec is None else self._done(p, v)
         return drive(self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
 
     def compensate(self) -> list:
