@@ -353,6 +353,14 @@ def test_no_private_attribute_crosses_a_module_in_backends_s3():
     assert not bad, "\n".join(bad)
 
 
+def test_no_private_attribute_crosses_a_module_in_the_runtime():
+    """The async verbs were a mixin (runtime/aio.py) calling ~27 private members of Run;
+    they are Run's own now, and aio.py offers public functions (deferred, settled,
+    adrive, scope_tasks...) that take what they need."""
+    bad = private_attribute_uses("kernel/runtime")
+    assert not bad, "\n".join(bad)
+
+
 def test_the_rule_finds_a_private_attribute_of_another_module():
     """The check above can fail: a module reading ``b._seq`` it never defines is named,
     its own ``self._own`` is not."""

@@ -13,6 +13,9 @@ import pytest
 
 import durkv
 from durkv.runtime.journal import E_INTENT
+import rundrivers
+
+drive = rundrivers.drive      # the fixture: the protocol's tests run sync and async
 
 
 class Model:
@@ -38,20 +41,25 @@ class Outbox:
         return send
 
 
-def test_step_records_once_and_replays(url):
+def test_step_records_once_and_replays(url, drive):
     model = Model()
+
+    async def first(v):
+        return (await v.step("plan", model, "p1", prompt_version="v1"),
+                await v.step("plan", model, "p2", prompt_version="v1"))
+
+    async def second(v):
+        got = await first(v)
+        return got, await v.step("more", model, "p3")
+
     with durkv.open(url) as s:
-        with s.run("r", input={"q": 1}) as run:
-            a = run.step("plan", model, "p1", prompt_version="v1")
-            b = run.step("plan", model, "p2", prompt_version="v1")
-        assert run.status == "finished"
+        a, b = drive(s, "r", first, input={"q": 1})
+        assert drive.run.status == "finished"
     with durkv.open(url) as s:
-        with s.run("r", input={"q": 1}) as run:
-            assert run.step("plan", model, "p1", prompt_version="v1") == a
-            assert run.step("plan", model, "p2", prompt_version="v1") == b
-            c = run.step("more", model, "p3")
+        (a2, b2), c = drive(s, "r", second, input={"q": 1})
+        assert (a2, b2) == (a, b)
         assert model.calls == ["p1", "p2", "p3"] and c == "answer to p3"
-        j = run.journal()
+        j = drive.run.journal()
         assert [(e.step_id, e.planned_action, e.inputs, e.result_receipt) for e in j] == [
             ("0", "plan", [["p1"], {}], a), ("1", "plan", [["p2"], {}], b),
             ("2", "more", [["p3"], {}], c)]
@@ -69,117 +77,138 @@ def test_replayed_result_is_a_fresh_value(url):
             assert run.step("x", lambda: None) == {"items": [1]}
 
 
-def test_tool_intent_receipt_and_key(url):
+def test_tool_intent_receipt_and_key(url, drive):
     box = Outbox()
     send = box.tool(version="3")
+
+    async def scenario(v):
+        return await v.tool(send, to="a@b", body="hi")
+
     with durkv.open(url) as s:
         for _ in range(3):
-            with s.run("t") as run:
-                r = run.tool(send, to="a@b", body="hi")
+            r = drive(s, "t", scenario)
         assert box.keys == ["t:0"] and r == {"id": 1, "to": "a@b"}
-        (e,) = run.journal()
+        (e,) = drive.run.journal()
         assert (e.kind, e.idempotency_key, e.tool_version, e.retry_count, e.state) == (
             "tool", "t:0", "3", 0, "done")
 
 
-def _crash_after_intent(s, run_id, fn, **kw):
+class Killed(BaseException):
+    """A kill -9 between the call and its receipt, as the run sees it: nothing after."""
+
+
+def _crash_after_intent(s, drive, run_id, fn, **kw):
     """What a kill -9 between the call and its receipt leaves: a durable intent only."""
-    with s.run(run_id) as run:
-        real = run._receipt
-        run._receipt = lambda *a, **k: (_ for _ in ()).throw(SystemExit("killed"))
-        with pytest.raises(SystemExit):
-            run.tool(fn, **kw)
-        run._receipt = real
+    async def scenario(v):
+        v.run._receipt = lambda *a, **k: (_ for _ in ()).throw(Killed("killed"))
+        await v.tool(fn, **kw)
+
+    with pytest.raises(Killed):
+        drive(s, run_id, scenario)
 
 
-def test_intent_without_receipt_is_called_again_with_the_same_key(url, caplog):
+def _tool_once(fn, **kw):
+    async def scenario(v):
+        return await v.tool(fn, **kw)
+    return scenario
+
+
+def test_intent_without_receipt_is_called_again_with_the_same_key(url, caplog, drive):
     box = Outbox()
     send = box.tool()
     with durkv.open(url) as s:
-        _crash_after_intent(s, "t", send, to="a", body="b")
+        _crash_after_intent(s, drive, "t", send, to="a", body="b")
         assert box.keys == ["t:0"]
-        with caplog.at_level(logging.WARNING, logger="durkv"), s.run("t") as run:
-            run.tool(send, to="a", body="b")
+        with caplog.at_level(logging.WARNING, logger="durkv"):
+            drive(s, "t", _tool_once(send, to="a", body="b"))
         assert box.keys == ["t:0", "t:0"]       # a duplicate by key, deduplicated by it
         assert "intent without receipt" in caplog.text
-        (e,) = run.journal()
+        (e,) = drive.run.journal()
         assert e.retry_count == 1 and e.state == "done"
 
 
-def test_at_most_once_in_doubt_then_resolve(url):
+def test_at_most_once_in_doubt_then_resolve(url, drive):
     box = Outbox()
     pay = box.tool(at_most_once=True)
+    once = _tool_once(pay, to="a", body="b")
     with durkv.open(url) as s:
-        _crash_after_intent(s, "p", pay, to="a", body="b")
+        _crash_after_intent(s, drive, "p", pay, to="a", body="b")
         with pytest.raises(durkv.InDoubtError, match="store.resolve"):
-            with s.run("p") as run:
-                run.tool(pay, to="a", body="b")
+            drive(s, "p", once)
         assert box.keys == ["p:0"]
         assert [(r.status, r.step) for r in s.runs()] == [("in_doubt", "0")]
-        assert run.journal()[0].state == "in_doubt"
+        assert drive.run.journal()[0].state == "in_doubt"
         s.resolve("p", "0", done=True, result={"id": 99})
-        with s.run("p") as run:
-            assert run.tool(pay, to="a", body="b") == {"id": 99}
+        assert drive(s, "p", once) == {"id": 99}
         assert box.keys == ["p:0"] and s.runs()[0].status == "finished"
         # resolved as not done: the next execution calls it, same key
-        _crash_after_intent(s, "q", pay, to="a", body="b")
+        _crash_after_intent(s, drive, "q", pay, to="a", body="b")
         s.resolve("q", "0", done=False, by="ops")
-        with s.run("q") as run:
-            run.tool(pay, to="a", body="b")
+        drive(s, "q", once)
         assert box.keys == ["p:0", "q:0", "q:0"]
         with pytest.raises(durkv.ConfigError, match="has a receipt"):
             s.resolve("q", "0", done=True)
 
 
-def test_same_step_different_input_conflicts(url):
+def test_same_step_different_input_conflicts(url, drive):
     box = Outbox()
     send = box.tool()
     model = Model()
+
+    def scenario(prompt, to):
+        async def go(v):
+            await v.step("plan", model, prompt)
+            await v.tool(send, to=to, body="1")
+        return go
+
     with durkv.open(url) as s:
-        with s.run("r") as run:
-            run.step("plan", model, "a")
-            run.tool(send, to="x", body="1")
-        with s.run("r") as run, pytest.raises(durkv.IdempotencyConflictError) as ei:
-            run.step("plan", model, "CHANGED")
+        drive(s, "r", scenario("a", "x"))
+        with pytest.raises(durkv.IdempotencyConflictError) as ei:
+            drive(s, "r", scenario("CHANGED", "x"))
         assert "run 'r' step 0" in str(ei.value) and ei.value.context["recorded"] != \
             ei.value.context["given"]
-        with s.run("r") as run:
-            run.step("plan", model, "a")
-            with pytest.raises(durkv.IdempotencyConflictError):
-                run.tool(send, to="y", body="1")
+        with pytest.raises(durkv.IdempotencyConflictError):
+            drive(s, "r", scenario("a", "y"))
         assert model.calls == ["a"] and box.keys == ["r:1"]
 
 
-def test_non_determinism(url):
+def test_non_determinism(url, drive):
     model = Model()
+
+    def scenario(name):
+        async def go(v):
+            await v.step(name, model, "a")
+        return go
+
     with durkv.open(url) as s:
-        with s.run("r") as run:
-            run.step("plan", model, "a")
-        with s.run("r") as run, pytest.raises(durkv.NonDeterminismError) as ei:
-            run.step("search", model, "a")
+        drive(s, "r", scenario("plan"))
+        with pytest.raises(durkv.NonDeterminismError) as ei:
+            drive(s, "r", scenario("search"))
         msg = str(ei.value)
         assert "step 0" in msg and "'plan'" in msg and "'search'" in msg
         assert model.calls == ["a"]
 
 
 @pytest.mark.parametrize("policy", ["warn", "fail", "rerun"])
-def test_version_drift(url, policy, caplog):
+def test_version_drift(url, policy, caplog, drive):
     box = Outbox()
     model = Model()
+
+    def scenario(pv, tv):
+        async def go(v):
+            await v.step("plan", model, "a", prompt_version=pv)
+            await v.tool(box.tool(version=tv), to="x", body="b")
+        return go
+
     with durkv.open(url) as s:
-        with s.run("r") as run:
-            run.step("plan", model, "a", prompt_version="p1")
-            run.tool(box.tool(version="1"), to="x", body="b")
+        drive(s, "r", scenario("p1", "1"))
         with caplog.at_level(logging.WARNING, logger="durkv"):
-            run = s.run("r", on_drift=policy)
-            with run:
-                if policy == "fail":
-                    with pytest.raises(durkv.VersionDriftError, match="'p1', running 'p2'"):
-                        run.step("plan", model, "a", prompt_version="p2")
-                    return
-                run.step("plan", model, "a", prompt_version="p2")
-                run.tool(box.tool(version="2"), to="x", body="b")
-        j = run.journal()
+            if policy == "fail":
+                with pytest.raises(durkv.VersionDriftError, match="'p1', running 'p2'"):
+                    drive(s, "r", scenario("p2", "2"), on_drift=policy)
+                return
+            drive(s, "r", scenario("p2", "2"), on_drift=policy)
+        j = drive.run.journal()
         if policy == "warn":
             assert model.calls == ["a"] and box.keys == ["r:1"]
             assert "version drift" in j[0].warnings[0] and "warn" in caplog.text
@@ -188,12 +217,10 @@ def test_version_drift(url, policy, caplog):
             assert model.calls == ["a", "a"] and box.keys == ["r:1", "r:1#1"]
             assert [(e.step_id, e.generation) for e in j] == [("0", 0), ("1", 0), ("0", 1),
                                                                 ("1", 1)]
-            with s.run("r", on_drift="fail") as run:    # the rerun is now the record
-                run.step("plan", model, "a", prompt_version="p2")
-                run.tool(box.tool(version="2"), to="x", body="b")
+            drive(s, "r", scenario("p2", "2"), on_drift="fail")   # the rerun is the record
 
 
-def test_retries_with_backoff_on_a_fake_clock(url):
+def test_retries_with_backoff_on_a_fake_clock(url, drive):
     slept = []
     fails = {"n": 2}
 
@@ -205,36 +232,44 @@ def test_retries_with_backoff_on_a_fake_clock(url):
 
     retry = durkv.Retry(5, backoff=1.0, max_delay=1.5, jitter=0.5, sleep=slept.append,
                         random=lambda: 0.5)
+
+    async def scenario(v):
+        return await v.step("f", flaky, 21, retry=retry)
+
     with durkv.open(url) as s:
-        with s.run("r") as run:
-            assert run.step("f", flaky, 21, retry=retry) == 42
+        assert drive(s, "r", scenario) == 42
         assert slept == [0.75, 1.5 * 0.75]       # 1*2^0, then capped at 1.5; jitter 0.5*0.5
-        (e,) = run.journal()
+        (e,) = drive.run.journal()
         assert e.retry_count == 2 and [t[0] for t in e.attempt_errors] == [
             "builtins.ConnectionError"] * 2
 
 
-def test_recorded_final_failure_replays_as_the_same_exception(url):
+def test_recorded_final_failure_replays_as_the_same_exception(url, drive):
     model = Model()
 
     def boom(x):
         model.calls.append(x)
         raise KeyError(x)
 
+    async def scenario(v):
+        await v.step("b", boom, "k1", retry=durkv.Retry(2, backoff=0, jitter=0))
+
+    async def again(v):
+        return await v.step("b", lambda x: "ok", "k1", retry_failed=True)
+
     with durkv.open(url) as s:
         for _ in range(2):
-            with pytest.raises(KeyError, match="k1"), s.run("r") as run:
-                run.step("b", boom, "k1", retry=durkv.Retry(2, backoff=0, jitter=0))
+            with pytest.raises(KeyError, match="k1"):
+                drive(s, "r", scenario)
         assert model.calls == ["k1", "k1"]           # two attempts, once
         assert s.runs()[0].status == "failed"
-        with s.run("r") as run:
-            assert run.step("b", lambda x: "ok", "k1", retry_failed=True) == "ok"
-        e = run.journal()
+        assert drive(s, "r", again) == "ok"
+        e = drive.run.journal()
         assert [x.state for x in e] == ["failed", "done"]
         assert e[0].error_state == "builtins.KeyError: 'k1'"
 
 
-def test_compensation_runs_undos_newest_first(url):
+def test_compensation_runs_undos_newest_first(url, drive):
     undone = []
 
     @durkv.tool
@@ -249,27 +284,31 @@ def test_compensation_runs_undos_newest_first(url):
     def notify(*, idempotency_key):
         return None
 
+    async def scenario(v):
+        await v.tool(reserve, "a")
+        await v.tool(notify)
+        await v.tool(reserve, "b")
+        return await v.compensate()
+
     with durkv.open(url) as s:
         for _ in range(2):          # the second execution replays every undo
-            with s.run("r") as run:
-                run.tool(reserve, "a")
-                run.tool(notify)
-                run.tool(reserve, "b")
-                run.compensate()
+            assert drive(s, "r", scenario) == [None, None]
         assert undone == [("res-b", "r:3"), ("res-a", "r:4")]
-        j = run.journal()
+        j = drive.run.journal()
         assert [e.compensates for e in j[3:]] == ["2", "0"]
 
 
-def test_approval_pause_decide_resume(url):
+def test_approval_pause_decide_resume(url, drive):
     box = Outbox()
     send = box.tool()
 
+    async def scenario(v):
+        if (await v.approve("send", {"to": "a"})).approved:
+            await v.tool(send, to="a", body="x")
+
     def agent(s):
-        with s.run("r", input={"t": 1}) as run:
-            if run.approve("send", {"to": "a"}).approved:
-                run.tool(send, to="a", body="x")
-        return run
+        drive(s, "r", scenario, input={"t": 1})
+        return drive.run
 
     with durkv.open(url) as s:
         run = agent(s)
@@ -300,16 +339,19 @@ def test_interrupted_is_not_swallowed_by_except_exception(url):
         assert issubclass(durkv.Interrupted, BaseException)
 
 
-def test_rejection_is_a_result_and_mismatch_is_refused(url):
+def test_rejection_is_a_result_and_mismatch_is_refused(url, drive):
+    def scenario(body):
+        async def go(v):
+            return await v.approve("send", {"body": body})
+        return go
+
     with durkv.open(url) as s:
-        with s.run("r") as run:
-            run.approve("send", {"body": "v1"})
+        drive(s, "r", scenario("v1"))
         s.decide("r", "0", False, by="bob")
-        with s.run("r") as run:
-            d = run.approve("send", {"body": "v1"})
+        d = drive(s, "r", scenario("v1"))
         assert d.approved is False and d.by == "bob"
-        with s.run("r") as run, pytest.raises(durkv.ApprovalMismatchError, match="decided"):
-            run.approve("send", {"body": "v2 edited after the human looked"})
+        with pytest.raises(durkv.ApprovalMismatchError, match="decided"):
+            drive(s, "r", scenario("v2 edited after the human looked"))
         with pytest.raises(durkv.NotFoundError):
             s.decide("r", "9", True)
 
@@ -330,7 +372,7 @@ def test_run_id_conflict_and_two_drivers(url):
             pass
 
 
-def test_sleep_records_its_wake_time():
+def test_sleep_records_its_wake_time(drive):
     now = [1000.0]
     slept = []
 
@@ -338,25 +380,27 @@ def test_sleep_records_its_wake_time():
         slept.append(d)
         now[0] += d
 
+    async def scenario(v):
+        await v.sleep(60)
+
     with durkv.open("memory://") as s:
-        with s.run("r", clock=lambda: now[0], sleep=lambda d: None) as run:
-            run.sleep(60)         # "killed" during the sleep: nothing advanced
+        # "killed" during the sleep: nothing advanced
+        drive(s, "r", scenario, clock=lambda: now[0], sleep=lambda d: None)
         assert s.runs()[0].status == "finished"
         now[0] += 45
-        with s.run("r", clock=lambda: now[0], sleep=sleep) as run:
-            run.sleep(60)
+        drive(s, "r", scenario, clock=lambda: now[0], sleep=sleep)
         assert slept == [15.0]
-        with s.run("r", clock=lambda: now[0], sleep=sleep) as run:
-            run.sleep(60)
+        drive(s, "r", scenario, clock=lambda: now[0], sleep=sleep)
         assert slept == [15.0]
 
 
-def test_now_random_uuid_are_recorded(url):
+def test_now_random_uuid_are_recorded(url, drive):
+    async def scenario(v):
+        return (await v.now(), await v.random(), await v.uuid())
+
     with durkv.open(url) as s:
-        with s.run("r") as run:
-            first = (run.now(), run.random(), run.uuid())
-        with s.run("r") as run:
-            assert (run.now(), run.random(), run.uuid()) == first
+        first = drive(s, "r", scenario)
+        assert drive(s, "r", scenario) == first
 
 
 def test_explicit_keys_for_threads(url):
@@ -387,43 +431,52 @@ def test_tool_without_idempotency_key_fails_at_decoration():
             run.tool(print, "x")
 
 
-def test_unencodable_result_records_nothing_and_runs_again(url):
+def test_unencodable_result_records_nothing_and_runs_again(url, drive):
     model = Model()
 
     def bad(p):
         model.calls.append(p)
         return object()
 
+    def scenario(fn, arg):
+        async def go(v):
+            return await v.step("b", fn, arg)
+        return go
+
     with durkv.open(url) as s:
         with pytest.raises(durkv.SerializationError, match="nothing was recorded"):
-            with s.run("r") as run:
-                run.step("b", bad, "x")
-        assert run.journal() == []
-        with s.run("r") as run:
-            assert run.step("b", lambda p: "fine", "x") == "fine"
+            drive(s, "r", scenario(bad, "x"))
+        assert drive.run.journal() == []
+        assert drive(s, "r", scenario(lambda p: "fine", "x")) == "fine"
         with pytest.raises(durkv.SerializationError, match="plain data"):
-            with s.run("r2") as run:
-                run.step("b", bad, object())
+            drive(s, "r2", scenario(bad, object()))
     assert model.calls == ["x"]
 
 
-def test_oversized_and_secret_inputs(url):
+def test_oversized_and_secret_inputs(url, drive):
     big = "x" * (200 << 10)
+
+    def scenario(pw):
+        async def go(v):
+            await v.step("big", len, big)
+            await v.step("pw", len, pw, secret=True)
+        return go
+
     with durkv.open(url) as s:
-        with s.run("r") as run:
-            run.step("big", len, big)
-            run.step("pw", len, "hunter2", secret=True)
-        with s.run("r") as run:
-            assert run.step("big", len, big) == len(big)
-            with pytest.raises(durkv.IdempotencyConflictError):
-                run.step("pw", len, "hunter3", secret=True)
-        j = run.journal()
+        drive(s, "r", scenario("hunter2"))
+        with pytest.raises(durkv.IdempotencyConflictError):
+            drive(s, "r", scenario("hunter3"))
+        j = drive.run.journal()
         assert j[0].inputs is None and j[1].inputs is None     # fingerprints only
         assert j[0].inputs_fingerprint != j[1].inputs_fingerprint
-    with durkv.open("memory://", max_commit_bytes=4096) as s, s.run("r") as run:
+
+    async def huge(v):
         with pytest.raises(durkv.FrameTooLargeError, match="max_commit_bytes"):
-            run.step("huge", lambda: "y" * 10_000)
-        assert run.journal() == []
+            await v.step("huge", lambda: "y" * 10_000)
+        assert v.run.journal() == []
+
+    with durkv.open("memory://", max_commit_bytes=4096) as s:
+        drive(s, "r", huge)
 
 
 def test_intent_is_durable_before_the_call_under_exit_policy(tmp_path):
@@ -454,16 +507,19 @@ class QuotaError(Exception):
     pass
 
 
-def test_recorded_failure_types_are_rebuilt_and_a_missing_class_is_named(url):
+def test_recorded_failure_types_are_rebuilt_and_a_missing_class_is_named(url, drive):
     from durkv.runtime.values import Values
 
     def quota():
         raise QuotaError("over quota", 3)
 
+    async def scenario(v):
+        await v.step("q", quota)
+
     with durkv.open(url) as s:
         for _ in range(2):
-            with pytest.raises(QuotaError) as ei, s.run("r") as run:
-                run.step("q", quota)
+            with pytest.raises(QuotaError) as ei:
+                drive(s, "r", scenario)
             assert ei.value.args == ("over quota", 3)
     e = Values(durkv.open("memory://").serde).rebuild(
         ["not_imported_anywhere.Boom", "boom", None], "run 'r' step 0 ('q')")
@@ -482,7 +538,7 @@ def test_one_run_object_executed_twice(url):
         assert model.calls == [1, 2]
 
 
-def test_compensation_gets_the_recorded_result_not_the_callers_mutated_object(url):
+def test_compensation_gets_the_recorded_result_not_the_callers_mutated_object(url, drive):
     """The caller may mutate a tool's result after it returns; the undo must still get the
     result as recorded (the same value a replay passes), or the undo acts on the wrong
     thing and a re-execution meets an IdempotencyConflictError at the undo step."""
@@ -496,10 +552,12 @@ def test_compensation_gets_the_recorded_result_not_the_callers_mutated_object(ur
     def book(*, idempotency_key):
         return {"id": "B1"}
 
+    async def scenario(v):
+        got = await v.tool(book)
+        got["id"] = "mutated by the caller"
+        await v.compensate()
+
     with durkv.open(url) as s:
         for _ in range(2):          # the second execution replays the tool and the undo
-            with s.run("r") as run:
-                got = run.tool(book)
-                got["id"] = "mutated by the caller"
-                run.compensate()
+            drive(s, "r", scenario)
         assert undone == [{"id": "B1"}]

@@ -114,3 +114,49 @@ def test_no_fdatasync_wait_on_the_event_loop_under_sync(tmp_path):
         assert durkv.Run(s, "r").journal()[-1].kind == "approval"
     assert len(waits) >= 5          # RUN, step, intent, receipt, sleep, approval, status
     assert loop_thread not in waits
+
+
+class Killed(BaseException):
+    """A kill between a tool's call and its receipt, as the run sees it."""
+
+
+def test_no_fdatasync_wait_on_the_event_loop_for_an_in_doubt_atool(tmp_path):
+    """An at-most-once atool met in doubt journals the run's in_doubt status before it
+    raises InDoubtError: under sync that record's fdatasync is waited for off the loop."""
+    import threading
+
+    waits: list = []
+
+    @durkv.tool(name="wire", at_most_once=True)
+    async def wire(n, *, idempotency_key):
+        raise Killed("killed after the call, before its receipt")
+
+    async def agent(store):
+        async with store.arun("r", input=1) as run:
+            await run.atool(wire, 1)
+
+    with durkv.open(str(tmp_path / "s"), durability="sync") as s:
+        with pytest.raises(Killed):
+            asyncio.run(agent(s))           # a durable intent, no receipt
+        b = s._b
+        real = b.wait_durable
+        loop_threads: list = []
+
+        def spy(lsn):
+            waits.append(threading.get_ident())
+            return real(lsn)
+
+        async def in_doubt():
+            loop_threads.append(threading.get_ident())
+            async with s.arun("r", input=1) as run:
+                n = len(waits)
+                with pytest.raises(durkv.InDoubtError):
+                    await run.atool(wire, 1)
+                assert len(waits) > n       # the in_doubt status was waited for
+                raise durkv.InDoubtError("again", run_id="r", step_id="0", key="r:0")
+
+        b.wait_durable = spy
+        with pytest.raises(durkv.InDoubtError, match="again"):
+            asyncio.run(in_doubt())
+        assert s.runs()[0].status == "in_doubt"
+    assert waits and loop_threads[0] not in waits

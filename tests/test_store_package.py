@@ -26,6 +26,7 @@ from durkv.store import records as r
 from storeinternals import backend_of
 
 STORE_PACKAGE = Path(__file__).resolve().parent.parent / "kernel" / "store"
+RUNTIME_PACKAGE = STORE_PACKAGE.parent / "runtime"
 
 
 def _frames(s):
@@ -91,9 +92,10 @@ def test_the_pre_package_shims_are_gone():
 
 def test_the_store_functions_are_short_stories():
     """The issue's measure: Store.put was 114 lines, compact() 88. No function of the
-    package is over 50 lines of code (its docstring not counted)."""
+    package -- nor of the runtime (issue 16: journal.apply was 67, Run.step 56) -- is over
+    50 lines of code (its docstring not counted)."""
     long = []
-    for path in sorted(STORE_PACKAGE.glob("*.py")):
+    for path in sorted([*STORE_PACKAGE.glob("*.py"), *RUNTIME_PACKAGE.glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 body = node.body

@@ -1,7 +1,7 @@
-"""The awaitable forms of a run's verbs: ``astep``, ``atool``, ``aapprove``, ``asleep``,
-``acompensate``.
+"""How a run's awaitable verbs (``astep``, ``atool``, ``aapprove``, ``asleep``,
+``acompensate``, in :mod:`durkv.runtime.run`) wait: off the event loop, and per task.
 
-Each claims its step id when called (not when awaited), so calls issued together
+Each verb claims its step id when called (not when awaited), so calls issued together
 (``asyncio.gather``) get ids in the order they were issued. Tools' intent and
 receipt fsyncs run in a worker thread (concurrent calls share them: group commit), as
 does every other fdatasync an async verb waits for (``durability="sync"``): its records
@@ -25,14 +25,13 @@ import inspect
 import re
 import time
 import weakref
-from functools import partial
 from itertools import count
 from typing import Any, Callable
 
-from .plan import ONCE, Plan, err_type, plain_version
-from .tools import Retry, tool_spec
+from .plan import CALL, SLEEP, outcome
 
-__all__ = ["OWED", "AsyncVerbs", "SCOPED_ID", "scoped_id", "is_async"]
+__all__ = ["OWED", "SCOPED_ID", "scoped_id", "deferred", "raise_now", "settled", "off_loop", "adrive",
+           "asleep_with", "scope_tasks", "unscope_tasks"]
 
 SCOPED_ID = re.compile(r"[0-9]+(\.[0-9]+)*/[0-9]+")    # the ids of calls in tasks
 
@@ -81,165 +80,102 @@ def _task_factory(loop: Any, coro: Any, **kw: Any) -> Any:
     return prev(loop, coro, **kw) if prev is not None else asyncio.Task(coro, loop=loop, **kw)
 
 
-def is_async(fn: Any) -> bool:
-    spec = tool_spec(fn)
-    return spec.is_async if spec is not None else inspect.iscoroutinefunction(fn)
+Deferred = tuple  # (owed LSNs, result, error) of a call whose records are only queued
 
 
-class AsyncVerbs:
-    """Mixed into :class:`durkv.runtime.Run` (uses its planning and recording methods)."""
+def deferred(fn: Callable, *args: Any) -> Deferred:
+    """Call ``fn`` on the loop, its records only queued: (owed LSNs, result, error). The
+    verbs plan this way when called, so that a step id is claimed in the order of issue."""
+    owed: list = []
+    token = OWED.set(owed)
+    try:
+        return owed, fn(*args), None
+    except BaseException as e:      # re-raised by settled() once the records are durable
+        return owed, None, e
+    finally:
+        OWED.reset(token)
 
-    _scope_token: Any = None
 
-    def _deferred(self, fn: Callable, *args: Any) -> tuple[list, Any, BaseException | None]:
-        """Call ``fn`` on the loop, its records only queued: (owed LSNs, result, error)."""
-        owed: list = []
-        token = OWED.set(owed)
+def raise_now(done: Deferred) -> Deferred:
+    """``done`` itself, or its error raised at once when it owes nothing (bad input is
+    refused when the verb is called, not when it is awaited)."""
+    if done[2] is not None and not done[0]:
+        raise done[2]
+    return done
+
+
+async def settled(store: Any, done: Deferred) -> Any:
+    """Wait in a worker thread for the fsyncs ``done``'s records owe; then its outcome."""
+    owed, result, exc = done
+    if owed:
+        await asyncio.to_thread(store.wait_journal, max(owed))
+    if exc is not None:
+        raise exc
+    return result
+
+
+async def off_loop(store: Any, fn: Callable, *args: Any) -> Any:
+    """``fn(*args)`` with every fdatasync it owes waited for off the event loop."""
+    return await settled(store, deferred(fn, *args))
+
+
+async def adrive(store: Any, attempts: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Drive a call's attempts (``Run.attempts``) from a coroutine: ``fn`` may return an
+    awaitable; each record's fsync is waited for in a worker thread, each sleep on the
+    loop. :func:`durkv.runtime.plan.drive` is the sync form."""
+    sent: Any = None
+    while True:
         try:
-            return owed, fn(*args), None
-        except BaseException as e:      # re-raised by _settled once the records are durable
-            return owed, None, e
-        finally:
-            OWED.reset(token)
-
-    async def _settled(self, done: tuple[list, Any, BaseException | None]) -> Any:
-        """Wait in a worker thread for the fsyncs ``done``'s records owe; then its outcome."""
-        owed, result, exc = done
-        if owed:
-            await asyncio.to_thread(self.store.wait_journal, max(owed))
-        if exc is not None:
-            raise exc
-        return result
-
-    async def _off_loop(self, fn: Callable, *args: Any) -> Any:
-        """``fn(*args)`` with every fdatasync it owes waited for off the event loop."""
-        return await self._settled(self._deferred(fn, *args))
-
-    def _scope_tasks(self) -> None:
-        """Make this (the run's own) task the root of the run's task tree (``__aenter__``):
-        durkv's task factory, chained to the loop's, gives the tasks it creates a path."""
-        loop = asyncio.get_running_loop()
-        st = _loops.get(loop)
-        if st is None:      # else ours is installed (or chained by a factory set since)
-            st = _loops[loop] = [loop.get_task_factory(), 0]
-            loop.set_task_factory(_task_factory)
-        st[1] += 1
-        self._scope_token = _scope.set(TaskScope(self, ""))
-        self._plain = False
-
-    def _unscope_tasks(self) -> None:
-        token, self._scope_token = self._scope_token, None
-        if token is None:
-            return
-        try:
-            _scope.reset(token)
-        except ValueError:          # exited in another context than entered
-            _scope.set(None)
-        loop = asyncio.get_running_loop()
-        st = _loops.get(loop)
-        if st is not None:
-            st[1] -= 1
-            if st[1] <= 0 and loop.get_task_factory() is _task_factory:
-                loop.set_task_factory(st[0])      # the loop's own factory again
-                del _loops[loop]
-
-    def astep(self, name: str, fn: Callable, *args: Any, prompt_version: Any = None,
-              retry: Retry | None = None, key: str | None = None, secret: bool = False,
-              retry_failed: bool = False, **kwargs: Any):
-        """Awaitable :meth:`step`; ``fn`` may be a coroutine function."""
-        sid = self._sid(key)
-        prompt_version = plain_version(prompt_version)      # checked before the call
-        inputs, fp = self._inputs("step", name, args, kwargs, secret)
-        p = self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
-        return self._astep(p, fn, args, kwargs, retry)
-
-    async def _astep(self, p: Plan, fn: Callable, args: tuple, kwargs: dict,
-                     retry: Retry | None) -> Any:
-        if p.replay:
-            return self._outcome(p.entry)
-        r = retry or ONCE
-        tries = list(p.tries)
-        for i in count(len(tries)):      # the budget goes on across executions
+            effect = attempts.send(sent)
+        except StopIteration as stop:
+            return outcome(stop.value)
+        sent = None
+        if effect is CALL:
             try:
-                result = fn(*args, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-                break
-            except Exception as exc:
-                tries.append([err_type(exc), str(exc)])
-                if not r.retries(exc, i):
-                    await self._off_loop(partial(self._record_step, p, exc=exc, tries=tries))
-                    raise
-                await self._off_loop(self._try, p, tries)
-                await _asleep(r.sleep, r.delay(i))
-        await self._off_loop(partial(self._record_step, p, result, tries=tries))
-        return result
-
-    def atool(self, fn: Callable, *args: Any, retry: Retry | None = None,
-              key: str | None = None, secret: bool = False, retry_failed: bool = False,
-              **kwargs: Any):
-        """Awaitable :meth:`tool`; ``fn`` may be a coroutine function. The intent and
-        receipt fsyncs run in a worker thread (concurrent calls share them)."""
-        spec = self._spec(fn, kwargs)
-        p = self._plan_tool(self._sid(key), spec, args, kwargs, secret,
-                            retry_failed=retry_failed)
-        return self._atool(p, fn, args, kwargs, retry)
-
-    async def _atool(self, p: Plan, fn: Callable, args: tuple, kwargs: dict,
-                     retry: Retry | None) -> Any:
-        if p.replay:
-            return self._done(p, self._outcome(p.entry))
-        r = retry or ONCE
-        tries = list(p.tries)
-        for i in count(len(tries)):      # the budget goes on across executions
-            await self._off_loop(self._intent, p)
-            try:
-                result = fn(*args, idempotency_key=p.key, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-                break
-            except Exception as exc:
-                tries.append([err_type(exc), str(exc)])
-                if not r.retries(exc, i):
-                    await self._off_loop(self._receipt, p, None, exc, tries)
-                    raise
-                await self._off_loop(self._try, p, tries)
-                await _asleep(r.sleep, r.delay(i))
-                p.rc += 1
-        await self._off_loop(self._receipt, p, result, None, tries)
-        return self._done(p, result)
-
-    def aapprove(self, action: str, payload: Any = None, *, key: str | None = None):
-        """Awaitable :meth:`approve`."""
-        sid = self._sid(key)
-
-        async def go() -> Any:      # a durkv.runtime.Decision
-            return await self._off_loop(self._approve_at, sid, action, payload)
-        return go()
-
-    async def acompensate(self) -> list:
-        """Awaitable :meth:`compensate`: sync and async undos, newest first, each awaited."""
-        return [await self._atool(p, undo, (result,), {}, None)
-                for p, undo, result in self._undos()]
-
-    def asleep(self, seconds: float, *, key: str | None = None):
-        """Awaitable :meth:`sleep`."""
-        done = self._deferred(self._plan_sleep, seconds, key)   # the id is claimed now
-        if done[2] is not None and not done[0]:
-            raise done[2]       # bad input: raised when called, as before
-
-        async def go() -> None:
-            left, slept = await self._settled(done)
-            if slept:
-                await _asleep(self._sleep, left)
-                await self._off_loop(self._status, "running")
-        return go()
+                r = fn(*args, **kwargs)
+                sent = True, (await r if inspect.isawaitable(r) else r)
+            except Exception as e:
+                sent = False, e
+        elif effect[0] is SLEEP:
+            await asleep_with(effect[1], *effect[2])
+        else:
+            await off_loop(store, effect[1], *effect[2])
 
 
-async def _asleep(sleep: Callable[[float], Any], seconds: float) -> None:
+def scope_tasks(run: Any) -> Any:
+    """Make the running task the root of ``run``'s task tree (its ``__aenter__``): durkv's
+    task factory, chained to the loop's, gives the tasks it creates a path. Returns the
+    token for :func:`unscope_tasks`."""
+    loop = asyncio.get_running_loop()
+    st = _loops.get(loop)
+    if st is None:      # else ours is installed (or chained by a factory set since)
+        st = _loops[loop] = [loop.get_task_factory(), 0]
+        loop.set_task_factory(_task_factory)
+    st[1] += 1
+    return _scope.set(TaskScope(run, ""))
+
+
+def unscope_tasks(token: Any) -> None:
+    if token is None:
+        return
+    try:
+        _scope.reset(token)
+    except ValueError:          # exited in another context than entered
+        _scope.set(None)
+    loop = asyncio.get_running_loop()
+    st = _loops.get(loop)
+    if st is not None:
+        st[1] -= 1
+        if st[1] <= 0 and loop.get_task_factory() is _task_factory:
+            loop.set_task_factory(st[0])      # the loop's own factory again
+            del _loops[loop]
+
+
+async def asleep_with(sleep: Callable[[float], Any], seconds: float) -> None:
+    """Sleep ``seconds`` on the loop (``time.sleep``), or with an injected (fake) sleep."""
     if sleep is time.sleep:
         await asyncio.sleep(seconds)
     else:
-        r = sleep(seconds)      # an injected (fake) sleep
+        r = sleep(seconds)
         if inspect.isawaitable(r):
             await r

@@ -123,11 +123,7 @@ def resolve(store: Any, run_id: str, step_id: str, *, done: bool, result: Any = 
     rec: dict = {"e": E_RESOLVE, "t": time.time(), "s": step_id, "done": done,
                  "by": by, "note": note}
     if done:
-        try:
-            rec["r"] = store.serde.dumps(result)
-        except Exception as exc:
-            raise SerializationError(f"the result given to resolve cannot be serialized: "
-                                     f"{exc}", run_id=run_id, step_id=step_id) from exc
+        rec["r"] = remote.resolved_result(store, run_id, step_id, result)
 
     def record(records: list[dict]) -> dict | None:
         st = fold(run_id, records)

@@ -140,71 +140,97 @@ def fold(run_id: str, records: list[dict]) -> RunState:
 
 def apply(st: RunState, r: dict) -> None:
     """Fold one more record into ``st`` (records in log order)."""
-    ev = r.get("e")
-    t = r.get("t")
-    if ev == E_STEP:
-        e = _entry(st, r, r.get("k", "step"))
-        e.fp = r.get("fp", 0)
-        e.inputs = r.get("in")
+    fold_event = _FOLDS.get(r.get("e"))
+    if fold_event is not None and fold_event(st, r, r.get("t")) is not _FINAL:
+        st.updated = r.get("t")       # an event this reader does not know changes nothing
+
+
+_FINAL = object()   # a fold that changed nothing: an answer after the first, which holds
+
+
+def _fold_step(st: RunState, r: dict, t: Any) -> None:
+    e = _entry(st, r, r.get("k", "step"))
+    e.fp = r.get("fp", 0)
+    e.inputs = r.get("in")
+    e.prompt_version = r.get("pv")
+    e.result, e.err, e.done = r.get("r"), r.get("err"), True
+    tries = r.get("tries")
+    if tries or e.tries:        # a new entry already has no tries
+        e.tries = tries or []
+        e.retry_count = len(e.tries)
+    e.ended = t
+
+
+def _fold_intent(st: RunState, r: dict, t: Any) -> None:
+    e = _entry(st, r, "tool")
+    e.inputs = r.get("in")
+    e.tool_version = r.get("tv")
+    e.key = r.get("key")
+    e.retry_count = r.get("rc", 0)
+    e.at_most_once = bool(r.get("amo"))
+    e.comp_of = r.get("comp")
+    e.resolved = None      # a new attempt: an earlier "not done" authorized it, and only it
+    e.in_flight = True
+
+
+def _fold_receipt(st: RunState, r: dict, t: Any) -> None:
+    e = _entry(st, r, "tool")
+    e.result, e.err, e.done = r.get("r"), r.get("err"), True
+    e.tries = r.get("tries") or []
+    e.ended = t
+
+
+def _fold_approval(st: RunState, r: dict, t: Any) -> None:
+    _entry(st, r, "approval").inputs = r.get("in")
+
+
+def _fold_decision(st: RunState, r: dict, t: Any) -> None:
+    e = _entry(st, r, "approval")
+    if e.decision is None:       # a decision is final: the first one in the log holds
+        e.decision = r
+        e.ended = t
+
+
+def _fold_resolve(st: RunState, r: dict, t: Any) -> Any:
+    e = _entry(st, r, "tool")
+    if e.resolved is not None or e.done:
+        return _FINAL          # final: the first answer about this attempt holds
+    e.resolved = r
+    if r.get("done"):
+        e.result, e.err, e.done = r.get("r"), None, True
+        e.ended = t
+    return None
+
+
+def _fold_try(st: RunState, r: dict, t: Any) -> None:
+    e = _entry(st, r, r.get("k", "tool"))
+    e.tries = (*e.tries, r.get("err"))
+    e.in_flight = False         # that attempt failed: the next one is not in doubt
+    if e.kind != "tool":        # a tool's retry_count is its intents' (calls - 1)
+        e.retry_count = len(e.tries)
         e.prompt_version = r.get("pv")
-        e.result, e.err, e.done = r.get("r"), r.get("err"), True
-        tries = r.get("tries")
-        if tries or e.tries:        # a new entry already has no tries
-            e.tries = tries or []
-            e.retry_count = len(e.tries)
-        e.ended = t
-    elif ev == E_INTENT:
-        e = _entry(st, r, "tool")
-        e.inputs = r.get("in")
-        e.tool_version = r.get("tv")
-        e.key = r.get("key")
-        e.retry_count = r.get("rc", 0)
-        e.at_most_once = bool(r.get("amo"))
-        e.comp_of = r.get("comp")
-        e.resolved = None      # a new attempt: an earlier "not done" authorized it, and only it
-        e.in_flight = True
-    elif ev == E_RECEIPT:
-        e = _entry(st, r, "tool")
-        e.result, e.err, e.done = r.get("r"), r.get("err"), True
-        e.tries = r.get("tries") or []
-        e.ended = t
-    elif ev == E_APPROVAL:
-        e = _entry(st, r, "approval")
-        e.inputs = r.get("in")
-    elif ev == E_DECISION:
-        e = _entry(st, r, "approval")
-        if e.decision is None:       # a decision is final: the first one in the log holds
-            e.decision = r
-            e.ended = t
-    elif ev == E_RESOLVE:
-        e = _entry(st, r, "tool")
-        if e.resolved is not None or e.done:
-            return          # final: the first answer about this attempt holds
-        e.resolved = r
-        if r.get("done"):
-            e.result, e.err, e.done = r.get("r"), None, True
-            e.ended = t
-    elif ev == E_TRY:
-        e = _entry(st, r, r.get("k", "tool"))
-        e.tries = (*e.tries, r.get("err"))
-        e.in_flight = False         # that attempt failed: the next one is not in doubt
-        if e.kind != "tool":        # a tool's retry_count is its intents' (calls - 1)
-            e.retry_count = len(e.tries)
-            e.prompt_version = r.get("pv")
-    elif ev == E_WARN:
-        e = st.latest(r["s"])
-        if e is not None:
-            e.warnings = (*e.warnings, r.get("msg", ""))
-    elif ev == E_STATUS:
-        st.status, st.until = r.get("st"), r.get("until")
-        st.status_step, st.message = r.get("s"), r.get("msg")
-    elif ev == E_RUN:
-        st.fp, st.input, st.created = r.get("fp"), r.get("in"), t
-        st.task_ids = bool(r.get("tid"))
-        st.status, st.until, st.status_step, st.message = "running", None, None, None
-    else:
-        return      # an event this reader does not know
-    st.updated = t
+
+
+def _fold_warn(st: RunState, r: dict, t: Any) -> None:
+    e = st.latest(r["s"])
+    if e is not None:
+        e.warnings = (*e.warnings, r.get("msg", ""))
+
+
+def _fold_status(st: RunState, r: dict, t: Any) -> None:
+    st.status, st.until = r.get("st"), r.get("until")
+    st.status_step, st.message = r.get("s"), r.get("msg")
+
+
+def _fold_run(st: RunState, r: dict, t: Any) -> None:
+    st.fp, st.input, st.created = r.get("fp"), r.get("in"), t
+    st.task_ids = bool(r.get("tid"))
+    st.status, st.until, st.status_step, st.message = "running", None, None, None
+
+
+_FOLDS = {E_STEP: _fold_step, E_INTENT: _fold_intent, E_RECEIPT: _fold_receipt,
+          E_APPROVAL: _fold_approval, E_DECISION: _fold_decision, E_RESOLVE: _fold_resolve,
+          E_TRY: _fold_try, E_WARN: _fold_warn, E_STATUS: _fold_status, E_RUN: _fold_run}
 
 
 @dataclass(frozen=True)

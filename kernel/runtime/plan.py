@@ -1,17 +1,58 @@
-"""What one durable call will do (replay a recorded entry, or call and record), shared by
-the sync verbs (:mod:`durkv.runtime.run`) and the async ones (:mod:`durkv.runtime.aio`)."""
+"""The call protocol of a run's durable calls, shared by its sync and async verbs:
+plan (:class:`Plan`: replay a recorded entry, or call and record), attempts, record.
+
+``Run.attempts`` is the one place a :class:`~durkv.Retry` drives attempts: a generator
+that yields what each step of the protocol needs -- :data:`CALL` (make an attempt; the
+driver sends back its outcome ``(ok, value or exception)``), ``(RECORD, fn, args)``
+(journal a record; the driver waits for its fsync), ``(SLEEP, sleep, (seconds,))`` (back
+off) -- and returns the call's outcome ``(ok, value or exception)``. :func:`drive` runs
+it in the calling thread (``run.step``, ``run.tool``); :func:`durkv.runtime.aio.adrive`
+from a coroutine, every durable wait off the event loop (``run.astep``, ``run.atool``),
+as DBOS composes its immediate and pending outcomes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Generator
 
 from ..errors import ConfigError
 from .journal import Entry
 from .tools import Retry, ToolSpec
 
-__all__ = ["Plan", "err_type", "ONCE", "plain_version"]
+__all__ = ["Plan", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP", "drive",
+           "outcome"]
 
 ONCE = Retry(1)      # no retry: one attempt
+CALL = "call"        # the effects an attempt generator yields (see the module docstring)
+RECORD = "record"
+SLEEP = "sleep"
+
+
+def outcome(done: tuple[bool, Any]) -> Any:
+    """The value of an outcome ``(ok, value or exception)``, or its exception raised."""
+    if done[0]:
+        return done[1]
+    raise done[1]
+
+
+def drive(attempts: Generator, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Drive a call's attempts in this thread: ``fn(*args, **kwargs)`` each attempt,
+    records and sleeps done here (each record waits as the store's policy says)."""
+    sent: Any = None
+    try:
+        while True:
+            effect = attempts.send(sent)
+            if effect is CALL:
+                try:
+                    sent = True, fn(*args, **kwargs)
+                except Exception as e:
+                    sent = False, e
+            else:
+                sent = effect[1](*effect[2])
+    except StopIteration as stop:
+        ok, value = stop.value
+    if ok:
+        return value
+    raise value
 
 
 class Plan:
@@ -33,6 +74,14 @@ class Plan:
         self.comp_of: str | None = None
         self.spec: ToolSpec | None = None
         self.tries: tuple | list = ()    # failed attempts already journaled (the budget used)
+
+    @classmethod
+    def replay_of(cls, e: Entry) -> "Plan":
+        """The plan of a call recorded as it is asked for now: return (raise) the recorded
+        outcome. Built without ``__init__``: the hot path of a re-execution."""
+        p = cls.__new__(cls)
+        p.entry, p.replay, p.spec, p.sid = e, True, None, e.step_id
+        return p
 
 
 def err_type(exc: BaseException) -> str:

@@ -278,16 +278,21 @@ def decide(store: Any, run_id: str, step_id: str, approved: bool, *, by: Any = N
     return Decision(step_id, bool(rec.get("ok")), rec.get("by"), rec.get("note"), rec.get("t"))
 
 
+def resolved_result(store: Any, run_id: str, step_id: str, result: Any) -> bytes:
+    """The serialized ``result`` a ``resolve(done=True)`` records (on any store)."""
+    try:
+        return store.serde.dumps(result)
+    except Exception as exc:
+        raise SerializationError(f"the result given to resolve cannot be serialized: "
+                                 f"{exc}", run_id=run_id, step_id=step_id) from exc
+
+
 def resolve(store: Any, run_id: str, step_id: str, *, done: bool, result: Any = None,
             by: Any = None, note: Any = None, wait_ms: int | None = None) -> None:
     """``store.resolve`` on an ``s3://`` store, as :func:`decide`."""
     answer: dict = {"done": done}
     if done:
-        try:
-            answer["r"] = store.serde.dumps(result)
-        except Exception as exc:
-            raise SerializationError(f"the result given to resolve cannot be serialized: "
-                                     f"{exc}", run_id=run_id, step_id=step_id) from exc
+        answer["r"] = resolved_result(store, run_id, step_id, result)
     _answer(store, "resolve", run_id, step_id, answer, by, note, None, wait_ms)
 
 

@@ -34,19 +34,22 @@ import uuid as _uuid
 import weakref
 from dataclasses import dataclass, replace
 from itertools import count
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 from ..errors import (
     ApprovalMismatchError, ConfigError, DurkvError, FrameTooLargeError, IdempotencyConflictError,
     InDoubtError, Interrupted, NonDeterminismError, RunBusyError, RunConflictError,
     SerializationError, VersionDriftError,
 )
-from .aio import OWED, SCOPED_ID, AsyncVerbs, is_async, scoped_id
+from .aio import (
+    OWED, SCOPED_ID, adrive, asleep_with, deferred, off_loop, raise_now, scope_tasks, scoped_id,
+    settled, unscope_tasks,
+)
 from .journal import (
     E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_TRY, E_WARN, STATUSES,
     Entry, JournalEntry, apply, bulk_load, fold,
 )
-from .plan import ONCE, Plan, err_type, plain_version
+from .plan import CALL, ONCE, RECORD, SLEEP, Plan, drive, err_type, plain_version
 from .repair import damage_of
 from .tools import Retry, ToolSpec, tool_spec
 from .values import Values, fingerprint
@@ -91,7 +94,7 @@ class Decision:
     decided_at: float | None = None
 
 
-class Run(AsyncVerbs):
+class Run:
     """One run of an agent over a store's journal. Create with ``store.run(...)``."""
 
     def __init__(self, store: Any, run_id: str, input: Any = NO_INPUT, *,  # noqa: A002
@@ -132,6 +135,7 @@ class Run(AsyncVerbs):
         self._driver: Any = None    # the cross-process claim while open (store/drivers.py)
         self._plain = False     # open, and every automatic step id comes from self._n
         self._task_ids = False  # asyncio tasks' step ids are scoped by task (see aio.py)
+        self._scope_token: Any = None   # async with: this task roots the run's task tree
         self.status: str | None = None
         self.interrupt: Interrupted | None = None
 
@@ -148,14 +152,16 @@ class Run(AsyncVerbs):
         return self.close(exc)
 
     async def __aenter__(self) -> "Run":
-        await self._off_loop(self.open)
+        await off_loop(self.store, self.open)
         if self._task_ids:
-            self._scope_tasks()
+            self._scope_token = scope_tasks(self)
+            self._plain = False
         return self
 
     async def __aexit__(self, et: Any, exc: Any, tb: Any) -> bool:
-        self._unscope_tasks()
-        return await self._off_loop(self.close, exc)
+        token, self._scope_token = self._scope_token, None
+        unscope_tasks(token)
+        return await off_loop(self.store, self.close, exc)
 
     def open(self) -> None:
         """Claim the run in this process and read its journal (``with`` does this)."""
@@ -331,6 +337,8 @@ class Run(AsyncVerbs):
         self.status = status
 
     def _sid(self, key: str | None) -> str:
+        if key is None and self._plain:     # open, no task scopes: the run's one counter
+            return str(next(self._n))       # count(): atomic (GIL)
         self._check_open()
         if key is None:
             sid = None if self._plain else scoped_id(self)
@@ -404,12 +412,16 @@ class Run(AsyncVerbs):
 
     def _plan_step(self, sid: str, kind: str, name: str, fp: int | None, inputs: Any,
                    version: Any, retry_failed: bool = False) -> Plan:
+        gens = self._st.entries.get(sid)
+        e = gens[-1] if gens else None
+        if e is not None and e.done and e.err is None and e.fp == fp and e.kind == kind and (
+                e.name == name and e.prompt_version == version):
+            return Plan.replay_of(e)    # the hot path of a replay: recorded as asked for now
         p = Plan(sid, kind, name, fp or 0, inputs, version)
-        e = self._check(sid, kind, name, fp)
-        if e is None:
-            p.t0 = self._clock()
-            return p
         p.t0 = self._clock()
+        if e is None:       # the hot path of a live run: a new step
+            return p
+        self._check(sid, kind, name, fp)
         p.gen = e.gen
         if not e.done:      # failed attempts journaled, then interrupted: go on with the budget
             p.tries = e.tries
@@ -428,14 +440,8 @@ class Run(AsyncVerbs):
 
     def _record_step(self, p: Plan, result: Any = None, exc: BaseException | None = None,
                      tries: list | None = None) -> None:
-        rec: dict = {"e": E_STEP, "t": self._clock(), "s": p.sid, "k": p.kind, "n": p.name,
-                     "fp": p.fp, "t0": p.t0}
-        if p.gen:
-            rec["g"] = p.gen
-        if p.inputs is not None:
-            rec["in"] = p.inputs
-        if p.version is not None:
-            rec["pv"] = p.version
+        rec = _with_call_fields({"e": E_STEP, "t": self._clock(), "s": p.sid, "k": p.kind,
+                                 "n": p.name, "fp": p.fp, "t0": p.t0}, p, "pv")
         self._add_outcome(rec, p, result, exc, tries,
                           "nothing was recorded and the step will run again: return plain data")
         self._append(rec)
@@ -469,46 +475,41 @@ class Run(AsyncVerbs):
             retry_failed: call again even if a final failure is recorded.
         """
         sid = str(next(self._n)) if key is None and self._plain else self._sid(key)
+        p = self._plan_call(sid, name, args, kwargs, prompt_version, secret, retry_failed)
+        return self._drive(p, fn, args, kwargs, retry)
+
+    def _plan_call(self, sid: str, name: str, args: tuple, kwargs: dict, prompt_version: Any,
+                   secret: bool, retry_failed: bool) -> Plan:
+        """The plan of ``step``/``astep``: its inputs and version checked before any call."""
         if prompt_version is not None and type(prompt_version) is not str:
-            prompt_version = plain_version(prompt_version)     # checked before the call
+            prompt_version = plain_version(prompt_version)
         inputs, fp = self._inputs("step", name, args, kwargs, secret)
-        gens = self._st.entries.get(sid)
-        if gens is None:
-            if retry is None:       # the hot path of a live run: a new step, no retry policy
-                p = Plan(sid, "step", name, fp, inputs, prompt_version)
-                p.t0 = self._clock()
-                try:
-                    result = fn(*args, **kwargs)
-                except Exception as exc:
-                    self._record_step(p, exc=exc, tries=[[err_type(exc), str(exc)]])
-                    raise
-                self._record_step(p, result)
-                return result
-        else:
-            e = gens[-1]
-            if (e.err is None and e.done and e.kind == "step" and e.name == name
-                    and e.fp == fp and e.prompt_version == prompt_version):
-                return self._loads(e.result)     # the hot path of a replay: recorded, no call
-        p = self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
-        if p.replay:
-            return self._outcome(p.entry)
+        return self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
+
+    def attempts(self, p: Plan, retry: Retry | None) -> Generator:
+        """The attempts of a planned call and their records (docs/FORMAT.md 5a): the one
+        place ``retry`` applies. A generator of effects (see :mod:`durkv.runtime.plan`),
+        driven by ``plan.drive`` (sync verbs) or ``aio.adrive`` (async verbs)."""
+        record = self._record_step if p.spec is None else self._receipt
         r = retry or ONCE
         tries = list(p.tries)
         for i in count(len(tries)):      # the budget goes on across executions
-            try:
-                result = fn(*args, **kwargs)
-                break
-            except Exception as exc:
-                tries.append([err_type(exc), str(exc)])
-                if not r.retries(exc, i):
-                    self._record_step(p, exc=exc, tries=tries)
-                    raise
-                self._try(p, tries)
-                log.info("durkv: run %r step %s attempt %d failed: %s", self.run_id, sid, i + 1,
-                         exc)
-                r.sleep(r.delay(i))
-        self._record_step(p, result, tries=tries)
-        return result
+            if p.spec is not None:
+                yield RECORD, self._intent, (p,)
+            ok, value = yield CALL
+            if ok:
+                yield RECORD, record, (p, value, None, tries)
+                return ok, (value if p.spec is None else self._done(p, value))
+            tries.append([err_type(value), str(value)])
+            if not r.retries(value, i):
+                yield RECORD, record, (p, None, value, tries)
+                return ok, value
+            yield RECORD, self._try, (p, tries)
+            log.info("durkv: run %r step %s attempt %d failed: %s", self.run_id, p.sid, i + 1,
+                     value)
+            yield SLEEP, r.sleep, (r.delay(i),)
+            p.rc += 1
+        raise AssertionError("unreachable: count() is endless")
 
     # -- tools -------------------------------------------------------------------------------
 
@@ -571,14 +572,8 @@ class Run(AsyncVerbs):
         return p
 
     def _intent(self, p: Plan) -> None:
-        rec: dict = {"e": E_INTENT, "t": self._clock(), "s": p.sid, "n": p.name, "fp": p.fp,
-                     "key": p.key, "rc": p.rc}
-        if p.gen:
-            rec["g"] = p.gen
-        if p.inputs is not None:
-            rec["in"] = p.inputs
-        if p.version is not None:
-            rec["tv"] = p.version
+        rec = _with_call_fields({"e": E_INTENT, "t": self._clock(), "s": p.sid, "n": p.name,
+                                 "fp": p.fp, "key": p.key, "rc": p.rc}, p, "tv")
         if p.spec is not None and p.spec.at_most_once:
             rec["amo"] = True
         if p.comp_of is not None:
@@ -660,34 +655,21 @@ class Run(AsyncVerbs):
         unless ``retry_failed``: ``True`` calls again under a new key (``key#gen``),
         :data:`SAME_KEY` under the recorded one (durkv.langgraph: a LangGraph retry)."""
         spec = self._spec(fn, kwargs)
-        if spec.is_async:       # refused before its intent: run.tool would never await it
+        if inspect.iscoroutinefunction(fn):    # refused before its intent: never awaited
             raise ConfigError(f"run.tool({spec.name!r}): an async tool; call it with `await "
                               "run.atool(...)` (inside `async with store.arun(...)`)")
         p = self._plan_tool(self._sid(key), spec, args, kwargs, secret,
                             retry_failed=retry_failed)
-        return self._call_tool(p, fn, args, kwargs, retry)
+        return self._drive(p, fn, args, kwargs, retry)
 
-    def _call_tool(self, p: Plan, fn: Callable, args: tuple, kwargs: dict,
-                   retry: Retry | None) -> Any:
+    def _drive(self, p: Plan, fn: Callable, args: tuple, kwargs: dict,
+               retry: Retry | None) -> Any:
+        """A planned call, synchronously: its recorded outcome, or its attempts."""
         if p.replay:
-            return self._done(p, self._outcome(p.entry))
-        r = retry or ONCE
-        tries = list(p.tries)
-        for i in count(len(tries)):      # the budget goes on across executions
-            self._intent(p)
-            try:
-                result = fn(*args, idempotency_key=p.key, **kwargs)
-                break
-            except Exception as exc:
-                tries.append([err_type(exc), str(exc)])
-                if not r.retries(exc, i):
-                    self._receipt(p, exc=exc, tries=tries)
-                    raise
-                self._try(p, tries)
-                r.sleep(r.delay(i))
-                p.rc += 1
-        self._receipt(p, result, tries=tries)
-        return self._done(p, result)
+            e = p.entry
+            v = self._loads(e.result) if e.err is None else self._outcome(e)
+            return v if p.spec is None else self._done(p, v)
+        return drive(self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
 
     def compensate(self) -> list:
         """Run the undos of this run's completed tools that declared ``compensate=``,
@@ -695,23 +677,71 @@ class Run(AsyncVerbs):
         An async undo is refused before any is called: use ``await run.acompensate()``."""
         self._check_open()
         for _sid, spec, _r in self._compensable:
-            if is_async(spec.compensate):
+            if inspect.iscoroutinefunction(spec.compensate):
                 raise ConfigError(f"run.compensate(): the undo {spec.compensate!r} is async; "
                                   "use `await run.acompensate()`")
-        return [self._call_tool(p, undo, (result,), {}, None)
-                for p, undo, result in self._undos()]
+        return [self._drive(self._plan_tool(*plan), undo, (result,), {}, None)
+                for plan, undo, result in self._undos()]
 
-    def _undos(self) -> Iterator[tuple[Plan, Callable, Any]]:
-        """The undos to call, newest first, each planned (given its step id) when reached."""
+    def _undos(self) -> Iterator[tuple[tuple, Callable, Any]]:
+        """The undos to call, newest first: each one's ``_plan_tool`` arguments (its step
+        id claimed when reached), the undo, and the result it undoes."""
         self._check_open()
         todo, self._compensable = self._compensable, []
         for sid, spec, recorded in reversed(todo):
             result = self._loads(recorded)
             undo = spec.compensate
             uspec = tool_spec(undo) or ToolSpec(
-                getattr(undo, "__qualname__", repr(undo)), None, False, None, is_async(undo))
-            yield self._plan_tool(self._sid(None), uspec, (result,), {}, False,
-                                  comp_of=sid), undo, result
+                getattr(undo, "__qualname__", repr(undo)), None, False, None)
+            yield (self._sid(None), uspec, (result,), {}, False, sid), undo, result
+
+    # -- awaitable verbs: planned when called (ids in order of issue); every fdatasync they
+    # wait for is waited for in a worker thread (aio.py) --------------------------------------
+
+    def astep(self, name: str, fn: Callable, *args: Any, prompt_version: Any = None,
+              retry: Retry | None = None, key: str | None = None, secret: bool = False,
+              retry_failed: bool = False, **kwargs: Any):
+        """Awaitable :meth:`step`; ``fn`` may be a coroutine function."""
+        done = raise_now(deferred(self._plan_call, self._sid(key), name, args, kwargs,
+                                  prompt_version, secret, retry_failed))
+        return self._adrive(done, fn, args, kwargs, retry)
+
+    def atool(self, fn: Callable, *args: Any, retry: Retry | None = None,
+              key: str | None = None, secret: bool = False, retry_failed: bool = False,
+              **kwargs: Any):
+        """Awaitable :meth:`tool`; ``fn`` may be a coroutine function. The intent and
+        receipt fsyncs run in a worker thread (concurrent calls share them)."""
+        spec = self._spec(fn, kwargs)
+        done = raise_now(deferred(self._plan_tool, self._sid(key), spec, args, kwargs, secret,
+                                  None, retry_failed))
+        return self._adrive(done, fn, args, kwargs, retry)
+
+    async def _adrive(self, done: tuple, fn: Callable, args: tuple, kwargs: dict,
+                      retry: Retry | None) -> Any:
+        """A call planned by ``deferred``, from a coroutine: :meth:`_drive`'s async form."""
+        p = await settled(self.store, done)
+        if p.replay:
+            return self._done(p, self._outcome(p.entry))
+        return await adrive(self.store, self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
+
+    def aapprove(self, action: str, payload: Any = None, *, key: str | None = None):
+        """Awaitable :meth:`approve` (a :class:`Decision`)."""
+        return off_loop(self.store, self._approve_at, self._sid(key), action, payload)
+
+    async def acompensate(self) -> list:
+        """Awaitable :meth:`compensate`: sync and async undos, newest first, each awaited."""
+        return [await self._adrive(deferred(self._plan_tool, *plan), undo, (result,), {}, None)
+                for plan, undo, result in self._undos()]
+
+    def asleep(self, seconds: float, *, key: str | None = None):
+        """Awaitable :meth:`sleep`."""
+        return self._asleep(raise_now(deferred(self._plan_sleep, seconds, key)))
+
+    async def _asleep(self, planned: tuple) -> None:
+        left, slept = await settled(self.store, planned)
+        if slept:
+            await asleep_with(self._sleep, left)
+            await off_loop(self.store, self._status, "running")
 
     # -- approvals ---------------------------------------------------------------------------
 
@@ -817,3 +847,18 @@ class Run(AsyncVerbs):
         return describe(self.store, self.run_id)
 
 
+def _with_call_fields(rec: dict, p: Plan, version_field: str) -> dict:
+    """A STEP's or INTENT's optional fields, in the order of docs/FORMAT.md 5a: the
+    generation, the inputs kept, the version (``pv`` of a prompt, ``tv`` of a tool)."""
+    if p.gen:
+        rec["g"] = p.gen
+    if p.inputs is not None:
+        rec["in"] = p.inputs
+    if p.version is not None:
+        rec[version_field] = p.version
+    return rec
+
+
+def _kwargs_of(p: Plan, kwargs: dict) -> dict:
+    """The keyword arguments of each attempt: a tool's get its idempotency key (the plan's)."""
+    return kwargs if p.spec is None else {"idempotency_key": p.key, **kwargs}

@@ -29,7 +29,6 @@ class ToolSpec:
     version: str | None
     at_most_once: bool
     compensate: Callable | None
-    is_async: bool
 
 
 def _takes_key(fn: Callable) -> bool:
@@ -77,7 +76,7 @@ def tool(fn: Callable | None = None, *, version: Any = None, at_most_once: bool 
                               "parameter; define it as undo(result, *, idempotency_key)")
         f.__durkv_tool__ = ToolSpec(
             name or getattr(f, "__qualname__", repr(f)), None if version is None else str(version),
-            bool(at_most_once), compensate, inspect.iscoroutinefunction(f))
+            bool(at_most_once), compensate)
         return f
 
     return wrap if fn is None else wrap(fn)
