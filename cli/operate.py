@@ -84,6 +84,8 @@ def _where(r: dict) -> str:
         return f"until {_when(r['until'])}"
     if st in ("failed", "damaged"):
         return r["message"] or ""
+    if st == "running" and r["driver"] is None:
+        return "no driver: it stopped mid-run; run it again to resume"
     return ""
 
 
@@ -99,8 +101,9 @@ def runs(ctx: click.Context, store: str, status: str | None, as_json: bool) -> N
     A state is running, waiting (for approval: of what, at which step), sleeping
     (until when), in_doubt (a tool call with an intent and no receipt: which),
     finished, failed (why) or damaged (a repair cut its records). STEPS counts its
-    durable calls; SIZE is what its journal records take in the log. Opens the
-    store read-only: safe while agents run.
+    durable calls; SIZE is what its journal records take in the log; DRIVER is the
+    pid of the process driving it now (a running run without one stopped mid-run:
+    run it again to resume it). Opens the store read-only: safe while agents run.
 
     \b
     Example:
@@ -119,8 +122,10 @@ def runs(ctx: click.Context, store: str, status: str | None, as_json: bool) -> N
         return
     click.echo(output.table(
         [(r["run_id"], r["status"], str(r["steps"]), _when(r["updated"]),
-          output.human_bytes(r["bytes"]), _where(r)) for r in rows],
-        ("RUN", "STATUS", "STEPS", "LAST ACTIVITY", "SIZE", "WHERE"), right=frozenset({2, 4})))
+          output.human_bytes(r["bytes"]), "-" if r["driver"] is None else str(r["driver"]),
+          _where(r)) for r in rows],
+        ("RUN", "STATUS", "STEPS", "LAST ACTIVITY", "SIZE", "DRIVER", "WHERE"),
+        right=frozenset({2, 4, 5})))
 
 
 @click.command("journal")

@@ -247,3 +247,46 @@ def test_resolve_refusals(store):
 def test_help_has_an_example(name):
     r = invoke(name, "--help")
     assert r.exit_code == 0 and f"durkv {name} " in r.stdout.split("Example:", 1)[1]
+
+
+_DRIVING = r"""
+import sys, time
+import durkv
+with durkv.open(sys.argv[1]) as s:
+    with s.run("busy") as run:
+        run.step("first", lambda: 1)
+        print("driving", flush=True)
+        time.sleep(120)
+"""
+
+
+def test_runs_names_the_driving_process_and_says_when_a_running_run_has_none(tmp_path):
+    """DRIVER: the pid of the process inside ``with store.run()`` (looked at without
+    taking its lock: the driver is not disturbed); after a kill -9, a running run with
+    no driver, which the text says stopped mid-run."""
+    path = str(tmp_path / "s.durkv")
+    child = subprocess.Popen([sys.executable, "-c", _DRIVING, path], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline() == "driving\n"
+        for _ in range(3):      # looking never takes the claim from under the driver
+            res = CliRunner().invoke(cli, ["runs", "--json", path])
+            assert res.exit_code == 0, res.output
+            (row,) = json.loads(res.stdout)["runs"]
+            assert (row["run_id"], row["status"], row["driver"]) == ("busy", "running",
+                                                                     child.pid)
+        with durkv.open(path) as s, pytest.raises(durkv.RunBusyError, match=str(child.pid)):
+            s.run("busy").__enter__()
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    res = CliRunner().invoke(cli, ["runs", "--json", path])
+    (row,) = json.loads(res.stdout)["runs"]
+    assert (row["status"], row["driver"]) == ("running", None)
+    text = CliRunner().invoke(cli, ["runs", path]).output
+    assert "no driver: it stopped mid-run; run it again to resume" in text
+    with durkv.open(path) as s:         # and it resumes: the recorded step replays
+        with s.run("busy") as run:
+            assert run.step("first", lambda: 2) == 1
+    (row,) = json.loads(CliRunner().invoke(cli, ["runs", "--json", path]).stdout)["runs"]
+    assert (row["status"], row["driver"]) == ("finished", None)

@@ -50,7 +50,10 @@ def overview(store: Any, status: str | None = None) -> list[dict]:
     name of the approval or tool call at ``step`` that a waiting or in-doubt run stands
     on --, ``decided`` -- the answer recorded there since (``approved``, ``rejected``,
     ``done``, ``not done``; the run acts on it when it next runs), else None -- and
-    ``bytes``, what its journal frames take in the log."""
+    ``bytes``, what its journal frames take in the log, and ``driver``, the pid of the
+    process driving it now (a ``store.run``/``durkv.Graph`` run, or a LangGraph thread),
+    else None: a ``running`` run without a driver stopped mid-run and resumes when it is
+    run again."""
     states = [fold(rid, store.journal(rid)) for rid in store.journal_runs()]
     out = []
     for st, info in zip(states, mark_damaged(store, [_info(st) for st in states])):
@@ -60,8 +63,14 @@ def overview(store: Any, status: str | None = None) -> list[dict]:
         d = None if e is None else (e.decision or e.resolved)
         out.append(dict(dataclasses.asdict(info), action=None if e is None else e.name,
                         decided=None if d is None else _answer_words(d),
-                        bytes=store.journal_bytes(info.run_id)))
+                        bytes=store.journal_bytes(info.run_id), driver=_driver(store, info)))
     return out
+
+
+def _driver(store: Any, info: RunInfo) -> int | None:
+    if info.status in ("finished", "failed"):
+        return None
+    return store.driver_pid("run", info.run_id) or store.driver_pid("thread", info.run_id)
 
 
 def _answer_words(rec: dict) -> str:

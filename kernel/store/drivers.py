@@ -24,7 +24,7 @@ import xxhash
 
 from ..errors import BackendError, RunBusyError
 
-__all__ = ["DriverClaim", "claim"]
+__all__ = ["DriverClaim", "claim", "driver_pid"]
 
 
 _held: weakref.WeakSet = weakref.WeakSet()     # this process's claims (see _after_fork)
@@ -78,13 +78,40 @@ def _holder(fd: int) -> str:
         return "?"
 
 
+def _claim_path(store_dir: str, kind: str, key: str) -> str:
+    name = xxhash.xxh3_64_hexdigest(f"{kind}\0{key}".encode())
+    return os.path.join(store_dir, "drivers", name)
+
+
+def driver_pid(store_dir: str, kind: str, key: str) -> int | None:
+    """The pid of the process driving ``kind`` ``key`` now, else None -- without taking
+    the lock (a reader's look must never make the driver's own claim fail).
+
+    A released claim unlinks its file; a driver that died (kill -9) leaves it behind,
+    unlocked, with its pid as the size: a file whose pid is not a live process is not a
+    driver. (A pid the kernel gave to a new process since is shown as the driver: the
+    answer is for an operator's eyes, never a lock.)"""
+    try:
+        pid = os.stat(_claim_path(store_dir, kind, key)).st_size
+    except OSError:
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:     # alive, another user's
+        pass
+    return pid
+
+
 def claim(store_dir: str, kind: str, key: str) -> DriverClaim:
     """Claim ``kind`` ``key`` (``"run"``/``"thread"``) of the store at ``store_dir``.
 
     Raises RunBusyError naming the holder's pid when another driver holds it."""
-    d = os.path.join(store_dir, "drivers")
-    name = xxhash.xxh3_64_hexdigest(f"{kind}\0{key}".encode())
-    path = os.path.join(d, name)
+    path = _claim_path(store_dir, kind, key)
+    d = os.path.dirname(path)
     for _ in range(100):
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -229,6 +229,13 @@ class Store:
             return None
         return drivers.claim(self._path, kind, key)
 
+    def driver_pid(self, kind: str, key: str) -> int | None:
+        """The pid of the process driving run (``kind="run"``) or LangGraph thread
+        (``"thread"``) ``key`` now, or None (:func:`durkv.store.drivers.driver_pid`; None
+        on a store that is not a local directory). Takes no lock: safe beside the driver."""
+        self._check_open()
+        return None if self._path is None else drivers.driver_pid(self._path, kind, key)
+
     # the store's options, each held once by the object that uses it (read-only: reopen the
     # store to change one)
     durability = property(lambda self: self._appender.durability)
