@@ -30,7 +30,8 @@ source's, a late pending write's in the write's), so after a compaction the fram
 that holds an entry does not tell which checkpoint wrote it: readers tell that
 from the chains (:meth:`durkv.store.history.History.channel_entries`).
 
-:class:`Compaction` is one run of it, over the backend, the
+:class:`Compaction` is one run of it, over the backend (rolled, and its prefix removed),
+the store's :class:`~durkv.store.appender.Appender` (the copies' frames), the
 :class:`~durkv.store.replay.LogIndex` (the live data, and the replay that switches
 to the copies) and the :class:`~durkv.store.reads.Reads` (the merged pending
 writes); the store calls it under its lock.
@@ -42,8 +43,10 @@ from typing import Any, Callable, Iterable
 
 from ..errors import BackendError
 from ..payload import (
-    DELTA, F_REFS, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref,
+    DELTA, F_REFS, FULL, SNAP, Entry, encode_commit, encode_record, entry_at, pack_ref,
+    unpack_ref,
 )
+from .appender import Appender
 from .ckpthead import CkptHeads
 from .delta import LaneHead
 from .index import Lane
@@ -79,9 +82,10 @@ class _Frames:
 class Compaction:
     """One compaction of a store (see the module docstring); :meth:`run` once."""
 
-    def __init__(self, backend: Any, index: LogIndex, reads: Reads, heads: CkptHeads,
-                 url: str) -> None:
+    def __init__(self, backend: Any, appender: Appender, index: LogIndex, reads: Reads,
+                 heads: CkptHeads, url: str) -> None:
         self._b = backend
+        self._ap = appender
         self._index = index
         self._reads = reads
         self._heads = heads                 # resolves the old heads (deltas included)
@@ -95,7 +99,7 @@ class Compaction:
         copies and drop the old prefix; returns the figures of ``Store.compact``.
         ``progress(done, total)``: checkpoints copied, after each lane."""
         b = self._b
-        b.flush()                   # exit policy: count (and keep) what is still buffered
+        self._ap.flush()            # exit policy: count (and keep) what is still buffered
         bytes_before = b.size_bytes()
         heads = self._materialized_heads()
         begin = self._begin()
@@ -126,15 +130,15 @@ class Compaction:
 
     def _begin(self) -> int:
         self._b.roll()
-        # BEGIN and the copies are buffered ("exit"): the flush before END makes them durable
-        return self._b.append(encode_commit(CompactBeginHead(K_COMPACT_BEGIN).pack(), ()),
-                              "exit")
+        # BEGIN and the copies are only queued: the flush before END makes them durable
+        return self._ap.queue(encode_record(CompactBeginHead(K_COMPACT_BEGIN).pack()))
 
     def _end(self, begin: int) -> None:
-        b = self._b
-        b.flush()
-        b.append(encode_commit(CompactEndHead(K_COMPACT_END, begin).pack(), ()), "sync")
-        b.flush()
+        """END, durable, once every copy is: never a durable END before its copies."""
+        ap = self._ap
+        ap.flush()
+        ap.queue(encode_record(CompactEndHead(K_COMPACT_END, begin).pack()))
+        ap.flush()
 
     def _copy_lane(self, t: str, n: str, lane: Lane) -> int:
         """Copy every checkpoint of the lane with its pending writes, then the writes to
@@ -151,7 +155,7 @@ class Compaction:
         frames = self._frames
         raw = self._heads.full(frames, read_head(frames(lsn), lsn), lsn)   # a delta resolved
         h = CkptHead.of(raw, lsn)
-        new_lsn = self._b.next_lsn
+        new_lsn = self._ap.next_lsn()
         entries: list[Entry] = []
         self._copy_entries(h.chans.values(), new_lsn, entries)
         mapped = self._mapped
@@ -170,7 +174,7 @@ class Compaction:
             by_task.setdefault((w.task_id, w.task_path), []).append(w)
         mapped = self._mapped
         for (task, path), ws in by_task.items():
-            new_lsn = self._b.next_lsn
+            new_lsn = self._ap.next_lsn()
             entries: list[Entry] = []
             recs = []
             for w in ws:
@@ -188,15 +192,14 @@ class Compaction:
     def _copy_journals(self) -> None:
         """Each journal record again, under the run it is indexed by (a copied journal's
         frames may name the source run)."""
-        b = self._b
+        queue = self._ap.queue
         for run_id, lsns in list(self._index.ix.journals.items()):
             for lsn in lsns:
                 h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
-                b.append(encode_commit(JournalHead(K_COPY_JOURNAL, run_id, h.rec).pack(), ()),
-                         "exit")
+                queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, h.rec).pack()))
 
     def _append_copy(self, hb: bytes, entries: list[Entry], new_lsn: int) -> None:
-        got = self._b.append(encode_commit(hb, entries), "exit")
+        got = self._ap.queue(encode_commit(hb, entries))
         if got != new_lsn:     # before END: the old data stays authoritative
             raise BackendError(f"compaction of {self.url}: frame landed at LSN {got}, "
                                f"expected {new_lsn}; nothing was lost, the copies are ignored")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import RunConflictError
+from ..payload import encode_record
 from .appender import Appender
 from .ckpthead import CkptHeads
 from .records import (
@@ -36,11 +37,15 @@ class Edits:
         self._b = backend
         self._loads = loads
 
+    def _commit(self, head: Any) -> int:
+        """Append the record ``head`` (a typed head) under the store's policy, waited for."""
+        return self._ap.commit(encode_record(head.pack()))
+
     def delete_thread(self, thread_id: str) -> None:
         ix = self._index.ix
         if thread_id not in ix.threads and thread_id not in ix.journals:
             return
-        lsn = self._ap.commit_record(DelThreadHead(K_DEL_THREAD, thread_id))
+        lsn = self._commit(DelThreadHead(K_DEL_THREAD, thread_id))
         ix.delete_thread(thread_id)
         self._writer.forget_retries()
         self._index.maybe_snapshot(lsn)
@@ -54,7 +59,7 @@ class Edits:
                 f"copy_thread({src!r}, {dst!r}): both are runs with a journal, and merged "
                 "journals would replay one run's results in the other; copy to a new id, "
                 f"or delete_thread({dst!r}) first", run_id=dst)
-        lsn = self._ap.commit_record(CopyThreadHead(K_COPY_THREAD, src, dst))
+        lsn = self._commit(CopyThreadHead(K_COPY_THREAD, src, dst))
         ix.copy_thread(src, dst)
         self._index.maybe_snapshot(lsn)
 
@@ -70,7 +75,7 @@ class Edits:
         journals = self._index.ix.journals
         gone = sorted(r for r in runs if r in journals)
         if gone:     # the runs' journals go too (a run id is also a journal's key)
-            lsn = self._ap.commit_record(DelJournalHead(K_DEL_JOURNAL, gone))
+            lsn = self._commit(DelJournalHead(K_DEL_JOURNAL, gone))
             for r in gone:
                 del journals[r]
             self._index.maybe_snapshot(lsn)
@@ -92,7 +97,7 @@ class Edits:
         """Remove ``[[thread, ns, [cid, ...]], ...]`` (one K_REMOVE record)."""
         if not doomed:
             return
-        lsn = self._ap.commit_record(RemoveHead(K_REMOVE, doomed))
+        lsn = self._commit(RemoveHead(K_REMOVE, doomed))
         self._writer.forget_retries()
         ix = self._index.ix
         for t, n, cids in doomed:
