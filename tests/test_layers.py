@@ -37,6 +37,7 @@ RANKS = {
     # errors: the foundation; imports no durkv module
     "durkv.errors": 0,
     "durkv.durability": 1,          # the policy names (sync, async, exit)
+    "durkv.fsync": 1,               # fsync of a file or a directory by path
     # log: the C segment log and the commit-payload format it frames
     "durkv._seglog": 10,            # compiled (cffi)
     "durkv.payload": 11,            # commit-payload codec, shared by the log and the store
@@ -375,7 +376,7 @@ LAYER_OF = (  # module prefix -> layer (first match); README names the layers to
     ("durkv.store", "store"), ("durkv.serde", "store"), ("durkv._listprefix", "store"),
     ("durkv.backends", "backends"), ("durkv.log", "log"), ("durkv.payload", "log"),
     ("durkv.repairnotes", "log"), ("durkv._seglog", "log"), ("durkv.errors", "errors"),
-    ("durkv.durability", "errors"),
+    ("durkv.durability", "errors"), ("durkv.fsync", "errors"),
 )
 
 
