@@ -2,9 +2,10 @@
 
 Each is one record appended under the store's policy and waited for (they are rare),
 then applied to the index exactly as replay applies it (:mod:`durkv.store.replay`).
-:class:`Edits` holds the appender, the :class:`~durkv.store.replay.LogIndex` and the
-:class:`~durkv.store.writer.Writer` (whose memory of recent writes an edit voids); the
-store checks the arguments and calls it under its lock.
+:class:`Edits` holds the appender, the :class:`~durkv.store.replay.LogIndex`, the
+:class:`~durkv.store.writer.Writer` (whose memory of recent writes an edit voids) and
+the :class:`~durkv.store.reads.Reads` (a checkpoint's metadata names its run); the store
+checks the arguments and calls it under its lock.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from ..errors import RunConflictError
 from ..payload import encode_record
 from .appender import Appender
-from .ckpthead import CkptHeads
+from .reads import Reads
 from .records import (
     K_COPY_THREAD, K_DEL_JOURNAL, K_DEL_THREAD, K_REMOVE, CopyThreadHead, DelJournalHead,
     DelThreadHead, RemoveHead,
@@ -28,14 +29,12 @@ __all__ = ["Edits"]
 class Edits:
     """delete_thread, copy_thread, delete_runs, prune (see :class:`durkv.store.Store`)."""
 
-    def __init__(self, appender: Appender, index: LogIndex, writer: Writer, backend: Any,
-                 heads: CkptHeads, loads: Any) -> None:
+    def __init__(self, appender: Appender, index: LogIndex, writer: Writer,
+                 reads: Reads) -> None:
         self._ap = appender
-        self._heads = heads
         self._index = index
         self._writer = writer
-        self._b = backend
-        self._loads = loads
+        self._reads = reads
 
     def _commit(self, head: Any) -> int:
         """Append the record ``head`` (a typed head) under the store's policy, waited for."""
@@ -81,7 +80,7 @@ class Edits:
             self._index.maybe_snapshot(lsn)
 
     def _run_of(self, lsn: int) -> Any:
-        meta = self._loads(self._heads.load(self._b.read, lsn).meta_b)
+        meta = self._reads.metadata_at(lsn)
         return meta.get("run_id") if isinstance(meta, dict) else None
 
     def prune(self, thread_ids: list[str], keep_last: int) -> None:

@@ -157,9 +157,8 @@ class Store:
                               url)
         self._reads = Reads(backend, self._index, self._channels, heads, serde, codec, url)
         self._history = History(self._lock, self._check_open, backend, self._index,
-                                self._reads, serde, codec, url)
-        self._edits = Edits(self._appender, self._index, self._writer, backend, heads,
-                            serde.loads)
+                                self._reads)
+        self._edits = Edits(self._appender, self._index, self._writer, self._reads)
         self._load_index()
         # a cut by `recover --skip-corrupt` leaves a note (FORMAT.md 6a): looked for once
         # here, so that a store never repaired costs its runs nothing
