@@ -48,7 +48,7 @@ from ..payload import (
 )
 from .appender import Appender
 from .ckpthead import CkptHeads
-from .delta import LaneHead
+from .delta import NewestCheckpoint
 from .index import Lane
 from .reads import Reads
 from .records import (
@@ -101,7 +101,7 @@ class Compaction:
         b = self._b
         self._ap.flush()            # exit policy: count (and keep) what is still buffered
         bytes_before = b.size_bytes()
-        heads = self._materialized_heads()
+        newest = self._materialized_newest()
         begin = self._begin()
         lanes = list(self._index.ix.lanes())
         total = sum(len(lane.ids) for _t, _n, lane in lanes)
@@ -113,7 +113,7 @@ class Compaction:
         self._copy_journals()
         self._end(begin)
         self._index.replay_compaction(begin)
-        self._keep_heads(heads)
+        self._keep_newest(newest)
         b.remove_prefix(begin)
         self._index.scan_pos = max(self._index.scan_pos, b.start_lsn)
         if self._index.index_every:
@@ -124,9 +124,9 @@ class Compaction:
 
     # -- the steps ---------------------------------------------------------------------------
 
-    def _materialized_heads(self) -> dict[tuple[str, str], LaneHead]:
-        return {(t, n): lane.head for t, n, lane in self._index.ix.lanes()
-                if lane.head is not None}
+    def _materialized_newest(self) -> dict[tuple[str, str], NewestCheckpoint]:
+        return {(t, n): lane.newest for t, n, lane in self._index.ix.lanes()
+                if lane.newest is not None}
 
     def _begin(self) -> int:
         self._b.roll()
@@ -243,7 +243,7 @@ class Compaction:
                 entries.append(Entry(SNAP, items, e.flags))
             mapped[r] = new
 
-    def _keep_heads(self, heads: dict[tuple[str, str], LaneHead]) -> None:
+    def _keep_newest(self, newest: dict[tuple[str, str], NewestCheckpoint]) -> None:
         """Carry each lane's materialized newest state over to the copies.
 
         Keeping the very objects that were put (not a reload from the log) keeps
@@ -254,17 +254,17 @@ class Compaction:
         def remap(packed: bytes) -> bytes:
             return pack_ref(*mapped[unpack_ref(packed)])
 
-        for (t, n), head in heads.items():
+        for (t, n), kept in newest.items():
             lane = self._index.ix.lane(t, n)
-            if lane is None or not lane.ids or lane.ids[-1] != head.cid:
+            if lane is None or not lane.ids or lane.ids[-1] != kept.cid:
                 continue
             try:
-                for c in head.chans.values():
+                for c in kept.chans.values():
                     c.ref = mapped[tuple(c.ref)]
                     if c.loaded:
                         c.base = remap(c.base)
                         c.deltas = [remap(d) for d in c.deltas]
             except KeyError:
                 continue   # defensive: reload from the log instead
-            head.lsn = lane.lsns[-1]
-            lane.head = head
+            kept.lsn = lane.lsns[-1]
+            lane.newest = kept

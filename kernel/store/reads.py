@@ -70,8 +70,8 @@ class Reads:
         lane = self._index.ix.lane(thread_id, ns)
         if lane is None or not lane.ids:
             return None
-        head = lane.head
-        if checkpoint_id is None or (head is not None and checkpoint_id == head.cid):
+        newest = lane.newest
+        if checkpoint_id is None or (newest is not None and checkpoint_id == newest.cid):
             return self._newest(thread_id, ns, lane)
         pos = lane.find(checkpoint_id)
         if pos < 0:
@@ -95,12 +95,12 @@ class Reads:
     def _newest(self, thread_id: str, ns: str, lane: Lane) -> Checkpoint:
         """The newest checkpoint of ``lane``, from its materialized state (no frame read)."""
         channels = self._channels
-        head = channels.head(lane)
+        newest = channels.newest(lane)
         loads = self.loads
         return Checkpoint(
-            thread_id, ns, head.cid, head.parent, loads(head.ckpt_b), loads(head.meta_b),
-            dict(head.versions), {ch: channels.value(c) for ch, c in head.chans.items()},
-            self.pending_writes(lane, head.lsn))
+            thread_id, ns, newest.cid, newest.parent, loads(newest.ckpt_b), loads(newest.meta_b),
+            dict(newest.versions), {ch: channels.value(c) for ch, c in newest.chans.items()},
+            self.pending_writes(lane, newest.lsn))
 
     def checkpoint(self, thread_id: str, ns: str, lane: Lane, lsn: int,
                    h: CkptHead) -> Checkpoint:

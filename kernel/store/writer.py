@@ -27,7 +27,7 @@ from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from ..payload import F_ZSTD, FULL, Codec, encode_commit, encode_record
 from .appender import Appender
 from .ckpthead import CkptHeads
-from .delta import Channels, ChanState, LaneHead
+from .delta import Channels, ChanState, NewestCheckpoint
 from .index import Lane
 from .records import K_CKPT, K_JOURNAL, K_WRITES, SPECIAL_WRITE_CHANNELS, check_id
 from .replay import LogIndex
@@ -209,15 +209,15 @@ class Writer:
         """Commit checkpoint ``cid`` as one frame; returns its LSN (queued: the caller
         settles it outside the lock, :meth:`Appender.settle`)."""
         lane = self._index.ix.lane(thread_id, ns)
-        head = None if lane is None else (lane.head or self._channels.head(lane))
+        newest = None if lane is None else (lane.newest or self._channels.newest(lane))
         lsn = self._ap.next
         if lsn < 0:
             lsn = self._ap.next_lsn()
         # linear: the put follows the newest checkpoint (an agent loop): deltas on its state
-        linear = head is not None and cid > head.cid and (
-            parent_id is None or parent_id == head.cid)
+        linear = newest is not None and cid > newest.cid and (
+            parent_id is None or parent_id == newest.cid)
         entries: list = []
-        chans, refs, fresh = self._encode_channels(lane, head, linear, thread_id, ns,
+        chans, refs, fresh = self._encode_channels(lane, newest, linear, thread_id, ns,
                                                    parent_id, values, versions, all_values,
                                                    lsn, entries)
         hb = self._pack_checkpoint_head(thread_id, ns, cid, parent_id, ckpt_b, meta_b,
@@ -228,16 +228,17 @@ class Writer:
         lane.add(cid, lsn)
         if fresh is not None and parent_id is not None:
             self.shared.add_checkpoint((thread_id, ns, parent_id), fresh)
-        if linear or head is None or cid > head.cid:
+        if linear or newest is None or cid > newest.cid:
             # the newest checkpoint: its state stays materialized for the next put and get
-            lane.head = LaneHead(cid, lsn, parent_id, ckpt_b, meta_b, dict(versions), chans)
-        elif cid == head.cid:
-            lane.head = None   # the newest was replaced: reload on demand
+            lane.newest = NewestCheckpoint(cid, lsn, parent_id, ckpt_b, meta_b, dict(versions),
+                                           chans)
+        elif cid == newest.cid:
+            lane.newest = None   # the newest was replaced: reload on demand
         self._index.maybe_snapshot(lsn)
         return lsn
 
-    def _encode_channels(self, lane: Lane | None, head: LaneHead | None, linear: bool,
-                         thread_id: str, ns: str, parent_id: str | None, values: dict,
+    def _encode_channels(self, lane: Lane | None, newest: NewestCheckpoint | None,
+                         linear: bool, thread_id: str, ns: str, parent_id: str | None, values: dict,
                          versions: dict, all_values: dict | None, lsn: int,
                          entries: list) -> tuple[dict[str, ChanState], dict[str, tuple],
                                                  dict | None]:
@@ -252,13 +253,13 @@ class Writer:
         from ``all_values`` is stored)."""
         channels = self._channels
         if linear:
-            base, base_versions = head.chans, head.versions
+            base, base_versions = newest.chans, newest.versions
             # list items the parent's pending writes stored (FORMAT.md section 5)
-            pend = self.shared.from_writes.pop((thread_id, ns, head.cid), None)
-        elif head is None:
+            pend = self.shared.from_writes.pop((thread_id, ns, newest.cid), None)
+        elif newest is None:
             base, base_versions, pend = {}, {}, None
         else:
-            base, base_versions = channels.parent_state(lane, head, parent_id)
+            base, base_versions = channels.parent_state(lane, newest, parent_id)
             pend = None
         encode = channels.encode
         chans: dict[str, ChanState] = {}
