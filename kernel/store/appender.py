@@ -54,22 +54,22 @@ class Appender:
         frames, a compaction): ask it again."""
         self.next = -1
 
-    def _append(self, payload: bytes, backend_durability: str) -> int:
-        self.next = -1       # unknown if the append raises
-        lsn = self.backend.append(payload, backend_durability)
-        self.next = lsn + 1
-        return lsn
-
     def queue(self, payload: bytes) -> int:
         """Append ``payload`` with no write and no wait (the backend's ``exit``); returns
         its LSN. :meth:`settle`, outside the lock, or :meth:`flush` gives it its promise."""
-        return self._append(payload, "exit")
+        self.next = -1       # unknown if the append raises
+        lsn = self.backend.append(payload, "exit")     # every commit's path: no more calls
+        self.next = lsn + 1
+        return lsn
 
     def write(self, payload: bytes) -> int:
         """Append ``payload`` under the store's policy, never waiting for its fdatasync
         (``sync`` is written as ``async``: the flusher syncs it soon after)."""
         d = self.durability
-        return self._append(payload, "async" if d == "sync" else d)
+        self.next = -1
+        lsn = self.backend.append(payload, "async" if d == "sync" else d)
+        self.next = lsn + 1
+        return lsn
 
     def commit(self, payload: bytes) -> int:
         """Append ``payload`` and keep the store's policy before returning: under ``sync``
