@@ -5,22 +5,20 @@ Every frame the store writes -- checkpoints, pending writes, journal records, sm
 records, index snapshots, compaction's copies -- reaches the backend through one
 :class:`Appender`, under the store's lock, by one of these verbs:
 
-=================  ===========================================================  ===========
-verb               what it promises when it returns                             used by
-=================  ===========================================================  ===========
-:meth:`queue`      nothing yet: the frame is queued (no write, no wait); the    put,
-                   caller gives it its promise after releasing the lock with    put_writes,
-                   :meth:`settle`, or a :meth:`flush` does                      compaction
-:meth:`write`      the store's policy without its fdatasync: written to the     index
-                   OS (``sync``, ``async``) or buffered (``exit``)              snapshots
-:meth:`commit`     the store's policy, kept before it returns (an fdatasync     deletes,
-                   waited for under the lock: these records are rare)           copies
-:meth:`settle`     outside the lock: a queued frame gets ``sync`` (fdatasync'd) put, journal
-                   or ``async`` (written to the OS) -- with every frame queued
-                   before it, so that concurrent committers share one write
-                   and one fsync (group commit)
-:meth:`flush`      every frame appended so far is durable, whatever the policy  compaction
-=================  ===========================================================  ===========
+- :meth:`queue` promises nothing yet: the frame is queued (no write, no wait), and the
+  caller gives it its promise after releasing the lock with :meth:`settle`, or a
+  :meth:`flush` does (checkpoints, pending writes, journal records owed an fdatasync,
+  the REPAIR record, compaction's copies);
+- :meth:`settle`, outside the lock, gives a queued frame ``sync`` (fdatasync'd) or
+  ``async`` (written to the OS) with every frame queued before it, so that concurrent
+  committers share one write and one fsync (group commit);
+- :meth:`write` keeps the store's policy without its fdatasync: written to the OS
+  (``sync``, ``async``) or buffered (``exit``) (index snapshots, journal records not owed
+  an fdatasync);
+- :meth:`commit` keeps the store's policy before it returns, an fdatasync waited for under
+  the lock (deletes, copies, prunes: rare);
+- :meth:`flush` makes every frame appended so far durable, whatever the policy
+  (``Store.flush``, compaction).
 
 Waiting under the lock -- as an ``async`` append must, behind a running fdatasync --
 made other threads' commits queue on the lock one fsync apart, never sharing one: so a
