@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from durkv.durability import DURABILITIES
+from durkv.payload import resolve_channel
 
-__all__ = ["Backend", "DURABILITIES", "VerifyReport", "heads_array"]
+__all__ = ["Backend", "DURABILITIES", "VerifyReport", "ReadsByPayload"]
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,25 @@ class VerifyReport:
         return d
 
 
-def heads_array(read: Callable[[int], bytes], lsns: list[int]) -> bytes:
-    """``read_heads`` for a backend that keeps payloads in memory: each COMMIT payload's
-    head (FORMAT.md section 5: ``head_len:u32`` then the head) in one msgpack array."""
-    parts = [b"\xdd" + len(lsns).to_bytes(4, "big")]      # msgpack array 32
-    for lsn in lsns:
-        p = read(lsn)
-        parts.append(p[4:4 + int.from_bytes(p[0:4], "little")])
-    return b"".join(parts)
+class ReadsByPayload:
+    """``read_heads`` and ``read_channel`` of a backend whose ``read(lsn)`` hands back a
+    whole payload from memory (the memory backend; s3's pending frames and cached
+    segments): both composed from ``read``. (The local backend's C log does them in C.)"""
+
+    read: Callable[[int], bytes]
+
+    def read_heads(self, lsns: list[int]) -> bytes:
+        """Each COMMIT payload's head (FORMAT.md section 5: ``head_len:u32`` then the
+        head) in one msgpack array."""
+        read = self.read
+        parts = [b"\xdd" + len(lsns).to_bytes(4, "big")]      # msgpack array 32
+        for lsn in lsns:
+            p = read(lsn)
+            parts.append(p[4:4 + int.from_bytes(p[0:4], "little")])
+        return b"".join(parts)
+
+    def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
+        return resolve_channel(self.read, lsn, idx)
 
 
 class Backend(Protocol):

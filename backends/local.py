@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 from durkv.backends.base import VerifyReport
 from durkv.errors import BackendError, DurkvError, StaleReaderError
+from durkv.fsync import fsync_dir
 
 __all__ = ["LocalBackend"]
 
@@ -28,11 +29,7 @@ def _make_parents(path: str) -> None:
         parent = os.path.dirname(parent)
     for d in reversed(missing):
         os.mkdir(d)
-        fd = os.open(os.path.dirname(d), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(os.path.dirname(d))
 
 
 class LocalBackend:

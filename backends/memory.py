@@ -11,8 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Iterator
 
-from durkv.backends.base import VerifyReport, heads_array
-from durkv.payload import resolve_channel
+from durkv.backends.base import ReadsByPayload, VerifyReport
 from durkv.errors import (
     ConfigError, NotFoundError, ReadOnlyError, StoreClosedError, StoreLockedError,
 )
@@ -34,7 +33,7 @@ _NAMED: dict[str, _Log] = {}
 _NAMED_LOCK = threading.Lock()
 
 
-class MemoryBackend:
+class MemoryBackend(ReadsByPayload):
     def __init__(self, url: str, *, read_only: bool = False, **_options: object) -> None:
         self.url = url
         self.read_only = read_only
@@ -118,12 +117,6 @@ class MemoryBackend:
                 payload = log.frames[i]
             yield lsn, payload
             lsn += 1
-
-    def read_heads(self, lsns: list[int]) -> bytes:
-        return heads_array(self.read, lsns)
-
-    def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
-        return resolve_channel(self.read, lsn, idx)
 
     def refresh(self) -> None:
         pass

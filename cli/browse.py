@@ -1,4 +1,5 @@
-"""``durkv ls``, ``history``, ``show``: read a store's threads and checkpoints.
+"""``durkv ls``, ``history``, and ``show``'s checkpoint: read a store's threads and
+checkpoints.
 
 They open the store read-only (no lock: safe next to a running writer). The
 store does not record which serializer wrote it, so ``--serde auto`` (the
@@ -146,7 +147,7 @@ def _present(store: Any, values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if not is_empty(v)}
 
 
-def _compact(value: Any, width: int = 60) -> str:
+def brief(value: Any, width: int = 60) -> str:
     """One line of strict JSON (the --json encoding), abbreviated to ``width``."""
     text = strict_json.dumps(value, separators=(", ", ": "))
     return text if len(text) <= width else text[:width - 3] + "..."
@@ -270,31 +271,15 @@ def history(ctx: click.Context, path: Path, thread: str, ns: str, limit: int, se
                           "checkpoints": found})
         return
     rows = [(ck.checkpoint_id, _time(ck) or "-", ck.parent_id or "-", _step(ck.metadata),
-             _compact(ck.metadata)) for ck in cks]
+             brief(ck.metadata)) for ck in cks]
     click.echo(output.table(rows, ("checkpoint", "time", "parent", "step", "metadata")))
 
 
-@click.command()
-@click.argument("path", type=output.STORE_PATH)
-@click.argument("thread")
-@click.argument("checkpoint_id", required=False)
-@ns_option
-@serde_option
-@output.json_option
-@click.pass_context
-def show(ctx: click.Context, path: Path, thread: str, checkpoint_id: str | None, ns: str,
-         serde: str, as_json: bool) -> None:
-    """Print one checkpoint: metadata, versions, values, pending writes.
-
-    Without CHECKPOINT_ID, the thread's newest checkpoint. Long values are
-    abbreviated; --json prints them whole.
-
-    \b
-    Example:
-        durkv show ./agent.durkv t1
-        durkv show --json ./agent.durkv t1 1ef4f797-8335-6428-8001-8a1503f9b875
-    """
-    ctx.meta[JSON_KEY] = as_json
+def print_checkpoint(path: Path, thread: str, checkpoint_id: str | None, ns: str,
+                     serde: str, as_json: bool) -> None:
+    """``durkv show``'s checkpoint (:mod:`durkv.cli.journal_view` has the command): its
+    metadata, versions, values and pending writes, long values abbreviated; ``as_json``:
+    all of it whole, as one document. Without ``checkpoint_id``, the newest."""
     with open_reader(path, serde) as store:
         ck = store.get(thread, ns, checkpoint_id)
         data = None if ck is None else _checkpoint_dict(store, ck)
@@ -308,15 +293,15 @@ def show(ctx: click.Context, path: Path, thread: str, checkpoint_id: str | None,
         return
     for key in ("thread_id", "checkpoint_ns", "checkpoint_id", "parent_id", "time"):
         click.echo(f"{key + ':':15}{data[key] or '-'}")
-    click.echo(f"{'metadata:':15}{_compact(data['metadata'], 200)}")
-    click.echo(f"{'versions:':15}{_compact(data['versions'], 200)}")
+    click.echo(f"{'metadata:':15}{brief(data['metadata'], 200)}")
+    click.echo(f"{'versions:':15}{brief(data['versions'], 200)}")
     click.echo("values:")
     for name, value in data["values"].items():
         if isinstance(value, list):
-            last = f", last: {_compact(value[-1], 80)}" if value else ""
+            last = f", last: {brief(value[-1], 80)}" if value else ""
             click.echo(f"  {name}: [{len(value)} items{last}]")
         else:
-            click.echo(f"  {name}: {_compact(value, 120)}")
+            click.echo(f"  {name}: {brief(value, 120)}")
     click.echo(f"pending writes: {len(data['pending_writes'])}")
     for w in data["pending_writes"]:
-        click.echo(f"  {w['task_id']} -> {w['channel']}: {_compact(w['value'], 80)}")
+        click.echo(f"  {w['task_id']} -> {w['channel']}: {brief(w['value'], 80)}")

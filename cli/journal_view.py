@@ -1,10 +1,9 @@
 """``durkv show STORE RUN``: a run's journal (and, without a journal, a checkpoint).
 
-``show`` of :mod:`durkv.cli.browse` prints a thread's checkpoint; this command
-takes its place with the same arguments and, when RUN has a run journal (and no
-CHECKPOINT_ID is given), prints the journal after the checkpoint: one line per
-durable call with its state, retries and result. ``--json`` then prints the run
-(status and entries) as one document.
+It prints a thread's checkpoint (:func:`durkv.cli.browse.print_checkpoint`) and,
+when RUN has a run journal (and no CHECKPOINT_ID is given), the journal after the
+checkpoint: one line per durable call with its state, retries and result. ``--json``
+then prints the run (status and entries) as one document.
 """
 
 from __future__ import annotations
@@ -18,14 +17,8 @@ import click
 from ..runtime.control import run_info
 from ..runtime.view import describe
 from . import output, strict_json
-from .browse import ns_option, open_reader, serde_option
-from .browse import show as show_checkpoint
+from .browse import brief, ns_option, open_reader, print_checkpoint, serde_option
 from .output import JSON_KEY
-
-
-def _brief(value: Any, width: int) -> str:
-    text = strict_json.dumps(value, separators=(", ", ": "))
-    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def journal_doc(store: Any, run_id: str, step: str | None = None) -> dict[str, Any] | None:
@@ -61,7 +54,7 @@ def print_journal(doc: dict[str, Any]) -> None:
     for e in doc["journal"]:
         step = e["step_id"] + (f"#{e['generation']}" if e["generation"] else "")
         what = e["error_state"] or (e["approval_status"] if e["kind"] == "approval"
-                                    else _brief(e["result_receipt"], 60))
+                                    else brief(e["result_receipt"], 60))
         click.echo(f"  {step:<10} {e['kind']:<8} {e['planned_action'][:22]:<22} "
                    f"{_versions(e)[:12]:<12} {e['state']:<9} {e['retry_count']:>5}  {what}")
         for w in e["warnings"]:
@@ -106,8 +99,7 @@ def show(ctx: click.Context, path: Path, thread: str, checkpoint_id: str | None,
             doc = journal_doc(store, thread)
             has_checkpoint = store.get(thread, ns) is not None
     if doc is None or (has_checkpoint and not as_json):
-        ctx.invoke(show_checkpoint, path=path, thread=thread, checkpoint_id=checkpoint_id,
-                   ns=ns, serde=serde, as_json=as_json)
+        print_checkpoint(path, thread, checkpoint_id, ns, serde, as_json)
     if doc is None:
         return
     if as_json:

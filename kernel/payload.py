@@ -36,9 +36,9 @@ import zstandard
 from .errors import CorruptionError
 
 __all__ = [
-    "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "F_REFS", "Entry", "encode_commit", "decode_commit",
-    "decode_head", "entry_at", "entry_header", "snap_ref_at", "snap_refs", "resolve_channel",
-    "pack_ref", "unpack_ref", "Codec",
+    "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "F_REFS", "Entry", "encode_commit",
+    "encode_record", "decode_commit", "decode_head", "entry_at", "entry_header", "snap_ref_at",
+    "snap_refs", "resolve_channel", "pack_ref", "unpack_ref", "Codec",
 ]
 
 FULL, DELTA, SNAP = 1, 2, 3
@@ -81,6 +81,18 @@ def encode_commit(head: bytes, entries) -> bytes:
             append(_pack_u32(len(it)))
             append(it)
     return b"".join(parts)
+
+
+def encode_record(head: bytes) -> bytes:
+    """A COMMIT payload with no entries -- ``head_len head n_entries=0`` -- as every record
+    but a checkpoint or a pending write is (a journal record, an index snapshot, a delete,
+    a compaction marker): the bytes of ``encode_commit(head, ())``, built without the
+    entry loop (a journal record's hot path).
+
+    >>> encode_record(b"hd") == encode_commit(b"hd", ())
+    True
+    """
+    return b"".join((_pack_u32(len(head)), head, b"\0\0\0\0"))
 
 
 def _bad(msg: str, lsn: int | None = None) -> CorruptionError:

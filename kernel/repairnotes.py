@@ -20,6 +20,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from .fsync import fsync_dir
+
 __all__ = ["NOTES_DIR", "QUARANTINE_DIR", "PENDING", "begin", "finish", "void", "pending",
            "any_notes", "read", "write", "locked", "quarantine_names"]
 
@@ -27,14 +29,6 @@ NOTES_DIR = "repairs"
 QUARANTINE_DIR = "quarantine"
 PENDING = ("planned", "cut")        # states a store must still record
 FORMAT = 1
-
-
-def _fsync_dir(d: str) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def quarantine_names(path: str) -> list[str]:
@@ -51,7 +45,7 @@ def write(path: str, note: dict) -> None:
     d = os.path.join(path, NOTES_DIR)
     if not os.path.isdir(d):
         os.makedirs(d, exist_ok=True)
-        _fsync_dir(path)
+        fsync_dir(path)
     final = os.path.join(d, note["id"] + ".json")
     tmp = final + ".tmp"
     with open(tmp, "w") as f:
@@ -59,7 +53,7 @@ def write(path: str, note: dict) -> None:
         f.flush()
         os.fdatasync(f.fileno())
     os.rename(tmp, final)
-    _fsync_dir(d)
+    fsync_dir(d)
 
 
 def read(path: str, note_id: str) -> dict:

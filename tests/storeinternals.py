@@ -42,10 +42,13 @@ def lock_of(store: Store) -> Any:
 
 
 def append_frame(store: Store, payload: bytes, durability: str | None = "sync") -> int:
-    """Append a hand-built commit payload as the store would, in a write section (its lock,
-    and the log's write lock on a local store): its LSN."""
+    """Append a hand-built commit payload as the store commits one: queued in a write
+    section (its lock, and the log's write lock on a local store), then settled under
+    ``durability`` (None: the store's policy) outside it. Returns its LSN."""
     with store._writing():
-        return store._appender.append(payload, durability)
+        lsn = store._appender.queue(payload)
+    store._appender.settle(lsn, durability or store.durability)
+    return lsn
 
 
 def crash_store(store: Store) -> None:

@@ -103,6 +103,15 @@ class S3Location:
             self.client = make_client(self.endpoint_url, self.region)
         return self.client
 
+    def delete_keys(self, rels: list[str], what: str = "objects") -> None:
+        """Delete the objects at ``rels`` (relative to PREFIX), 1,000 a request
+        (DeleteObjects' limit). A missing one is no error: a re-run deletes again."""
+        for i in range(0, len(rels), 1000):
+            chunk = rels[i:i + 1000]
+            with translate(self, f"delete {len(chunk)} {what}"):
+                self.s3().delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": self.key(r)} for r in chunk], "Quiet": True})
+
     def list_keys(self, rel_prefix: str, *, page_size: int = 1000,
                   start_after: str | None = None) -> Iterator[str]:
         """Every key under ``PREFIX/rel_prefix`` (after ``start_after``, relative to

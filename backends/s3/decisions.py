@@ -34,7 +34,7 @@ from durkv.errors import (
 from durkv.log import crc32c
 
 from .client import KeyExistsError, NoSuchKeyError, S3Location, crc32c_b64, translate
-from .livefmt import EPOCHS, num_of
+from .livefmt import EPOCHS, newest_numbered
 
 __all__ = ["DECISIONS", "DecisionBox", "DecisionPendingError", "Intake", "request_id",
            "run_dir", "refusal", "ack_error", "encode_result", "decode_result", "OPTIONS"]
@@ -251,14 +251,10 @@ class DecisionBox:
     def writer_open(self) -> bool:
         """Whether the store's newest epoch object says a writer holds it (``state:
         open``): when none does, no ack can come until one opens."""
-        best = None
-        for rel in self.loc.list_keys(EPOCHS):
-            n = num_of(EPOCHS, rel, ".json")
-            if n is not None and (best is None or n > best[0]):
-                best = (n, rel)
+        best = newest_numbered(self.loc, EPOCHS, ".json")
         if best is None:
             return False
-        body = self._get(best[1])
+        body = self._get(best[0])
         try:
             return body is None or json.loads(body).get("state") == "open"
         except ValueError:
@@ -313,8 +309,8 @@ class DecisionBox:
                 if stem in objects:
                     old_objects.append(objects[stem])
         if old_acks:        # the ack first: an object never stands beside another's ack
-            self._delete(old_acks)
-            self._delete(old_objects)
+            self.loc.delete_keys(old_acks, "decision objects")
+            self.loc.delete_keys(old_objects, "decision objects")
         for stem, rel in objects.items():
             if stem in acks:
                 continue
@@ -327,13 +323,6 @@ class DecisionBox:
                 yield rel, None
                 continue
             yield rel, doc
-
-    def _delete(self, rels: list[str]) -> None:
-        for i in range(0, len(rels), 1000):
-            chunk = rels[i:i + 1000]
-            with translate(self.loc, f"delete {len(chunk)} decision objects"):
-                self.loc.s3().delete_objects(Bucket=self.loc.bucket, Delete={
-                    "Objects": [{"Key": self.loc.key(r)} for r in chunk], "Quiet": True})
 
     def refuse_unreadable(self, rel: str) -> None:
         """Ack an object at ``rel`` that is not a decision object (its key still names a

@@ -23,8 +23,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Iterator
 from urllib.parse import parse_qs
 
-from durkv.backends.base import VerifyReport, heads_array
-from durkv.payload import resolve_channel
+from durkv.backends.base import ReadsByPayload, VerifyReport
 from durkv.errors import (
     ConfigError, CorruptionError, DurkvError, FencedError, NotFoundError, ReadOnlyError,
     StoreClosedError, StoreLockedError,
@@ -35,7 +34,7 @@ from .client import KeyExistsError, NoSuchKeyError, S3Location, crc32c_b64, tran
 from .livecache import LiveCache, default_cache_dir
 from .livefmt import (
     EPOCHS, FENCE_BYTES, LEASES, LIVE_MANIFESTS, WAL, LiveManifest, Piece, decode_batch,
-    encode_batch, num_key, num_of,
+    encode_batch, newest_numbered, num_key, num_of,
 )
 from .livemerge import Merger
 
@@ -56,7 +55,7 @@ def _etag(value: str | None) -> str:
     return (value or "").strip('"') or "none"
 
 
-class S3Backend:
+class S3Backend(ReadsByPayload):
     """The Backend protocol (backends/base.py) over create-only S3 objects."""
 
     def __init__(self, url: str, *, durability: str = "sync", read_only: bool = False,
@@ -154,11 +153,7 @@ class S3Backend:
 
     def delete(self, rels: list[str]) -> None:
         """Delete objects (a missing one is no error: a re-run deletes again)."""
-        for i in range(0, len(rels), 1000):
-            chunk = rels[i:i + 1000]
-            with translate(self.loc, f"delete {len(chunk)} objects"):
-                self.loc.s3().delete_objects(Bucket=self.loc.bucket, Delete={
-                    "Objects": [{"Key": self.loc.key(r)} for r in chunk], "Quiet": True})
+        self.loc.delete_keys(rels)
 
     def _get_json(self, rel: str) -> dict:
         body = self.get(rel)
@@ -172,12 +167,8 @@ class S3Backend:
     # -- epochs, fencing and the lease --------------------------------------------------
 
     def _latest_epoch(self) -> tuple[dict, dict] | None:
-        best = None
-        for rel, entry in self.loc.list_objects(EPOCHS):
-            n = num_of(EPOCHS, rel, ".json")
-            if n is not None and (best is None or n > best[0]):
-                best = (n, rel, entry)
-        return (self._get_json(best[1]), best[2]) if best else None
+        best = newest_numbered(self.loc, EPOCHS, ".json")
+        return (self._get_json(best[0]), best[1]) if best else None
 
     def _lease_expired(self, doc: dict, entry: dict) -> bool:
         """The holder's lease ran out, by the S3 server's clock alone."""
@@ -267,15 +258,11 @@ class S3Backend:
 
     def latest_manifest(self) -> LiveManifest:
         for _ in range(8):
-            best = None
-            for rel in self.loc.list_keys(LIVE_MANIFESTS):
-                n = num_of(LIVE_MANIFESTS, rel, ".json")
-                if n is not None and (best is None or n > best[0]):
-                    best = (n, rel)
+            best = newest_numbered(self.loc, LIVE_MANIFESTS, ".json")
             if best is None:
                 return LiveManifest()
             try:
-                return LiveManifest.from_json(self.get(best[1]), self.loc.key(best[1]))
+                return LiveManifest.from_json(self.get(best[0]), self.loc.key(best[0]))
             except NoSuchKeyError:
                 continue        # pruned right after a newer one was written: list again
         raise CorruptionError(f"live store {self.url}: its newest manifest keeps vanishing "
@@ -565,12 +552,6 @@ class S3Backend:
         while lsn < self.next_lsn:
             yield lsn, self.read(lsn)
             lsn += 1
-
-    def read_heads(self, lsns: list[int]) -> bytes:
-        return heads_array(self.read, lsns)
-
-    def read_channel(self, lsn: int, idx: int) -> tuple[list[bytes], int]:
-        return resolve_channel(self.read, lsn, idx)
 
     def refresh(self) -> None:
         if self.read_only:

@@ -21,7 +21,7 @@ from durkv.errors import CorruptionError
 from durkv.log import crc32c
 
 __all__ = ["encode_batch", "decode_batch", "FENCE_BYTES", "EPOCHS", "WAL", "SEGS", "LEASES",
-           "LIVE_MANIFESTS", "num_key", "num_of", "seg_key", "seg_range", "SegRef",
+           "LIVE_MANIFESTS", "num_key", "num_of", "newest_numbered", "seg_key", "seg_range", "SegRef",
            "LiveManifest", "Piece"]
 
 _MAGIC = b"DKVBAT\x00\x01"
@@ -78,6 +78,18 @@ def num_of(prefix: str, rel: str, ext: str) -> int | None:
     stem = rel[len(prefix):] if rel.startswith(prefix) else ""
     stem = stem[:-len(ext)] if stem.endswith(ext) else ""
     return int(stem) if len(stem) == _DIGITS and stem.isdigit() else None
+
+
+def newest_numbered(loc: Any, prefix: str, ext: str) -> tuple[str, dict] | None:
+    """The key (relative) and listing entry of the highest-numbered ``prefix``NNN``ext``
+    object at ``loc`` (an :class:`~durkv.backends.s3.client.S3Location`: one paged
+    LIST), or None when there is none."""
+    best = None
+    for rel, entry in loc.list_objects(prefix):
+        n = num_of(prefix, rel, ext)
+        if n is not None and (best is None or n > best[0]):
+            best = (n, rel, entry)
+    return None if best is None else (best[1], best[2])
 
 
 def seg_key(first_lsn: int, end_lsn: int) -> str:

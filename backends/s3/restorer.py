@@ -22,6 +22,7 @@ import zstandard
 
 from durkv import log as seglog
 from durkv.errors import ConfigError, CorruptionError, NotFoundError
+from durkv.fsync import fsync_dir, fsync_file
 
 from .archiver import read_manifest
 from .client import NoSuchKeyError, S3Location, in_order, translate
@@ -167,22 +168,6 @@ def _write(path: str, data: bytes, mtime_ns: int | None) -> None:
         os.utime(path, ns=(mtime_ns, mtime_ns))
 
 
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def restore_target(dest: str | os.PathLike) -> tuple[str, str]:
     """``dest`` as an absolute path that is new (or an empty directory), and a new
     temporary directory beside it to build the restore in and rename into place, so that
@@ -199,7 +184,7 @@ def restore_target(dest: str | os.PathLike) -> tuple[str, str]:
 def move_into_place(tmp: str, dest: str) -> None:
     """Rename the finished restore over ``dest`` and make the rename durable."""
     os.rename(tmp, dest)
-    _fsync_dir(os.path.dirname(dest))
+    fsync_dir(os.path.dirname(dest))
 
 
 def restore_dir(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan,
@@ -220,12 +205,12 @@ def restore_dir(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan,
                     mtime = e.sealed_at_ns
                 path = os.path.join(tmp, e.file)
                 _write(path, data, mtime)
-                synced.append(syncs.submit(_fsync_file, path))
+                synced.append(syncs.submit(fsync_file, path))
                 if progress:
                     progress(i + 1, len(plan.segments))
             for f in synced:
                 f.result()      # every file is durable before the rename makes it the store
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         report = seglog.verify(tmp, deep=False)
         if not report.ok or report.next_lsn != plan.next_lsn:
             d = report.damage[0] if report.damage else None

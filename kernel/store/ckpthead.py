@@ -10,13 +10,13 @@ head is read with at most two frame reads. docs/FORMAT.md section 5 ("Checkpoint
 heads") is the format; this module is its one encoder and its one decoder.
 
 >>> from durkv.store.records import CkptHead, K_CKPT, read_head
->>> from durkv.payload import encode_commit
+>>> from durkv.payload import encode_record
 >>> frames = {}
 >>> heads = CkptHeads()
 >>> for i in range(3):
 ...     h = CkptHead(K_CKPT, "t", "", f"c{i}", f"c{i - 1}" if i else None, b"ts 2026-11-30" * 9,
 ...                  b"{source: loop}", {"messages": i}, {"messages": [2 * i, 0]})
-...     frames[i] = encode_commit(heads.pack(h), ())
+...     frames[i] = encode_record(heads.pack(h))
 ...     heads.written(i)
 >>> [len(read_head(frames[i])) for i in range(3)]        # a keyframe, then deltas
 [9, 6, 6]

@@ -30,7 +30,8 @@ source's, a late pending write's in the write's), so after a compaction the fram
 that holds an entry does not tell which checkpoint wrote it: readers tell that
 from the chains (:meth:`durkv.store.history.History.channel_entries`).
 
-:class:`Compaction` is one run of it, over the backend, the
+:class:`Compaction` is one run of it, over the backend (rolled, and its prefix removed),
+the store's :class:`~durkv.store.appender.Appender` (the copies' frames), the
 :class:`~durkv.store.replay.LogIndex` (the live data, and the replay that switches
 to the copies) and the :class:`~durkv.store.reads.Reads` (the merged pending
 writes); the store calls it under its lock.
@@ -42,10 +43,12 @@ from typing import Any, Callable, Iterable
 
 from ..errors import BackendError
 from ..payload import (
-    DELTA, F_REFS, FULL, SNAP, Entry, encode_commit, entry_at, pack_ref, unpack_ref,
+    DELTA, F_REFS, FULL, SNAP, Entry, encode_commit, encode_record, entry_at, pack_ref,
+    unpack_ref,
 )
+from .appender import Appender
 from .ckpthead import CkptHeads
-from .delta import LaneHead
+from .delta import NewestCheckpoint
 from .index import Lane
 from .reads import Reads
 from .records import (
@@ -79,9 +82,10 @@ class _Frames:
 class Compaction:
     """One compaction of a store (see the module docstring); :meth:`run` once."""
 
-    def __init__(self, backend: Any, index: LogIndex, reads: Reads, heads: CkptHeads,
-                 url: str) -> None:
+    def __init__(self, backend: Any, appender: Appender, index: LogIndex, reads: Reads,
+                 heads: CkptHeads, url: str) -> None:
         self._b = backend
+        self._ap = appender
         self._index = index
         self._reads = reads
         self._heads = heads                 # resolves the old heads (deltas included)
@@ -95,9 +99,9 @@ class Compaction:
         copies and drop the old prefix; returns the figures of ``Store.compact``.
         ``progress(done, total)``: checkpoints copied, after each lane."""
         b = self._b
-        b.flush()                   # exit policy: count (and keep) what is still buffered
+        self._ap.flush()            # exit policy: count (and keep) what is still buffered
         bytes_before = b.size_bytes()
-        heads = self._materialized_heads()
+        newest = self._materialized_newest()
         begin = self._begin()
         lanes = list(self._index.ix.lanes())
         total = sum(len(lane.ids) for _t, _n, lane in lanes)
@@ -109,7 +113,7 @@ class Compaction:
         self._copy_journals()
         self._end(begin)
         self._index.replay_compaction(begin)
-        self._keep_heads(heads)
+        self._keep_newest(newest)
         b.remove_prefix(begin)
         self._index.scan_pos = max(self._index.scan_pos, b.start_lsn)
         if self._index.index_every:
@@ -120,21 +124,21 @@ class Compaction:
 
     # -- the steps ---------------------------------------------------------------------------
 
-    def _materialized_heads(self) -> dict[tuple[str, str], LaneHead]:
-        return {(t, n): lane.head for t, n, lane in self._index.ix.lanes()
-                if lane.head is not None}
+    def _materialized_newest(self) -> dict[tuple[str, str], NewestCheckpoint]:
+        return {(t, n): lane.newest for t, n, lane in self._index.ix.lanes()
+                if lane.newest is not None}
 
     def _begin(self) -> int:
         self._b.roll()
-        # BEGIN and the copies are buffered ("exit"): the flush before END makes them durable
-        return self._b.append(encode_commit(CompactBeginHead(K_COMPACT_BEGIN).pack(), ()),
-                              "exit")
+        # BEGIN and the copies are only queued: the flush before END makes them durable
+        return self._ap.queue(encode_record(CompactBeginHead(K_COMPACT_BEGIN).pack()))
 
     def _end(self, begin: int) -> None:
-        b = self._b
-        b.flush()
-        b.append(encode_commit(CompactEndHead(K_COMPACT_END, begin).pack(), ()), "sync")
-        b.flush()
+        """END, durable, once every copy is: never a durable END before its copies."""
+        ap = self._ap
+        ap.flush()
+        ap.queue(encode_record(CompactEndHead(K_COMPACT_END, begin).pack()))
+        ap.flush()
 
     def _copy_lane(self, t: str, n: str, lane: Lane) -> int:
         """Copy every checkpoint of the lane with its pending writes, then the writes to
@@ -151,7 +155,7 @@ class Compaction:
         frames = self._frames
         raw = self._heads.full(frames, read_head(frames(lsn), lsn), lsn)   # a delta resolved
         h = CkptHead.of(raw, lsn)
-        new_lsn = self._b.next_lsn
+        new_lsn = self._ap.next_lsn()
         entries: list[Entry] = []
         self._copy_entries(h.chans.values(), new_lsn, entries)
         mapped = self._mapped
@@ -170,7 +174,7 @@ class Compaction:
             by_task.setdefault((w.task_id, w.task_path), []).append(w)
         mapped = self._mapped
         for (task, path), ws in by_task.items():
-            new_lsn = self._b.next_lsn
+            new_lsn = self._ap.next_lsn()
             entries: list[Entry] = []
             recs = []
             for w in ws:
@@ -188,15 +192,14 @@ class Compaction:
     def _copy_journals(self) -> None:
         """Each journal record again, under the run it is indexed by (a copied journal's
         frames may name the source run)."""
-        b = self._b
+        queue = self._ap.queue
         for run_id, lsns in list(self._index.ix.journals.items()):
             for lsn in lsns:
                 h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
-                b.append(encode_commit(JournalHead(K_COPY_JOURNAL, run_id, h.rec).pack(), ()),
-                         "exit")
+                queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, h.rec).pack()))
 
     def _append_copy(self, hb: bytes, entries: list[Entry], new_lsn: int) -> None:
-        got = self._b.append(encode_commit(hb, entries), "exit")
+        got = self._ap.queue(encode_commit(hb, entries))
         if got != new_lsn:     # before END: the old data stays authoritative
             raise BackendError(f"compaction of {self.url}: frame landed at LSN {got}, "
                                f"expected {new_lsn}; nothing was lost, the copies are ignored")
@@ -240,7 +243,7 @@ class Compaction:
                 entries.append(Entry(SNAP, items, e.flags))
             mapped[r] = new
 
-    def _keep_heads(self, heads: dict[tuple[str, str], LaneHead]) -> None:
+    def _keep_newest(self, newest: dict[tuple[str, str], NewestCheckpoint]) -> None:
         """Carry each lane's materialized newest state over to the copies.
 
         Keeping the very objects that were put (not a reload from the log) keeps
@@ -251,17 +254,17 @@ class Compaction:
         def remap(packed: bytes) -> bytes:
             return pack_ref(*mapped[unpack_ref(packed)])
 
-        for (t, n), head in heads.items():
+        for (t, n), kept in newest.items():
             lane = self._index.ix.lane(t, n)
-            if lane is None or not lane.ids or lane.ids[-1] != head.cid:
+            if lane is None or not lane.ids or lane.ids[-1] != kept.cid:
                 continue
             try:
-                for c in head.chans.values():
+                for c in kept.chans.values():
                     c.ref = mapped[tuple(c.ref)]
                     if c.loaded:
                         c.base = remap(c.base)
                         c.deltas = [remap(d) for d in c.deltas]
             except KeyError:
                 continue   # defensive: reload from the log instead
-            head.lsn = lane.lsns[-1]
-            lane.head = head
+            kept.lsn = lane.lsns[-1]
+            lane.newest = kept

@@ -59,7 +59,7 @@ older checkpoint reads it from the log (one ``read_channel`` per channel);
 newer entry extends it (a prefix slice: see :mod:`durkv.store.history`).
 
 The objects: :class:`ChanState` (one channel of a lane's newest checkpoint),
-:class:`LaneHead` (that checkpoint: kept in ``Lane.head``), and :class:`Channels`,
+:class:`NewestCheckpoint` (that checkpoint: kept in ``Lane.newest``), and :class:`Channels`,
 which encodes a put's channels and loads/reads that state; the writer
 (:mod:`durkv.store.writer`) and the reads (:mod:`durkv.store.reads`) hold one.
 """
@@ -75,7 +75,7 @@ from ..payload import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Codec, entry_a
 from .index import Lane
 from .ckpthead import CkptHeads
 
-__all__ = ["Channels", "ChanState", "LaneHead", "join_tagged"]
+__all__ = ["Channels", "ChanState", "NewestCheckpoint", "join_tagged"]
 
 _SCALARS = frozenset((str, int, float, bytes, bool, type(None)))
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -103,8 +103,8 @@ class ChanState:
 
 
 @dataclass(slots=True, eq=False)
-class LaneHead:
-    """The newest checkpoint of a lane, materialized (``Lane.head``): its ids, records,
+class NewestCheckpoint:
+    """The newest checkpoint of a lane, materialized (``Lane.newest``): its ids, records,
     versions and the :class:`ChanState` of each channel with a value."""
 
     cid: str
@@ -315,12 +315,13 @@ class Channels:
                 return None
         return n
 
-    def parent_state(self, lane: Lane, head: LaneHead,
+    def parent_state(self, lane: Lane, newest: NewestCheckpoint,
                      parent_id: str | None) -> tuple[dict[str, ChanState], dict[str, Any]]:
         """Channel states (unloaded refs) and versions of the parent checkpoint, for a
         non-linear put."""
-        if parent_id is None or parent_id == head.cid:
-            return {ch: ChanState(c.ref, False) for ch, c in head.chans.items()}, head.versions
+        if parent_id is None or parent_id == newest.cid:
+            return ({ch: ChanState(c.ref, False) for ch, c in newest.chans.items()},
+                    newest.versions)
         pos = lane.find(parent_id)
         if pos < 0:
             return {}, {}
@@ -330,21 +331,22 @@ class Channels:
 
     # -- materialized latest state -----------------------------------------------------------
 
-    def head(self, lane: Lane) -> LaneHead | None:
+    def newest(self, lane: Lane) -> NewestCheckpoint | None:
         """The lane's newest checkpoint, materialized (loaded from the log on first use);
         None for an empty lane."""
-        head = lane.head
-        if head is None and lane.ids:
-            head = self.load_head(lane)
-        return head
+        newest = lane.newest
+        if newest is None and lane.ids:
+            newest = self.load_newest(lane)
+        return newest
 
-    def load_head(self, lane: Lane) -> LaneHead:
+    def load_newest(self, lane: Lane) -> NewestCheckpoint:
         lsn = lane.lsns[-1]
         h = self._heads.load(self._b.read, lsn)
-        head = LaneHead(h.cid, lsn, h.parent, h.ckpt_b, h.meta_b, h.versions,
-                        {ch: ChanState(tuple(ref), False) for ch, ref in h.chans.items()})
-        lane.head = head
-        return head
+        newest = NewestCheckpoint(h.cid, lsn, h.parent, h.ckpt_b, h.meta_b, h.versions,
+                                  {ch: ChanState(tuple(ref), False)
+                                   for ch, ref in h.chans.items()})
+        lane.newest = newest
+        return newest
 
     def load(self, c: ChanState) -> None:
         """Fill ``c`` (known by its ref only) from the log: its chain and its value."""

@@ -2,9 +2,10 @@
 
 Each is one record appended under the store's policy and waited for (they are rare),
 then applied to the index exactly as replay applies it (:mod:`durkv.store.replay`).
-:class:`Edits` holds the appender, the :class:`~durkv.store.replay.LogIndex` and the
-:class:`~durkv.store.writer.Writer` (whose memory of recent writes an edit voids); the
-store checks the arguments and calls it under its lock.
+:class:`Edits` holds the appender, the :class:`~durkv.store.replay.LogIndex`, the
+:class:`~durkv.store.writer.Writer` (whose memory of recent writes an edit voids) and
+the :class:`~durkv.store.reads.Reads` (a checkpoint's metadata names its run); the store
+checks the arguments and calls it under its lock.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import RunConflictError
+from ..payload import encode_record
 from .appender import Appender
-from .ckpthead import CkptHeads
+from .reads import Reads
 from .records import (
     K_COPY_THREAD, K_DEL_JOURNAL, K_DEL_THREAD, K_REMOVE, CopyThreadHead, DelJournalHead,
     DelThreadHead, RemoveHead,
@@ -27,20 +29,22 @@ __all__ = ["Edits"]
 class Edits:
     """delete_thread, copy_thread, delete_runs, prune (see :class:`durkv.store.Store`)."""
 
-    def __init__(self, appender: Appender, index: LogIndex, writer: Writer, backend: Any,
-                 heads: CkptHeads, loads: Any) -> None:
+    def __init__(self, appender: Appender, index: LogIndex, writer: Writer,
+                 reads: Reads) -> None:
         self._ap = appender
-        self._heads = heads
         self._index = index
         self._writer = writer
-        self._b = backend
-        self._loads = loads
+        self._reads = reads
+
+    def _commit(self, head: Any) -> int:
+        """Append the record ``head`` (a typed head) under the store's policy, waited for."""
+        return self._ap.commit(encode_record(head.pack()))
 
     def delete_thread(self, thread_id: str) -> None:
         ix = self._index.ix
         if thread_id not in ix.threads and thread_id not in ix.journals:
             return
-        lsn = self._ap.commit_record(DelThreadHead(K_DEL_THREAD, thread_id))
+        lsn = self._commit(DelThreadHead(K_DEL_THREAD, thread_id))
         ix.delete_thread(thread_id)
         self._writer.forget_retries()
         self._index.maybe_snapshot(lsn)
@@ -54,7 +58,7 @@ class Edits:
                 f"copy_thread({src!r}, {dst!r}): both are runs with a journal, and merged "
                 "journals would replay one run's results in the other; copy to a new id, "
                 f"or delete_thread({dst!r}) first", run_id=dst)
-        lsn = self._ap.commit_record(CopyThreadHead(K_COPY_THREAD, src, dst))
+        lsn = self._commit(CopyThreadHead(K_COPY_THREAD, src, dst))
         ix.copy_thread(src, dst)
         self._index.maybe_snapshot(lsn)
 
@@ -70,13 +74,13 @@ class Edits:
         journals = self._index.ix.journals
         gone = sorted(r for r in runs if r in journals)
         if gone:     # the runs' journals go too (a run id is also a journal's key)
-            lsn = self._ap.commit_record(DelJournalHead(K_DEL_JOURNAL, gone))
+            lsn = self._commit(DelJournalHead(K_DEL_JOURNAL, gone))
             for r in gone:
                 del journals[r]
             self._index.maybe_snapshot(lsn)
 
     def _run_of(self, lsn: int) -> Any:
-        meta = self._loads(self._heads.load(self._b.read, lsn).meta_b)
+        meta = self._reads.metadata_at(lsn)
         return meta.get("run_id") if isinstance(meta, dict) else None
 
     def prune(self, thread_ids: list[str], keep_last: int) -> None:
@@ -92,7 +96,7 @@ class Edits:
         """Remove ``[[thread, ns, [cid, ...]], ...]`` (one K_REMOVE record)."""
         if not doomed:
             return
-        lsn = self._ap.commit_record(RemoveHead(K_REMOVE, doomed))
+        lsn = self._commit(RemoveHead(K_REMOVE, doomed))
         self._writer.forget_retries()
         ix = self._index.ix
         for t, n, cids in doomed:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 from ..errors import CorruptionError, DurkvError, NotFoundError
 from ..payload import (
-    DELTA, F_REFS, F_VALUE, FULL, SNAP, Codec, entry_at, entry_header, snap_ref_at, snap_refs,
+    DELTA, F_REFS, F_VALUE, FULL, SNAP, entry_at, entry_header, snap_ref_at, snap_refs,
     unpack_ref,
 )
 from .index import Lane
@@ -98,15 +98,12 @@ class History:
     """Newest-first walks over the index (see the module docstring)."""
 
     def __init__(self, lock: Any, check_open: Callable[[], None], backend: Any,
-                 index: LogIndex, reads: Reads, serde: Any, codec: Codec, url: str) -> None:
+                 index: LogIndex, reads: Reads) -> None:
         self._lock = lock
         self._check_open = check_open
         self._b = backend
         self._index = index
-        self._reads = reads
-        self._loads = serde.loads
-        self._codec = codec
-        self.url = url
+        self._reads = reads      # heads, and the serde's and the codec's decoders
 
     def _walk(self, t: str, n: str, lane: Lane, before: str | None, chunk: int = 64):
         """``(cid, lsn, lane)`` of lane (t, n) newest first, below ``before``; O(what is
@@ -200,7 +197,7 @@ class History:
         lane, lsn, payload = got
         _k, _t, _n, cid, parent, ckpt_b, meta_b, versions, chans = self._reads.fields_of(
             payload, cid, lsn)
-        loads = self._loads
+        loads = self._reads.loads
         meta = loads(meta_b)
         if filter and not (isinstance(meta, dict)
                            and all(k in meta and meta[k] == v for k, v in filter.items())):
@@ -219,8 +216,8 @@ class History:
     def _history_values(self, lsn: int, payload: bytes, refs: dict, memo: _Memo) -> dict:
         """The channel values of the checkpoint at ``lsn`` (its frame ``payload``, channel
         map ``refs``), derived from ``memo`` where possible; records what it learns."""
-        loads = self._loads
-        unpack = self._codec.unpack
+        loads = self._reads.loads
+        unpack = self._reads.codec.unpack
         out = {}
         for ch, ref in refs.items():
             r = (ref[0], ref[1])
@@ -392,8 +389,8 @@ class History:
                payload: bytes) -> ChannelEntry:
         """What checkpoint ``cid`` (frame ``lsn``) wrote to a channel whose entry is
         ``ref``, its parent's ``base`` (see :meth:`channel_entries`)."""
-        loads = self._loads
-        unpack = self._codec.unpack
+        loads = self._reads.loads
+        unpack = self._reads.codec.unpack
         read = self._b.read
         head = e = entry_at(payload if ref[0] == lsn else read(ref[0]), ref[1])
         if e.kind == SNAP and e.items:

@@ -14,7 +14,7 @@ object per checkpoint besides its id string:
 
 Everything else about a checkpoint (parent, metadata, versions, channel refs)
 is in its frame head and read on demand. The newest checkpoint's state is kept
-materialized in ``Lane.head`` by the store (see :mod:`durkv.store.delta`).
+materialized in ``Lane.newest`` by the store (see :mod:`durkv.store.delta`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _SWAP = sys.byteorder != "little"    # K_INDEX arrays are little-endian u64
 class Lane:
     """Checkpoints and pending writes of one (thread, namespace)."""
 
-    __slots__ = ("ids", "lsns", "wk", "wv", "orphans", "head")
+    __slots__ = ("ids", "lsns", "wk", "wv", "orphans", "newest")
 
     def __init__(self) -> None:
         self.ids: list[str] = []
@@ -42,7 +42,7 @@ class Lane:
         self.wk = array("Q")
         self.wv = array("Q")
         self.orphans: dict[str, list[int]] | None = None
-        self.head: Any = None     # the store's materialized latest state, or None (load lazily)
+        self.newest: Any = None   # the store's materialized latest state, or None (load lazily)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -202,8 +202,8 @@ class Index:
     def add_checkpoint(self, thread_id: str, ns: str, cid: str, lsn: int) -> Lane:
         lane = self.lane(thread_id, ns, True)
         lane.add(cid, lsn)
-        if lane.head is not None and cid >= lane.head.cid:
-            lane.head = None
+        if lane.newest is not None and cid >= lane.newest.cid:
+            lane.newest = None
         return lane
 
     def add_write(self, thread_id: str, ns: str, cid: str, lsn: int) -> None:
@@ -225,14 +225,14 @@ class Index:
                 out[ns] = lane.copy()
             else:
                 have.merge_from(lane)
-                have.head = None
+                have.newest = None
 
     def remove(self, thread_id: str, ns: str, cids: Iterable[str]) -> None:
         lane = self.lane(thread_id, ns)
         if lane is None:
             return
         if lane.remove(cids):
-            lane.head = None
+            lane.newest = None
         if not lane.ids and not lane.orphans:
             nss = self.threads[thread_id]
             del nss[ns]

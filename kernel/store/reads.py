@@ -60,8 +60,8 @@ class Reads:
         self._index = index
         self._heads = heads
         self._channels = channels
-        self._loads = serde.loads
-        self._codec = codec
+        self.loads = serde.loads     # the serde's and the codec's decoders (History's too)
+        self.codec = codec
         self.url = url
 
     def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Checkpoint | None:
@@ -70,8 +70,8 @@ class Reads:
         lane = self._index.ix.lane(thread_id, ns)
         if lane is None or not lane.ids:
             return None
-        head = lane.head
-        if checkpoint_id is None or (head is not None and checkpoint_id == head.cid):
+        newest = lane.newest
+        if checkpoint_id is None or (newest is not None and checkpoint_id == newest.cid):
             return self._newest(thread_id, ns, lane)
         pos = lane.find(checkpoint_id)
         if pos < 0:
@@ -88,21 +88,25 @@ class Reads:
         """The full typed head of the checkpoint frame at ``lsn`` (``payload`` if at hand)."""
         return self._heads.load(self._b.read, lsn, payload)
 
+    def metadata_at(self, lsn: int) -> Any:
+        """The metadata of the checkpoint frame at ``lsn``, deserialized."""
+        return self.loads(self.head_at(lsn).meta_b)
+
     def _newest(self, thread_id: str, ns: str, lane: Lane) -> Checkpoint:
         """The newest checkpoint of ``lane``, from its materialized state (no frame read)."""
         channels = self._channels
-        head = channels.head(lane)
-        loads = self._loads
+        newest = channels.newest(lane)
+        loads = self.loads
         return Checkpoint(
-            thread_id, ns, head.cid, head.parent, loads(head.ckpt_b), loads(head.meta_b),
-            dict(head.versions), {ch: channels.value(c) for ch, c in head.chans.items()},
-            self.pending_writes(lane, head.lsn))
+            thread_id, ns, newest.cid, newest.parent, loads(newest.ckpt_b), loads(newest.meta_b),
+            dict(newest.versions), {ch: channels.value(c) for ch, c in newest.chans.items()},
+            self.pending_writes(lane, newest.lsn))
 
     def checkpoint(self, thread_id: str, ns: str, lane: Lane, lsn: int,
                    h: CkptHead) -> Checkpoint:
         """The checkpoint of head ``h`` (frame ``lsn``): one ``read_channel`` per channel."""
-        loads = self._loads
-        unpack = self._codec.unpack
+        loads = self.loads
+        unpack = self.codec.unpack
         values = {}
         for ch, (rl, ri) in h.chans.items():
             items, flags = self._b.read_channel(rl, ri)
@@ -143,8 +147,8 @@ class Reads:
         return out
 
     def _decode_values(self, writes: list[PendingWrite]) -> None:
-        unpack = self._codec.unpack
-        loads = self._loads
+        unpack = self.codec.unpack
+        loads = self.loads
         for p in writes:
             v = p.value
             if type(v) is _WriteItems:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import CorruptionError
-from ..payload import encode_commit
+from ..payload import encode_record
 from .appender import Appender
 from .index import Index, dump_index, dump_journals, load_index, load_journals
 from .records import (
@@ -242,13 +242,13 @@ class LogIndex:
         try:
             ap = self._appender
             lsn = ap.next_lsn()
-            payload = encode_commit(IndexHead(K_INDEX, INDEX_VERSION, lsn, self.compacted_at,
+            payload = encode_record(IndexHead(K_INDEX, INDEX_VERSION, lsn, self.compacted_at,
                                               dump_index(self.ix),
-                                              dump_journals(self.ix)).pack(), ())
+                                              dump_journals(self.ix)).pack())
             if len(payload) > ap.max_commit_bytes:
                 self.index_lsn = lsn       # too big to keep: try again index_every frames later
                 return
             # under the store's policy, but never waited for: losing it only costs open time
-            self.index_lsn = ap.append(payload, ap.durability)
+            self.index_lsn = ap.write(payload)
         except Exception:
             pass

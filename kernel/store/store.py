@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Sequence
 from .. import repairnotes
 from ..backends.base import VerifyReport
 from ..errors import ConfigError, ReadOnlyError, StoreClosedError
-from ..payload import Codec, encode_commit
+from ..payload import Codec, encode_record
 from ..serde import Serde, default_serde
 from .appender import Appender
 from .ckpthead import CkptHeads
@@ -157,9 +157,8 @@ class Store:
                               url)
         self._reads = Reads(backend, self._index, self._channels, heads, serde, codec, url)
         self._history = History(self._lock, self._check_open, backend, self._index,
-                                self._reads, serde, codec, url)
-        self._edits = Edits(self._appender, self._index, self._writer, backend, heads,
-                            serde.loads)
+                                self._reads)
+        self._edits = Edits(self._appender, self._index, self._writer, self._reads)
         self._load_index()
         # a cut by `recover --skip-corrupt` leaves a note (FORMAT.md 6a): looked for once
         # here, so that a store never repaired costs its runs nothing
@@ -259,7 +258,7 @@ class Store:
         """Make every commit so far durable, under any policy."""
         with self._lock:
             self._check_open()
-            self._b.flush()
+            self._appender.flush()
 
     def close(self) -> None:
         """Flush and release the backend. Idempotent."""
@@ -387,7 +386,7 @@ class Store:
             if self._closed or self.read_only:
                 self._check_write()
             lsn = writer.put(thread_id, checkpoint_ns, checkpoint_id, parent_id, ckpt_b, meta_b,
-                             values, versions, all_values, dur)
+                             values, versions, all_values)
         # outside the lock, so that concurrent committers share one write and one fsync
         self._appender.settle(lsn, dur)
 
@@ -584,9 +583,9 @@ class Store:
         with self._writing():
             if self._closed or self.read_only:
                 self._check_write()
-            lsn = self._writer.append_journal(run_id, record, wait, self.durability)
+            lsn = self._writer.append_journal(run_id, record, wait)
         if wait and not defer:
-            self._b.wait_durable(lsn)      # outside the lock: group commit
+            self._appender.settle(lsn, "sync")      # outside the lock: group commit
         return lsn
 
     def append_journal_if(self, run_id: str,
@@ -606,8 +605,8 @@ class Store:
             rec = make(self.journal(run_id))
             if rec is None:
                 return None
-            lsn = self._writer.append_journal(run_id, rec, True, self.durability)
-        self._b.wait_durable(lsn)      # outside the lock: group commit
+            lsn = self._writer.append_journal(run_id, rec, True)
+        self._appender.settle(lsn, "sync")      # outside the lock: group commit
         return lsn
 
     def journal_bytes(self, run_id: str) -> int:
@@ -622,7 +621,7 @@ class Store:
     def wait_journal(self, lsn: int) -> None:
         """Block until journal record ``lsn`` (and all before it) is fdatasync'd: the wait
         an ``append_journal(..., defer=True)`` left to its caller."""
-        self._b.wait_durable(lsn)
+        self._appender.settle(lsn, "sync")
 
     def journal(self, run_id: str, *, start: int = 0) -> list[dict]:
         """The journal records of ``run_id`` in log order (read by LSN, no scan); from
@@ -683,12 +682,12 @@ class Store:
     def record_repair(self, note: dict, run_ids: list[str], rec: dict) -> int:
         """Append the REPAIR record (``rec`` becomes a journal record of every run in
         ``run_ids``; fdatasync'd), then mark ``note`` recorded. Returns the record's LSN."""
-        payload = encode_commit(RepairHead(K_REPAIR, run_ids, rec).pack(), ())
+        payload = encode_record(RepairHead(K_REPAIR, run_ids, rec).pack())
         with self._writing():
             self._check_write()
-            lsn = self._appender.append(payload, "exit")
+            lsn = self._appender.queue(payload)
             self._index.apply(lsn, [K_REPAIR, run_ids, rec])
-        self._b.wait_durable(lsn)
+        self._appender.settle(lsn, "sync")      # outside the lock
         repairnotes.write(self._path, dict(note, state="recorded", repair_lsn=lsn,
                                            runs=run_ids, threads=rec.get("threads", [])))
         self._repaired = True
@@ -712,8 +711,8 @@ class Store:
                 alone(True)
             try:
                 self._writer.forget_frames()     # every LSN is about to move
-                return Compaction(self._b, self._index, self._reads, self._heads,
-                                  self.url).run(progress)
+                return Compaction(self._b, self._appender, self._index, self._reads,
+                                  self._heads, self.url).run(progress)
             finally:
                 if self._shared and alone is not None:
                     alone(False)

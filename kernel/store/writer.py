@@ -24,10 +24,10 @@ import xxhash
 
 from ..durability import STRENGTH
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
-from ..payload import F_ZSTD, FULL, Codec, encode_commit
+from ..payload import F_ZSTD, FULL, Codec, encode_commit, encode_record
 from .appender import Appender
 from .ckpthead import CkptHeads
-from .delta import Channels, ChanState, LaneHead
+from .delta import Channels, ChanState, NewestCheckpoint
 from .index import Lane
 from .records import K_CKPT, K_JOURNAL, K_WRITES, SPECIAL_WRITE_CHANNELS, check_id
 from .replay import LogIndex
@@ -205,40 +205,40 @@ class Writer:
                                      f"{checkpoint_id!r}: {e}", thread_id=thread_id) from e
 
     def put(self, thread_id: str, ns: str, cid: str, parent_id: str | None, ckpt_b: bytes,
-            meta_b: bytes, values: dict, versions: dict, all_values: dict | None,
-            durability: str) -> int:
+            meta_b: bytes, values: dict, versions: dict, all_values: dict | None) -> int:
         """Commit checkpoint ``cid`` as one frame; returns its LSN (queued: the caller
         settles it outside the lock, :meth:`Appender.settle`)."""
         lane = self._index.ix.lane(thread_id, ns)
-        head = None if lane is None else (lane.head or self._channels.head(lane))
+        newest = None if lane is None else (lane.newest or self._channels.newest(lane))
         lsn = self._ap.next
         if lsn < 0:
             lsn = self._ap.next_lsn()
         # linear: the put follows the newest checkpoint (an agent loop): deltas on its state
-        linear = head is not None and cid > head.cid and (
-            parent_id is None or parent_id == head.cid)
+        linear = newest is not None and cid > newest.cid and (
+            parent_id is None or parent_id == newest.cid)
         entries: list = []
-        chans, refs, fresh = self._encode_channels(lane, head, linear, thread_id, ns,
+        chans, refs, fresh = self._encode_channels(lane, newest, linear, thread_id, ns,
                                                    parent_id, values, versions, all_values,
                                                    lsn, entries)
         hb = self._pack_checkpoint_head(thread_id, ns, cid, parent_id, ckpt_b, meta_b,
                                         versions, refs)
-        self._append_checkpoint(encode_commit(hb, entries), lsn, thread_id, cid, durability)
+        self._append_checkpoint(encode_commit(hb, entries), lsn, thread_id, cid)
         if lane is None:
             lane = self._index.ix.lane(thread_id, ns, True)
         lane.add(cid, lsn)
         if fresh is not None and parent_id is not None:
             self.shared.add_checkpoint((thread_id, ns, parent_id), fresh)
-        if linear or head is None or cid > head.cid:
+        if linear or newest is None or cid > newest.cid:
             # the newest checkpoint: its state stays materialized for the next put and get
-            lane.head = LaneHead(cid, lsn, parent_id, ckpt_b, meta_b, dict(versions), chans)
-        elif cid == head.cid:
-            lane.head = None   # the newest was replaced: reload on demand
+            lane.newest = NewestCheckpoint(cid, lsn, parent_id, ckpt_b, meta_b, dict(versions),
+                                           chans)
+        elif cid == newest.cid:
+            lane.newest = None   # the newest was replaced: reload on demand
         self._index.maybe_snapshot(lsn)
         return lsn
 
-    def _encode_channels(self, lane: Lane | None, head: LaneHead | None, linear: bool,
-                         thread_id: str, ns: str, parent_id: str | None, values: dict,
+    def _encode_channels(self, lane: Lane | None, newest: NewestCheckpoint | None,
+                         linear: bool, thread_id: str, ns: str, parent_id: str | None, values: dict,
                          versions: dict, all_values: dict | None, lsn: int,
                          entries: list) -> tuple[dict[str, ChanState], dict[str, tuple],
                                                  dict | None]:
@@ -253,13 +253,13 @@ class Writer:
         from ``all_values`` is stored)."""
         channels = self._channels
         if linear:
-            base, base_versions = head.chans, head.versions
+            base, base_versions = newest.chans, newest.versions
             # list items the parent's pending writes stored (FORMAT.md section 5)
-            pend = self.shared.from_writes.pop((thread_id, ns, head.cid), None)
-        elif head is None:
+            pend = self.shared.from_writes.pop((thread_id, ns, newest.cid), None)
+        elif newest is None:
             base, base_versions, pend = {}, {}, None
         else:
-            base, base_versions = channels.parent_state(lane, head, parent_id)
+            base, base_versions = channels.parent_state(lane, newest, parent_id)
             pend = None
         encode = channels.encode
         chans: dict[str, ChanState] = {}
@@ -306,15 +306,14 @@ class Writer:
             raise SerializationError(f"cannot serialize the head of {cid!r}: {e}",
                                      thread_id=thread_id) from e
 
-    def _append_checkpoint(self, payload: bytes, lsn: int, thread_id: str, cid: str,
-                           durability: str) -> None:
+    def _append_checkpoint(self, payload: bytes, lsn: int, thread_id: str, cid: str) -> None:
         """Queue the frame, which must land at ``lsn`` (the LSN its entries refer to)."""
         if len(payload) > self._ap.max_commit_bytes:
             raise FrameTooLargeError(
                 f"checkpoint {cid!r} of thread {thread_id!r} is {len(payload)} "
                 f"bytes, over max_commit_bytes={self._ap.max_commit_bytes}; store big values "
                 "elsewhere or raise max_commit_bytes", thread_id=thread_id, size=len(payload))
-        got = self._ap.queue(payload, durability)
+        got = self._ap.queue(payload)
         if got != lsn:
             raise ConfigError(f"store {self.url}: frame landed at LSN {got}, expected {lsn}; "
                               "is another writer appending to this log?")
@@ -382,7 +381,7 @@ class Writer:
         seen = self._wfp.get(fp) if fp is not None else None
         if seen is not None and seen[1] >= rank:
             return seen[0]
-        lsn = self._ap.queue(payload, durability)
+        lsn = self._ap.queue(payload)
         self._index.ix.add_write(thread_id, ns, cid, lsn)
         if lists:     # the next checkpoint refers to these items instead of storing them
             self.shared.add_writes(key, lsn, lists)
@@ -413,15 +412,15 @@ class Writer:
 
     # -- run journals ------------------------------------------------------------------------
 
-    def append_journal(self, run_id: str, record: dict, wait: bool, durability: str) -> int:
-        """Append one journal record (a running agent's hot path); returns its LSN."""
+    def append_journal(self, run_id: str, record: dict, wait: bool) -> int:
+        """Append one journal record (a running agent's hot path); returns its LSN. A
+        record to be ``wait``-ed for is only queued: the caller settles it as ``sync``."""
         try:
             hb = self._hpack.pack([K_JOURNAL, run_id, record])   # JournalHead's fields
         except Exception as e:
             raise SerializationError(f"cannot encode a journal record of run {run_id!r}: "
                                      f"{e}", run_id=run_id) from e
-        # a COMMIT payload with no entries: head_len head n_entries=0 (FORMAT.md 5)
-        payload = b"".join((len(hb).to_bytes(4, "little"), hb, b"\0\0\0\0"))
+        payload = encode_record(hb)
         ap = self._ap
         if len(payload) > ap.max_commit_bytes:
             raise FrameTooLargeError(
@@ -429,12 +428,12 @@ class Writer:
                 f"max_commit_bytes={ap.max_commit_bytes}; keep big values elsewhere and "
                 "journal a reference, or raise max_commit_bytes", run_id=run_id,
                 size=len(payload))
-        # A record to be waited for is only queued here ("exit": no write, no wait): the
-        # caller's wait, outside the lock, writes and fdatasyncs it with whatever other
-        # threads queued meanwhile -- one write and one fsync per group. ("async" waited
-        # here for its own write, behind a running fsync and under this lock, so
-        # concurrent durable records each got a write and an fsync of their own.)
-        lsn = ap.append(payload, "exit" if wait else durability)
+        # A record to be waited for is only queued here: the caller's wait, outside the
+        # lock, writes and fdatasyncs it with whatever other threads queued meanwhile --
+        # one write and one fsync per group. (Written here, it waited for its own write,
+        # behind a running fsync and under this lock, so concurrent durable records each
+        # got a write and an fsync of their own.)
+        lsn = ap.queue(payload) if wait else ap.write(payload)
         self._index.ix.add_journal(run_id, lsn)
         self._index.maybe_snapshot(lsn)
         return lsn
