@@ -94,12 +94,9 @@ from .durability import DURABILITIES
 from .errors import ConfigError
 from .langgraph_claim import claim_for_loop
 from .langgraph_serde import EMPTY, LangGraphSerde
-from .runtime.langgraph_steps import astep, atool, forget_thread, step, thread_key, tool
-
-try:  # the configurable key LangGraph's pregel loop carries its durability mode in
-    from langgraph._internal._constants import CONFIG_KEY_DURABILITY
-except ImportError:  # pragma: no cover - older/newer layouts
-    CONFIG_KEY_DURABILITY = "__pregel_durability"
+from .runtime.langgraph_steps import (
+    CONFIG_KEY_DURABILITY, astep, atool, forget_thread, step, thread_key, tool,
+)
 
 # step/tool/astep/atool: durable steps and tools inside nodes (kept in the runtime,
 # re-exported here: the public names are durkv.langgraph.step / tool)

@@ -656,3 +656,18 @@ def test_a_read_only_saver_follows_a_writer_in_another_process(tmp_path, segment
         child.stdin.close()
         child.wait(timeout=60)
     assert child.returncode == 0
+
+
+def test_langgraphs_private_config_keys_are_spelled_as_langgraph_spells_them():
+    """durkv reads LangGraph's private configurable keys, each spelled once
+    (durkv.runtime.langgraph_steps); a LangGraph that renames one fails here, not
+    silently in a user's graph (durability read as the default, tasks without ids)."""
+    from langgraph._internal import _constants as c
+
+    from durkv.runtime import langgraph_steps as lgs
+
+    assert lgs.CONFIG_KEY_DURABILITY == c.CONFIG_KEY_DURABILITY
+    for ours, theirs in (("_CHECKPOINTER", "CONFIG_KEY_CHECKPOINTER"),
+                         ("_TASK_ID", "CONFIG_KEY_TASK_ID"), ("_RUNTIME", "CONFIG_KEY_RUNTIME"),
+                         ("_SEND", "CONFIG_KEY_SEND"), ("_CHECKPOINT_MAP", "CONFIG_KEY_CHECKPOINT_MAP")):
+        assert getattr(lgs, ours) == getattr(c, theirs), ours

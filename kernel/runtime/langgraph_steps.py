@@ -51,14 +51,17 @@ from ..errors import BackendError, ConfigError
 from .run import SAME_KEY, Run
 from .tools import Retry
 
-__all__ = ["step", "tool", "astep", "atool", "thread_key", "forget_thread"]
+__all__ = ["step", "tool", "astep", "atool", "thread_key", "forget_thread",
+           "CONFIG_KEY_DURABILITY"]
 
 _CHECKPOINTER = "__pregel_checkpointer"     # LangGraph's CONFIG_KEY_* (stable since 0.2)
 _TASK_ID = "__pregel_task_id"
 _RUNTIME = "__pregel_runtime"
 _SEND = "__pregel_send"                     # the task's ``writes.extend``
 _CHECKPOINT_MAP = "checkpoint_map"          # {parent ns: the checkpoint its tasks run on}
-_DURABILITY = "__pregel_durability"
+# the configurable key LangGraph's pregel loop carries its durability mode in (defined here
+# once; durkv.langgraph imports it)
+CONFIG_KEY_DURABILITY = "__pregel_durability"
 _WAIT_S = 60.0
 _KEEP_RUNS = 64          # idle threads whose Run stays cached (a Run is rebuilt from the store)
 
@@ -220,7 +223,7 @@ def _task_checkpoint(conf: dict, thread_id: str) -> tuple[Any, str, str, str] | 
     how it was compiled (``checkpointer=False`` saves none), so one may never appear."""
     saver = conf.get(_CHECKPOINTER)
     cmap = conf.get(_CHECKPOINT_MAP)
-    if (not cmap or len(cmap) != 1 or conf.get(_DURABILITY) == "exit"
+    if (not cmap or len(cmap) != 1 or conf.get(CONFIG_KEY_DURABILITY) == "exit"
             or not hasattr(saver, "wait_for_checkpoint")):
         return None
     cid = cmap.get("")
