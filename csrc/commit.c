@@ -127,15 +127,9 @@ static int cache_get(dkv_log *log, frame_cache *c, uint64_t lsn, frame_ref **out
         dkv__set_error(log, "lsn %llu is not a COMMIT frame", (unsigned long long)lsn);
         return DKV_ECORRUPT;
     }
-    if (c->n == c->cap) {
-        size_t nc = c->cap ? c->cap * 2 : 16;
-        frame_ref *p = realloc(c->v, nc * sizeof *p);
-        if (!p) {
-            free(buf);
-            return DKV_ENOMEM;
-        }
-        c->v = p;
-        c->cap = nc;
+    if (DKV_RESERVE(c->v, c->cap, c->n + 1, 16)) {
+        free(buf);
+        return DKV_ENOMEM;
     }
     memmove(&c->v[lo + 1], &c->v[lo], (c->n - lo) * sizeof *c->v);
     c->v[lo] = (frame_ref){lsn, buf, len};
@@ -163,17 +157,7 @@ typedef struct {
 
 static int refs_reserve(ref_stack *s, size_t need)
 {
-    if (s->n + need <= s->cap)
-        return 0;
-    size_t nc = s->cap ? s->cap : 64;
-    while (nc < s->n + need)
-        nc *= 2;
-    entry_ref *p = realloc(s->v, nc * sizeof *p);
-    if (!p)
-        return DKV_ENOMEM;
-    s->v = p;
-    s->cap = nc;
-    return 0;
+    return DKV_RESERVE(s->v, s->cap, s->n + need, 64);
 }
 
 /* One hop back from cur, a DELTA or SNAP entry d (items at io in f): push the entries

@@ -152,15 +152,14 @@ int dkv__quarantine(const char *dir, const char *seg, uint64_t off, const uint8_
     int rc = dkv__mkdir_fsync(dir, "quarantine");
     if (rc)
         return rc;
-    char q[4096], p[sizeof q + 128];
-    snprintf(q, sizeof q, "%s/quarantine", dir);
+    char q[DKV_PATH_MAX], p[DKV_PATH_MAX];
+    if (dkv__path(q, dir, "quarantine"))
+        return -errno;
     int fd = -1;
     for (int i = 0; i < 1000 && fd < 0; i++) {
-        if (i == 0)
-            snprintf(p, sizeof p, "%s/%s.%llu.torn", q, seg, (unsigned long long)off);
-        else
-            snprintf(p, sizeof p, "%s/%s.%llu.torn.%d", q, seg, (unsigned long long)off, i);
-        fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        int bad = i ? dkv__path(p, q, "%s.%llu.torn.%d", seg, (unsigned long long)off, i)
+                    : dkv__path(p, q, "%s.%llu.torn", seg, (unsigned long long)off);
+        fd = bad ? -1 : open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd < 0 && errno != EEXIST)
             return -errno;
     }
@@ -180,19 +179,17 @@ int dkv__quarantine_whole(const char *dir, const char *name)
     int rc = dkv__mkdir_fsync(dir, "quarantine");
     if (rc)
         return rc;
-    char from[4200], to[4400];
-    snprintf(from, sizeof from, "%s/%s", dir, name);
+    char from[DKV_PATH_MAX], q[DKV_PATH_MAX], to[DKV_PATH_MAX];
+    if (dkv__path(from, dir, "%s", name) || dkv__path(q, dir, "quarantine"))
+        return -errno;
     for (int i = 0; i < 1000; i++) {
-        if (i)
-            snprintf(to, sizeof to, "%s/quarantine/%s.0.torn.%d", dir, name, i);
-        else
-            snprintf(to, sizeof to, "%s/quarantine/%s.0.torn", dir, name);
+        if (i ? dkv__path(to, q, "%s.0.torn.%d", name, i) : dkv__path(to, q, "%s.0.torn", name))
+            return -errno;
         if (access(to, F_OK) == 0)
             continue;
         if (rename(from, to))
             return -errno;
-        snprintf(to, sizeof to, "%s/quarantine", dir);
-        rc = dkv__dirfsync(to);
+        rc = dkv__dirfsync(q);
         return rc ? rc : dkv__dirfsync(dir);
     }
     return -EEXIST;

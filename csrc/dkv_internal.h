@@ -2,6 +2,7 @@
 #ifndef DKV_INTERNAL_H
 #define DKV_INTERNAL_H
 
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
@@ -29,6 +30,28 @@ static inline uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); r
 static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static inline void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* ---- growing arrays and store paths (util.c) ---- */
+/* Room for `need` elements of `size` bytes in the array v of capacity *cap: v itself when
+ * they fit, else v realloc'd to a capacity doubled (from `first`) until they do, with *cap
+ * set. NULL when memory runs out (v is still the caller's, *cap unchanged). */
+void *dkv__grow(void *v, size_t *cap, size_t need, size_t size, size_t first);
+/* dkv__grow on the array lvalue v and its size_t capacity cap, assigning v: 0 or
+ * DKV_ENOMEM. Every growing array of the log goes through it. */
+#define DKV_RESERVE(v, cap, need, first)                                        \
+    __extension__({                                                             \
+        void *grown_ = dkv__grow((v), &(cap), (need), sizeof *(v), (first));    \
+        if (grown_)                                                             \
+            (v) = grown_;                                                       \
+        grown_ ? 0 : DKV_ENOMEM;                                                \
+    })
+/* A path in the store directory: longer ones are ENAMETOOLONG to the kernel anyway. */
+#define DKV_PATH_MAX PATH_MAX
+/* out = dir "/" fmt(...): 0, or -1 with errno ENAMETOOLONG when it does not fit in
+ * DKV_PATH_MAX (out holds the cut text, for messages). The caller reports it exactly as
+ * the open(2), rename(2) or unlink(2) it was built for: `dkv__path(...) ? -1 : open(...)`. */
+int dkv__path(char out[DKV_PATH_MAX], const char *dir, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Three independent crc32c(seed[i], p[i], len[i]) computed interleaved (crc32c.c). */
 void dkv__crc32c_x3(const uint32_t seed[3], const uint8_t *const p[3], const size_t len[3],
@@ -102,15 +125,17 @@ typedef struct {
     uint64_t resync_off;    /* where a valid frame starts again (NO_LSN if none) */
 } scan_result;
 int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
-              uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res);
+              uint64_t **offs, size_t *n, size_t *cap, scan_result *res);
 /* dkv__scan with check_crc 0: structural checks only (header fields, lengths, LSN
  * continuity), for bytes already proven intact by a matching segment_digest. */
 int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
-                 uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res, int check_crc);
+                 uint64_t **offs, size_t *n, size_t *cap, scan_result *res, int check_crc);
 
 /* Sorted list of segment base LSNs in dir (files named %016llx.seg). ENOENT if no dir. */
 int dkv__list_segments(const char *dir, uint64_t **bases, size_t *n);
 void dkv__seg_name(char out[64], uint64_t base);
+/* dkv__path of segment file `base` in dir. */
+int dkv__seg_path(char out[DKV_PATH_MAX], const char *dir, uint64_t base);
 int dkv__mkdir_fsync(const char *dir, const char *sub);   /* mkdir dir/sub + fsync dir */
 int dkv__random_bytes(uint8_t *out, size_t n);
 

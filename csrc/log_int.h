@@ -17,7 +17,7 @@ typedef struct {
     uint64_t file_size;
     uint32_t digest;        /* sealed: segment_digest from the trailer */
     uint64_t *index;        /* frame offsets by lsn - base_lsn (0 = lost, salvage) */
-    uint64_t n_index, cap_index;
+    size_t n_index, cap_index;
     int index_loaded;       /* sealed segments load their index on first read */
     int fd;                 /* -1: closed (a sealed segment opens on demand, segfd.c) */
     int fd_cached;          /* fd is one of the handle's cached sealed-segment fds */
@@ -98,7 +98,8 @@ struct dkv_log {
     size_t fd_ring[SEALED_FDS];
     unsigned fd_n, fd_pos;
     int *grave;
-    unsigned ngrave, cap_grave;
+    unsigned ngrave;
+    size_t cap_grave;
     int fd_readers;             /* readers between locate and the end of their pread (atomic) */
     unsigned fork_gen;          /* dkv__fork_gen when opened: another value, another process */
     int pid;                    /* the process that opened it (for the fork error's message) */

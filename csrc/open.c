@@ -73,9 +73,8 @@ static int flock_wait(int fd, int op, uint32_t timeout_ms, dkv_log *want)
  * is rebuilt by a writer nobody else can be reading it with). */
 static int take_lock(dkv_log *log, int *alone)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/LOCK", log->dir);
-    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    char p[DKV_PATH_MAX];
+    int fd = dkv__path(p, log->dir, "LOCK") ? -1 : open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return dkv__io_error(log, errno, "cannot open %s", p);
     *alone = !flock(fd, LOCK_EX | LOCK_NB);
@@ -92,8 +91,8 @@ static int take_lock(dkv_log *log, int *alone)
         return dkv__io_error(log, e, "cannot lock %s", p);
     }
     log->lock_fd = fd;
-    snprintf(p, sizeof p, "%s/WLOCK", log->dir);
-    log->wlock_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    log->wlock_fd = dkv__path(p, log->dir, "WLOCK") ? -1
+                                                    : open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (log->wlock_fd < 0)
         return dkv__io_error(log, errno, "cannot open %s", p);
     log->shared = 1;
@@ -281,11 +280,10 @@ static int open_seg_file(dkv_log *log, uint64_t base, int is_last, seg_t **out)
 {
     if (dkv__segs_reserve(log))
         return DKV_ENOMEM;
-    char name[64], path[4200];
-    dkv__seg_name(name, base);
-    snprintf(path, sizeof path, "%s/%s", log->dir, name);
+    char path[DKV_PATH_MAX];
     int writer = !log->opt.read_only;
-    int fd = open(path, (is_last && writer ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    int fd = dkv__seg_path(path, log->dir, base)
+                 ? -1 : open(path, (is_last && writer ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd < 0)
         return dkv__io_error(log, errno, "cannot open segment %s", path);
     struct stat st;
@@ -465,10 +463,8 @@ static int salvage_rest(dkv_log *log, seg_t *s, load_result *lr)
 /* The highest LSN any segment file shows (for the lost range point_in_time reports). */
 static uint64_t last_lsn_on_disk(dkv_log *log, const uint64_t *bases, size_t n)
 {
-    char path[4200], name[64];
-    dkv__seg_name(name, bases[n - 1]);
-    snprintf(path, sizeof path, "%s/%s", log->dir, name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char path[DKV_PATH_MAX];
+    int fd = dkv__seg_path(path, log->dir, bases[n - 1]) ? -1 : open(path, O_RDONLY | O_CLOEXEC);
     uint8_t *b = NULL;
     uint64_t size = 0, last = bases[n - 1] ? bases[n - 1] - 1 : NO_LSN;
     seg_header h;
@@ -682,9 +678,8 @@ static int ensure_dir(dkv_log *log, const char *dir)
         int rc = dkv__io_error(log, e, "cannot create %s", dir);
         return e == ENOENT ? DKV_ENOENT : rc;
     }
-    char parent[4200];
-    snprintf(parent, sizeof parent, "%s/..", dir);
-    int rc = dkv__dirfsync(parent);
+    char parent[DKV_PATH_MAX];
+    int rc = dkv__path(parent, dir, "..") ? -errno : dkv__dirfsync(parent);
     return rc ? dkv__io_error(log, -rc, "cannot fsync the parent directory of %s", dir) : 0;
 }
 
@@ -729,10 +724,9 @@ static void drop_dead_segments(dkv_log *log)
     for (size_t i = 0; i + 1 < log->nsegs; i++) {
         seg_t *s = &log->segs[i];
         if (s->base_lsn + s->count <= log->start_lsn) {
-            char name[64], path[4200];
-            dkv__seg_name(name, s->base_lsn);
-            snprintf(path, sizeof path, "%s/%s", log->dir, name);
-            unlink(path);
+            char path[DKV_PATH_MAX];
+            if (!dkv__seg_path(path, log->dir, s->base_lsn))
+                unlink(path);
             s->removed = removed = 1;
         }
     }
@@ -991,7 +985,8 @@ int dkv__catch_up(dkv_log *log)
             return dkv__io_error(log, -r, "cannot read the active segment of %s", log->dir);
         }
         scan_result sr;
-        uint64_t *offs = NULL, cnt = 0, cap = 0;
+        uint64_t *offs = NULL;
+        size_t cnt = 0, cap = 0;
         int rc = dkv__scan(b, 0, (uint64_t)r, log->seed, a->base_lsn + a->count, &offs, &cnt,
                            &cap, &sr);
         for (uint64_t i = 0; !rc && i < cnt; i++)
@@ -1039,7 +1034,8 @@ static void refresh_active_tail(dkv_log *log, seg_t *a)
     int r = b ? dkv__pread_all(a->fd, b, n, a->data_end) : -ENOMEM;
     if (r > 0) {
         scan_result sr;
-        uint64_t *offs = NULL, cnt = 0, cap = 0;
+        uint64_t *offs = NULL;
+        size_t cnt = 0, cap = 0;
         dkv__scan(b, 0, (uint64_t)r, dkv__seed(log->uuid, a->segment_no), a->base_lsn + a->count,
                   &offs, &cnt, &cap, &sr);
         for (uint64_t i = 0; i < cnt; i++)

@@ -203,14 +203,8 @@ static int put_head(dkv_log *log, uint64_t lsn, const uint8_t *p, uint32_t plen,
         pthread_mutex_unlock(&log->mu);
         return DKV_ECORRUPT;
     }
-    if (*len + hl > *cap) {
-        size_t ncap = *cap * 2 > *len + hl ? *cap * 2 : *len + hl;
-        uint8_t *grown = realloc(*out, ncap);
-        if (!grown)
-            return DKV_ENOMEM;
-        *out = grown;
-        *cap = ncap;
-    }
+    if (DKV_RESERVE(*out, *cap, *len + hl, 64))
+        return DKV_ENOMEM;
     memcpy(*out + *len, p + ho, hl);
     *len += hl;
     return 0;

@@ -47,9 +47,14 @@ static void set_error_v(dkv_log *log, int err, const char *fmt, va_list ap)
 {
     char *buf = log ? log->err : thread_err;
     size_t cap = log ? sizeof log->err : sizeof thread_err;
-    int n = vsnprintf(buf, cap, fmt, ap);
-    if (err && n >= 0 && (size_t)n < cap)
-        snprintf(buf + n, cap - (size_t)n, ": %s", strerror(err));
+    /* the reason survives a message cut short (a long path): it goes in last, whole */
+    char why[128] = "";
+    if (err)
+        snprintf(why, sizeof why, ": %s", strerror(err));
+    size_t room = cap - strlen(why);
+    int n = vsnprintf(buf, room, fmt, ap);
+    size_t at = n < 0 ? 0 : (size_t)n < room ? (size_t)n : room - 1;
+    memcpy(buf + at, why, strlen(why) + 1);
     if (log)
         log->err_errno = err;
     else
@@ -135,27 +140,13 @@ int dkv__usable(dkv_log *log, int write)
 /* Room for one more entry in log->segs (amortized doubling). */
 int dkv__segs_reserve(dkv_log *log)
 {
-    if (log->nsegs < log->cap_segs)
-        return 0;
-    size_t nc = log->cap_segs ? log->cap_segs * 2 : 16;
-    seg_t *p = realloc(log->segs, nc * sizeof *p);
-    if (!p)
-        return DKV_ENOMEM;
-    log->segs = p;
-    log->cap_segs = nc;
-    return 0;
+    return DKV_RESERVE(log->segs, log->cap_segs, log->nsegs + 1, 16);
 }
 
 int dkv__index_push(seg_t *s, uint64_t off)
 {
-    if (s->n_index == s->cap_index) {
-        uint64_t nc = s->cap_index ? s->cap_index * 2 : 1024;
-        uint64_t *p = realloc(s->index, nc * sizeof *p);
-        if (!p)
-            return DKV_ENOMEM;
-        s->index = p;
-        s->cap_index = nc;
-    }
+    if (DKV_RESERVE(s->index, s->cap_index, s->n_index + 1, 1024))
+        return DKV_ENOMEM;
     s->index[s->n_index++] = off;
     return 0;
 }
@@ -439,10 +430,9 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     h.prev_digest = prev_digest;
     if (dkv__segs_reserve(log))
         return DKV_ENOMEM;
-    char name[64], path[4200];
-    dkv__seg_name(name, h.base_lsn);
-    snprintf(path, sizeof path, "%s/%s", log->dir, name);
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    char path[DKV_PATH_MAX];
+    int fd = dkv__seg_path(path, log->dir, h.base_lsn)
+                 ? -1 : open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
         if (log->nsegs)
@@ -541,16 +531,8 @@ static int enqueue(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len,
             return rc;
         a = active(log);
     }
-    if (log->pend_len + fs > log->pend_cap) {
-        size_t nc = log->pend_cap ? log->pend_cap : 65536;
-        while (nc < log->pend_len + fs)
-            nc *= 2;
-        uint8_t *p = realloc(log->pend, nc);
-        if (!p)
-            return DKV_ENOMEM;
-        log->pend = p;
-        log->pend_cap = nc;
-    }
+    if (DKV_RESERVE(log->pend, log->pend_cap, log->pend_len + fs, 65536))
+        return DKV_ENOMEM;
     if (dkv__index_push(a, a->data_end))
         return DKV_ENOMEM;
     uint8_t *f = log->pend + log->pend_len;
@@ -1020,10 +1002,8 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
             seg_t *s = &log->segs[i];
             if (s->removed || !s->sealed || s->base_lsn + s->count > new_start_lsn)
                 continue;
-            char name[64], path[4200];
-            dkv__seg_name(name, s->base_lsn);
-            snprintf(path, sizeof path, "%s/%s", log->dir, name);
-            if (unlink(path) && errno != ENOENT) {
+            char path[DKV_PATH_MAX];
+            if ((dkv__seg_path(path, log->dir, s->base_lsn) || unlink(path)) && errno != ENOENT) {
                 rc = fail(log, "unlink", -errno);
                 break;
             }

@@ -134,15 +134,9 @@ static const char *check_commit(ventries *es, uint64_t lsn, const uint8_t *p, ui
                     bad = "SNAP delta reference is not a DELTA";
             }
         }
-        if (es->n == es->cap) {
-            size_t nc = es->cap ? es->cap * 2 : 1024;
-            ventry *v = realloc(es->v, nc * sizeof *v);
-            if (!v) {
-                *oom = 1;
-                return NULL;
-            }
-            es->v = v;
-            es->cap = nc;
+        if (DKV_RESERVE(es->v, es->cap, es->n + 1, 1024)) {
+            *oom = 1;
+            return NULL;
         }
         es->v[es->n++] = (ventry){lsn, i, d.kind, d.flags};
     }
@@ -160,10 +154,11 @@ typedef struct {
  * from the page cache. Only sealed files are: nothing truncates them while a writer runs
  * (only `recover --skip-corrupt`, which a concurrent verify must not race), whereas the
  * active segment may be cut by a writer's open under us. */
-static int read_seg(const char *path, int last, seg_bytes *m)
+static int read_seg(const char *dir, uint64_t base, int last, seg_bytes *m)
 {
     memset(m, 0, sizeof *m);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char path[DKV_PATH_MAX];
+    int fd = dkv__seg_path(path, dir, base) ? -1 : open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT)
         return dkv__io_error(NULL, errno, "segment %s is gone since verify listed the directory "
                              "(a writer's compaction unlinks old segments: run verify again); "
@@ -307,19 +302,18 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
 {
     vctx c = {.base = base, .expect = prev ? prev->h.base_lsn + prev->count : base, .r = r,
               .sr = sr, .vs = vs};
-    char path[4200];
     dkv__seg_name(c.name, base);
-    snprintf(path, sizeof path, "%s/%s", dir, c.name);
     snprintf(sr->segment, sizeof sr->segment, "%s", c.name);
     sr->base_lsn = base;
     memset(vs, 0, sizeof *vs);
     vs->good_end = HDR_LEN;
     seg_bytes m;
-    int rc = read_seg(path, last, &m);
+    int rc = read_seg(dir, base, last, &m);
     if (rc)
         return rc;
     sr->bytes = vs->size = m.size;
-    uint64_t *offs = NULL, n = 0, cap = 0;
+    uint64_t *offs = NULL;
+    size_t n = 0, cap = 0;
     if (check_header(&c, &m, last, prev, uuid0, &rc))
         goto out;
     uint32_t seed = dkv__seed(vs->h.uuid, vs->h.segment_no);
@@ -481,9 +475,8 @@ int dkv_verify(const char *dir, int deep, dkv_progress_fn progress, void *ctx,
 /* Copy [off, end) of a segment to quarantine/, then truncate it there and fsync. */
 static int cut_file(const char *dir, const char *name, uint64_t off)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    char path[DKV_PATH_MAX];
+    int fd = dkv__path(path, dir, "%s", name) ? -1 : open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0)
         return -errno;
     uint8_t *b = NULL;
@@ -526,9 +519,8 @@ static int take_writer_lock(const char *dir, int *lfd)
         dkv__set_error(NULL, "no log at %s: %s", dir, strerror(errno));
         return DKV_ENOENT;
     }
-    char lp[4200];
-    snprintf(lp, sizeof lp, "%s/LOCK", dir);
-    *lfd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    char lp[DKV_PATH_MAX];
+    *lfd = dkv__path(lp, dir, "LOCK") ? -1 : open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (*lfd < 0)
         return dkv__io_error(NULL, errno, "cannot open %s (recover takes the writer lock)", lp);
     if (flock(*lfd, LOCK_EX | LOCK_NB)) {

@@ -69,9 +69,8 @@ static void rebuild(dkv_log *log, dkv_wshm *m)
 
 int dkv__shm_map(dkv_log *log)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/WSHM", log->dir);
-    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    char p[DKV_PATH_MAX];
+    int fd = dkv__path(p, log->dir, "WSHM") ? -1 : open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return dkv__io_error(log, errno, "cannot open %s", p);
     struct stat st;
