@@ -119,7 +119,7 @@ static int cache_get(dkv_log *log, frame_cache *c, uint64_t lsn, frame_ref **out
     uint8_t *buf;
     uint32_t len;
     uint8_t type;
-    int rc = dkv__read_alloc(log, lsn, &buf, &len, &type);
+    int rc = dkv_read_alloc(log, lsn, &buf, &len, &type);
     if (rc)
         return rc;
     if (type != DKV_FRAME_COMMIT) {

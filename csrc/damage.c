@@ -112,8 +112,8 @@ int dkv__check_head(const log_head *hd, const uint8_t *uuid, int have_segments,
 
 /* ---- recording ---- */
 
-void dkv__damage_fill(dkv_damage *d, const char *seg, uint64_t off, int kind,
-                      uint64_t lost_first, uint64_t lost_last, const char *detail)
+static void damage_fill(dkv_damage *d, const char *seg, uint64_t off, int kind,
+                        uint64_t lost_first, uint64_t lost_last, const char *detail)
 {
     memset(d, 0, sizeof *d);
     snprintf(d->segment, sizeof d->segment, "%s", seg);
@@ -127,7 +127,7 @@ void dkv__damage_fill(dkv_damage *d, const char *seg, uint64_t off, int kind,
 int dkv__damage_record(dkv_log *log, const char *seg, uint64_t off, int kind,
                        uint64_t lost_first, uint64_t lost_last, const char *detail)
 {
-    dkv__damage_fill(&log->damage, seg, off, kind, lost_first, lost_last, detail);
+    damage_fill(&log->damage, seg, off, kind, lost_first, lost_last, detail);
     log->has_damage = 1;
     dkv__set_error(log, "segment %s offset %llu: %s (%s)", seg, (unsigned long long)off,
                    dkv_damage_name(kind), detail);
@@ -141,13 +141,15 @@ int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kin
     if (!d)
         return DKV_ENOMEM;
     r->damage = d;
-    dkv__damage_fill(&d[r->n_damage++], seg, off, kind, lost_first, lost_last, detail);
+    damage_fill(&d[r->n_damage++], seg, off, kind, lost_first, lost_last, detail);
     return 0;
 }
 
 /* ---- quarantine (FORMAT.md section 8) ---- */
 
-int dkv__quarantine(const char *dir, const char *seg, uint64_t off, const uint8_t *buf, size_t n)
+/* Copy buf to quarantine/<seg>.<off>.torn (fsync file + quarantine dir). 0 or -errno. */
+static int quarantine_copy(const char *dir, const char *seg, uint64_t off, const uint8_t *buf,
+                           size_t n)
 {
     int rc = dkv__mkdir_fsync(dir, "quarantine");
     if (rc)
@@ -200,7 +202,7 @@ int dkv__quarantine_tail(const char *dir, const char *name, int fd, const uint8_
 {
     if (off >= size)
         return 0;
-    int rc = dkv__quarantine(dir, name, off, buf + off, size - off);
+    int rc = quarantine_copy(dir, name, off, buf + off, size - off);
     if (!rc)
         rc = ftruncate(fd, (off_t)off) ? -errno : dkv__fdatasync(fd);
     return rc;

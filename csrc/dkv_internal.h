@@ -98,8 +98,6 @@ void dkv__frame_header(uint8_t h[FRAME_HDR], uint32_t seed, uint64_t lsn, uint8_
  * when the payload follows the header in memory (crc32c(seed, h + 4, 20 + len)). */
 void dkv__frame_fields(uint8_t h[FRAME_HDR], uint64_t lsn, uint8_t type, uint32_t len,
                        uint64_t durable);
-/* The durable watermark a valid frame header records (0 when unknown: saturated/invalid). */
-uint64_t dkv__frame_durable(const uint8_t *h);
 /* Record `durable` in every frame of the encoded run buf[0..n) whose watermark is older,
  * re-sealing its crc: called just before the run is handed to write(2). */
 void dkv__frames_restamp(uint8_t *buf, size_t n, uint32_t seed, uint64_t durable);
@@ -107,9 +105,6 @@ void dkv__frames_restamp(uint8_t *buf, size_t n, uint32_t seed, uint64_t durable
  * LSN >= min_lsn. Returns 0 or a damage kind; fills len/lsn/type when the header parses. */
 int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t expect,
                      uint64_t min_lsn, uint32_t *len, uint64_t *lsn, uint8_t *type);
-/* Offset of the first valid frame (any LSN >= min_lsn) at or after `from`, or NO_LSN. */
-uint64_t dkv__resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t seed,
-                     uint64_t min_lsn);
 
 /* Scan frames of one segment held in memory, from `off` up to `end`. Appends every good
  * frame's offset to *offs (growing it). Stops at the first bad frame: result says where,
@@ -158,8 +153,6 @@ int dkv__check_head(const log_head *hd, const uint8_t *uuid, int have_segments,
 int dkv__head_write(const char *dir, const log_head *h);
 
 /* ---- handle internals used by commit.c ---- */
-/* Read frame lsn into a malloc'd buffer (caller frees). */
-int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, uint8_t *type);
 /* The handle's error message (log NULL: the calling thread's, for the calls without a
  * handle, dkv_verify and dkv_recover), with no errno behind it. */
 void dkv__set_error(dkv_log *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -207,14 +200,10 @@ typedef struct {
 size_t dkv__check_seal(const uint8_t *b, uint64_t size, const seg_trailer *t, uint64_t base,
                        const uint64_t *offs, uint64_t n, int digest_ok, seal_finding out[3]);
 
-void dkv__damage_fill(dkv_damage *d, const char *seg, uint64_t off, int kind,
-                      uint64_t lost_first, uint64_t lost_last, const char *detail);
 /* Append a filled record to r->damage. 0 or DKV_ENOMEM. */
 int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kind,
                            uint64_t lost_first, uint64_t lost_last, const char *detail);
 
-/* Copy buf to quarantine/<seg>.<off>.torn (fsync file + quarantine dir). 0 or -errno. */
-int dkv__quarantine(const char *dir, const char *seg, uint64_t off, const uint8_t *buf, size_t n);
 /* Move segment file `name` whole to quarantine/<name>.0.torn (rename, fsync both dirs). */
 int dkv__quarantine_whole(const char *dir, const char *name);
 /* Copy bytes [off, size) of segment `name` (open as fd, its bytes in buf) to quarantine/,

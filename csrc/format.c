@@ -252,7 +252,8 @@ void dkv__frames_restamp(uint8_t *buf, size_t n, uint32_t seed, uint64_t durable
     }
 }
 
-uint64_t dkv__frame_durable(const uint8_t *h)
+/* The durable watermark a valid frame header records (0 when unknown: saturated/invalid). */
+static uint64_t frame_durable(const uint8_t *h)
 {
     uint64_t lsn = get64(h + 8);
     uint32_t gap = get32(h + 20);
@@ -299,7 +300,8 @@ int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t exp
     return frame_check(b, avail, seed, expect, min_lsn, len, lsn, type, 1);
 }
 
-uint64_t dkv__resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t seed,
+/* Offset of the first valid frame (any LSN >= min_lsn) at or after `from`, or NO_LSN. */
+static uint64_t resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t seed,
                      uint64_t min_lsn)
 {
     for (uint64_t o = from; o + FRAME_HDR <= end; o++) {
@@ -326,9 +328,9 @@ static int synced_before_later_frame(const uint8_t *buf, uint64_t end, uint64_t 
 {
     while (from != NO_LSN) {
         const uint8_t *b = buf + from;
-        if (dkv__frame_durable(b) > k)
+        if (frame_durable(b) > k)
             return 1;
-        from = dkv__resync(buf, end, from + FRAME_HDR + get32(b + 4), seed, k);
+        from = resync(buf, end, from + FRAME_HDR + get32(b + 4), seed, k);
     }
     return 0;
 }
@@ -352,7 +354,7 @@ int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, 
         if (k) {
             res->kind = k;
             res->bad_off = off;
-            res->resync_off = dkv__resync(buf, end, off + 1, seed, lsn);
+            res->resync_off = resync(buf, end, off + 1, seed, lsn);
             /* Torn unless a later valid frame was written after this one was synced: valid
              * frames after a hole in the unsynced end are themselves unsynced (power loss). */
             res->torn = !synced_before_later_frame(buf, end, res->resync_off, seed, lsn);

@@ -183,8 +183,6 @@ int dkv__load_index(dkv_log *log, seg_t *s);
 /* next_lsn, durable_lsn and start_lsn are read without mu by dkv_next_lsn & co: their
  * writers (all under mu) store atomically. */
 #define STORE_LSN(field, v) __atomic_store_n(&(field), (v), __ATOMIC_RELAXED)
-seg_t *dkv__find_seg(dkv_log *log, uint64_t lsn);
-void dkv__seg_free(seg_t *s);
 int dkv__segs_reserve(dkv_log *log);
 int dkv__index_push(seg_t *s, uint64_t off);
 /* Point HEAD at the active segment, with log->epoch (writer; FORMAT.md 2a). 0 or -errno. */

@@ -799,16 +799,6 @@ int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32
     return rc;
 }
 
-int dkv_append_many(dkv_log *log, uint8_t type, const uint8_t *const *bufs, const uint32_t *lens,
-                    uint32_t n, int durability, uint64_t *first_lsn_out)
-{
-    DKV_OWNED(log, DKV_EFORKED);
-    pthread_mutex_lock(&log->mu);
-    int rc = append_locked(log, type, bufs, lens, n, durability, first_lsn_out);
-    pthread_mutex_unlock(&log->mu);
-    return rc;
-}
-
 static int wait_durable_locked(dkv_log *log, uint64_t end)
 {
     for (;;) {
@@ -1021,7 +1011,7 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
     return rc;
 }
 
-void dkv__seg_free(seg_t *s)
+static void seg_free(seg_t *s)
 {
     free(s->index);
     if (s->fd >= 0)
@@ -1070,7 +1060,7 @@ int dkv_close(dkv_log *log)
     if (log->flusher_running)
         pthread_join(log->flusher, NULL);
     for (size_t i = 0; i < log->nsegs; i++)
-        dkv__seg_free(&log->segs[i]);
+        seg_free(&log->segs[i]);
     dkv__fd_close_grave(log);
     free(log->grave);
     if (log->lock_fd >= 0)

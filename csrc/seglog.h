@@ -139,14 +139,12 @@ int dkv_last_damage(dkv_log *log, dkv_damage *out);
  * frame is written to the OS before return, so a process kill cannot lose it. */
 int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int durability,
                uint64_t *lsn_out);
-/* Append n frames as one group (one write, one fsync under sync); LSNs are first..first+n-1. */
-int dkv_append_many(dkv_log *log, uint8_t type, const uint8_t *const *bufs, const uint32_t *lens,
-                    uint32_t n, int durability, uint64_t *first_lsn_out);
 /* dkv_append with the handle's frame bytes as `const char *` (so a binding can pass an
  * immutable byte string without a copy) and the LSN as the result: >= 0 is the frame's
  * LSN, < 0 a DKV_E* code. The hot path of the Python wrapper. */
 int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len, int durability);
-/* dkv_append_many with the n payloads packed back to back in `data` (lens[i] bytes each). */
+/* Append n frames as one group (one write, one fsync under sync); LSNs are first..first+n-1.
+ * The n payloads are packed back to back in `data` (lens[i] bytes each). */
 int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,
                       uint32_t n, int durability, uint64_t *first_lsn_out);
 /* Make everything appended so far durable (write + fdatasync), under any policy. */
@@ -193,12 +191,8 @@ int dkv_exclusive(dkv_log *log, int on);
  * catch up with the frames other processes appended (an empty write section). */
 int dkv_refresh(dkv_log *log);
 
-/* Read a frame. Call with buf=NULL to learn len; then with a buffer of cap >= len.
- * Every read checks the frame's crc: DKV_ECORRUPT (see dkv_last_damage) if it fails. */
-int dkv_read(dkv_log *log, uint64_t lsn, uint8_t *buf, uint32_t cap, uint32_t *len_out,
-             uint8_t *type_out);
-
-/* Read a frame into a malloc'd buffer (one call, one pread); free it with dkv_free. */
+/* Read a frame into a malloc'd buffer (one call, one pread); free it with dkv_free. Every
+ * read checks the frame's crc: DKV_ECORRUPT (see dkv_last_damage) if it fails. */
 int dkv_read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf_out, uint32_t *len_out,
                    uint8_t *type_out);
 
