@@ -42,7 +42,7 @@ _args = ["-O2", "-Wall", "-Wextra", "-std=gnu11"]
 if os.environ.get("DURKV_WERROR") == "1":
     _args.append("-Werror")
 
-# the writers' shared state (FORMAT.md section 12), kept apart from SOURCES' line
+# the writers' shared state (FORMAT.md §12), kept apart from SOURCES' line
 MULTIWRITER_SOURCES = ["wshm.c"]
 
 ffibuilder.set_source(

@@ -1,11 +1,11 @@
-/* COMMIT payloads (FORMAT.md section 5): decoding, and dkv_read_channel, which walks a
+/* COMMIT payloads (FORMAT.md §5): decoding, and dkv_read_channel, which walks a
  * channel's DELTA/SNAP references back to its base and returns the materialized item list.
  *
  *   commit := head_len:u32 head n_entries:u32 entry*
  *   entry  := kind:u8 flags:u8 reserved:u16 depth:u32 prev_lsn:u64 prev_idx:u32 n_items:u32 item*
  *   item   := len:u32 bytes
  *
- * Frames are encoded in Python (durkv.channels): joining a small frame with struct is
+ * Frames are encoded in Python (durkv.payload): joining a small frame with struct is
  * cheaper than marshalling item arrays through cffi. C decodes them to read channels
  * and for verify --deep; the tests hold the two sides to each other.
  */

@@ -2,7 +2,8 @@
  * link of the segment chain broke, which part of a seal disagrees), the one place that
  * fills a damage record, and the one place that moves damaged bytes to quarantine/.
  * open (every recovery mode), verify and recover all call these, so the same bytes get the
- * same kind, offset and words whichever path finds them (FORMAT.md sections 5, 6, 8). */
+ * same kind, offset and words whichever path finds them (FORMAT.md §2 and §4: the chain
+ * and the seal; §6: torn tail or corruption; §1 and §6: quarantine/). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -24,7 +25,7 @@ int dkv__classify_frame(const scan_result *res, int sealed, int resync_is_data, 
                         size_t cap)
 {
     /* Torn only at the end of the active segment, and only when no later valid frame vouches
-     * for the bad one (FORMAT.md section 6). Salvage reads on at the next valid frame, so
+     * for the bad one (FORMAT.md §6). Salvage reads on at the next valid frame, so
      * for it valid frames after the hole are data, and the hole is corruption. */
     int torn = !sealed && res->torn && !(resync_is_data && res->resync_off != NO_LSN);
     const char *why =
@@ -145,7 +146,7 @@ int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kin
     return 0;
 }
 
-/* ---- quarantine (FORMAT.md section 8) ---- */
+/* ---- quarantine (FORMAT.md §1: its names; §6: what recovery moves there) ---- */
 
 /* Copy buf to quarantine/<seg>.<off>.torn (fsync file + quarantine dir). 0 or -errno. */
 static int quarantine_copy(const char *dir, const char *seg, uint64_t off, const uint8_t *buf,

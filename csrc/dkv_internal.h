@@ -10,7 +10,7 @@
 #include "seglog.h"
 
 #define HDR_LEN 64
-/* Offsets of the segment header's chain fields (FORMAT.md section 2): damage names them. */
+/* Offsets of the segment header's chain fields (FORMAT.md §2): damage names them. */
 #define HDR_OFF_UUID 16
 #define HDR_OFF_SEGMENT_NO 32
 #define HDR_OFF_BASE_LSN 40
@@ -108,7 +108,7 @@ int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t exp
 
 /* Scan frames of one segment held in memory, from `off` up to `end`. Appends every good
  * frame's offset to *offs (growing it). Stops at the first bad frame: result says where,
- * what kind, and whether it is a torn tail (FORMAT.md section 6: no later valid frame
+ * what kind, and whether it is a torn tail (FORMAT.md §6: no later valid frame
  * records a durable watermark above the bad frame's LSN). `resync_off` is the first valid
  * frame after it, torn or not (salvage resyncs there). */
 typedef struct {
@@ -134,7 +134,7 @@ int dkv__seg_path(char out[DKV_PATH_MAX], const char *dir, uint64_t base);
 int dkv__mkdir_fsync(const char *dir, const char *sub);   /* mkdir dir/sub + fsync dir */
 int dkv__random_bytes(uint8_t *out, size_t n);
 
-/* ---- HEAD (head.c, FORMAT.md section 2a) ---- */
+/* ---- HEAD (head.c, FORMAT.md §2a) ---- */
 #define HEAD_LEN 64
 typedef struct {
     uint8_t uuid[16];
@@ -165,13 +165,13 @@ int dkv__io_error(dkv_log *log, int err, const char *fmt, ...) __attribute__((fo
  * off within its header (size <= HDR_LEN), else DKV_DAMAGE_BAD_HEADER. */
 int dkv__classify_header(int is_last, uint64_t size);
 /* The first bad frame a scan found (res->kind != 0): DKV_DAMAGE_TORN_TAIL in an active
- * segment when no later valid frame vouches for it (FORMAT.md section 6), else the
+ * segment when no later valid frame vouches for it (FORMAT.md §6), else the
  * corruption kind. resync_is_data: salvage, which reads on at the next valid frame, so a
  * hole followed by valid frames is corruption. detail (cap bytes) gets the lsn and why. */
 int dkv__classify_frame(const scan_result *res, int sealed, int resync_is_data, char *detail,
                         size_t cap);
 
-/* What the previous segment fixes about the next (the chain, FORMAT.md section 5). */
+/* What the previous segment fixes about the next (the chain, FORMAT.md §2 and §4). */
 typedef struct {
     const uint8_t *uuid;    /* the log's uuid; NULL: not known yet, any */
     int known;              /* 0: no previous segment to check against */

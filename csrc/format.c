@@ -321,7 +321,7 @@ static uint64_t resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t
     return NO_LSN;
 }
 
-/* FORMAT.md section 6: is the bad frame expected at LSN k (valid frames resume at `from`)
+/* FORMAT.md §6: is the bad frame expected at LSN k (valid frames resume at `from`)
  * proven synced by a later valid frame, i.e. one whose durable watermark exceeds k? */
 static int synced_before_later_frame(const uint8_t *buf, uint64_t end, uint64_t from,
                                      uint32_t seed, uint64_t k)

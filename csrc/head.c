@@ -1,4 +1,4 @@
-/* HEAD (FORMAT.md section 2a): the newest segment and the repair epoch, in a small file
+/* HEAD (FORMAT.md §2a): the newest segment and the repair epoch, in a small file
  * replaced atomically (write HEAD.tmp, fdatasync, rename, directory fsync) so that deleting
  * the newest segments cannot go unnoticed. */
 #define _GNU_SOURCE

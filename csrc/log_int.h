@@ -24,7 +24,7 @@ typedef struct {
     uint64_t dev, ino;      /* the file this handle loaded: a reopen must find the same one */
 } seg_t;
 
-/* WSHM (wshm.c, FORMAT.md section 12): what the writer processes of one store share. */
+/* WSHM (wshm.c, FORMAT.md §12): what the writer processes of one store share. */
 #define WSHM_LEN 128
 typedef struct {
     char magic[8];
@@ -45,7 +45,7 @@ struct dkv_log {
     dkv_options opt;
     int lock_fd;
     int wlock_fd;               /* WLOCK: the cross-process write lock (shared writers) */
-    int shared;                 /* LOCK held shared: other processes may write (FORMAT.md) */
+    int shared;                 /* LOCK held shared: other processes may write (FORMAT.md §12) */
     int wheld, wdepth;          /* a thread of this process holds WLOCK (mu) */
     int lease;                  /* WLOCK kept between sections (no other process wants it) */
     int wfresh;                 /* the running section took WLOCK itself (not from a lease) */
@@ -87,7 +87,7 @@ struct dkv_log {
     int spill_req;              /* exit policy: the flusher writes pend in the background */
     int has_damage;
     int cut;                    /* point_in_time cut the log at damage: refresh stays put */
-    uint64_t epoch;             /* HEAD's repair epoch at open (0 without HEAD), FORMAT.md 2a */
+    uint64_t epoch;             /* HEAD's repair epoch at open (0 without HEAD), FORMAT.md §2a */
     int repair;                 /* opened by recover: HEAD unchecked, a missing prefix allowed */
     dkv_damage damage;
     char err[512];
@@ -185,7 +185,7 @@ int dkv__load_index(dkv_log *log, seg_t *s);
 #define STORE_LSN(field, v) __atomic_store_n(&(field), (v), __ATOMIC_RELAXED)
 int dkv__segs_reserve(dkv_log *log);
 int dkv__index_push(seg_t *s, uint64_t off);
-/* Point HEAD at the active segment, with log->epoch (writer; FORMAT.md 2a). 0 or -errno. */
+/* Point HEAD at the active segment, with log->epoch (writer; FORMAT.md §2a). 0 or -errno. */
 int dkv__head_update(dkv_log *log);
 /* dkv_open for recover: takes over the writer lock recover holds (lock_fd), does not check
  * HEAD (recover rewrites it) and accepts a missing prefix (recover raises start_lsn). */

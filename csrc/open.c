@@ -1,5 +1,5 @@
 /* Opening a log: the writer lock, loading segments (trailers of sealed ones, a scan of the
- * active one), what each recovery mode does with damage (FORMAT.md section 6), the lazy
+ * active one), what each recovery mode does with damage (FORMAT.md §6), the lazy
  * index load, and refresh for read-only handles. What a finding IS (torn tail or which
  * corruption) is decided in damage.c, the same code verify and recover use. */
 #define _GNU_SOURCE
@@ -68,7 +68,7 @@ static int flock_wait(int fd, int op, uint32_t timeout_ms, dkv_log *want)
 }
 
 /* A writer attaches: LOCK shared for the handle's life (recover and compaction hold it
- * exclusively), and WLOCK opened for its appends (FORMAT.md "Several writers"). *alone:
+ * exclusively), and WLOCK opened for its appends (FORMAT.md §12). *alone:
  * no other writer is attached -- LOCK is held exclusively until open shares it (so WSHM
  * is rebuilt by a writer nobody else can be reading it with). */
 static int take_lock(dkv_log *log, int *alone)
@@ -299,7 +299,7 @@ static int open_seg_file(dkv_log *log, uint64_t base, int is_last, seg_t **out)
     return 0;
 }
 
-/* The header of segment s and its link to the segment before (FORMAT.md section 5). A
+/* The header of segment s and its link to the segment before (FORMAT.md §2, §4). A
  * finding goes in lr (the caller closes the file), except under salvage, which reads on
  * past a broken link in a file of this log and only reports it. */
 static void check_seg_header(dkv_log *log, seg_t *s, int is_last, seg_header *h, load_result *lr)
@@ -379,7 +379,7 @@ static int scan_active(dkv_log *log, seg_t *s, const seg_header *h, load_result 
     lr->file = buf;
     lr->size = size;
     if (lr->scan.kind) {
-        /* salvage resyncs on any valid frame after the damage, torn or not (section 6). */
+        /* salvage resyncs on any valid frame after the damage, torn or not (FORMAT.md §6). */
         lr->kind = dkv__classify_frame(&lr->scan, 0, log->opt.recovery == DKV_RECOVER_SALVAGE,
                                        lr->detail, sizeof lr->detail);
         lr->off = lr->scan.bad_off;
@@ -438,7 +438,7 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     return 0;
 }
 
-/* ---- acting on damage at open, by recovery mode (FORMAT.md section 6) ---- */
+/* ---- acting on damage at open, by recovery mode (FORMAT.md §6) ---- */
 
 /* salvage: index the valid frames after damage in the active segment, leaving 0 for lost LSNs. */
 static int salvage_rest(dkv_log *log, seg_t *s, load_result *lr)
@@ -561,7 +561,7 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
             rc = on_corruption(log, name, &lr, bases, n, i, expect, &stop);
         int corrupt = lr.kind && lr.kind != DKV_DAMAGE_TORN_TAIL;
         if (!rc && !corrupt && lr.file && writer && !log->opt.read_only) {
-            /* the active segment's running digest, for its seal (FORMAT.md section 4) */
+            /* the active segment's running digest, for its seal (FORMAT.md §4) */
             log->seed = dkv__seed(log->uuid, last->segment_no);
             log->run_digest = dkv_crc32c(log->seed, lr.file, last->data_end);
         }
@@ -572,7 +572,7 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
     return 0;
 }
 
-/* HEAD against the segment files (FORMAT.md 2a). hd/rc/why: HEAD as read BEFORE the
+/* HEAD against the segment files (FORMAT.md §2a). hd/rc/why: HEAD as read BEFORE the
  * directory was listed (a writer names a segment in HEAD only once its file exists, so a
  * concurrent roll cannot make HEAD name a file the listing missed). bases: the listing,
  * n > 0. Returns 0 (no finding, or one the mode reads past) or DKV_ECORRUPT / DKV_EIO. */
@@ -717,7 +717,7 @@ static int on_missing_prefix(dkv_log *log)
     return 0;
 }
 
-/* Dead segments left by a crash between a roll and the unlink (section 7). */
+/* Dead segments left by a crash between a roll and the unlink (FORMAT.md §7). */
 static void drop_dead_segments(dkv_log *log)
 {
     int removed = 0;
@@ -747,7 +747,7 @@ static int become_writer(dkv_log *log)
         log->wfd = a->fd;
         log->pend_off = a->data_end;
         /* Whatever the last writer left in the page cache becomes durable before the
-         * first append records D = next_lsn in its sync_gap (FORMAT.md 3). */
+         * first append records D = next_lsn in its sync_gap (FORMAT.md §3). */
         if ((rc = dkv__fdatasync(a->fd)))
             rc = dkv__io_error(log, -rc, "cannot fdatasync the active segment of %s", log->dir);
     }
@@ -801,7 +801,7 @@ static int open_segments(dkv_log *log, const log_head *head, int head_rc, const 
 }
 
 /* A store from before HEAD, or a crash between creating a segment and naming it in HEAD:
- * a writer names the active segment now (FORMAT.md 2a). */
+ * a writer names the active segment now (FORMAT.md §2a). */
 static int name_active_in_head(dkv_log *log)
 {
     log_head hd;
@@ -880,8 +880,8 @@ int dkv__open_repair(const char *dir, int lock_fd, dkv_log **out)
     return open_impl(dir, &opt, lock_fd, 1, out);
 }
 
-/* ---- catch-up: a writer picks up what other processes appended (FORMAT.md "Several
- * writers"). mu and WLOCK held, nothing pending: no other writer moves the files. ---- */
+/* ---- catch-up: a writer picks up what other processes appended (FORMAT.md §12). mu and
+ * WLOCK held, nothing pending: no other writer moves the files. ---- */
 
 /* Bytes past the last good frame of the active segment, under WLOCK: a dead writer's torn
  * tail (its frame was never acknowledged). Quarantined first, then cut, as at open. */

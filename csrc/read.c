@@ -276,7 +276,7 @@ static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scrat
 /* The heads of n COMMIT frames, as one msgpack array: a run's journal read in one call
  * (Python decodes the array with one unpackb instead of n binding calls and n decodes).
  * Each frame is read and crc-checked as dkv_read_alloc does; a payload that is not a
- * well-formed COMMIT (FORMAT.md section 5) is DKV_ECORRUPT. Free *buf_out with dkv_free. */
+ * well-formed COMMIT (FORMAT.md §5) is DKV_ECORRUPT. Free *buf_out with dkv_free. */
 int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_out,
                    size_t *len_out)
 {

@@ -227,7 +227,7 @@ static int lead(dkv_log *log, int do_sync)
     uint64_t base = active(log)->base_lsn;
     uint32_t digest = log->run_digest, seed = log->seed;
     /* The durable watermark now, just before the write: frames queued while an earlier
-     * group was being synced record that group as durable (FORMAT.md section 3). */
+     * group was being synced record that group as durable (FORMAT.md §3). */
     uint64_t durable = log->durable_lsn;
     pthread_mutex_unlock(&log->mu);
 
@@ -281,7 +281,7 @@ static struct timespec realtime_in(uint64_t ns)
     return t;
 }
 
-/* The lease (FORMAT.md 12): WLOCK kept after a section while no other process wants it. */
+/* The lease (FORMAT.md §12): WLOCK kept after a section while no other process wants it. */
 #define LEASE_IDLE_NS 1000000u      /* let it go after this long without a section */
 
 /* Let WLOCK go if this process holds it between sections. mu held. */
@@ -471,7 +471,7 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     log->run_digest = dkv_crc32c(log->seed, hb, HDR_LEN);
     log->pend_off = HDR_LEN;
     STORE_LSN(log->start_lsn, start_lsn);
-    /* HEAD names the new segment before any of its frames is acknowledged (FORMAT.md 2a) */
+    /* HEAD names the new segment before any of its frames is acknowledged (FORMAT.md §2a) */
     if (!rc) {
         what = "HEAD update";
         rc = dkv__head_update(log);
@@ -556,7 +556,7 @@ static int enqueue(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len,
     return 0;
 }
 
-/* ---- several writers: the write section (FORMAT.md "Several writers") ---- */
+/* ---- several writers: the write section (FORMAT.md §12) ---- */
 
 static int holds_section(dkv_log *log)
 {
@@ -645,7 +645,7 @@ static int write_exit(dkv_log *log)
     uint64_t now = dkv__mono_ns();
     if (!rc && !log->closed && !dkv__shm_wanted(log, now)) {
         /* no other process waits: keep WLOCK for this process's next section (FORMAT.md
-         * 12, the lease); the flusher lets it go after LEASE_IDLE_NS without one */
+         * §12, the lease); the flusher lets it go after LEASE_IDLE_NS without one */
         log->lease = 1;
         log->lease_ns = now;
         if (log->wfresh && log->flusher_idle)
@@ -877,7 +877,7 @@ void *dkv__flusher_main(void *arg)
     pthread_mutex_lock(&log->mu);
     while (!log->stop) {
         if (log->spill_req && !log->failed) {
-            /* exit policy: write what appenders buffered (FORMAT.md: no fsync promised) */
+            /* exit policy: write what appenders buffered (GUARANTEES.md: exit promises no fsync) */
             if (log->leader || log->rolling) {
                 pthread_cond_wait(&log->cv, &log->mu);
                 continue;
@@ -961,7 +961,7 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
         rc = roll(log, new_start_lsn);
     else if (!rc && new_start_lsn && new_start_lsn != log->start_lsn) {
         /* Empty active segment: rewrite its header in place with the new start. The file
-         * stays (HEAD names it, FORMAT.md 2a); a torn rewrite is a torn segment header. */
+         * stays (HEAD names it, FORMAT.md §2a); a torn rewrite is a torn segment header. */
         dkv__quiesce(log);
         seg_t *a = active(log);
         seg_header h;

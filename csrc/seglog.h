@@ -50,7 +50,7 @@
 #define DKV_FRAME_DATA 1
 #define DKV_FRAME_COMMIT 2
 
-/* channel entry kinds and flags (docs/FORMAT.md section 5) */
+/* channel entry kinds and flags (docs/FORMAT.md §5) */
 #define DKV_ENTRY_FULL 1
 #define DKV_ENTRY_DELTA 2
 #define DKV_ENTRY_SNAP 3
@@ -168,9 +168,9 @@ uint64_t dkv_flusher_syncs(dkv_log *log);
 uint64_t dkv_fdatasync_count(void);
 /* LSN the next append will get (= number of frames in the log incl. removed prefix). */
 uint64_t dkv_next_lsn(dkv_log *log);
-/* Lowest live LSN (start_lsn of FORMAT.md section 7). */
+/* Lowest live LSN (start_lsn of FORMAT.md §7). */
 uint64_t dkv_start_lsn(dkv_log *log);
-/* Several writers (FORMAT.md "Several writers"): take the store's cross-process write lock
+/* Several writers (FORMAT.md §12): take the store's cross-process write lock
  * (WLOCK) for the calling thread and catch up with the frames other processes appended
  * (repairing a dead writer's torn tail), so that the LSNs appends get next are the log's.
  * Nested calls by the holding thread count; other threads of the process wait. An append
@@ -179,7 +179,7 @@ uint64_t dkv_start_lsn(dkv_log *log);
  * and releases the lock. */
 int dkv_write_begin(dkv_log *log);
 int dkv_write_end(dkv_log *log);
-/* Several writers: the store's shared watermark (WSHM, FORMAT.md section 12): frames below
+/* Several writers: the store's shared watermark (WSHM, FORMAT.md §12): frames below
  * *durable were fdatasync'd by some process; *publishes counts the fdatasyncs (and
  * failures) published so far. DKV_EINVAL on a handle that shares none (read-only). A
  * witness for tests and benchmarks. */
@@ -202,13 +202,13 @@ int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_o
                    size_t *len_out);
 
 /* Seal the active segment and start a new one (new_start_lsn: 0 keeps start_lsn;
- * otherwise sets it, see FORMAT.md section 7, and unlinks sealed segments below it). */
+ * otherwise sets it, see FORMAT.md §7, and unlinks sealed segments below it). */
 int dkv_seal(dkv_log *log, uint64_t new_start_lsn);
 /* Segment list: n entries of report rows (no verification, just header/trailer facts). */
 int dkv_segments(dkv_log *log, dkv_report **out);
 
-/* COMMIT payloads (FORMAT.md section 5): pure decoding functions on buffers. Frames are
- * encoded by durkv.channels in Python (cheaper than marshalling items through cffi). */
+/* COMMIT payloads (FORMAT.md §5): pure decoding functions on buffers. Frames are
+ * encoded by durkv.payload in Python (cheaper than marshalling items through cffi). */
 typedef struct {
     uint8_t kind, flags;
     uint32_t depth;

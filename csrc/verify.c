@@ -320,7 +320,7 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
     vtrailer vt;
     read_trailer(&c, &m, last, seed, &vt);
     int trusted = vs->sealed && vt.tr == 0;     /* a trailer that decodes bounds the frames */
-    /* One pass over the data for a sealed segment (FORMAT.md section 4): check
+    /* One pass over the data for a sealed segment (FORMAT.md §4): check
      * segment_digest first; when it matches, the header and frames are the bytes the writer
      * sealed, so the frame scan only checks structure (lengths, fields, LSN continuity) and
      * skips the per-frame crcs. A mismatch (or deep) runs the per-frame crcs, which locate
@@ -446,7 +446,7 @@ static int verify_dir(const char *dir, int deep, dkv_progress_fn progress, void 
         add_range(r, NULL, r->segments[0].segment, 0, DKV_DAMAGE_MISSING, vs[n - 1].h.start_lsn,
                   bases[0] - 1, "segments holding lsns from start_lsn are missing");
     }
-    /* HEAD (FORMAT.md 2a): the newest segment it names must be there */
+    /* HEAD (FORMAT.md §2a): the newest segment it names must be there */
     verify_head(r, info, rc ? DKV_ENOENT : hr, why, uuid0, bases, n, vs);
     if (!rc && n == 0 && info->head_state == 0)
         report_misnamed(dir, r);
@@ -581,7 +581,7 @@ static void report_loss(dkv_report *r, const cut_plan *p)
     r->next_lsn = p->lost;
 }
 
-/* A repair's new epoch (FORMAT.md 2a): one above HEAD's, or a random one if HEAD was
+/* A repair's new epoch (FORMAT.md §2a): one above HEAD's, or a random one if HEAD was
  * unreadable (a reader's epoch must not match by chance). */
 static uint64_t next_epoch(const vdir_info *vi)
 {
@@ -593,7 +593,7 @@ static uint64_t next_epoch(const vdir_info *vi)
     return epoch;
 }
 
-/* HEAD first: it must never name a segment this repair moves away (FORMAT.md 2a). It names
+/* HEAD first: it must never name a segment this repair moves away (FORMAT.md §2a). It names
  * the newest of the first `keep` files with a readable header, with `epoch`; with none,
  * it goes too. */
 static int rewrite_head(const char *dir, const dkv_report *r, const vseg *vs,
