@@ -191,6 +191,29 @@ int dkv__head_update(dkv_log *log);
  * HEAD (recover rewrites it) and accepts a missing prefix (recover raises start_lsn). */
 int dkv__open_repair(const char *dir, int lock_fd, dkv_log **out);
 
+/* ---- dkv_open's recovery modes (recover_open.c), on what open.c loads ---- */
+/* What happened while loading one segment. */
+typedef struct {
+    int kind;               /* DKV_DAMAGE_NONE: loaded cleanly */
+    uint64_t off;
+    char detail[160];
+    uint8_t *file;          /* the active segment's bytes */
+    uint64_t size;
+    scan_result scan;
+} load_result;
+
+/* Damage in segment `name` (bases[i] of the listing bases[0..n); expect: the LSN it should
+ * start at), by recovery mode: 0 to go on (*stop: point_in_time ends the log here) or the
+ * error that refuses the open. */
+int dkv__open_damage(dkv_log *log, const char *name, load_result *lr, const uint64_t *bases,
+                     size_t n, size_t i, uint64_t expect, int *stop);
+/* HEAD (as read before the listing bases[0..n), rc/why: how that read went) against the
+ * loaded segments (FORMAT.md §2a). */
+int dkv__open_check_head(dkv_log *log, const uint64_t *bases, size_t n, log_head hd, int rc,
+                         const char *why);
+/* The segments below start_lsn are gone. */
+int dkv__open_missing_prefix(dkv_log *log);
+
 /* ---- sealed segments' file descriptors (segfd.c), mu held unless said ---- */
 /* An fd to read segment s, opened if needed. *own: the cache had no room, the caller
  * closes *fd when done. A failure to open sets the handle's error (path, strerror). */
