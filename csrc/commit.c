@@ -47,15 +47,23 @@ static size_t entry_end(const uint8_t *b, size_t len, size_t off, dkv_entry_desc
     return off;
 }
 
+/* The head's length and the entry count of a payload: 0, or DKV_ECORRUPT when it is too
+ * short to hold them. Its entries start at 8 + *hl. */
+static int commit_frame(const uint8_t *payload, size_t len, uint32_t *hl, uint32_t *n)
+{
+    if (len < 8 || (size_t)get32(payload) > len - 8)
+        return DKV_ECORRUPT;
+    *hl = get32(payload);
+    *n = get32(payload + 4 + *hl);
+    return 0;
+}
+
 int dkv_commit_head(const uint8_t *payload, size_t len, uint32_t *head_off, uint32_t *head_len,
                     uint32_t *n_entries)
 {
-    if (len < 8)
+    uint32_t hl, n;
+    if (commit_frame(payload, len, &hl, &n))
         return DKV_ECORRUPT;
-    uint32_t hl = get32(payload);
-    if ((size_t)hl > len - 8)
-        return DKV_ECORRUPT;
-    uint32_t n = get32(payload + 4 + hl);
     size_t off = 8 + (size_t)hl;
     dkv_entry_desc d;
     for (uint32_t e = 0; e < n; e++)
@@ -72,12 +80,10 @@ int dkv_commit_head(const uint8_t *payload, size_t len, uint32_t *head_off, uint
 int dkv_commit_entry(const uint8_t *payload, size_t len, uint32_t idx, dkv_entry_desc *out,
                      uint32_t *items_off)
 {
-    if (len < 8)
+    uint32_t hl, n;
+    if (commit_frame(payload, len, &hl, &n))
         return DKV_ECORRUPT;
-    uint32_t hl = get32(payload);
-    if ((size_t)hl > len - 8)
-        return DKV_ECORRUPT;
-    if (idx >= get32(payload + 4 + hl))
+    if (idx >= n)
         return DKV_EINVAL;
     size_t off = 8 + (size_t)hl;
     for (uint32_t e = 0; e < idx; e++)

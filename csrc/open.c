@@ -195,6 +195,17 @@ int dkv__load_index(dkv_log *log, seg_t *s)
 
 /* ---- loading one segment ---- */
 
+/* Segment s's whole file into a malloc'd buffer; a failure is the handle's I/O error. */
+static int read_whole_seg(dkv_log *log, const seg_t *s, uint8_t **b, uint64_t *size)
+{
+    int rc = dkv__read_file(s->fd, b, size);
+    if (!rc)
+        return 0;
+    char name[64];
+    dkv__seg_name(name, s->base_lsn);
+    return dkv__io_error(log, -rc, "cannot read segment %s/%s", log->dir, name);
+}
+
 /* strict, point_in_time and salvage check every byte of a sealed segment at open (they are
  * the careful modes; tolerate_tail keeps open O(segments) and checks frames on read). On
  * damage the segment is demoted to the prefix of good frames, and lr describes the damage. */
@@ -202,12 +213,9 @@ static int check_sealed(dkv_log *log, seg_t *s, load_result *lr, int have_traile
 {
     uint8_t *b;
     uint64_t size;
-    int rc = dkv__read_file(s->fd, &b, &size);
-    if (rc) {
-        char name[64];
-        dkv__seg_name(name, s->base_lsn);
-        return dkv__io_error(log, -rc, "cannot read segment %s/%s", log->dir, name);
-    }
+    int rc = read_whole_seg(log, s, &b, &size);
+    if (rc)
+        return rc;
     uint32_t seed = dkv__seed(log->uuid, s->segment_no);
     uint64_t end = have_trailer ? s->data_end : size;
     s->n_index = 0;
@@ -334,12 +342,10 @@ static int scan_active(dkv_log *log, seg_t *s, const seg_header *h, load_result 
 {
     uint8_t *buf;
     uint64_t size;
-    int rc = dkv__read_file(s->fd, &buf, &size);
+    int rc = read_whole_seg(log, s, &buf, &size);
     if (rc) {
-        char name[64];
-        dkv__seg_name(name, s->base_lsn);
         close(s->fd);
-        return dkv__io_error(log, -rc, "cannot read %s/%s", log->dir, name);
+        return rc;
     }
     s->file_size = size;
     uint32_t seed = dkv__seed(h->uuid, h->segment_no);
