@@ -135,6 +135,14 @@ int dkv__damage_record(dkv_log *log, const char *seg, uint64_t off, int kind,
     return DKV_ECORRUPT;
 }
 
+void dkv__damage_read_past(dkv_log *log, const char *seg, uint64_t off, int kind,
+                           uint64_t lost_first, uint64_t lost_last, const char *detail)
+{
+    if (!log->has_damage)
+        dkv__damage_record(log, seg, off, kind, lost_first, lost_last, detail);
+    log->err[0] = 0;
+}
+
 int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kind,
                            uint64_t lost_first, uint64_t lost_last, const char *detail)
 {

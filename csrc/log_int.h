@@ -131,6 +131,10 @@ static inline int dkv__inherited(const dkv_log *log)
  * offset O: kind (detail)". Returns DKV_ECORRUPT. */
 int dkv__damage_record(dkv_log *log, const char *seg, uint64_t off, int kind,
                        uint64_t lost_first, uint64_t lost_last, const char *detail);
+/* Damage a recovery mode reads past: recorded if it is the handle's first finding (the one
+ * dkv_last_damage shows), and no error, since the open goes on. */
+void dkv__damage_read_past(dkv_log *log, const char *seg, uint64_t off, int kind,
+                           uint64_t lost_first, uint64_t lost_last, const char *detail);
 /* The segment after the loaded ones, or segment 0 of a new log (seglog.c). */
 int dkv__create_next_segment(dkv_log *log);
 /* Several writers (open.c): take WLOCK (mu not held), and catch up with frames other

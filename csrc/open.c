@@ -310,10 +310,8 @@ static void check_seg_header(dkv_log *log, seg_t *s, int is_last, seg_header *h,
         uint64_t from = p->base_lsn + p->count;
         char name[64];
         dkv__seg_name(name, s->base_lsn);
-        if (!log->has_damage)
-            dkv__damage_record(log, name, lr->off, lr->kind, from,
-                               s->base_lsn > from ? s->base_lsn - 1 : NO_LSN, lr->detail);
-        log->err[0] = 0;
+        dkv__damage_read_past(log, name, lr->off, lr->kind, from,
+                              s->base_lsn > from ? s->base_lsn - 1 : NO_LSN, lr->detail);
         lr->kind = 0;
         lr->off = 0;
     }

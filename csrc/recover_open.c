@@ -102,14 +102,12 @@ static int on_corruption(dkv_log *log, const char *name, load_result *lr,
     int mode = log->opt.recovery;
     if (mode == DKV_RECOVER_SALVAGE && lr->file) {
         seg_t *s = &log->segs[log->nsegs - 1];
-        if (!log->has_damage)
-            dkv__damage_record(log, name, lr->off, lr->kind, s->base_lsn + s->count, NO_LSN,
-                               lr->detail);
+        dkv__damage_read_past(log, name, lr->off, lr->kind, s->base_lsn + s->count, NO_LSN,
+                              lr->detail);
         return salvage_rest(log, s, lr);
     }
     if (mode == DKV_RECOVER_SALVAGE) {     /* an unreadable header: skip the file */
-        if (!log->has_damage)
-            dkv__damage_record(log, name, lr->off, lr->kind, bases[i], NO_LSN, lr->detail);
+        dkv__damage_read_past(log, name, lr->off, lr->kind, bases[i], NO_LSN, lr->detail);
         return 0;
     }
     int rc = dkv__damage_record(log, name, lr->off, lr->kind, expect,
@@ -169,9 +167,7 @@ int dkv__open_check_head(dkv_log *log, const uint64_t *bases, size_t n, log_head
     int mode = log->opt.recovery;
     if (mode != DKV_RECOVER_SALVAGE && mode != DKV_RECOVER_POINT_IN_TIME)
         return dkv__damage_record(log, name, off, kind, first, NO_LSN, detail);
-    if (!log->has_damage)
-        dkv__damage_record(log, name, off, kind, first, NO_LSN, detail);
-    log->err[0] = 0;
+    dkv__damage_read_past(log, name, off, kind, first, NO_LSN, detail);
     if (mode == DKV_RECOVER_POINT_IN_TIME) {
         log->cut = 1;
         go_read_only(log);
@@ -191,10 +187,8 @@ int dkv__open_missing_prefix(dkv_log *log)
     if (mode != DKV_RECOVER_SALVAGE && mode != DKV_RECOVER_POINT_IN_TIME)
         return dkv__damage_record(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn, first - 1,
                                   "segments below it are missing");
-    if (!log->has_damage)
-        dkv__damage_record(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn, first - 1,
-                           "segments below it are missing");
-    log->err[0] = 0;
+    dkv__damage_read_past(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn, first - 1,
+                          "segments below it are missing");
     log->start_lsn = first;
     go_read_only(log);
     return 0;
