@@ -5,11 +5,13 @@ Metadata lives in pyproject.toml; this file exists for the package-dir mapping,
 ``durkv._listprefix``, which pyproject.toml cannot express.
 """
 
-import os
+import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 
-_warn = ["-O2", "-Wall", "-Wextra"] + (["-Werror"] if os.environ.get("DURKV_WERROR") else [])
+sys.path.insert(0, str(Path(__file__).resolve().parent / "csrc"))
+from build_ffi import COMPILE_ARGS  # noqa: E402 - the C flags, DURKV_WERROR read once
 
 setup(
     packages=["durkv", "durkv.store", "durkv.runtime", "durkv.backends", "durkv.backends.s3",
@@ -19,6 +21,6 @@ setup(
                  "durkv.backends.s3": "backends/s3", "durkv.cli": "cli"},
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
     ext_modules=[Extension("durkv._listprefix", ["csrc/listprefix.c"],
-                           extra_compile_args=_warn)],
+                           extra_compile_args=COMPILE_ARGS)],
     zip_safe=False,
 )

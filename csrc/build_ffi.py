@@ -1,7 +1,8 @@
 """cffi builder for durkv._seglog (out-of-line API mode).
 
 setup.py names it in ``cffi_modules``; ``python csrc/build_ffi.py`` builds in place for
-a quick try. ``DURKV_WERROR=1`` turns warnings into errors (CI).
+a quick try. ``DURKV_WERROR=1`` turns warnings into errors (CI): COMPILE_ARGS is read
+here once, for every C file of the package (setup.py passes it to ``durkv._listprefix``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ["crc32c.c", "format.c", "seglog.c", "read.c", "open.c", "commit.c", "verify.c",
-           "head.c", "segfd.c", "damage.c", "rawio.c"]
+           "head.c", "segfd.c", "damage.c", "rawio.c", "util.c", "recover_open.c"]
 
 
 def _cdef() -> str:
@@ -38,11 +39,10 @@ ffibuilder = FFI()
 # extern "Python" needs no libffi closure
 ffibuilder.cdef(_cdef() + '\nextern "Python" void dkv_py_progress(void *, uint64_t, uint64_t);\n')
 
-_args = ["-O2", "-Wall", "-Wextra", "-std=gnu11"]
-if os.environ.get("DURKV_WERROR") == "1":
-    _args.append("-Werror")
+COMPILE_ARGS = ["-O2", "-Wall", "-Wextra", "-std=gnu11"] + (
+    ["-Werror"] if os.environ.get("DURKV_WERROR") == "1" else [])
 
-# the writers' shared state (FORMAT.md section 12), kept apart from SOURCES' line
+# the writers' shared state (FORMAT.md §12), kept apart from SOURCES' line
 MULTIWRITER_SOURCES = ["wshm.c"]
 
 ffibuilder.set_source(
@@ -50,7 +50,7 @@ ffibuilder.set_source(
     '#include "seglog.h"',
     sources=[os.path.relpath(HERE / s) for s in SOURCES + MULTIWRITER_SOURCES],
     include_dirs=[os.path.relpath(HERE)],
-    extra_compile_args=_args,
+    extra_compile_args=COMPILE_ARGS,
     libraries=["pthread"],
 )
 

@@ -1,11 +1,11 @@
-/* COMMIT payloads (FORMAT.md section 5): decoding, and dkv_read_channel, which walks a
+/* COMMIT payloads (FORMAT.md §5): decoding, and dkv_read_channel, which walks a
  * channel's DELTA/SNAP references back to its base and returns the materialized item list.
  *
  *   commit := head_len:u32 head n_entries:u32 entry*
  *   entry  := kind:u8 flags:u8 reserved:u16 depth:u32 prev_lsn:u64 prev_idx:u32 n_items:u32 item*
  *   item   := len:u32 bytes
  *
- * Frames are encoded in Python (durkv.channels): joining a small frame with struct is
+ * Frames are encoded in Python (durkv.payload): joining a small frame with struct is
  * cheaper than marshalling item arrays through cffi. C decodes them to read channels
  * and for verify --deep; the tests hold the two sides to each other.
  */
@@ -47,15 +47,23 @@ static size_t entry_end(const uint8_t *b, size_t len, size_t off, dkv_entry_desc
     return off;
 }
 
+/* The head's length and the entry count of a payload: 0, or DKV_ECORRUPT when it is too
+ * short to hold them. Its entries start at 8 + *hl. */
+static int commit_frame(const uint8_t *payload, size_t len, uint32_t *hl, uint32_t *n)
+{
+    if (len < 8 || (size_t)get32(payload) > len - 8)
+        return DKV_ECORRUPT;
+    *hl = get32(payload);
+    *n = get32(payload + 4 + *hl);
+    return 0;
+}
+
 int dkv_commit_head(const uint8_t *payload, size_t len, uint32_t *head_off, uint32_t *head_len,
                     uint32_t *n_entries)
 {
-    if (len < 8)
+    uint32_t hl, n;
+    if (commit_frame(payload, len, &hl, &n))
         return DKV_ECORRUPT;
-    uint32_t hl = get32(payload);
-    if ((size_t)hl > len - 8)
-        return DKV_ECORRUPT;
-    uint32_t n = get32(payload + 4 + hl);
     size_t off = 8 + (size_t)hl;
     dkv_entry_desc d;
     for (uint32_t e = 0; e < n; e++)
@@ -72,12 +80,10 @@ int dkv_commit_head(const uint8_t *payload, size_t len, uint32_t *head_off, uint
 int dkv_commit_entry(const uint8_t *payload, size_t len, uint32_t idx, dkv_entry_desc *out,
                      uint32_t *items_off)
 {
-    if (len < 8)
+    uint32_t hl, n;
+    if (commit_frame(payload, len, &hl, &n))
         return DKV_ECORRUPT;
-    uint32_t hl = get32(payload);
-    if ((size_t)hl > len - 8)
-        return DKV_ECORRUPT;
-    if (idx >= get32(payload + 4 + hl))
+    if (idx >= n)
         return DKV_EINVAL;
     size_t off = 8 + (size_t)hl;
     for (uint32_t e = 0; e < idx; e++)
@@ -119,7 +125,7 @@ static int cache_get(dkv_log *log, frame_cache *c, uint64_t lsn, frame_ref **out
     uint8_t *buf;
     uint32_t len;
     uint8_t type;
-    int rc = dkv__read_alloc(log, lsn, &buf, &len, &type);
+    int rc = dkv_read_alloc(log, lsn, &buf, &len, &type);
     if (rc)
         return rc;
     if (type != DKV_FRAME_COMMIT) {
@@ -127,15 +133,9 @@ static int cache_get(dkv_log *log, frame_cache *c, uint64_t lsn, frame_ref **out
         dkv__set_error(log, "lsn %llu is not a COMMIT frame", (unsigned long long)lsn);
         return DKV_ECORRUPT;
     }
-    if (c->n == c->cap) {
-        size_t nc = c->cap ? c->cap * 2 : 16;
-        frame_ref *p = realloc(c->v, nc * sizeof *p);
-        if (!p) {
-            free(buf);
-            return DKV_ENOMEM;
-        }
-        c->v = p;
-        c->cap = nc;
+    if (DKV_RESERVE(c->v, c->cap, c->n + 1, 16)) {
+        free(buf);
+        return DKV_ENOMEM;
     }
     memmove(&c->v[lo + 1], &c->v[lo], (c->n - lo) * sizeof *c->v);
     c->v[lo] = (frame_ref){lsn, buf, len};
@@ -163,17 +163,7 @@ typedef struct {
 
 static int refs_reserve(ref_stack *s, size_t need)
 {
-    if (s->n + need <= s->cap)
-        return 0;
-    size_t nc = s->cap ? s->cap : 64;
-    while (nc < s->n + need)
-        nc *= 2;
-    entry_ref *p = realloc(s->v, nc * sizeof *p);
-    if (!p)
-        return DKV_ENOMEM;
-    s->v = p;
-    s->cap = nc;
-    return 0;
+    return DKV_RESERVE(s->v, s->cap, s->n + need, 64);
 }
 
 /* One hop back from cur, a DELTA or SNAP entry d (items at io in f): push the entries

@@ -2,7 +2,8 @@
  * link of the segment chain broke, which part of a seal disagrees), the one place that
  * fills a damage record, and the one place that moves damaged bytes to quarantine/.
  * open (every recovery mode), verify and recover all call these, so the same bytes get the
- * same kind, offset and words whichever path finds them (FORMAT.md sections 5, 6, 8). */
+ * same kind, offset and words whichever path finds them (FORMAT.md §2 and §4: the chain
+ * and the seal; §6: torn tail or corruption; §1 and §6: quarantine/). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -24,7 +25,7 @@ int dkv__classify_frame(const scan_result *res, int sealed, int resync_is_data, 
                         size_t cap)
 {
     /* Torn only at the end of the active segment, and only when no later valid frame vouches
-     * for the bad one (FORMAT.md section 6). Salvage reads on at the next valid frame, so
+     * for the bad one (FORMAT.md §6). Salvage reads on at the next valid frame, so
      * for it valid frames after the hole are data, and the hole is corruption. */
     int torn = !sealed && res->torn && !(resync_is_data && res->resync_off != NO_LSN);
     const char *why =
@@ -112,8 +113,8 @@ int dkv__check_head(const log_head *hd, const uint8_t *uuid, int have_segments,
 
 /* ---- recording ---- */
 
-void dkv__damage_fill(dkv_damage *d, const char *seg, uint64_t off, int kind,
-                      uint64_t lost_first, uint64_t lost_last, const char *detail)
+static void damage_fill(dkv_damage *d, const char *seg, uint64_t off, int kind,
+                        uint64_t lost_first, uint64_t lost_last, const char *detail)
 {
     memset(d, 0, sizeof *d);
     snprintf(d->segment, sizeof d->segment, "%s", seg);
@@ -127,11 +128,19 @@ void dkv__damage_fill(dkv_damage *d, const char *seg, uint64_t off, int kind,
 int dkv__damage_record(dkv_log *log, const char *seg, uint64_t off, int kind,
                        uint64_t lost_first, uint64_t lost_last, const char *detail)
 {
-    dkv__damage_fill(&log->damage, seg, off, kind, lost_first, lost_last, detail);
+    damage_fill(&log->damage, seg, off, kind, lost_first, lost_last, detail);
     log->has_damage = 1;
     dkv__set_error(log, "segment %s offset %llu: %s (%s)", seg, (unsigned long long)off,
                    dkv_damage_name(kind), detail);
     return DKV_ECORRUPT;
+}
+
+void dkv__damage_read_past(dkv_log *log, const char *seg, uint64_t off, int kind,
+                           uint64_t lost_first, uint64_t lost_last, const char *detail)
+{
+    if (!log->has_damage)
+        dkv__damage_record(log, seg, off, kind, lost_first, lost_last, detail);
+    log->err[0] = 0;
 }
 
 int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kind,
@@ -141,26 +150,27 @@ int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kin
     if (!d)
         return DKV_ENOMEM;
     r->damage = d;
-    dkv__damage_fill(&d[r->n_damage++], seg, off, kind, lost_first, lost_last, detail);
+    damage_fill(&d[r->n_damage++], seg, off, kind, lost_first, lost_last, detail);
     return 0;
 }
 
-/* ---- quarantine (FORMAT.md section 8) ---- */
+/* ---- quarantine (FORMAT.md §1: its names; §6: what recovery moves there) ---- */
 
-int dkv__quarantine(const char *dir, const char *seg, uint64_t off, const uint8_t *buf, size_t n)
+/* Copy buf to quarantine/<seg>.<off>.torn (fsync file + quarantine dir). 0 or -errno. */
+static int quarantine_copy(const char *dir, const char *seg, uint64_t off, const uint8_t *buf,
+                           size_t n)
 {
     int rc = dkv__mkdir_fsync(dir, "quarantine");
     if (rc)
         return rc;
-    char q[4096], p[sizeof q + 128];
-    snprintf(q, sizeof q, "%s/quarantine", dir);
+    char q[DKV_PATH_MAX], p[DKV_PATH_MAX];
+    if (dkv__path(q, dir, "quarantine"))
+        return -errno;
     int fd = -1;
     for (int i = 0; i < 1000 && fd < 0; i++) {
-        if (i == 0)
-            snprintf(p, sizeof p, "%s/%s.%llu.torn", q, seg, (unsigned long long)off);
-        else
-            snprintf(p, sizeof p, "%s/%s.%llu.torn.%d", q, seg, (unsigned long long)off, i);
-        fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        int bad = i ? dkv__path(p, q, "%s.%llu.torn.%d", seg, (unsigned long long)off, i)
+                    : dkv__path(p, q, "%s.%llu.torn", seg, (unsigned long long)off);
+        fd = bad ? -1 : open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd < 0 && errno != EEXIST)
             return -errno;
     }
@@ -180,19 +190,17 @@ int dkv__quarantine_whole(const char *dir, const char *name)
     int rc = dkv__mkdir_fsync(dir, "quarantine");
     if (rc)
         return rc;
-    char from[4200], to[4400];
-    snprintf(from, sizeof from, "%s/%s", dir, name);
+    char from[DKV_PATH_MAX], q[DKV_PATH_MAX], to[DKV_PATH_MAX];
+    if (dkv__path(from, dir, "%s", name) || dkv__path(q, dir, "quarantine"))
+        return -errno;
     for (int i = 0; i < 1000; i++) {
-        if (i)
-            snprintf(to, sizeof to, "%s/quarantine/%s.0.torn.%d", dir, name, i);
-        else
-            snprintf(to, sizeof to, "%s/quarantine/%s.0.torn", dir, name);
+        if (i ? dkv__path(to, q, "%s.0.torn.%d", name, i) : dkv__path(to, q, "%s.0.torn", name))
+            return -errno;
         if (access(to, F_OK) == 0)
             continue;
         if (rename(from, to))
             return -errno;
-        snprintf(to, sizeof to, "%s/quarantine", dir);
-        rc = dkv__dirfsync(to);
+        rc = dkv__dirfsync(q);
         return rc ? rc : dkv__dirfsync(dir);
     }
     return -EEXIST;
@@ -203,7 +211,7 @@ int dkv__quarantine_tail(const char *dir, const char *name, int fd, const uint8_
 {
     if (off >= size)
         return 0;
-    int rc = dkv__quarantine(dir, name, off, buf + off, size - off);
+    int rc = quarantine_copy(dir, name, off, buf + off, size - off);
     if (!rc)
         rc = ftruncate(fd, (off_t)off) ? -errno : dkv__fdatasync(fd);
     return rc;

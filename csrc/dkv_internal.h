@@ -2,6 +2,7 @@
 #ifndef DKV_INTERNAL_H
 #define DKV_INTERNAL_H
 
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
@@ -9,7 +10,7 @@
 #include "seglog.h"
 
 #define HDR_LEN 64
-/* Offsets of the segment header's chain fields (FORMAT.md section 2): damage names them. */
+/* Offsets of the segment header's chain fields (FORMAT.md §2): damage names them. */
 #define HDR_OFF_UUID 16
 #define HDR_OFF_SEGMENT_NO 32
 #define HDR_OFF_BASE_LSN 40
@@ -29,6 +30,28 @@ static inline uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); r
 static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static inline void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* ---- growing arrays and store paths (util.c) ---- */
+/* Room for `need` elements of `size` bytes in the array v of capacity *cap: v itself when
+ * they fit, else v realloc'd to a capacity doubled (from `first`) until they do, with *cap
+ * set. NULL when memory runs out (v is still the caller's, *cap unchanged). */
+void *dkv__grow(void *v, size_t *cap, size_t need, size_t size, size_t first);
+/* dkv__grow on the array lvalue v and its size_t capacity cap, assigning v: 0 or
+ * DKV_ENOMEM. Every growing array of the log goes through it. */
+#define DKV_RESERVE(v, cap, need, first)                                        \
+    __extension__({                                                             \
+        void *grown_ = dkv__grow((v), &(cap), (need), sizeof *(v), (first));    \
+        if (grown_)                                                             \
+            (v) = grown_;                                                       \
+        grown_ ? 0 : DKV_ENOMEM;                                                \
+    })
+/* A path in the store directory: longer ones are ENAMETOOLONG to the kernel anyway. */
+#define DKV_PATH_MAX PATH_MAX
+/* out = dir "/" fmt(...): 0, or -1 with errno ENAMETOOLONG when it does not fit in
+ * DKV_PATH_MAX (out holds the cut text, for messages). The caller reports it exactly as
+ * the open(2), rename(2) or unlink(2) it was built for: `dkv__path(...) ? -1 : open(...)`. */
+int dkv__path(char out[DKV_PATH_MAX], const char *dir, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Three independent crc32c(seed[i], p[i], len[i]) computed interleaved (crc32c.c). */
 void dkv__crc32c_x3(const uint32_t seed[3], const uint8_t *const p[3], const size_t len[3],
@@ -75,8 +98,6 @@ void dkv__frame_header(uint8_t h[FRAME_HDR], uint32_t seed, uint64_t lsn, uint8_
  * when the payload follows the header in memory (crc32c(seed, h + 4, 20 + len)). */
 void dkv__frame_fields(uint8_t h[FRAME_HDR], uint64_t lsn, uint8_t type, uint32_t len,
                        uint64_t durable);
-/* The durable watermark a valid frame header records (0 when unknown: saturated/invalid). */
-uint64_t dkv__frame_durable(const uint8_t *h);
 /* Record `durable` in every frame of the encoded run buf[0..n) whose watermark is older,
  * re-sealing its crc: called just before the run is handed to write(2). */
 void dkv__frames_restamp(uint8_t *buf, size_t n, uint32_t seed, uint64_t durable);
@@ -84,13 +105,10 @@ void dkv__frames_restamp(uint8_t *buf, size_t n, uint32_t seed, uint64_t durable
  * LSN >= min_lsn. Returns 0 or a damage kind; fills len/lsn/type when the header parses. */
 int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t expect,
                      uint64_t min_lsn, uint32_t *len, uint64_t *lsn, uint8_t *type);
-/* Offset of the first valid frame (any LSN >= min_lsn) at or after `from`, or NO_LSN. */
-uint64_t dkv__resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t seed,
-                     uint64_t min_lsn);
 
 /* Scan frames of one segment held in memory, from `off` up to `end`. Appends every good
  * frame's offset to *offs (growing it). Stops at the first bad frame: result says where,
- * what kind, and whether it is a torn tail (FORMAT.md section 6: no later valid frame
+ * what kind, and whether it is a torn tail (FORMAT.md §6: no later valid frame
  * records a durable watermark above the bad frame's LSN). `resync_off` is the first valid
  * frame after it, torn or not (salvage resyncs there). */
 typedef struct {
@@ -102,19 +120,21 @@ typedef struct {
     uint64_t resync_off;    /* where a valid frame starts again (NO_LSN if none) */
 } scan_result;
 int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
-              uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res);
+              uint64_t **offs, size_t *n, size_t *cap, scan_result *res);
 /* dkv__scan with check_crc 0: structural checks only (header fields, lengths, LSN
  * continuity), for bytes already proven intact by a matching segment_digest. */
 int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
-                 uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res, int check_crc);
+                 uint64_t **offs, size_t *n, size_t *cap, scan_result *res, int check_crc);
 
 /* Sorted list of segment base LSNs in dir (files named %016llx.seg). ENOENT if no dir. */
 int dkv__list_segments(const char *dir, uint64_t **bases, size_t *n);
 void dkv__seg_name(char out[64], uint64_t base);
+/* dkv__path of segment file `base` in dir. */
+int dkv__seg_path(char out[DKV_PATH_MAX], const char *dir, uint64_t base);
 int dkv__mkdir_fsync(const char *dir, const char *sub);   /* mkdir dir/sub + fsync dir */
 int dkv__random_bytes(uint8_t *out, size_t n);
 
-/* ---- HEAD (head.c, FORMAT.md section 2a) ---- */
+/* ---- HEAD (head.c, FORMAT.md §2a) ---- */
 #define HEAD_LEN 64
 typedef struct {
     uint8_t uuid[16];
@@ -133,8 +153,6 @@ int dkv__check_head(const log_head *hd, const uint8_t *uuid, int have_segments,
 int dkv__head_write(const char *dir, const log_head *h);
 
 /* ---- handle internals used by commit.c ---- */
-/* Read frame lsn into a malloc'd buffer (caller frees). */
-int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, uint8_t *type);
 /* The handle's error message (log NULL: the calling thread's, for the calls without a
  * handle, dkv_verify and dkv_recover), with no errno behind it. */
 void dkv__set_error(dkv_log *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -147,13 +165,13 @@ int dkv__io_error(dkv_log *log, int err, const char *fmt, ...) __attribute__((fo
  * off within its header (size <= HDR_LEN), else DKV_DAMAGE_BAD_HEADER. */
 int dkv__classify_header(int is_last, uint64_t size);
 /* The first bad frame a scan found (res->kind != 0): DKV_DAMAGE_TORN_TAIL in an active
- * segment when no later valid frame vouches for it (FORMAT.md section 6), else the
+ * segment when no later valid frame vouches for it (FORMAT.md §6), else the
  * corruption kind. resync_is_data: salvage, which reads on at the next valid frame, so a
  * hole followed by valid frames is corruption. detail (cap bytes) gets the lsn and why. */
 int dkv__classify_frame(const scan_result *res, int sealed, int resync_is_data, char *detail,
                         size_t cap);
 
-/* What the previous segment fixes about the next (the chain, FORMAT.md section 5). */
+/* What the previous segment fixes about the next (the chain, FORMAT.md §2 and §4). */
 typedef struct {
     const uint8_t *uuid;    /* the log's uuid; NULL: not known yet, any */
     int known;              /* 0: no previous segment to check against */
@@ -182,14 +200,10 @@ typedef struct {
 size_t dkv__check_seal(const uint8_t *b, uint64_t size, const seg_trailer *t, uint64_t base,
                        const uint64_t *offs, uint64_t n, int digest_ok, seal_finding out[3]);
 
-void dkv__damage_fill(dkv_damage *d, const char *seg, uint64_t off, int kind,
-                      uint64_t lost_first, uint64_t lost_last, const char *detail);
 /* Append a filled record to r->damage. 0 or DKV_ENOMEM. */
 int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kind,
                            uint64_t lost_first, uint64_t lost_last, const char *detail);
 
-/* Copy buf to quarantine/<seg>.<off>.torn (fsync file + quarantine dir). 0 or -errno. */
-int dkv__quarantine(const char *dir, const char *seg, uint64_t off, const uint8_t *buf, size_t n);
 /* Move segment file `name` whole to quarantine/<name>.0.torn (rename, fsync both dirs). */
 int dkv__quarantine_whole(const char *dir, const char *name);
 /* Copy bytes [off, size) of segment `name` (open as fd, its bytes in buf) to quarantine/,

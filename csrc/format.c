@@ -252,7 +252,8 @@ void dkv__frames_restamp(uint8_t *buf, size_t n, uint32_t seed, uint64_t durable
     }
 }
 
-uint64_t dkv__frame_durable(const uint8_t *h)
+/* The durable watermark a valid frame header records (0 when unknown: saturated/invalid). */
+static uint64_t frame_durable(const uint8_t *h)
 {
     uint64_t lsn = get64(h + 8);
     uint32_t gap = get32(h + 20);
@@ -299,7 +300,8 @@ int dkv__frame_check(const uint8_t *b, size_t avail, uint32_t seed, uint64_t exp
     return frame_check(b, avail, seed, expect, min_lsn, len, lsn, type, 1);
 }
 
-uint64_t dkv__resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t seed,
+/* Offset of the first valid frame (any LSN >= min_lsn) at or after `from`, or NO_LSN. */
+static uint64_t resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t seed,
                      uint64_t min_lsn)
 {
     for (uint64_t o = from; o + FRAME_HDR <= end; o++) {
@@ -319,28 +321,28 @@ uint64_t dkv__resync(const uint8_t *buf, uint64_t end, uint64_t from, uint32_t s
     return NO_LSN;
 }
 
-/* FORMAT.md section 6: is the bad frame expected at LSN k (valid frames resume at `from`)
+/* FORMAT.md §6: is the bad frame expected at LSN k (valid frames resume at `from`)
  * proven synced by a later valid frame, i.e. one whose durable watermark exceeds k? */
 static int synced_before_later_frame(const uint8_t *buf, uint64_t end, uint64_t from,
                                      uint32_t seed, uint64_t k)
 {
     while (from != NO_LSN) {
         const uint8_t *b = buf + from;
-        if (dkv__frame_durable(b) > k)
+        if (frame_durable(b) > k)
             return 1;
-        from = dkv__resync(buf, end, from + FRAME_HDR + get32(b + 4), seed, k);
+        from = resync(buf, end, from + FRAME_HDR + get32(b + 4), seed, k);
     }
     return 0;
 }
 
 int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
-              uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res)
+              uint64_t **offs, size_t *n, size_t *cap, scan_result *res)
 {
     return dkv__scan_ex(buf, off, end, seed, lsn, offs, n, cap, res, 1);
 }
 
 int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
-                 uint64_t **offs, uint64_t *n, uint64_t *cap, scan_result *res, int check_crc)
+                 uint64_t **offs, size_t *n, size_t *cap, scan_result *res, int check_crc)
 {
     memset(res, 0, sizeof *res);
     res->resync_off = NO_LSN;
@@ -352,7 +354,7 @@ int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, 
         if (k) {
             res->kind = k;
             res->bad_off = off;
-            res->resync_off = dkv__resync(buf, end, off + 1, seed, lsn);
+            res->resync_off = resync(buf, end, off + 1, seed, lsn);
             /* Torn unless a later valid frame was written after this one was synced: valid
              * frames after a hole in the unsynced end are themselves unsynced (power loss). */
             res->torn = !synced_before_later_frame(buf, end, res->resync_off, seed, lsn);
@@ -362,14 +364,8 @@ int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, 
             break;
         }
         if (offs) {
-            if (*n == *cap) {
-                uint64_t nc = *cap ? *cap * 2 : 1024;
-                uint64_t *p = realloc(*offs, nc * sizeof *p);
-                if (!p)
-                    return DKV_ENOMEM;
-                *offs = p;
-                *cap = nc;
-            }
+            if (DKV_RESERVE(*offs, *cap, *n + 1, 1024))
+                return DKV_ENOMEM;
             (*offs)[(*n)++] = off;
         }
         off += FRAME_HDR + len;
@@ -386,6 +382,13 @@ void dkv__seg_name(char out[64], uint64_t base)
     snprintf(out, 64, "%016llx.seg", (unsigned long long)base);
 }
 
+int dkv__seg_path(char out[DKV_PATH_MAX], const char *dir, uint64_t base)
+{
+    char name[64];
+    dkv__seg_name(name, base);
+    return dkv__path(out, dir, "%s", name);
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -397,10 +400,11 @@ int dkv__list_segments(const char *dir, uint64_t **bases, size_t *n)
     DIR *d = opendir(dir);
     if (!d)
         return -errno;
-    size_t cnt = 0, cap = 16;
-    uint64_t *v = malloc(cap * sizeof *v);
+    size_t cnt = 0, cap = 0;
+    uint64_t *v = NULL;
     struct dirent *e;
-    while (v && (e = readdir(d))) {
+    int rc = DKV_RESERVE(v, cap, 16, 16);
+    while (!rc && (e = readdir(d))) {
         const char *s = e->d_name;
         if (strlen(s) != 20 || strcmp(s + 16, ".seg"))
             continue;
@@ -411,20 +415,14 @@ int dkv__list_segments(const char *dir, uint64_t **bases, size_t *n)
         unsigned long long b = strtoull(hex, &endp, 16);
         if (*endp)
             continue;
-        if (cnt == cap) {
-            uint64_t *p = realloc(v, (cap *= 2) * sizeof *v);
-            if (!p) {
-                free(v);
-                v = NULL;
-                break;
-            }
-            v = p;
-        }
-        v[cnt++] = b;
+        if (!(rc = DKV_RESERVE(v, cap, cnt + 1, 16)))
+            v[cnt++] = b;
     }
     closedir(d);
-    if (!v)
+    if (rc) {
+        free(v);
         return -ENOMEM;
+    }
     qsort(v, cnt, sizeof *v, cmp_u64);
     *bases = v;
     *n = cnt;
@@ -433,8 +431,9 @@ int dkv__list_segments(const char *dir, uint64_t **bases, size_t *n)
 
 int dkv__mkdir_fsync(const char *dir, const char *sub)
 {
-    char p[4096];
-    snprintf(p, sizeof p, "%s/%s", dir, sub);
+    char p[DKV_PATH_MAX];
+    if (dkv__path(p, dir, "%s", sub))
+        return -errno;
     if (mkdir(p, 0755) == 0)
         return dkv__dirfsync(dir);
     return errno == EEXIST ? 0 : -errno;

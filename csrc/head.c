@@ -1,4 +1,4 @@
-/* HEAD (FORMAT.md section 2a): the newest segment and the repair epoch, in a small file
+/* HEAD (FORMAT.md §2a): the newest segment and the repair epoch, in a small file
  * replaced atomically (write HEAD.tmp, fdatasync, rename, directory fsync) so that deleting
  * the newest segments cannot go unnoticed. */
 #define _GNU_SOURCE
@@ -13,9 +13,8 @@
 
 int dkv__head_read(const char *dir, log_head *h, const char **why)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/HEAD", dir);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    char p[DKV_PATH_MAX];
+    int fd = dkv__path(p, dir, "HEAD") ? -1 : open(p, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return errno == ENOENT ? DKV_ENOENT : DKV_EIO;
     uint8_t b[HEAD_LEN + 1];
@@ -51,9 +50,9 @@ int dkv__head_write(const char *dir, const log_head *h)
     put64(b + 32, h->base_lsn);
     put64(b + 40, h->epoch);
     put32(b + 60, dkv_crc32c(0, b, 60));
-    char tmp[4200], p[4200];
-    snprintf(tmp, sizeof tmp, "%s/HEAD.tmp", dir);
-    snprintf(p, sizeof p, "%s/HEAD", dir);
+    char tmp[DKV_PATH_MAX], p[DKV_PATH_MAX];
+    if (dkv__path(tmp, dir, "HEAD.tmp") || dkv__path(p, dir, "HEAD"))
+        return -errno;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return -errno;

@@ -17,14 +17,14 @@ typedef struct {
     uint64_t file_size;
     uint32_t digest;        /* sealed: segment_digest from the trailer */
     uint64_t *index;        /* frame offsets by lsn - base_lsn (0 = lost, salvage) */
-    uint64_t n_index, cap_index;
+    size_t n_index, cap_index;
     int index_loaded;       /* sealed segments load their index on first read */
     int fd;                 /* -1: closed (a sealed segment opens on demand, segfd.c) */
     int fd_cached;          /* fd is one of the handle's cached sealed-segment fds */
     uint64_t dev, ino;      /* the file this handle loaded: a reopen must find the same one */
 } seg_t;
 
-/* WSHM (wshm.c, FORMAT.md section 12): what the writer processes of one store share. */
+/* WSHM (wshm.c, FORMAT.md §12): what the writer processes of one store share. */
 #define WSHM_LEN 128
 typedef struct {
     char magic[8];
@@ -45,7 +45,7 @@ struct dkv_log {
     dkv_options opt;
     int lock_fd;
     int wlock_fd;               /* WLOCK: the cross-process write lock (shared writers) */
-    int shared;                 /* LOCK held shared: other processes may write (FORMAT.md) */
+    int shared;                 /* LOCK held shared: other processes may write (FORMAT.md §12) */
     int wheld, wdepth;          /* a thread of this process holds WLOCK (mu) */
     int lease;                  /* WLOCK kept between sections (no other process wants it) */
     int wfresh;                 /* the running section took WLOCK itself (not from a lease) */
@@ -87,7 +87,7 @@ struct dkv_log {
     int spill_req;              /* exit policy: the flusher writes pend in the background */
     int has_damage;
     int cut;                    /* point_in_time cut the log at damage: refresh stays put */
-    uint64_t epoch;             /* HEAD's repair epoch at open (0 without HEAD), FORMAT.md 2a */
+    uint64_t epoch;             /* HEAD's repair epoch at open (0 without HEAD), FORMAT.md §2a */
     int repair;                 /* opened by recover: HEAD unchecked, a missing prefix allowed */
     dkv_damage damage;
     char err[512];
@@ -98,7 +98,8 @@ struct dkv_log {
     size_t fd_ring[SEALED_FDS];
     unsigned fd_n, fd_pos;
     int *grave;
-    unsigned ngrave, cap_grave;
+    unsigned ngrave;
+    size_t cap_grave;
     int fd_readers;             /* readers between locate and the end of their pread (atomic) */
     unsigned fork_gen;          /* dkv__fork_gen when opened: another value, another process */
     int pid;                    /* the process that opened it (for the fork error's message) */
@@ -130,6 +131,10 @@ static inline int dkv__inherited(const dkv_log *log)
  * offset O: kind (detail)". Returns DKV_ECORRUPT. */
 int dkv__damage_record(dkv_log *log, const char *seg, uint64_t off, int kind,
                        uint64_t lost_first, uint64_t lost_last, const char *detail);
+/* Damage a recovery mode reads past: recorded if it is the handle's first finding (the one
+ * dkv_last_damage shows), and no error, since the open goes on. */
+void dkv__damage_read_past(dkv_log *log, const char *seg, uint64_t off, int kind,
+                           uint64_t lost_first, uint64_t lost_last, const char *detail);
 /* The segment after the loaded ones, or segment 0 of a new log (seglog.c). */
 int dkv__create_next_segment(dkv_log *log);
 /* Several writers (open.c): take WLOCK (mu not held), and catch up with frames other
@@ -182,15 +187,36 @@ int dkv__load_index(dkv_log *log, seg_t *s);
 /* next_lsn, durable_lsn and start_lsn are read without mu by dkv_next_lsn & co: their
  * writers (all under mu) store atomically. */
 #define STORE_LSN(field, v) __atomic_store_n(&(field), (v), __ATOMIC_RELAXED)
-seg_t *dkv__find_seg(dkv_log *log, uint64_t lsn);
-void dkv__seg_free(seg_t *s);
 int dkv__segs_reserve(dkv_log *log);
 int dkv__index_push(seg_t *s, uint64_t off);
-/* Point HEAD at the active segment, with log->epoch (writer; FORMAT.md 2a). 0 or -errno. */
+/* Point HEAD at the active segment, with log->epoch (writer; FORMAT.md §2a). 0 or -errno. */
 int dkv__head_update(dkv_log *log);
 /* dkv_open for recover: takes over the writer lock recover holds (lock_fd), does not check
  * HEAD (recover rewrites it) and accepts a missing prefix (recover raises start_lsn). */
 int dkv__open_repair(const char *dir, int lock_fd, dkv_log **out);
+
+/* ---- dkv_open's recovery modes (recover_open.c), on what open.c loads ---- */
+/* What happened while loading one segment. */
+typedef struct {
+    int kind;               /* DKV_DAMAGE_NONE: loaded cleanly */
+    uint64_t off;
+    char detail[160];
+    uint8_t *file;          /* the active segment's bytes */
+    uint64_t size;
+    scan_result scan;
+} load_result;
+
+/* Damage in segment `name` (bases[i] of the listing bases[0..n); expect: the LSN it should
+ * start at), by recovery mode: 0 to go on (*stop: point_in_time ends the log here) or the
+ * error that refuses the open. */
+int dkv__open_damage(dkv_log *log, const char *name, load_result *lr, const uint64_t *bases,
+                     size_t n, size_t i, uint64_t expect, int *stop);
+/* HEAD (as read before the listing bases[0..n), rc/why: how that read went) against the
+ * loaded segments (FORMAT.md §2a). */
+int dkv__open_check_head(dkv_log *log, const uint64_t *bases, size_t n, log_head hd, int rc,
+                         const char *why);
+/* The segments below start_lsn are gone. */
+int dkv__open_missing_prefix(dkv_log *log);
 
 /* ---- sealed segments' file descriptors (segfd.c), mu held unless said ---- */
 /* An fd to read segment s, opened if needed. *own: the cache had no room, the caller

@@ -1,7 +1,8 @@
 /* Opening a log: the writer lock, loading segments (trailers of sealed ones, a scan of the
- * active one), what each recovery mode does with damage (FORMAT.md section 6), the lazy
- * index load, and refresh for read-only handles. What a finding IS (torn tail or which
- * corruption) is decided in damage.c, the same code verify and recover use. */
+ * active one), the lazy index load, catch-up with other writers, and refresh for read-only
+ * handles. What each recovery mode does with the damage loading finds is recover_open.c's;
+ * what a finding IS (torn tail or which corruption) is damage.c's, the same code verify
+ * and recover use. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -68,14 +69,13 @@ static int flock_wait(int fd, int op, uint32_t timeout_ms, dkv_log *want)
 }
 
 /* A writer attaches: LOCK shared for the handle's life (recover and compaction hold it
- * exclusively), and WLOCK opened for its appends (FORMAT.md "Several writers"). *alone:
+ * exclusively), and WLOCK opened for its appends (FORMAT.md §12). *alone:
  * no other writer is attached -- LOCK is held exclusively until open shares it (so WSHM
  * is rebuilt by a writer nobody else can be reading it with). */
 static int take_lock(dkv_log *log, int *alone)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/LOCK", log->dir);
-    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    char p[DKV_PATH_MAX];
+    int fd = dkv__path(p, log->dir, "LOCK") ? -1 : open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return dkv__io_error(log, errno, "cannot open %s", p);
     *alone = !flock(fd, LOCK_EX | LOCK_NB);
@@ -92,8 +92,8 @@ static int take_lock(dkv_log *log, int *alone)
         return dkv__io_error(log, e, "cannot lock %s", p);
     }
     log->lock_fd = fd;
-    snprintf(p, sizeof p, "%s/WLOCK", log->dir);
-    log->wlock_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    log->wlock_fd = dkv__path(p, log->dir, "WLOCK") ? -1
+                                                    : open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (log->wlock_fd < 0)
         return dkv__io_error(log, errno, "cannot open %s", p);
     log->shared = 1;
@@ -193,31 +193,18 @@ int dkv__load_index(dkv_log *log, seg_t *s)
     return 0;
 }
 
-/* What happened while loading one segment. */
-typedef struct {
-    int kind;               /* DKV_DAMAGE_NONE: loaded cleanly */
-    uint64_t off;
-    char detail[160];
-    uint8_t *file;          /* the active segment's bytes */
-    uint64_t size;
-    scan_result scan;
-} load_result;
-
-/* A point_in_time or salvage handle that found damage: read-only, no lock. */
-static void go_read_only(dkv_log *log)
-{
-    log->opt.read_only = 1;
-    if (log->lock_fd >= 0)
-        close(log->lock_fd);
-    log->lock_fd = -1;
-    if (log->wlock_fd >= 0)
-        close(log->wlock_fd);   /* releases WLOCK if open held it */
-    log->wlock_fd = -1;
-    log->shared = 0;
-    dkv__shm_close(log);
-}
-
 /* ---- loading one segment ---- */
+
+/* Segment s's whole file into a malloc'd buffer; a failure is the handle's I/O error. */
+static int read_whole_seg(dkv_log *log, const seg_t *s, uint8_t **b, uint64_t *size)
+{
+    int rc = dkv__read_file(s->fd, b, size);
+    if (!rc)
+        return 0;
+    char name[64];
+    dkv__seg_name(name, s->base_lsn);
+    return dkv__io_error(log, -rc, "cannot read segment %s/%s", log->dir, name);
+}
 
 /* strict, point_in_time and salvage check every byte of a sealed segment at open (they are
  * the careful modes; tolerate_tail keeps open O(segments) and checks frames on read). On
@@ -226,12 +213,9 @@ static int check_sealed(dkv_log *log, seg_t *s, load_result *lr, int have_traile
 {
     uint8_t *b;
     uint64_t size;
-    int rc = dkv__read_file(s->fd, &b, &size);
-    if (rc) {
-        char name[64];
-        dkv__seg_name(name, s->base_lsn);
-        return dkv__io_error(log, -rc, "cannot read segment %s/%s", log->dir, name);
-    }
+    int rc = read_whole_seg(log, s, &b, &size);
+    if (rc)
+        return rc;
     uint32_t seed = dkv__seed(log->uuid, s->segment_no);
     uint64_t end = have_trailer ? s->data_end : size;
     s->n_index = 0;
@@ -281,11 +265,10 @@ static int open_seg_file(dkv_log *log, uint64_t base, int is_last, seg_t **out)
 {
     if (dkv__segs_reserve(log))
         return DKV_ENOMEM;
-    char name[64], path[4200];
-    dkv__seg_name(name, base);
-    snprintf(path, sizeof path, "%s/%s", log->dir, name);
+    char path[DKV_PATH_MAX];
     int writer = !log->opt.read_only;
-    int fd = open(path, (is_last && writer ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    int fd = dkv__seg_path(path, log->dir, base)
+                 ? -1 : open(path, (is_last && writer ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd < 0)
         return dkv__io_error(log, errno, "cannot open segment %s", path);
     struct stat st;
@@ -301,7 +284,7 @@ static int open_seg_file(dkv_log *log, uint64_t base, int is_last, seg_t **out)
     return 0;
 }
 
-/* The header of segment s and its link to the segment before (FORMAT.md section 5). A
+/* The header of segment s and its link to the segment before (FORMAT.md §2, §4). A
  * finding goes in lr (the caller closes the file), except under salvage, which reads on
  * past a broken link in a file of this log and only reports it. */
 static void check_seg_header(dkv_log *log, seg_t *s, int is_last, seg_header *h, load_result *lr)
@@ -327,10 +310,8 @@ static void check_seg_header(dkv_log *log, seg_t *s, int is_last, seg_header *h,
         uint64_t from = p->base_lsn + p->count;
         char name[64];
         dkv__seg_name(name, s->base_lsn);
-        if (!log->has_damage)
-            dkv__damage_record(log, name, lr->off, lr->kind, from,
-                               s->base_lsn > from ? s->base_lsn - 1 : NO_LSN, lr->detail);
-        log->err[0] = 0;
+        dkv__damage_read_past(log, name, lr->off, lr->kind, from,
+                              s->base_lsn > from ? s->base_lsn - 1 : NO_LSN, lr->detail);
         lr->kind = 0;
         lr->off = 0;
     }
@@ -359,12 +340,10 @@ static int scan_active(dkv_log *log, seg_t *s, const seg_header *h, load_result 
 {
     uint8_t *buf;
     uint64_t size;
-    int rc = dkv__read_file(s->fd, &buf, &size);
+    int rc = read_whole_seg(log, s, &buf, &size);
     if (rc) {
-        char name[64];
-        dkv__seg_name(name, s->base_lsn);
         close(s->fd);
-        return dkv__io_error(log, -rc, "cannot read %s/%s", log->dir, name);
+        return rc;
     }
     s->file_size = size;
     uint32_t seed = dkv__seed(h->uuid, h->segment_no);
@@ -381,7 +360,7 @@ static int scan_active(dkv_log *log, seg_t *s, const seg_header *h, load_result 
     lr->file = buf;
     lr->size = size;
     if (lr->scan.kind) {
-        /* salvage resyncs on any valid frame after the damage, torn or not (section 6). */
+        /* salvage resyncs on any valid frame after the damage, torn or not (FORMAT.md §6). */
         lr->kind = dkv__classify_frame(&lr->scan, 0, log->opt.recovery == DKV_RECOVER_SALVAGE,
                                        lr->detail, sizeof lr->detail);
         lr->off = lr->scan.bad_off;
@@ -440,110 +419,6 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     return 0;
 }
 
-/* ---- acting on damage at open, by recovery mode (FORMAT.md section 6) ---- */
-
-/* salvage: index the valid frames after damage in the active segment, leaving 0 for lost LSNs. */
-static int salvage_rest(dkv_log *log, seg_t *s, load_result *lr)
-{
-    scan_result sr = lr->scan;
-    uint32_t seed = dkv__seed(log->uuid, s->segment_no);
-    while (sr.kind && sr.resync_off != NO_LSN) {
-        uint64_t lsn = get64(lr->file + sr.resync_off + 8);
-        while (s->base_lsn + s->n_index < lsn)
-            if (dkv__index_push(s, 0))
-                return DKV_ENOMEM;
-        int rc = dkv__scan(lr->file, sr.resync_off, lr->size, seed, lsn, &s->index, &s->n_index,
-                           &s->cap_index, &sr);
-        if (rc)
-            return rc;
-        s->data_end = sr.end;
-    }
-    s->count = s->n_index;
-    return 0;
-}
-
-/* The highest LSN any segment file shows (for the lost range point_in_time reports). */
-static uint64_t last_lsn_on_disk(dkv_log *log, const uint64_t *bases, size_t n)
-{
-    char path[4200], name[64];
-    dkv__seg_name(name, bases[n - 1]);
-    snprintf(path, sizeof path, "%s/%s", log->dir, name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    uint8_t *b = NULL;
-    uint64_t size = 0, last = bases[n - 1] ? bases[n - 1] - 1 : NO_LSN;
-    seg_header h;
-    if (fd >= 0 && dkv__read_file(fd, &b, &size) == 0 && dkv__header_decode(b, size, &h, NULL) == 0) {
-        scan_result sr;
-        dkv__scan(b, HDR_LEN, size, dkv__seed(h.uuid, h.segment_no), h.base_lsn, NULL, NULL,
-                  NULL, &sr);
-        if (sr.next_lsn > h.base_lsn)
-            last = sr.next_lsn - 1;
-    }
-    free(b);
-    if (fd >= 0)
-        close(fd);
-    return last;
-}
-
-/* A torn tail in segment `name`: strict refuses; the other modes report it and a writer
- * moves it to quarantine/ (the whole file when its header was torn). */
-static int on_torn_tail(dkv_log *log, const char *name, const load_result *lr, uint64_t expect)
-{
-    int mode = log->opt.recovery;
-    int whole = !lr->file;          /* a torn segment header: the file never got going */
-    uint64_t off = whole ? 0 : lr->off;
-    if (mode == DKV_RECOVER_STRICT)
-        return dkv__damage_record(log, name, off, lr->kind, expect, NO_LSN, lr->detail);
-    if (!log->has_damage || mode != DKV_RECOVER_SALVAGE)
-        dkv__damage_record(log, name, off, lr->kind, expect, NO_LSN, lr->detail);
-    log->err[0] = 0;
-    if (log->opt.read_only)
-        return 0;
-    int rc;
-    if (whole) {
-        rc = dkv__quarantine_whole(log->dir, name);
-    } else {
-        seg_t *s = &log->segs[log->nsegs - 1];
-        rc = dkv__quarantine_tail(log->dir, name, s->fd, lr->file, lr->size, off);
-        s->file_size = off;
-    }
-    if (rc)
-        return dkv__io_error(log, -rc, "cannot repair the torn tail of %s/%s", log->dir, name);
-    return 0;
-}
-
-/* Corruption in segment i: strict and tolerate_tail refuse; salvage reports it and reads
- * on; point_in_time reports it and ends the log before it, read-only (*stop). */
-static int on_corruption(dkv_log *log, const char *name, load_result *lr,
-                         const uint64_t *bases, size_t n, size_t i, uint64_t expect, int *stop)
-{
-    int mode = log->opt.recovery;
-    if (mode == DKV_RECOVER_SALVAGE && lr->file) {
-        seg_t *s = &log->segs[log->nsegs - 1];
-        if (!log->has_damage)
-            dkv__damage_record(log, name, lr->off, lr->kind, s->base_lsn + s->count, NO_LSN,
-                               lr->detail);
-        return salvage_rest(log, s, lr);
-    }
-    if (mode == DKV_RECOVER_SALVAGE) {     /* an unreadable header: skip the file */
-        if (!log->has_damage)
-            dkv__damage_record(log, name, lr->off, lr->kind, bases[i], NO_LSN, lr->detail);
-        return 0;
-    }
-    int rc = dkv__damage_record(log, name, lr->off, lr->kind, expect,
-                                mode == DKV_RECOVER_POINT_IN_TIME ? last_lsn_on_disk(log, bases, n)
-                                                                  : NO_LSN,
-                                lr->detail);
-    if (mode != DKV_RECOVER_POINT_IN_TIME)
-        return rc;
-    /* point_in_time: the log ends at the last good frame before the damage, and the
-     * handle is read-only until `durkv recover --skip-corrupt` cuts it. */
-    log->cut = 1;
-    go_read_only(log);
-    *stop = 1;
-    return 0;
-}
-
 /* Load every segment, applying the recovery mode to whatever damage is found. */
 static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
 {
@@ -559,63 +434,17 @@ static int load_all(dkv_log *log, const uint64_t *bases, size_t n)
         dkv__seg_name(name, bases[i]);
         seg_t *last = log->nsegs ? &log->segs[log->nsegs - 1] : NULL;
         uint64_t expect = last ? last->base_lsn + last->count : 0;
-        if (lr.kind == DKV_DAMAGE_TORN_TAIL)
-            rc = on_torn_tail(log, name, &lr, expect);
-        else if (lr.kind)
-            rc = on_corruption(log, name, &lr, bases, n, i, expect, &stop);
+        if (lr.kind)
+            rc = dkv__open_damage(log, name, &lr, bases, n, i, expect, &stop);
         int corrupt = lr.kind && lr.kind != DKV_DAMAGE_TORN_TAIL;
         if (!rc && !corrupt && lr.file && writer && !log->opt.read_only) {
-            /* the active segment's running digest, for its seal (FORMAT.md section 4) */
+            /* the active segment's running digest, for its seal (FORMAT.md §4) */
             log->seed = dkv__seed(log->uuid, last->segment_no);
             log->run_digest = dkv_crc32c(log->seed, lr.file, last->data_end);
         }
         free(lr.file);
         if (rc)
             return rc;
-    }
-    return 0;
-}
-
-/* HEAD against the segment files (FORMAT.md 2a). hd/rc/why: HEAD as read BEFORE the
- * directory was listed (a writer names a segment in HEAD only once its file exists, so a
- * concurrent roll cannot make HEAD name a file the listing missed). bases: the listing,
- * n > 0. Returns 0 (no finding, or one the mode reads past) or DKV_ECORRUPT / DKV_EIO. */
-static int check_head(dkv_log *log, const uint64_t *bases, size_t n, log_head hd, int rc,
-                      const char *why)
-{
-    if (rc == DKV_ENOENT)
-        return 0;                   /* a store written before HEAD existed */
-    if (rc == DKV_EIO) {
-        dkv__set_error(log, "cannot read %s/HEAD", log->dir);
-        return DKV_EIO;
-    }
-    if (rc == 0)
-        log->epoch = hd.epoch;
-    if (log->repair)
-        return 0;                   /* recover rewrites HEAD */
-    seg_t *a = &log->segs[log->nsegs - 1];
-    char name[64], detail[160];
-    uint64_t off = 0;
-    int kind;
-    if (rc) {
-        kind = DKV_DAMAGE_BAD_HEADER;
-        snprintf(name, sizeof name, "HEAD");
-        snprintf(detail, sizeof detail, "%s", why);
-    } else {
-        kind = dkv__check_head(&hd, log->uuid, 1, bases[n - 1], name, &off, detail, sizeof detail);
-    }
-    if (!kind)
-        return 0;
-    uint64_t first = kind == DKV_DAMAGE_MISSING ? a->base_lsn + a->count : NO_LSN;
-    int mode = log->opt.recovery;
-    if (mode != DKV_RECOVER_SALVAGE && mode != DKV_RECOVER_POINT_IN_TIME)
-        return dkv__damage_record(log, name, off, kind, first, NO_LSN, detail);
-    if (!log->has_damage)
-        dkv__damage_record(log, name, off, kind, first, NO_LSN, detail);
-    log->err[0] = 0;
-    if (mode == DKV_RECOVER_POINT_IN_TIME) {
-        log->cut = 1;
-        go_read_only(log);
     }
     return 0;
 }
@@ -682,9 +511,8 @@ static int ensure_dir(dkv_log *log, const char *dir)
         int rc = dkv__io_error(log, e, "cannot create %s", dir);
         return e == ENOENT ? DKV_ENOENT : rc;
     }
-    char parent[4200];
-    snprintf(parent, sizeof parent, "%s/..", dir);
-    int rc = dkv__dirfsync(parent);
+    char parent[DKV_PATH_MAX];
+    int rc = dkv__path(parent, dir, "..") ? -errno : dkv__dirfsync(parent);
     return rc ? dkv__io_error(log, -rc, "cannot fsync the parent directory of %s", dir) : 0;
 }
 
@@ -701,38 +529,16 @@ static int start_new_log(dkv_log *log)
     return dkv__create_next_segment(log);
 }
 
-/* The segments below start_lsn are gone: strict and tolerate_tail refuse; salvage and
- * point_in_time read what remains (from the first segment on) and report the lost prefix;
- * `recover --skip-corrupt` makes it permanent. */
-static int on_missing_prefix(dkv_log *log)
-{
-    char name[64];
-    uint64_t first = log->segs[0].base_lsn;
-    dkv__seg_name(name, first);
-    int mode = log->opt.recovery;
-    if (mode != DKV_RECOVER_SALVAGE && mode != DKV_RECOVER_POINT_IN_TIME)
-        return dkv__damage_record(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn, first - 1,
-                                  "segments below it are missing");
-    if (!log->has_damage)
-        dkv__damage_record(log, name, 0, DKV_DAMAGE_MISSING, log->start_lsn, first - 1,
-                           "segments below it are missing");
-    log->err[0] = 0;
-    log->start_lsn = first;
-    go_read_only(log);
-    return 0;
-}
-
-/* Dead segments left by a crash between a roll and the unlink (section 7). */
+/* Dead segments left by a crash between a roll and the unlink (FORMAT.md §7). */
 static void drop_dead_segments(dkv_log *log)
 {
     int removed = 0;
     for (size_t i = 0; i + 1 < log->nsegs; i++) {
         seg_t *s = &log->segs[i];
         if (s->base_lsn + s->count <= log->start_lsn) {
-            char name[64], path[4200];
-            dkv__seg_name(name, s->base_lsn);
-            snprintf(path, sizeof path, "%s/%s", log->dir, name);
-            unlink(path);
+            char path[DKV_PATH_MAX];
+            if (!dkv__seg_path(path, log->dir, s->base_lsn))
+                unlink(path);
             s->removed = removed = 1;
         }
     }
@@ -753,7 +559,7 @@ static int become_writer(dkv_log *log)
         log->wfd = a->fd;
         log->pend_off = a->data_end;
         /* Whatever the last writer left in the page cache becomes durable before the
-         * first append records D = next_lsn in its sync_gap (FORMAT.md 3). */
+         * first append records D = next_lsn in its sync_gap (FORMAT.md §3). */
         if ((rc = dkv__fdatasync(a->fd)))
             rc = dkv__io_error(log, -rc, "cannot fdatasync the active segment of %s", log->dir);
     }
@@ -770,7 +576,7 @@ static int adopt_segments(dkv_log *log)
     log->start_lsn = a->start_lsn;
     int rc = 0;
     if (log->segs[0].base_lsn > log->start_lsn && log->segs[0].base_lsn > 0 && !log->repair)
-        rc = on_missing_prefix(log);
+        rc = dkv__open_missing_prefix(log);
     if (!rc && !log->opt.read_only)
         rc = become_writer(log);
     return rc;
@@ -794,7 +600,7 @@ static int open_segments(dkv_log *log, const log_head *head, int head_rc, const 
     }
     rc = load_all(log, bases, n);
     if (!rc && log->nsegs > 0 && !log->cut)
-        rc = check_head(log, bases, n, *head, head_rc, head_why);
+        rc = dkv__open_check_head(log, bases, n, *head, head_rc, head_why);
     free(bases);
     if (!rc && log->nsegs == 0) {   /* every file was damage a mode read past */
         if (log->opt.read_only) {
@@ -807,7 +613,7 @@ static int open_segments(dkv_log *log, const log_head *head, int head_rc, const 
 }
 
 /* A store from before HEAD, or a crash between creating a segment and naming it in HEAD:
- * a writer names the active segment now (FORMAT.md 2a). */
+ * a writer names the active segment now (FORMAT.md §2a). */
 static int name_active_in_head(dkv_log *log)
 {
     log_head hd;
@@ -886,8 +692,8 @@ int dkv__open_repair(const char *dir, int lock_fd, dkv_log **out)
     return open_impl(dir, &opt, lock_fd, 1, out);
 }
 
-/* ---- catch-up: a writer picks up what other processes appended (FORMAT.md "Several
- * writers"). mu and WLOCK held, nothing pending: no other writer moves the files. ---- */
+/* ---- catch-up: a writer picks up what other processes appended (FORMAT.md §12). mu and
+ * WLOCK held, nothing pending: no other writer moves the files. ---- */
 
 /* Bytes past the last good frame of the active segment, under WLOCK: a dead writer's torn
  * tail (its frame was never acknowledged). Quarantined first, then cut, as at open. */
@@ -991,7 +797,8 @@ int dkv__catch_up(dkv_log *log)
             return dkv__io_error(log, -r, "cannot read the active segment of %s", log->dir);
         }
         scan_result sr;
-        uint64_t *offs = NULL, cnt = 0, cap = 0;
+        uint64_t *offs = NULL;
+        size_t cnt = 0, cap = 0;
         int rc = dkv__scan(b, 0, (uint64_t)r, log->seed, a->base_lsn + a->count, &offs, &cnt,
                            &cap, &sr);
         for (uint64_t i = 0; !rc && i < cnt; i++)
@@ -1039,7 +846,8 @@ static void refresh_active_tail(dkv_log *log, seg_t *a)
     int r = b ? dkv__pread_all(a->fd, b, n, a->data_end) : -ENOMEM;
     if (r > 0) {
         scan_result sr;
-        uint64_t *offs = NULL, cnt = 0, cap = 0;
+        uint64_t *offs = NULL;
+        size_t cnt = 0, cap = 0;
         dkv__scan(b, 0, (uint64_t)r, dkv__seed(log->uuid, a->segment_no), a->base_lsn + a->count,
                   &offs, &cnt, &cap, &sr);
         for (uint64_t i = 0; i < cnt; i++)

@@ -10,7 +10,8 @@
 
 #include "log_int.h"
 
-seg_t *dkv__find_seg(dkv_log *log, uint64_t lsn)
+/* The segment holding lsn (the newest one whose base_lsn is <= lsn). mu held. */
+static seg_t *find_seg(dkv_log *log, uint64_t lsn)
 {
     size_t lo = 0, hi = log->nsegs;
     while (hi - lo > 1) {
@@ -38,7 +39,7 @@ static int locate(dkv_log *log, uint64_t lsn, uint8_t **mem, uint32_t *mlen, uin
                            (unsigned long long)log->next_lsn);
             return DKV_ENOLSN;
         }
-        seg_t *s = dkv__find_seg(log, lsn);
+        seg_t *s = find_seg(log, lsn);
         dkv__seg_name(segname, s->base_lsn);
         if (lsn - s->base_lsn >= s->count) {
             dkv__set_error(log, "lsn %llu was lost to damage", (unsigned long long)lsn);
@@ -84,7 +85,7 @@ static int locate(dkv_log *log, uint64_t lsn, uint8_t **mem, uint32_t *mlen, uin
     }
 }
 
-int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, uint8_t *type)
+int dkv_read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, uint8_t *type)
 {
     DKV_OWNED(log, DKV_EFORKED);
     int fd = -1, own = 0;
@@ -94,7 +95,7 @@ int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, ui
     int exact = 1;
     pthread_mutex_lock(&log->mu);
     int rc = locate(log, lsn, &mem, len, type, &fd, &own, &off, &flen, seg, &exact);
-    uint32_t seed = dkv__seed(log->uuid, dkv__find_seg(log, lsn)->segment_no);
+    uint32_t seed = dkv__seed(log->uuid, find_seg(log, lsn)->segment_no);
     pthread_mutex_unlock(&log->mu);
     if (rc || mem) {
         *buf = mem;
@@ -133,29 +134,6 @@ int dkv__read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf, uint32_t *len, ui
     *buf = f;
     *len = l;
     return 0;
-}
-
-int dkv_read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf_out, uint32_t *len_out,
-                   uint8_t *type_out)
-{
-    return dkv__read_alloc(log, lsn, buf_out, len_out, type_out);
-}
-
-int dkv_read(dkv_log *log, uint64_t lsn, uint8_t *buf, uint32_t cap, uint32_t *len_out,
-             uint8_t *type_out)
-{
-    uint8_t *p;
-    int rc = dkv__read_alloc(log, lsn, &p, len_out, type_out);
-    if (rc)
-        return rc;
-    if (buf) {
-        if (cap < *len_out)
-            rc = DKV_EINVAL;
-        else
-            memcpy(buf, p, *len_out);
-    }
-    free(p);
-    return rc;
 }
 
 int dkv_segments(dkv_log *log, dkv_report **out)
@@ -203,14 +181,8 @@ static int put_head(dkv_log *log, uint64_t lsn, const uint8_t *p, uint32_t plen,
         pthread_mutex_unlock(&log->mu);
         return DKV_ECORRUPT;
     }
-    if (*len + hl > *cap) {
-        size_t ncap = *cap * 2 > *len + hl ? *cap * 2 : *len + hl;
-        uint8_t *grown = realloc(*out, ncap);
-        if (!grown)
-            return DKV_ENOMEM;
-        *out = grown;
-        *cap = ncap;
-    }
+    if (DKV_RESERVE(*out, *cap, *len + hl, 64))
+        return DKV_ENOMEM;
     memcpy(*out + *len, p + ho, hl);
     *len += hl;
     return 0;
@@ -219,7 +191,7 @@ static int put_head(dkv_log *log, uint64_t lsn, const uint8_t *p, uint32_t plen,
 /* Frames lo..hi-1 (consecutive LSNs) of one segment, already in its file, with one pread:
  * a run's journal records are mostly neighbours. *done: how many frames it handled (0:
  * nothing to gain here, or anything unusual -- the caller reads frame by frame, which
- * reports damage exactly as dkv_read does). */
+ * reports damage exactly as dkv_read_alloc does). */
 #define RUN_READ_MAX (1u << 20)
 
 static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scratch,
@@ -231,7 +203,7 @@ static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scrat
         pthread_mutex_unlock(&log->mu);
         return 0;
     }
-    seg_t *s = dkv__find_seg(log, lo);
+    seg_t *s = find_seg(log, lo);
     if (hi > s->base_lsn + s->count)
         hi = s->base_lsn + s->count;
     if (!log->opt.read_only && s == &log->segs[log->nsegs - 1] && hi > log->written_lsn)
@@ -277,7 +249,7 @@ static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scrat
             free(f);
         return r == -ENOMEM ? DKV_ENOMEM : 0;   /* an I/O error: the per-frame read reports it */
     }
-    /* Every frame checked as dkv__read_alloc does (seeded crc, its LSN), back to back. */
+    /* Every frame checked as dkv_read_alloc does (seeded crc, its LSN), back to back. */
     size_t pos = 0;
     uint64_t n = i1 - i0, k;
     for (k = 0; k < n; k++) {
@@ -304,7 +276,7 @@ static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scrat
 /* The heads of n COMMIT frames, as one msgpack array: a run's journal read in one call
  * (Python decodes the array with one unpackb instead of n binding calls and n decodes).
  * Each frame is read and crc-checked as dkv_read_alloc does; a payload that is not a
- * well-formed COMMIT (FORMAT.md section 5) is DKV_ECORRUPT. Free *buf_out with dkv_free. */
+ * well-formed COMMIT (FORMAT.md §5) is DKV_ECORRUPT. Free *buf_out with dkv_free. */
 int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_out,
                    size_t *len_out)
 {
@@ -335,7 +307,7 @@ int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_o
         if (!rc && !done) {                     /* one frame, read (and checked) alone */
             uint8_t *p, type;
             uint32_t plen;
-            rc = dkv__read_alloc(log, lsns[i], &p, &plen, &type);
+            rc = dkv_read_alloc(log, lsns[i], &p, &plen, &type);
             if (!rc) {
                 rc = put_head(log, lsns[i], p, plen, &out, &len, &cap);
                 free(p);

@@ -32,14 +32,8 @@ static int bury(dkv_log *log, int fd, int force)
     }
     if (log->ngrave >= SEALED_FDS && !force)
         return -1;
-    if (log->ngrave == log->cap_grave) {
-        unsigned nc = log->cap_grave ? log->cap_grave * 2 : 16;
-        int *p = realloc(log->grave, nc * sizeof *p);
-        if (!p)
-            return -1;
-        log->grave = p;
-        log->cap_grave = nc;
-    }
+    if (DKV_RESERVE(log->grave, log->cap_grave, (size_t)log->ngrave + 1, 16))
+        return -1;
     log->grave[log->ngrave] = fd;
     __atomic_store_n(&log->ngrave, log->ngrave + 1, __ATOMIC_RELEASE);
     return 0;
@@ -74,10 +68,8 @@ int dkv__seg_fd(dkv_log *log, seg_t *s, int *fd, int *own)
         *fd = s->fd;
         return 0;
     }
-    char name[64], path[4200];
-    dkv__seg_name(name, s->base_lsn);
-    snprintf(path, sizeof path, "%s/%s", log->dir, name);
-    int f = open(path, O_RDONLY | O_CLOEXEC);
+    char path[DKV_PATH_MAX];
+    int f = dkv__seg_path(path, log->dir, s->base_lsn) ? -1 : open(path, O_RDONLY | O_CLOEXEC);
     if (f < 0) {
         if (errno != ENOENT)
             return dkv__io_error(log, errno, "cannot open segment %s", path);

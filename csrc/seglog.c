@@ -47,9 +47,14 @@ static void set_error_v(dkv_log *log, int err, const char *fmt, va_list ap)
 {
     char *buf = log ? log->err : thread_err;
     size_t cap = log ? sizeof log->err : sizeof thread_err;
-    int n = vsnprintf(buf, cap, fmt, ap);
-    if (err && n >= 0 && (size_t)n < cap)
-        snprintf(buf + n, cap - (size_t)n, ": %s", strerror(err));
+    /* the reason survives a message cut short (a long path): it goes in last, whole */
+    char why[128] = "";
+    if (err)
+        snprintf(why, sizeof why, ": %s", strerror(err));
+    size_t room = cap - strlen(why);
+    int n = vsnprintf(buf, room, fmt, ap);
+    size_t at = n < 0 ? 0 : (size_t)n < room ? (size_t)n : room - 1;
+    memcpy(buf + at, why, strlen(why) + 1);
     if (log)
         log->err_errno = err;
     else
@@ -135,27 +140,13 @@ int dkv__usable(dkv_log *log, int write)
 /* Room for one more entry in log->segs (amortized doubling). */
 int dkv__segs_reserve(dkv_log *log)
 {
-    if (log->nsegs < log->cap_segs)
-        return 0;
-    size_t nc = log->cap_segs ? log->cap_segs * 2 : 16;
-    seg_t *p = realloc(log->segs, nc * sizeof *p);
-    if (!p)
-        return DKV_ENOMEM;
-    log->segs = p;
-    log->cap_segs = nc;
-    return 0;
+    return DKV_RESERVE(log->segs, log->cap_segs, log->nsegs + 1, 16);
 }
 
 int dkv__index_push(seg_t *s, uint64_t off)
 {
-    if (s->n_index == s->cap_index) {
-        uint64_t nc = s->cap_index ? s->cap_index * 2 : 1024;
-        uint64_t *p = realloc(s->index, nc * sizeof *p);
-        if (!p)
-            return DKV_ENOMEM;
-        s->index = p;
-        s->cap_index = nc;
-    }
+    if (DKV_RESERVE(s->index, s->cap_index, s->n_index + 1, 1024))
+        return DKV_ENOMEM;
     s->index[s->n_index++] = off;
     return 0;
 }
@@ -236,7 +227,7 @@ static int lead(dkv_log *log, int do_sync)
     uint64_t base = active(log)->base_lsn;
     uint32_t digest = log->run_digest, seed = log->seed;
     /* The durable watermark now, just before the write: frames queued while an earlier
-     * group was being synced record that group as durable (FORMAT.md section 3). */
+     * group was being synced record that group as durable (FORMAT.md §3). */
     uint64_t durable = log->durable_lsn;
     pthread_mutex_unlock(&log->mu);
 
@@ -290,7 +281,7 @@ static struct timespec realtime_in(uint64_t ns)
     return t;
 }
 
-/* The lease (FORMAT.md 12): WLOCK kept after a section while no other process wants it. */
+/* The lease (FORMAT.md §12): WLOCK kept after a section while no other process wants it. */
 #define LEASE_IDLE_NS 1000000u      /* let it go after this long without a section */
 
 /* Let WLOCK go if this process holds it between sections. mu held. */
@@ -439,10 +430,9 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     h.prev_digest = prev_digest;
     if (dkv__segs_reserve(log))
         return DKV_ENOMEM;
-    char name[64], path[4200];
-    dkv__seg_name(name, h.base_lsn);
-    snprintf(path, sizeof path, "%s/%s", log->dir, name);
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    char path[DKV_PATH_MAX];
+    int fd = dkv__seg_path(path, log->dir, h.base_lsn)
+                 ? -1 : open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
         if (log->nsegs)
@@ -481,7 +471,7 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     log->run_digest = dkv_crc32c(log->seed, hb, HDR_LEN);
     log->pend_off = HDR_LEN;
     STORE_LSN(log->start_lsn, start_lsn);
-    /* HEAD names the new segment before any of its frames is acknowledged (FORMAT.md 2a) */
+    /* HEAD names the new segment before any of its frames is acknowledged (FORMAT.md §2a) */
     if (!rc) {
         what = "HEAD update";
         rc = dkv__head_update(log);
@@ -541,16 +531,8 @@ static int enqueue(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len,
             return rc;
         a = active(log);
     }
-    if (log->pend_len + fs > log->pend_cap) {
-        size_t nc = log->pend_cap ? log->pend_cap : 65536;
-        while (nc < log->pend_len + fs)
-            nc *= 2;
-        uint8_t *p = realloc(log->pend, nc);
-        if (!p)
-            return DKV_ENOMEM;
-        log->pend = p;
-        log->pend_cap = nc;
-    }
+    if (DKV_RESERVE(log->pend, log->pend_cap, log->pend_len + fs, 65536))
+        return DKV_ENOMEM;
     if (dkv__index_push(a, a->data_end))
         return DKV_ENOMEM;
     uint8_t *f = log->pend + log->pend_len;
@@ -574,7 +556,7 @@ static int enqueue(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len,
     return 0;
 }
 
-/* ---- several writers: the write section (FORMAT.md "Several writers") ---- */
+/* ---- several writers: the write section (FORMAT.md §12) ---- */
 
 static int holds_section(dkv_log *log)
 {
@@ -663,7 +645,7 @@ static int write_exit(dkv_log *log)
     uint64_t now = dkv__mono_ns();
     if (!rc && !log->closed && !dkv__shm_wanted(log, now)) {
         /* no other process waits: keep WLOCK for this process's next section (FORMAT.md
-         * 12, the lease); the flusher lets it go after LEASE_IDLE_NS without one */
+         * §12, the lease); the flusher lets it go after LEASE_IDLE_NS without one */
         log->lease = 1;
         log->lease_ns = now;
         if (log->wfresh && log->flusher_idle)
@@ -817,16 +799,6 @@ int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32
     return rc;
 }
 
-int dkv_append_many(dkv_log *log, uint8_t type, const uint8_t *const *bufs, const uint32_t *lens,
-                    uint32_t n, int durability, uint64_t *first_lsn_out)
-{
-    DKV_OWNED(log, DKV_EFORKED);
-    pthread_mutex_lock(&log->mu);
-    int rc = append_locked(log, type, bufs, lens, n, durability, first_lsn_out);
-    pthread_mutex_unlock(&log->mu);
-    return rc;
-}
-
 static int wait_durable_locked(dkv_log *log, uint64_t end)
 {
     for (;;) {
@@ -905,7 +877,7 @@ void *dkv__flusher_main(void *arg)
     pthread_mutex_lock(&log->mu);
     while (!log->stop) {
         if (log->spill_req && !log->failed) {
-            /* exit policy: write what appenders buffered (FORMAT.md: no fsync promised) */
+            /* exit policy: write what appenders buffered (GUARANTEES.md: exit promises no fsync) */
             if (log->leader || log->rolling) {
                 pthread_cond_wait(&log->cv, &log->mu);
                 continue;
@@ -989,7 +961,7 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
         rc = roll(log, new_start_lsn);
     else if (!rc && new_start_lsn && new_start_lsn != log->start_lsn) {
         /* Empty active segment: rewrite its header in place with the new start. The file
-         * stays (HEAD names it, FORMAT.md 2a); a torn rewrite is a torn segment header. */
+         * stays (HEAD names it, FORMAT.md §2a); a torn rewrite is a torn segment header. */
         dkv__quiesce(log);
         seg_t *a = active(log);
         seg_header h;
@@ -1020,10 +992,8 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
             seg_t *s = &log->segs[i];
             if (s->removed || !s->sealed || s->base_lsn + s->count > new_start_lsn)
                 continue;
-            char name[64], path[4200];
-            dkv__seg_name(name, s->base_lsn);
-            snprintf(path, sizeof path, "%s/%s", log->dir, name);
-            if (unlink(path) && errno != ENOENT) {
+            char path[DKV_PATH_MAX];
+            if ((dkv__seg_path(path, log->dir, s->base_lsn) || unlink(path)) && errno != ENOENT) {
                 rc = fail(log, "unlink", -errno);
                 break;
             }
@@ -1041,7 +1011,7 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
     return rc;
 }
 
-void dkv__seg_free(seg_t *s)
+static void seg_free(seg_t *s)
 {
     free(s->index);
     if (s->fd >= 0)
@@ -1090,7 +1060,7 @@ int dkv_close(dkv_log *log)
     if (log->flusher_running)
         pthread_join(log->flusher, NULL);
     for (size_t i = 0; i < log->nsegs; i++)
-        dkv__seg_free(&log->segs[i]);
+        seg_free(&log->segs[i]);
     dkv__fd_close_grave(log);
     free(log->grave);
     if (log->lock_fd >= 0)

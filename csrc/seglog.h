@@ -50,7 +50,7 @@
 #define DKV_FRAME_DATA 1
 #define DKV_FRAME_COMMIT 2
 
-/* channel entry kinds and flags (docs/FORMAT.md section 5) */
+/* channel entry kinds and flags (docs/FORMAT.md §5) */
 #define DKV_ENTRY_FULL 1
 #define DKV_ENTRY_DELTA 2
 #define DKV_ENTRY_SNAP 3
@@ -139,14 +139,12 @@ int dkv_last_damage(dkv_log *log, dkv_damage *out);
  * frame is written to the OS before return, so a process kill cannot lose it. */
 int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int durability,
                uint64_t *lsn_out);
-/* Append n frames as one group (one write, one fsync under sync); LSNs are first..first+n-1. */
-int dkv_append_many(dkv_log *log, uint8_t type, const uint8_t *const *bufs, const uint32_t *lens,
-                    uint32_t n, int durability, uint64_t *first_lsn_out);
 /* dkv_append with the handle's frame bytes as `const char *` (so a binding can pass an
  * immutable byte string without a copy) and the LSN as the result: >= 0 is the frame's
  * LSN, < 0 a DKV_E* code. The hot path of the Python wrapper. */
 int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len, int durability);
-/* dkv_append_many with the n payloads packed back to back in `data` (lens[i] bytes each). */
+/* Append n frames as one group (one write, one fsync under sync); LSNs are first..first+n-1.
+ * The n payloads are packed back to back in `data` (lens[i] bytes each). */
 int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,
                       uint32_t n, int durability, uint64_t *first_lsn_out);
 /* Make everything appended so far durable (write + fdatasync), under any policy. */
@@ -170,9 +168,9 @@ uint64_t dkv_flusher_syncs(dkv_log *log);
 uint64_t dkv_fdatasync_count(void);
 /* LSN the next append will get (= number of frames in the log incl. removed prefix). */
 uint64_t dkv_next_lsn(dkv_log *log);
-/* Lowest live LSN (start_lsn of FORMAT.md section 7). */
+/* Lowest live LSN (start_lsn of FORMAT.md §7). */
 uint64_t dkv_start_lsn(dkv_log *log);
-/* Several writers (FORMAT.md "Several writers"): take the store's cross-process write lock
+/* Several writers (FORMAT.md §12): take the store's cross-process write lock
  * (WLOCK) for the calling thread and catch up with the frames other processes appended
  * (repairing a dead writer's torn tail), so that the LSNs appends get next are the log's.
  * Nested calls by the holding thread count; other threads of the process wait. An append
@@ -181,7 +179,7 @@ uint64_t dkv_start_lsn(dkv_log *log);
  * and releases the lock. */
 int dkv_write_begin(dkv_log *log);
 int dkv_write_end(dkv_log *log);
-/* Several writers: the store's shared watermark (WSHM, FORMAT.md section 12): frames below
+/* Several writers: the store's shared watermark (WSHM, FORMAT.md §12): frames below
  * *durable were fdatasync'd by some process; *publishes counts the fdatasyncs (and
  * failures) published so far. DKV_EINVAL on a handle that shares none (read-only). A
  * witness for tests and benchmarks. */
@@ -193,12 +191,8 @@ int dkv_exclusive(dkv_log *log, int on);
  * catch up with the frames other processes appended (an empty write section). */
 int dkv_refresh(dkv_log *log);
 
-/* Read a frame. Call with buf=NULL to learn len; then with a buffer of cap >= len.
- * Every read checks the frame's crc: DKV_ECORRUPT (see dkv_last_damage) if it fails. */
-int dkv_read(dkv_log *log, uint64_t lsn, uint8_t *buf, uint32_t cap, uint32_t *len_out,
-             uint8_t *type_out);
-
-/* Read a frame into a malloc'd buffer (one call, one pread); free it with dkv_free. */
+/* Read a frame into a malloc'd buffer (one call, one pread); free it with dkv_free. Every
+ * read checks the frame's crc: DKV_ECORRUPT (see dkv_last_damage) if it fails. */
 int dkv_read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf_out, uint32_t *len_out,
                    uint8_t *type_out);
 
@@ -208,13 +202,13 @@ int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_o
                    size_t *len_out);
 
 /* Seal the active segment and start a new one (new_start_lsn: 0 keeps start_lsn;
- * otherwise sets it, see FORMAT.md section 7, and unlinks sealed segments below it). */
+ * otherwise sets it, see FORMAT.md §7, and unlinks sealed segments below it). */
 int dkv_seal(dkv_log *log, uint64_t new_start_lsn);
 /* Segment list: n entries of report rows (no verification, just header/trailer facts). */
 int dkv_segments(dkv_log *log, dkv_report **out);
 
-/* COMMIT payloads (FORMAT.md section 5): pure decoding functions on buffers. Frames are
- * encoded by durkv.channels in Python (cheaper than marshalling items through cffi). */
+/* COMMIT payloads (FORMAT.md §5): pure decoding functions on buffers. Frames are
+ * encoded by durkv.payload in Python (cheaper than marshalling items through cffi). */
 typedef struct {
     uint8_t kind, flags;
     uint32_t depth;

@@ -134,15 +134,9 @@ static const char *check_commit(ventries *es, uint64_t lsn, const uint8_t *p, ui
                     bad = "SNAP delta reference is not a DELTA";
             }
         }
-        if (es->n == es->cap) {
-            size_t nc = es->cap ? es->cap * 2 : 1024;
-            ventry *v = realloc(es->v, nc * sizeof *v);
-            if (!v) {
-                *oom = 1;
-                return NULL;
-            }
-            es->v = v;
-            es->cap = nc;
+        if (DKV_RESERVE(es->v, es->cap, es->n + 1, 1024)) {
+            *oom = 1;
+            return NULL;
         }
         es->v[es->n++] = (ventry){lsn, i, d.kind, d.flags};
     }
@@ -160,10 +154,11 @@ typedef struct {
  * from the page cache. Only sealed files are: nothing truncates them while a writer runs
  * (only `recover --skip-corrupt`, which a concurrent verify must not race), whereas the
  * active segment may be cut by a writer's open under us. */
-static int read_seg(const char *path, int last, seg_bytes *m)
+static int read_seg(const char *dir, uint64_t base, int last, seg_bytes *m)
 {
     memset(m, 0, sizeof *m);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char path[DKV_PATH_MAX];
+    int fd = dkv__seg_path(path, dir, base) ? -1 : open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT)
         return dkv__io_error(NULL, errno, "segment %s is gone since verify listed the directory "
                              "(a writer's compaction unlinks old segments: run verify again); "
@@ -307,26 +302,25 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
 {
     vctx c = {.base = base, .expect = prev ? prev->h.base_lsn + prev->count : base, .r = r,
               .sr = sr, .vs = vs};
-    char path[4200];
     dkv__seg_name(c.name, base);
-    snprintf(path, sizeof path, "%s/%s", dir, c.name);
     snprintf(sr->segment, sizeof sr->segment, "%s", c.name);
     sr->base_lsn = base;
     memset(vs, 0, sizeof *vs);
     vs->good_end = HDR_LEN;
     seg_bytes m;
-    int rc = read_seg(path, last, &m);
+    int rc = read_seg(dir, base, last, &m);
     if (rc)
         return rc;
     sr->bytes = vs->size = m.size;
-    uint64_t *offs = NULL, n = 0, cap = 0;
+    uint64_t *offs = NULL;
+    size_t n = 0, cap = 0;
     if (check_header(&c, &m, last, prev, uuid0, &rc))
         goto out;
     uint32_t seed = dkv__seed(vs->h.uuid, vs->h.segment_no);
     vtrailer vt;
     read_trailer(&c, &m, last, seed, &vt);
     int trusted = vs->sealed && vt.tr == 0;     /* a trailer that decodes bounds the frames */
-    /* One pass over the data for a sealed segment (FORMAT.md section 4): check
+    /* One pass over the data for a sealed segment (FORMAT.md §4): check
      * segment_digest first; when it matches, the header and frames are the bytes the writer
      * sealed, so the frame scan only checks structure (lengths, fields, LSN continuity) and
      * skips the per-frame crcs. A mismatch (or deep) runs the per-frame crcs, which locate
@@ -452,7 +446,7 @@ static int verify_dir(const char *dir, int deep, dkv_progress_fn progress, void 
         add_range(r, NULL, r->segments[0].segment, 0, DKV_DAMAGE_MISSING, vs[n - 1].h.start_lsn,
                   bases[0] - 1, "segments holding lsns from start_lsn are missing");
     }
-    /* HEAD (FORMAT.md 2a): the newest segment it names must be there */
+    /* HEAD (FORMAT.md §2a): the newest segment it names must be there */
     verify_head(r, info, rc ? DKV_ENOENT : hr, why, uuid0, bases, n, vs);
     if (!rc && n == 0 && info->head_state == 0)
         report_misnamed(dir, r);
@@ -481,9 +475,8 @@ int dkv_verify(const char *dir, int deep, dkv_progress_fn progress, void *ctx,
 /* Copy [off, end) of a segment to quarantine/, then truncate it there and fsync. */
 static int cut_file(const char *dir, const char *name, uint64_t off)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    char path[DKV_PATH_MAX];
+    int fd = dkv__path(path, dir, "%s", name) ? -1 : open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0)
         return -errno;
     uint8_t *b = NULL;
@@ -526,9 +519,8 @@ static int take_writer_lock(const char *dir, int *lfd)
         dkv__set_error(NULL, "no log at %s: %s", dir, strerror(errno));
         return DKV_ENOENT;
     }
-    char lp[4200];
-    snprintf(lp, sizeof lp, "%s/LOCK", dir);
-    *lfd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    char lp[DKV_PATH_MAX];
+    *lfd = dkv__path(lp, dir, "LOCK") ? -1 : open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (*lfd < 0)
         return dkv__io_error(NULL, errno, "cannot open %s (recover takes the writer lock)", lp);
     if (flock(*lfd, LOCK_EX | LOCK_NB)) {
@@ -589,7 +581,7 @@ static void report_loss(dkv_report *r, const cut_plan *p)
     r->next_lsn = p->lost;
 }
 
-/* A repair's new epoch (FORMAT.md 2a): one above HEAD's, or a random one if HEAD was
+/* A repair's new epoch (FORMAT.md §2a): one above HEAD's, or a random one if HEAD was
  * unreadable (a reader's epoch must not match by chance). */
 static uint64_t next_epoch(const vdir_info *vi)
 {
@@ -601,7 +593,7 @@ static uint64_t next_epoch(const vdir_info *vi)
     return epoch;
 }
 
-/* HEAD first: it must never name a segment this repair moves away (FORMAT.md 2a). It names
+/* HEAD first: it must never name a segment this repair moves away (FORMAT.md §2a). It names
  * the newest of the first `keep` files with a readable header, with `epoch`; with none,
  * it goes too. */
 static int rewrite_head(const char *dir, const dkv_report *r, const vseg *vs,

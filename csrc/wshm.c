@@ -1,5 +1,5 @@
 /* WSHM: the state several writer processes of one store share through a small mmap'd file
- * (docs/FORMAT.md section 12): where the written frames end, what some process's fdatasync
+ * (docs/FORMAT.md §12): where the written frames end, what some process's fdatasync
  * covered (cross-process group commit), a failed fdatasync, and who waits for WLOCK (the
  * lease). Derived state only: rebuilt at open, never needed to read the log.
  *
@@ -22,7 +22,7 @@
 
 static const char WSHM_MAGIC[8] = "DKVWSHM1";
 
-_Static_assert(sizeof(dkv_wshm) == WSHM_LEN, "WSHM layout is FORMAT.md section 12");
+_Static_assert(sizeof(dkv_wshm) == WSHM_LEN, "WSHM layout is FORMAT.md §12");
 
 #define LD(f) __atomic_load_n(&(f), __ATOMIC_ACQUIRE)
 #define ST(f, v) __atomic_store_n(&(f), (v), __ATOMIC_RELEASE)
@@ -61,7 +61,7 @@ static void rebuild(dkv_log *log, dkv_wshm *m)
     m->epoch = log->epoch;
     m->seg_base = a->base_lsn;
     m->written = log->next_lsn;
-    m->durable = log->next_lsn;     /* open made the active segment durable (FORMAT.md 3) */
+    m->durable = log->next_lsn;     /* open made the active segment durable (FORMAT.md §3) */
     m->syncing = log->next_lsn;
     __atomic_thread_fence(__ATOMIC_RELEASE);
     memcpy(m->magic, WSHM_MAGIC, 8);
@@ -69,9 +69,8 @@ static void rebuild(dkv_log *log, dkv_wshm *m)
 
 int dkv__shm_map(dkv_log *log)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/WSHM", log->dir);
-    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    char p[DKV_PATH_MAX];
+    int fd = dkv__path(p, log->dir, "WSHM") ? -1 : open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return dkv__io_error(log, errno, "cannot open %s", p);
     struct stat st;

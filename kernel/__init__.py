@@ -22,7 +22,7 @@ from .errors import (
 from .runtime.graph import END, START, Append, Graph, Last, Send
 from .runtime import Decision, JournalEntry, Retry, Run, RunInfo, RuntimeStore, tool
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"     # the package's one version: pyproject.toml reads it from here
 
 
 def open(url: str, **options: Any) -> RuntimeStore:  # noqa: A001 - the public verb
