@@ -230,3 +230,31 @@ def test_errno_survives_a_write_failure(log_dir, no_faults):
         log.close()
     except errors.DurkvError:
         pass
+
+
+def test_a_store_path_too_long_for_its_files_is_enametoolong_not_a_cut_path(tmp_path):
+    """A store directory that can be made but whose files' paths pass PATH_MAX: the open
+    fails with the errno and the path, and creates nothing anywhere (every path the C
+    log builds is length-checked: a path cut at its buffer's size could name another
+    file or directory)."""
+    parent = str(tmp_path)
+    while len(parent) < 3900:
+        parent = os.path.join(parent, "d" * min(200, 3900 - len(parent)))
+    os.makedirs(parent)
+    store = os.path.join(parent, "s" * (4085 - len(parent) - 1))    # its segment: > 4096
+    with pytest.raises(errors.LogFailedError, match="File name too long") as ei:
+        SegmentLog.open(store, durability="sync")
+    assert ei.value.context["errno"] == "ENAMETOOLONG"
+    assert os.listdir(parent) in ([], [os.path.basename(store)])   # nothing cut short
+    if os.path.isdir(store):
+        assert not [n for n in os.listdir(store) if n.endswith(".seg")]
+
+
+def test_the_package_version_is_written_once():
+    """pyproject.toml reads the version from durkv.__version__ (kernel/__init__.py, the
+    one place it is written): the installed package's metadata says the same."""
+    from importlib.metadata import version
+
+    import durkv
+
+    assert version("durkv") == durkv.__version__
