@@ -58,7 +58,10 @@ _out = 1
 
 
 def say(line: str) -> None:
-    os.write(_out, (line + "\n").encode())  # one write: a kill cuts only between lines
+    try:
+        os.write(_out, (line + "\n").encode())  # one write: a kill cuts only between lines
+    except BrokenPipeError:     # the parent closed us before we said READY (the run's end):
+        raise SystemExit(0) from None   # nothing left to report; close the store and go
 
 
 def durability(thread: str) -> str:
