@@ -139,38 +139,41 @@ def apply(st: RunState, r: dict) -> None:
 _FINAL = object()   # a fold that changed nothing: an answer after the first, which holds
 
 
+# The folds of STEP, INTENT and RECEIPT (a replay reads one per call) unpack the record's
+# fields into names, in its type's order, rather than build the typed record.
+
 def _fold_step(st: RunState, r: dict) -> None:
-    x = step_of(r)
-    e = _entry(st, x.step, x.gen, x.kind, x.name, x.fp, x.t0 or x.t)
-    e.fp = x.fp
-    e.inputs = x.inputs
-    e.prompt_version = x.prompt_version
-    e.result, e.err, e.done = x.result, x.err, True
-    if x.tries or e.tries:        # a new entry already has no tries
-        e.tries = x.tries or []
+    t, sid, kind, name, fp, t0, gen, inputs, pv, tries, err, result = step_values(r)
+    e = _entry(st, sid, gen, kind, name, fp, t0 or t)
+    e.fp = fp
+    e.inputs = inputs
+    e.prompt_version = pv
+    e.result, e.err, e.done = result, err, True
+    if tries or e.tries:        # a new entry already has no tries
+        e.tries = tries or []
         e.retry_count = len(e.tries)
-    e.ended = x.t
+    e.ended = t
 
 
 def _fold_intent(st: RunState, r: dict) -> None:
-    x = intent_of(r)
-    e = _entry(st, x.step, x.gen, "tool", x.name, x.fp, x.t)
-    e.inputs = x.inputs
-    e.tool_version = x.tool_version
-    e.key = x.key
-    e.retry_count = x.retry_count
-    e.at_most_once = bool(x.at_most_once)
-    e.comp_of = x.compensates
+    t, sid, name, fp, key, rc, gen, inputs, tv, amo, comp, _cut = intent_values(r)
+    e = _entry(st, sid, gen, "tool", name, fp, t)
+    e.inputs = inputs
+    e.tool_version = tv
+    e.key = key
+    e.retry_count = rc
+    e.at_most_once = bool(amo)
+    e.comp_of = comp
     e.resolved = None      # a new attempt: an earlier "not done" authorized it, and only it
     e.in_flight = True
 
 
 def _fold_receipt(st: RunState, r: dict) -> None:
-    x = receipt_of(r)
-    e = _entry(st, x.step, x.gen, "tool", None, None, x.t)
-    e.result, e.err, e.done = x.result, x.err, True
-    e.tries = x.tries or []
-    e.ended = x.t
+    t, sid, gen, tries, err, result = receipt_values(r)
+    e = _entry(st, sid, gen, "tool", None, None, t)
+    e.result, e.err, e.done = result, err, True
+    e.tries = tries or []
+    e.ended = t
 
 
 def _fold_approval(st: RunState, r: dict) -> None:
@@ -227,7 +230,8 @@ def _fold_run(st: RunState, r: dict) -> None:
     st.status, st.until, st.status_step, st.message = "running", None, None, None
 
 
-step_of, intent_of, receipt_of = StepRecord.of, IntentRecord.of, ReceiptRecord.of  # hot paths
+step_values, intent_values, receipt_values = (StepRecord.values, IntentRecord.values,
+                                               ReceiptRecord.values)
 _FOLDS = {E_STEP: _fold_step, E_INTENT: _fold_intent, E_RECEIPT: _fold_receipt,
           E_APPROVAL: _fold_approval, E_DECISION: _fold_decision, E_RESOLVE: _fold_resolve,
           E_TRY: _fold_try, E_WARN: _fold_warn, E_STATUS: _fold_status, E_RUN: _fold_run}

@@ -45,27 +45,47 @@ SET = 1         # unless it is None
 TRUE = 2        # unless it is false (a generation 0, at_most_once False, no tries)
 
 
-def pack(rec: Any) -> dict:
-    """The map the log stores for a typed record (``pack`` of every type)."""
-    out = {"e": rec.E}
-    for key, keep, value in zip(rec.KEYS, rec.KEEP, rec):
-        if keep == ALWAYS or (value is not None if keep == SET else value):
-            out[key] = value
-    return out
+def _pack(cls: Any) -> Any:
+    """``cls.pack``: a function written for ``cls`` from its ``KEYS`` and ``KEEP``, as
+    :func:`collections.namedtuple` writes its methods (one dict literal and one test per
+    optional field: ~2.5x faster than a loop over the fields, and every step writes one)."""
+    names = [f"f{i}" for i in range(len(cls.KEYS))]
+    lines = ["def pack(self):", f"    {', '.join(names)}, = self"]
+    always = 0      # the fields up to the first optional one go in the literal
+    while always < len(cls.KEEP) and cls.KEEP[always] == ALWAYS:
+        always += 1
+    items = ", ".join(f"{k!r}: {n}" for k, n in zip(cls.KEYS[:always], names))
+    lines.append(f"    out = {{'e': {cls.E!r}, {items}}}")
+    for key, keep, name in zip(cls.KEYS[always:], cls.KEEP[always:], names[always:]):
+        test = {ALWAYS: "", SET: f"if {name} is not None: ", TRUE: f"if {name}: "}[keep]
+        lines.append(f"    {test}out[{key!r}] = {name}")
+    lines.append("    return out")
+    scope: dict = {}
+    exec("\n".join(lines), {}, scope)       # code made of KEYS and field positions only
+    scope["pack"].__doc__ = "The map the log stores for this record (docs/FORMAT.md 5a)."
+    return scope["pack"]
 
 
-def _of(cls: Any) -> Any:
-    """``cls.of(rec)``: the typed view of a stored map (a closure over the keys and the
-    defaults: no classmethod binding, one list built per record)."""
+def _values(cls: Any) -> Any:
+    """``cls.values(rec)``: a stored map's fields in the type's order (defaults for the keys
+    it lacks), for a hot path to unpack into names without building the record."""
     fields = inspect.signature(cls).parameters.values()
     defaults = [None if f.default is f.empty else f.default for f in fields]
     assert len(cls.KEYS) == len(cls.KEEP) == len(defaults), cls
-    pairs = tuple(zip(cls.KEYS, defaults))
-    new = tuple.__new__
+    keys = cls.KEYS
+
+    def values(rec: dict) -> Any:
+        return map(rec.get, keys, defaults)
+
+    return staticmethod(values)
+
+
+def _of(cls: Any) -> Any:
+    """``cls.of(rec)``: the typed record of a stored map (no classmethod binding)."""
+    values, new = cls.values, tuple.__new__
 
     def of(rec: dict) -> Any:
-        get = rec.get
-        return new(cls, [get(k, d) for k, d in pairs])
+        return new(cls, values(rec))
 
     return staticmethod(of)
 
@@ -81,7 +101,6 @@ class RunRecord(NamedTuple):
     E = E_RUN
     KEYS = ("t", "fp", "tid", "in")
     KEEP = (ALWAYS, ALWAYS, TRUE, SET)
-    pack = pack
 
 
 class StepRecord(NamedTuple):
@@ -102,7 +121,6 @@ class StepRecord(NamedTuple):
     E = E_STEP
     KEYS = ("t", "s", "k", "n", "fp", "t0", "g", "in", "pv", "tries", "err", "r")
     KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, TRUE, SET, SET, TRUE, SET, SET)
-    pack = pack
 
 
 class IntentRecord(NamedTuple):
@@ -123,7 +141,6 @@ class IntentRecord(NamedTuple):
     E = E_INTENT
     KEYS = ("t", "s", "n", "fp", "key", "rc", "g", "in", "tv", "amo", "comp", "cut")
     KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, TRUE, SET, SET, TRUE, SET, SET)
-    pack = pack
 
 
 class ReceiptRecord(NamedTuple):
@@ -138,7 +155,6 @@ class ReceiptRecord(NamedTuple):
     E = E_RECEIPT
     KEYS = ("t", "s", "g", "tries", "err", "r")
     KEEP = (ALWAYS, ALWAYS, TRUE, TRUE, SET, SET)
-    pack = pack
 
 
 class ApprovalRecord(NamedTuple):
@@ -153,7 +169,6 @@ class ApprovalRecord(NamedTuple):
     E = E_APPROVAL
     KEYS = ("t", "s", "n", "fp", "in", "g")
     KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, TRUE)
-    pack = pack
 
 
 class DecisionRecord(NamedTuple):
@@ -171,7 +186,6 @@ class DecisionRecord(NamedTuple):
     E = E_DECISION
     KEYS = ("t", "s", "g", "fp", "ok", "by", "note", "dq")
     KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, SET)
-    pack = pack
 
 
 class ResolveRecord(NamedTuple):
@@ -188,7 +202,6 @@ class ResolveRecord(NamedTuple):
     E = E_RESOLVE
     KEYS = ("t", "s", "done", "by", "note", "r", "g", "dq")
     KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, SET, ALWAYS, SET)
-    pack = pack
 
 
 class StatusRecord(NamedTuple):
@@ -202,7 +215,6 @@ class StatusRecord(NamedTuple):
     E = E_STATUS
     KEYS = ("t", "st", "s", "msg", "until")
     KEEP = (ALWAYS, ALWAYS, SET, SET, SET)
-    pack = pack
 
 
 class WarnRecord(NamedTuple):
@@ -215,7 +227,6 @@ class WarnRecord(NamedTuple):
     E = E_WARN
     KEYS = ("t", "s", "g", "msg")
     KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS)
-    pack = pack
 
 
 class TryRecord(NamedTuple):
@@ -233,11 +244,12 @@ class TryRecord(NamedTuple):
     E = E_TRY
     KEYS = ("t", "s", "err", "g", "k", "n", "fp", "pv")
     KEEP = (ALWAYS, ALWAYS, ALWAYS, TRUE, SET, SET, SET, SET)
-    pack = pack
 
 
 RECORD_TYPES = (RunRecord, StepRecord, IntentRecord, ReceiptRecord, ApprovalRecord,
                 DecisionRecord, ResolveRecord, StatusRecord, WarnRecord, TryRecord)
 for record_type in RECORD_TYPES:
+    record_type.pack = _pack(record_type)
+    record_type.values = _values(record_type)
     record_type.of = _of(record_type)
 del record_type
