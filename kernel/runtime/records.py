@@ -22,9 +22,10 @@ import inspect
 from typing import Any, NamedTuple
 
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
-           "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "RunRecord", "StepRecord",
+           "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "E_REPAIR", "E_REPAIR_ACK", "RunRecord", "StepRecord",
            "IntentRecord", "ReceiptRecord", "ApprovalRecord", "DecisionRecord",
-           "ResolveRecord", "StatusRecord", "WarnRecord", "TryRecord", "RECORD_TYPES",
+           "ResolveRecord", "StatusRecord", "WarnRecord", "TryRecord", "RepairRecord",
+           "RepairAckRecord", "RECORD_TYPES",
            "ALWAYS", "SET", "TRUE"]
 
 # journal events: the "e" field of a record (part of the format: never renumber)
@@ -38,6 +39,8 @@ E_RESOLVE = 7
 E_STATUS = 8
 E_WARN = 9
 E_TRY = 10      # a failed attempt that will be retried (its error; before the next attempt)
+E_REPAIR = 20   # a repair cut records (only in K_REPAIR frames, FORMAT.md 6a)
+E_REPAIR_ACK = 21
 
 # when pack() writes a field
 ALWAYS = 0      # always, None included
@@ -246,8 +249,39 @@ class TryRecord(NamedTuple):
     KEEP = (ALWAYS, ALWAYS, ALWAYS, TRUE, SET, SET, SET, SET)
 
 
+class RepairRecord(NamedTuple):
+    """REPAIR: ``durkv recover --skip-corrupt`` cut the log from LSN ``lost_first``;
+    ``read`` frames of the cut were read, ``unread`` LSNs not (-1: none could be),
+    ``named`` the run ids and ``threads`` the thread ids read from its bytes."""
+
+    t: float
+    repair_id: str
+    lost_first: int = 0
+    read: int = 0
+    unread: int = -1
+    named: list | None = None
+    threads: list | None = None
+    msg: str = ""
+    E = E_REPAIR
+    KEYS = ("t", "rep", "lost_first", "read", "unread", "named", "threads", "msg")
+    KEEP = (ALWAYS,) * 8
+
+
+class RepairAckRecord(NamedTuple):
+    """REPAIR_ACK: the operator's word for the repairs ``repair_ids`` of this run."""
+
+    t: float
+    repair_ids: list | None = None
+    by: Any = None
+    note: Any = None
+    E = E_REPAIR_ACK
+    KEYS = ("t", "rep", "by", "note")
+    KEEP = (ALWAYS,) * 4
+
+
 RECORD_TYPES = (RunRecord, StepRecord, IntentRecord, ReceiptRecord, ApprovalRecord,
-                DecisionRecord, ResolveRecord, StatusRecord, WarnRecord, TryRecord)
+                DecisionRecord, ResolveRecord, StatusRecord, WarnRecord, TryRecord,
+                RepairRecord, RepairAckRecord)
 for record_type in RECORD_TYPES:
     record_type.pack = _pack(record_type)
     record_type.values = _values(record_type)
