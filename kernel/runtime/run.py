@@ -47,7 +47,7 @@ from .aio import (
 )
 from .journal import STATUSES, Entry, JournalEntry, apply, bulk_load, fold
 from .records import (
-    ApprovalRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
+    ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord,
 )
 from .plan import CALL, ONCE, RECORD, SLEEP, Plan, drive, err_type, plain_version
@@ -751,18 +751,18 @@ class Run:
             self._append(ApprovalRecord(self._clock(), sid, action, fp, pb).pack(), durable=True)
             log.info("durkv: run %r step %s waits for approval of %r", self.run_id, sid, action)
             raise Interrupted(self.run_id, sid, action, payload)
-        d = e.decision
-        if not self._values.matches(e.fp if d is None else d.get("fp"), fp, e.inputs,
+        d = None if e.decision is None else DecisionRecord.of(e.decision)
+        if not self._values.matches(e.fp if d is None else d.fp, fp, e.inputs,
                                     lambda p: [action, p]):
             what = "decided" if d is not None else "requested"
             raise ApprovalMismatchError(
                 f"run {self.run_id!r} step {sid}: approval of {action!r} was {what} for "
-                f"payload {(d or {}).get('fp', e.fp):016x}, the code now asks about {fp:016x}: "
+                f"payload {e.fp if d is None else d.fp:016x}, the code now asks about {fp:016x}: "
                 "the payload changed after the request; start a new run id or restore the "
                 "payload", run_id=self.run_id, step_id=sid)
         if d is None:
             raise Interrupted(self.run_id, sid, action, payload)
-        return Decision(sid, bool(d.get("ok")), d.get("by"), d.get("note"), d.get("t"))
+        return Decision(sid, bool(d.ok), d.by, d.note, d.t)
 
     # -- time and chance ---------------------------------------------------------------------
 
