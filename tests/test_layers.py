@@ -81,6 +81,7 @@ RANKS = {
     "durkv.store.store": 36,        # Store: the facade composing them
     "durkv.store": 37,              # the package: re-exports the public names
     # runtime (kernel/runtime/): the run journal, over the store's public API
+    "durkv.runtime.records": 59.5,  # journal records: one type per event (FORMAT.md 5a)
     "durkv.runtime.journal": 60,
     "durkv.runtime.tools": 60,
     "durkv.runtime.values": 60,     # recorded values, canonical fingerprints, exceptions

@@ -18,7 +18,8 @@ from typing import Any
 
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from . import remote
-from .journal import E_DECISION, E_RESOLVE, RunInfo, RunState, fold
+from .journal import E_DECISION, RunInfo, RunState, fold
+from .records import DecisionRecord, ResolveRecord
 from .remote import check_answer
 from .repair import mark_damaged
 from .run import Decision
@@ -103,8 +104,8 @@ def decide(store: Any, run_id: str, step_id: str, approved: bool, *, by: Any = N
         if held["rec"] is not None:
             return None         # the same decision again: the recorded one
         e = st.latest(step_id)
-        held["rec"] = {"e": E_DECISION, "t": time.time(), "s": step_id, "g": e.gen,
-                       "fp": e.fp, "ok": approved, "by": by, "note": note}
+        held["rec"] = DecisionRecord(time.time(), step_id, e.gen, e.fp, approved, by,
+                                     note).pack()
         return held["rec"]
 
     try:
@@ -129,17 +130,15 @@ def resolve(store: Any, run_id: str, step_id: str, *, done: bool, result: Any = 
     if remote.on_s3(store):     # one writer: through a decision object (FORMAT.md 13)
         return remote.resolve(store, run_id, step_id, done=done, result=result, by=by,
                               note=note)
-    rec: dict = {"e": E_RESOLVE, "t": time.time(), "s": step_id, "done": done,
-                 "by": by, "note": note}
-    if done:
-        rec["r"] = remote.resolved_result(store, run_id, step_id, result)
+    t = time.time()
+    r = remote.resolved_result(store, run_id, step_id, result) if done else None
+    answer = {"done": done, "r": r}
 
     def record(records: list[dict]) -> dict | None:
         st = fold(run_id, records)
-        if check_answer(st, run_id, step_id, "resolve", rec) is not None:
+        if check_answer(st, run_id, step_id, "resolve", answer) is not None:
             return None         # the same answer about this attempt: a no-op
-        rec["g"] = st.latest(step_id).gen
-        return rec
+        return ResolveRecord(t, step_id, done, by, note, r, st.latest(step_id).gen).pack()
 
     try:
         store.append_journal_if(run_id, record)

@@ -14,21 +14,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_RUN, E_STATUS,
+                      E_STEP, E_TRY, E_WARN, ApprovalRecord, DecisionRecord, IntentRecord,
+                      ReceiptRecord, ResolveRecord, RunRecord, StatusRecord, StepRecord,
+                      TryRecord, WarnRecord)
+
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
            "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "Entry", "RunState", "RunInfo", "fold", "apply",
            "JournalEntry", "STATUSES", "bulk_load"]
-
-# journal events: the "e" field of a record (part of the format: never renumber)
-E_RUN = 1
-E_STEP = 2
-E_INTENT = 3
-E_RECEIPT = 4
-E_APPROVAL = 5
-E_DECISION = 6
-E_RESOLVE = 7
-E_STATUS = 8
-E_WARN = 9
-E_TRY = 10      # a failed attempt that will be retried (its error; before the next attempt)
 
 STATUSES = ("running", "waiting", "sleeping", "in_doubt", "finished", "failed")
 
@@ -92,25 +85,23 @@ class RunState:
         return gens[-1] if gens else None
 
 
-def _entry(st: RunState, r: dict, kind: str) -> Entry:
-    sid = r["s"]
-    gen = r.get("g", 0)
+def _entry(st: RunState, sid: str, gen: int, kind: str, name: str | None, fp: int | None,
+           started: float | None) -> Entry:
+    """The entry of step ``sid`` generation ``gen``: found, or made (``name``, ``fp`` and
+    ``started`` are the new entry's: a record that does not carry them gives None)."""
     gens = st.entries.get(sid)
     if gens is None:        # the common case: a step id seen for the first time
-        e = Entry(sid, gen, kind, r.get("n", ""), r.get("fp", 0))
+        e = Entry(sid, gen, kind, name or "", fp or 0)
         st.entries[sid] = [e]
-        e.started = r.get("t0") or r.get("t")
-        st.order.append(e)
-        return e
     else:
         for e in gens:
             if e.gen == gen:
                 return e
-        e = Entry(sid, gen, kind, r.get("n", ""), r.get("fp", 0))
+        e = Entry(sid, gen, kind, name or "", fp or 0)
         gens.append(e)
         if gens[-2].gen > gen:
             gens.sort(key=lambda x: x.gen)
-    e.started = r.get("t0") or r.get("t")
+    e.started = started
     st.order.append(e)
     return e
 
@@ -141,93 +132,106 @@ def fold(run_id: str, records: list[dict]) -> RunState:
 def apply(st: RunState, r: dict) -> None:
     """Fold one more record into ``st`` (records in log order)."""
     fold_event = _FOLDS.get(r.get("e"))
-    if fold_event is not None and fold_event(st, r, r.get("t")) is not _FINAL:
+    if fold_event is not None and fold_event(st, r) is not _FINAL:
         st.updated = r.get("t")       # an event this reader does not know changes nothing
 
 
 _FINAL = object()   # a fold that changed nothing: an answer after the first, which holds
 
 
-def _fold_step(st: RunState, r: dict, t: Any) -> None:
-    e = _entry(st, r, r.get("k", "step"))
-    e.fp = r.get("fp", 0)
-    e.inputs = r.get("in")
-    e.prompt_version = r.get("pv")
-    e.result, e.err, e.done = r.get("r"), r.get("err"), True
-    tries = r.get("tries")
+# The folds of STEP, INTENT and RECEIPT (a replay reads one per call) unpack the record's
+# fields into names, in its type's order, rather than build the typed record.
+
+def _fold_step(st: RunState, r: dict) -> None:
+    t, sid, kind, name, fp, t0, gen, inputs, pv, tries, err, result = step_values(r)
+    e = _entry(st, sid, gen, kind, name, fp, t0 or t)
+    e.fp = fp
+    e.inputs = inputs
+    e.prompt_version = pv
+    e.result, e.err, e.done = result, err, True
     if tries or e.tries:        # a new entry already has no tries
         e.tries = tries or []
         e.retry_count = len(e.tries)
     e.ended = t
 
 
-def _fold_intent(st: RunState, r: dict, t: Any) -> None:
-    e = _entry(st, r, "tool")
-    e.inputs = r.get("in")
-    e.tool_version = r.get("tv")
-    e.key = r.get("key")
-    e.retry_count = r.get("rc", 0)
-    e.at_most_once = bool(r.get("amo"))
-    e.comp_of = r.get("comp")
+def _fold_intent(st: RunState, r: dict) -> None:
+    t, sid, name, fp, key, rc, gen, inputs, tv, amo, comp, _cut = intent_values(r)
+    e = _entry(st, sid, gen, "tool", name, fp, t)
+    e.inputs = inputs
+    e.tool_version = tv
+    e.key = key
+    e.retry_count = rc
+    e.at_most_once = bool(amo)
+    e.comp_of = comp
     e.resolved = None      # a new attempt: an earlier "not done" authorized it, and only it
     e.in_flight = True
 
 
-def _fold_receipt(st: RunState, r: dict, t: Any) -> None:
-    e = _entry(st, r, "tool")
-    e.result, e.err, e.done = r.get("r"), r.get("err"), True
-    e.tries = r.get("tries") or []
+def _fold_receipt(st: RunState, r: dict) -> None:
+    t, sid, gen, tries, err, result = receipt_values(r)
+    e = _entry(st, sid, gen, "tool", None, None, t)
+    e.result, e.err, e.done = result, err, True
+    e.tries = tries or []
     e.ended = t
 
 
-def _fold_approval(st: RunState, r: dict, t: Any) -> None:
-    _entry(st, r, "approval").inputs = r.get("in")
+def _fold_approval(st: RunState, r: dict) -> None:
+    x = ApprovalRecord.of(r)
+    _entry(st, x.step, x.gen, "approval", x.name, x.fp, x.t).inputs = x.inputs
 
 
-def _fold_decision(st: RunState, r: dict, t: Any) -> None:
-    e = _entry(st, r, "approval")
+def _fold_decision(st: RunState, r: dict) -> None:
+    x = DecisionRecord.of(r)
+    e = _entry(st, x.step, x.gen, "approval", None, x.fp, x.t)
     if e.decision is None:       # a decision is final: the first one in the log holds
-        e.decision = r
-        e.ended = t
+        e.decision = r           # the stored map: answers are compared as stored
+        e.ended = x.t
 
 
-def _fold_resolve(st: RunState, r: dict, t: Any) -> Any:
-    e = _entry(st, r, "tool")
+def _fold_resolve(st: RunState, r: dict) -> Any:
+    x = ResolveRecord.of(r)
+    e = _entry(st, x.step, x.gen, "tool", None, None, x.t)
     if e.resolved is not None or e.done:
         return _FINAL          # final: the first answer about this attempt holds
     e.resolved = r
-    if r.get("done"):
-        e.result, e.err, e.done = r.get("r"), None, True
-        e.ended = t
+    if x.done:
+        e.result, e.err, e.done = x.result, None, True
+        e.ended = x.t
     return None
 
 
-def _fold_try(st: RunState, r: dict, t: Any) -> None:
-    e = _entry(st, r, r.get("k", "tool"))
-    e.tries = (*e.tries, r.get("err"))
+def _fold_try(st: RunState, r: dict) -> None:
+    x = TryRecord.of(r)
+    e = _entry(st, x.step, x.gen, x.kind or "tool", x.name, x.fp, x.t)
+    e.tries = (*e.tries, x.err)
     e.in_flight = False         # that attempt failed: the next one is not in doubt
     if e.kind != "tool":        # a tool's retry_count is its intents' (calls - 1)
         e.retry_count = len(e.tries)
-        e.prompt_version = r.get("pv")
+        e.prompt_version = x.prompt_version
 
 
-def _fold_warn(st: RunState, r: dict, t: Any) -> None:
-    e = st.latest(r["s"])
+def _fold_warn(st: RunState, r: dict) -> None:
+    x = WarnRecord.of(r)
+    e = st.latest(x.step)
     if e is not None:
-        e.warnings = (*e.warnings, r.get("msg", ""))
+        e.warnings = (*e.warnings, x.msg)
 
 
-def _fold_status(st: RunState, r: dict, t: Any) -> None:
-    st.status, st.until = r.get("st"), r.get("until")
-    st.status_step, st.message = r.get("s"), r.get("msg")
+def _fold_status(st: RunState, r: dict) -> None:
+    x = StatusRecord.of(r)
+    st.status, st.until, st.status_step, st.message = x.status, x.until, x.step, x.msg
 
 
-def _fold_run(st: RunState, r: dict, t: Any) -> None:
-    st.fp, st.input, st.created = r.get("fp"), r.get("in"), t
-    st.task_ids = bool(r.get("tid"))
+def _fold_run(st: RunState, r: dict) -> None:
+    x = RunRecord.of(r)
+    st.fp, st.input, st.created = x.fp, x.inputs, x.t
+    st.task_ids = bool(x.task_ids)
     st.status, st.until, st.status_step, st.message = "running", None, None, None
 
 
+step_values, intent_values, receipt_values = (StepRecord.values, IntentRecord.values,
+                                               ReceiptRecord.values)
 _FOLDS = {E_STEP: _fold_step, E_INTENT: _fold_intent, E_RECEIPT: _fold_receipt,
           E_APPROVAL: _fold_approval, E_DECISION: _fold_decision, E_RESOLVE: _fold_resolve,
           E_TRY: _fold_try, E_WARN: _fold_warn, E_STATUS: _fold_status, E_RUN: _fold_run}

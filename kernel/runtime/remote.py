@@ -24,6 +24,7 @@ from ..errors import (
     NotFoundError, SerializationError, StoreClosedError,
 )
 from .journal import E_DECISION, E_RESOLVE, RunState, fold
+from .records import DecisionRecord, ResolveRecord
 from .run import Decision
 
 __all__ = ["on_s3", "decide", "resolve", "start", "stop", "take", "check_answer", "same_answer"]
@@ -141,15 +142,14 @@ def take_in(store: Any, doc: dict) -> dict:
         if recorded is not None:
             return {"ok": True, "lsn": None, "rec": _public(kind, recorded)}
         e = st.latest(step_id)
-        rec: dict = {"e": E_DECISION if kind == "approval" else E_RESOLVE, "t": doc["t"],
-                     "s": step_id, "g": e.gen, "by": doc.get("by"), "note": doc.get("note"),
-                     "dq": q}
+        by, note = doc.get("by"), doc.get("note")
         if kind == "approval":
-            rec.update(fp=e.fp, ok=bool(answer.get("ok")))
+            rec = DecisionRecord(doc["t"], step_id, e.gen, e.fp, bool(answer.get("ok")), by,
+                                 note, q).pack()
         else:
-            rec["done"] = bool(answer.get("done"))
-            if rec["done"]:
-                rec["r"] = answer.get("r")
+            done = bool(answer.get("done"))
+            rec = ResolveRecord(doc["t"], step_id, done, by, note,
+                                answer.get("r") if done else None, e.gen, q).pack()
         try:            # 3. durable before the ack
             lsn = store.append_journal(run_id, rec, durable=True)
         except (SerializationError, ConfigError) as exc:

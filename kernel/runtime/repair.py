@@ -22,15 +22,12 @@ from typing import Any
 
 from ..errors import ConfigError, NotFoundError, SerializationError
 from .journal import Entry, RunInfo, fold
+from .records import E_REPAIR, E_REPAIR_ACK, RepairAckRecord, RepairRecord
 
 __all__ = ["E_REPAIR", "E_REPAIR_ACK", "RunRepair", "record_pending", "damage_of",
            "acknowledge", "mark_damaged"]
 
 log = logging.getLogger("durkv")
-
-# journal events (FORMAT.md 5a; part of the format: never renumber)
-E_REPAIR = 20
-E_REPAIR_ACK = 21
 
 
 # -- recording a cut -------------------------------------------------------------------------
@@ -46,11 +43,10 @@ def _record(store: Any, note: dict) -> dict:
     runs = sorted(cut.runs | {r for r in store.journal_runs() if _went_on(store, r)})
     threads = sorted(cut.threads)
     rid = note["id"]
-    rec = {"e": E_REPAIR, "t": time.time(), "rep": rid, "lost_first": note["lost_first_lsn"],
-           "read": cut.frames, "unread": cut.unread, "named": sorted(cut.runs),
-           "threads": threads,
-           "msg": f"repair {rid}: `durkv recover --skip-corrupt` cut the log from LSN "
-                  f"{note['lost_first_lsn']}; this run's records may have been cut"}
+    rec = RepairRecord(time.time(), rid, note["lost_first_lsn"], cut.frames, cut.unread,
+                       sorted(cut.runs), threads,
+                       f"repair {rid}: `durkv recover --skip-corrupt` cut the log from LSN "
+                       f"{note['lost_first_lsn']}; this run's records may have been cut").pack()
     lsn = store.record_repair(note, runs, rec)
     log.warning("durkv: repair %s recorded at LSN %d: %d run(s) marked damaged (%s), "
                 "%d thread(s) named in the cut (%s)", rid, lsn, len(runs),
@@ -140,8 +136,8 @@ def acknowledge(store: Any, run_id: str, *, by: Any = None, note: Any = None) ->
     ids = list(_open_repairs(records))
     if ids:
         try:
-            store.append_journal(run_id, {"e": E_REPAIR_ACK, "t": time.time(), "rep": ids,
-                                          "by": by, "note": note}, durable=True)
+            store.append_journal(run_id, RepairAckRecord(time.time(), ids, by, note).pack(),
+                                 durable=True)
         except SerializationError as exc:
             raise ConfigError(f"by= and note= must be plain data (str, numbers): {exc}") \
                 from exc

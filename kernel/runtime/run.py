@@ -45,9 +45,10 @@ from .aio import (
     OWED, SCOPED_ID, adrive, asleep_with, deferred, off_loop, raise_now, scope_tasks, scoped_id,
     settled, unscope_tasks,
 )
-from .journal import (
-    E_APPROVAL, E_INTENT, E_RECEIPT, E_RUN, E_STATUS, E_STEP, E_TRY, E_WARN, STATUSES,
-    Entry, JournalEntry, apply, bulk_load, fold,
+from .journal import STATUSES, Entry, JournalEntry, apply, bulk_load, fold
+from .records import (
+    ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
+    WarnRecord,
 )
 from .plan import CALL, ONCE, RECORD, SLEEP, Plan, drive, err_type, plain_version
 from .repair import damage_of
@@ -235,10 +236,7 @@ class Run:
         if st.fp is None and not st.order and not self._since:
             # tid: a run created now scopes its asyncio tasks' step ids (older runs keep one
             # counter, so that their journals replay)
-            rec = {"e": E_RUN, "t": self._clock(), "fp": fp, "tid": 1}
-            if in_b is not None:
-                rec["in"] = in_b
-            self._append(rec)
+            self._append(RunRecord(self._clock(), fp, 1, in_b).pack())
             self._task_ids = True
             self.status = "running"
             return
@@ -252,8 +250,8 @@ class Run:
         n = len(st.order)
         log.info("durkv: resuming run %r (status %s): %d recorded steps will replay",
                  self.run_id, st.status, n)
-        self._append({"e": E_STATUS, "t": self._clock(), "st": "running",
-                      "msg": f"resumed; {n} recorded steps"})
+        self._append(StatusRecord(self._clock(), "running",
+                                  msg=f"resumed; {n} recorded steps").pack())
         self.status = "running"
 
     def close(self, exc: BaseException | None = None, *, record: bool = True) -> bool:
@@ -326,14 +324,7 @@ class Run:
 
     def _status(self, status: str, step: str | None = None, msg: str | None = None,
                 until: float | None = None) -> None:
-        rec: dict = {"e": E_STATUS, "t": self._clock(), "st": status}
-        if step is not None:
-            rec["s"] = step
-        if msg is not None:
-            rec["msg"] = msg
-        if until is not None:
-            rec["until"] = until
-        self._append(rec)
+        self._append(StatusRecord(self._clock(), status, step, msg, until).pack())
         self.status = status
 
     def _sid(self, key: str | None) -> str:
@@ -395,8 +386,7 @@ class Run:
         log.warning("durkv: %s; replaying the recorded result (on_drift='warn')", msg)
         note = f"version drift: {what} {recorded!r} -> {running!r}; recorded result used"
         if note not in e.warnings:
-            self._append({"e": E_WARN, "t": self._clock(), "s": e.step_id, "g": e.gen,
-                          "msg": note})
+            self._append(WarnRecord(self._clock(), e.step_id, e.gen, note).pack())
         return False
 
     def _outcome(self, e: Entry) -> Any:
@@ -440,24 +430,22 @@ class Run:
 
     def _record_step(self, p: Plan, result: Any = None, exc: BaseException | None = None,
                      tries: list | None = None) -> None:
-        rec = _with_call_fields({"e": E_STEP, "t": self._clock(), "s": p.sid, "k": p.kind,
-                                 "n": p.name, "fp": p.fp, "t0": p.t0}, p, "pv")
-        self._add_outcome(rec, p, result, exc, tries,
-                          "nothing was recorded and the step will run again: return plain data")
-        self._append(rec)
+        t = self._clock()
+        tries, err, r = self._outcome_fields(p, result, exc, tries, "nothing was recorded "
+                                             "and the step will run again: return plain data")
+        self._append(StepRecord(t, p.sid, p.kind, p.name, p.fp, p.t0, p.gen, p.inputs,
+                                p.version, tries, err, r).pack())
 
     def _try(self, p: Plan, tries: list) -> None:
         """Journal a failed attempt that will be retried, before the next attempt: a
         re-execution goes on with the budget left (a tool's next intent, fsync'd, makes
         it durable; a step's follows the store's policy like the step's own record)."""
-        rec: dict = {"e": E_TRY, "t": self._clock(), "s": p.sid, "err": tries[-1]}
-        if p.gen:
-            rec["g"] = p.gen
         if p.spec is None:      # a step: no entry yet (its record comes at the end)
-            rec.update(k=p.kind, n=p.name, fp=p.fp)
-            if p.version is not None:
-                rec["pv"] = p.version
-        self._append(rec)
+            rec = TryRecord(self._clock(), p.sid, tries[-1], p.gen, p.kind, p.name, p.fp,
+                            p.version)
+        else:
+            rec = TryRecord(self._clock(), p.sid, tries[-1], p.gen)
+        self._append(rec.pack())
 
     def step(self, name: str, fn: Callable, *args: Any, prompt_version: Any = None,
              retry: Retry | None = None, key: str | None = None, secret: bool = False,
@@ -572,18 +560,15 @@ class Run:
         return p
 
     def _intent(self, p: Plan) -> None:
-        rec = _with_call_fields({"e": E_INTENT, "t": self._clock(), "s": p.sid, "n": p.name,
-                                 "fp": p.fp, "key": p.key, "rc": p.rc}, p, "tv")
-        if p.spec is not None and p.spec.at_most_once:
-            rec["amo"] = True
-        if p.comp_of is not None:
-            rec["comp"] = p.comp_of
+        t = self._clock()
         # a repair may have cut this call's records: held until the operator's word
         held = self._repair is not None and self._repair.doubt(
             p.sid, p.gen, p.key, p.name, self._st.latest(p.sid))
-        if held:
-            rec["cut"] = self._repair.ids[0]     # an intent no call follows
-        self._append(rec, durable=True)
+        self._append(IntentRecord(
+            t, p.sid, p.name, p.fp, p.key, p.rc, p.gen, p.inputs, p.version,
+            p.spec is not None and p.spec.at_most_once, p.comp_of,
+            self._repair.ids[0] if held else None).pack(),   # cut: an intent no call follows
+            durable=True)
         if held:
             log.error("durkv: in-doubt step: %s", held)
             self._status("in_doubt", p.sid, held)
@@ -591,14 +576,13 @@ class Run:
 
     def _receipt(self, p: Plan, result: Any = None, exc: BaseException | None = None,
                  tries: list | None = None) -> None:
-        rec: dict = {"e": E_RECEIPT, "t": self._clock(), "s": p.sid}
-        if p.gen:
-            rec["g"] = p.gen
-        self._add_outcome(rec, p, result, exc, tries,
-                          f"the call happened but has no receipt: a re-execution calls it "
-                          f"again with the same key ({p.key}). Return plain data")
+        t = self._clock()
+        tries, err, r = self._outcome_fields(p, result, exc, tries,
+                                             f"the call happened but has no receipt: a "
+                                             f"re-execution calls it again with the same key "
+                                             f"({p.key}). Return plain data")
         try:
-            self._append(rec, durable=True)
+            self._append(ReceiptRecord(t, p.sid, p.gen, tries, err, r).pack(), durable=True)
         except FrameTooLargeError as e:
             raise FrameTooLargeError(
                 f"tool {p.name!r} (step {p.sid} of run {self.run_id!r}, key {p.key}) was "
@@ -614,17 +598,15 @@ class Run:
                     "payload>)")
         return f"the next execution calls it again with the same key ({p.key})"
 
-    def _add_outcome(self, rec: dict, p: Plan, result: Any, exc: BaseException | None,
-                     tries: list | None, if_unencodable: str) -> None:
-        """A step's or receipt's outcome fields: the attempts' errors, then the final error
-        or the serialized result (SerializationError, saying ``if_unencodable``)."""
-        if tries:
-            rec["tries"] = tries
+    def _outcome_fields(self, p: Plan, result: Any, exc: BaseException | None,
+                        tries: list | None, if_unencodable: str) -> tuple:
+        """A step's or receipt's outcome fields ``(tries, err, result)``: the attempts'
+        errors, then the final error or the serialized result (SerializationError, saying
+        ``if_unencodable``)."""
         if exc is not None:
-            rec["err"] = self._err(exc)
-            return
+            return tries, self._err(exc), None
         try:
-            rec["r"] = self._values.record(result)
+            return tries, None, self._values.record(result)
         except Exception as e:
             if inspect.isawaitable(result):      # fn is async: its body has not run
                 getattr(result, "close", lambda: None)()
@@ -766,22 +748,21 @@ class Run:
                                      f"{e}", run_id=self.run_id) from e
         e = self._check(sid, "approval", action, None)
         if e is None:
-            self._append({"e": E_APPROVAL, "t": self._clock(), "s": sid, "n": action,
-                          "fp": fp, "in": pb}, durable=True)
+            self._append(ApprovalRecord(self._clock(), sid, action, fp, pb).pack(), durable=True)
             log.info("durkv: run %r step %s waits for approval of %r", self.run_id, sid, action)
             raise Interrupted(self.run_id, sid, action, payload)
-        d = e.decision
-        if not self._values.matches(e.fp if d is None else d.get("fp"), fp, e.inputs,
+        d = None if e.decision is None else DecisionRecord.of(e.decision)
+        if not self._values.matches(e.fp if d is None else d.fp, fp, e.inputs,
                                     lambda p: [action, p]):
             what = "decided" if d is not None else "requested"
             raise ApprovalMismatchError(
                 f"run {self.run_id!r} step {sid}: approval of {action!r} was {what} for "
-                f"payload {(d or {}).get('fp', e.fp):016x}, the code now asks about {fp:016x}: "
+                f"payload {e.fp if d is None else d.fp:016x}, the code now asks about {fp:016x}: "
                 "the payload changed after the request; start a new run id or restore the "
                 "payload", run_id=self.run_id, step_id=sid)
         if d is None:
             raise Interrupted(self.run_id, sid, action, payload)
-        return Decision(sid, bool(d.get("ok")), d.get("by"), d.get("note"), d.get("t"))
+        return Decision(sid, bool(d.ok), d.by, d.note, d.t)
 
     # -- time and chance ---------------------------------------------------------------------
 
@@ -845,18 +826,6 @@ class Run:
     def journal(self) -> list[JournalEntry]:
         """The run's journal entries in call order, read from the store."""
         return describe(self.store, self.run_id)
-
-
-def _with_call_fields(rec: dict, p: Plan, version_field: str) -> dict:
-    """A STEP's or INTENT's optional fields, in the order of docs/FORMAT.md 5a: the
-    generation, the inputs kept, the version (``pv`` of a prompt, ``tv`` of a tool)."""
-    if p.gen:
-        rec["g"] = p.gen
-    if p.inputs is not None:
-        rec["in"] = p.inputs
-    if p.version is not None:
-        rec[version_field] = p.version
-    return rec
 
 
 def _kwargs_of(p: Plan, kwargs: dict) -> dict:
