@@ -5,8 +5,6 @@ encoding, keys, and live manifests.
 (3, 10, [b'a', b'bc'])
 >>> seg_key(0, 412)
 'live/seg/00000000000000000000-00000000000000000412.seg'
->>> seg_range("live/seg/00000000000000000000-00000000000000000412.seg")
-(0, 412)
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from durkv.errors import CorruptionError
 from durkv.log import crc32c
 
 __all__ = ["encode_batch", "decode_batch", "FENCE_BYTES", "EPOCHS", "WAL", "SEGS", "LEASES",
-           "LIVE_MANIFESTS", "num_key", "num_of", "newest_numbered", "seg_key", "seg_range", "SegRef",
+           "LIVE_MANIFESTS", "num_key", "num_of", "newest_numbered", "seg_key", "SegRef",
            "LiveManifest", "Piece"]
 
 _MAGIC = b"DKVBAT\x00\x01"
@@ -94,14 +92,6 @@ def newest_numbered(loc: Any, prefix: str, ext: str) -> tuple[str, dict] | None:
 
 def seg_key(first_lsn: int, end_lsn: int) -> str:
     return f"{SEGS}{first_lsn:0{_DIGITS}d}-{end_lsn:0{_DIGITS}d}.seg"
-
-
-def seg_range(rel: str) -> tuple[int, int] | None:
-    stem = rel[len(SEGS):].removesuffix(".seg") if rel.startswith(SEGS) else ""
-    a, _, b = stem.partition("-")
-    if len(a) == len(b) == _DIGITS and a.isdigit() and b.isdigit():
-        return int(a), int(b)
-    return None
 
 
 @dataclass(frozen=True)

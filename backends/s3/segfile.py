@@ -5,9 +5,6 @@ base and start LSN) and, for a sealed segment, the trailer and its frame-offset
 index, so that a point-in-time restore can cut a segment after a given frame.
 The C log remains the judge of a segment's integrity (``durkv.log.verify``); these
 checks only make sure the archive's bookkeeping names the right file.
-
->>> seg_file_name(1000000)
-'00000000000f4240.seg'
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from dataclasses import dataclass
 from durkv.log import crc32c
 
 __all__ = ["SegmentHeader", "SegmentTrailer", "read_header", "read_trailer", "cut_after",
-           "seg_file_name", "HEADER_LEN", "TRAILER_LEN"]
+           "HEADER_LEN", "TRAILER_LEN"]
 
 HEADER_LEN = 64
 TRAILER_LEN = 48
@@ -42,11 +39,6 @@ class SegmentTrailer:
     first_lsn: int
     last_lsn: int
     data_end: int
-
-
-def seg_file_name(base_lsn: int) -> str:
-    """The local file name of the segment whose first frame is ``base_lsn``."""
-    return f"{base_lsn:016x}.seg"
 
 
 def read_header(data: bytes) -> SegmentHeader | None:
