@@ -125,8 +125,7 @@ class Demo:
         self.workdir, self.run_id, self.steps = workdir, run_id, steps
         self.durability, self.say = durability, say
         self.rng = random.Random(seed)
-        # never after the last-but-one step: the agent could finish before the signal lands
-        self.kill_at = sorted(self.rng.sample(range(1, steps - 1), crashes))
+        self.kill_at = sorted(self.rng.sample(kill_steps(steps), crashes))
         self.kills: list[dict] = []         # {"pid", "after_step"}
         self.agent_pids: list[int] = []
         self.approvals: list[dict] = []     # {"step_id", "by", "approver_pid", "agent_pid"}
@@ -266,13 +265,22 @@ class Demo:
                 "start_seconds": self.start_seconds}
 
 
+def kill_steps(steps: int) -> range:
+    """The steps a kill may follow: none in the last quarter of the run. The demo hears
+    of a step after the agent made it, and a fast agent (1,000 steps/s) can finish the
+    run between the step that was due a kill and the signal: every kill asked for must
+    land while the run still has steps to go."""
+    return range(1, max(2, steps * 3 // 4))
+
+
 def check_options(steps: int, crashes: int) -> None:
     if steps < STEPS_PER_TICKET:
         raise ConfigError(f"--steps {steps}: the agent needs at least {STEPS_PER_TICKET} "
                           f"steps (one ticket); the default is {DEFAULT_STEPS}")
-    if not 0 <= crashes <= steps - 2:
-        raise ConfigError(f"--crashes {crashes}: give 0 to {steps - 2} for --steps {steps} "
-                          "(at most one kill after each step but the last two)")
+    most = len(kill_steps(steps))
+    if not 0 <= crashes <= most:
+        raise ConfigError(f"--crashes {crashes}: give 0 to {most} for --steps {steps} "
+                          "(at most one kill after each step of the first three quarters)")
 
 
 @click.command()
