@@ -1,0 +1,241 @@
+"""A call's inputs as items: each recorded once per run, the rest by reference.
+
+docs/FORMAT.md 5a (``ir``): the inputs ``[args, kwargs]`` of a step or tool are a
+sequence of items -- the elements of each positional argument that is a ``list``, every
+other positional argument, then the keyword arguments. An agent passes its growing
+message list to its model step on every turn; a record keeps the items the previous
+record of that step name did not have (and a step's own result, which comes back as an
+item of the next call, as a reference to it), so the journal grows by the new messages,
+not by the history.
+
+Two sides, both exact (the items' bytes decide, never an object's identity):
+
+- :class:`InputRefs` (the writer, one per :class:`durkv.Run`): encodes a call's items,
+  finds what an earlier record of the run already holds, and builds the record's fields;
+- :func:`by_ref` (the fold) links an ``ir`` to the records it names, as they stand at
+  that record, and :func:`decoded` rebuilds the value ``[args, kwargs]`` from the links.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+__all__ = ["InputRefs", "Encoded", "ByRef", "Unreadable", "by_ref", "decoded", "flatten",
+           "SMALL_INPUTS", "RECENT_RESULTS"]
+
+# default serde: inputs up to this many bytes are journaled whole (`in`), as before items:
+# a reference saves little there, and one encode of the whole value is the fastest path
+SMALL_INPUTS = 1024
+RECENT_RESULTS = 256     # step results a new item may refer to (the newest ones)
+
+
+def flatten(args: Any, kwargs: Any) -> tuple[list[int], list]:
+    """``(shape, items)`` of the inputs ``[args, kwargs]`` (FORMAT.md 5a ``ir``)."""
+    shape: list[int] = []
+    items: list = []
+    for a in args:
+        if type(a) is list:
+            shape.append(len(a))
+            items.extend(a)
+        else:
+            shape.append(-1)
+            items.append(a)
+    items.append(kwargs)
+    return shape, items
+
+
+def _unflatten(shape: list[int], items: list) -> list:
+    args, i = [], 0
+    for n in shape:
+        if n < 0:
+            args.append(items[i])
+            i += 1
+        else:
+            args.append(items[i:i + n])
+            i += n
+    if i != len(items) - 1:
+        raise Unreadable(f"the record's shape names {i + 1} items, it holds {len(items)}")
+    return [args, items[i]]
+
+
+def _count(shape: list[int]) -> int:
+    return sum(1 if n < 0 else n for n in shape) + 1
+
+
+class Encoded(NamedTuple):
+    """A call's inputs as a record keeps them: ``inputs`` (``in``) or ``refs`` (``ir``) or
+    neither (secret, too large), the fingerprint, and ``items`` (the serde bytes of every
+    item) when a later record may refer to this one."""
+
+    inputs: bytes | None
+    refs: list | None
+    fp: int
+    items: list | None
+
+
+class InputRefs:
+    """The writer's memory of what the run's journal holds: per ``(kind, name)`` the items
+    of the latest record it appended with inputs, and its newest step results by their
+    bytes' fingerprint. Only records already appended are remembered (see
+    :meth:`recorded`): a reference never points forward in the log."""
+
+    __slots__ = ("values", "limit", "bases", "results")
+
+    def __init__(self, values: Any, limit: int) -> None:
+        self.values = values        # durkv.runtime.values.Values of the store's serde
+        self.limit = limit          # the most new bytes a record keeps (MAX_INLINE_INPUTS)
+        self.bases: dict[tuple[str, str], tuple[str, int, list[bytes]]] = {}
+        self.results: dict[int, tuple[str, int, bytes]] = {}
+
+    def encode(self, kind: str, name: str, args: tuple, kwargs: dict,
+               secret: bool) -> Encoded:
+        """The record fields of a call's inputs (raises what the serde raises)."""
+        v = self.values
+        whole = None
+        if v.default_serde:     # compositional: the whole encoding is the items' bytes joined
+            whole, fp = v.encode([list(args), kwargs])
+            if secret or len(whole) <= SMALL_INPUTS:
+                return Encoded(None if secret else whole, None, fp, None)
+            shape, objs = flatten(args, kwargs)
+            items = [v.dumps(x) for x in objs]
+        else:
+            shape, objs = flatten(args, kwargs)
+            items = [v.dumps(x) for x in objs]
+            fp = v.fingerprint_items(shape, objs, items)
+            if secret:
+                return Encoded(None, None, fp, None)
+        return self._fields(kind, name, shape, items, fp, whole)
+
+    def _fields(self, kind: str, name: str, shape: list[int], items: list[bytes], fp: int,
+                whole: bytes | None) -> Encoded:
+        base = self.bases.get((kind, name))
+        k, ref = 0, None
+        if base is not None:
+            bitems = base[2]
+            if items[:len(bitems)] == bitems:       # the common case: a list grown at its end
+                k = len(bitems)
+            else:
+                n = min(len(items), len(bitems))
+                while k < n and items[k] == bitems[k]:
+                    k += 1
+            if k:
+                ref = [base[0], base[1], k]
+        new: list = []
+        size = 0
+        results, fingerprint = self.results, self.values.fingerprint
+        for b in items[k:]:
+            hit = results.get(fingerprint(b)) if results else None
+            if hit is not None and hit[2] == b:
+                new.append([hit[0], hit[1]])
+            else:
+                new.append(b)
+                size += len(b)
+        if ref is None and whole is not None and all(type(x) is bytes for x in new):
+            # nothing shared: the record is written as before items existed
+            keep = whole if len(whole) <= self.limit else None
+            return Encoded(keep, None, fp, items if keep is not None else None)
+        if size > self.limit:
+            return Encoded(None, None, fp, None)
+        return Encoded(None, [shape, ref, new], fp, items)
+
+    def recorded(self, sid: str, gen: int, kind: str, name: str, enc: Encoded | None,
+                 result: bytes | None) -> None:
+        """A record of step ``(sid, gen)`` was appended: later records may refer to its
+        inputs (``enc``) and its ``result``."""
+        if enc is not None:
+            if enc.items is not None:
+                self.bases[(kind, name)] = (sid, gen, enc.items)
+            else:   # this record keeps no inputs: the reader's (sid, gen) holds none now
+                self.bases.pop((kind, name), None)
+        if result is not None:
+            results = self.results
+            results[self.values.fingerprint(result)] = (sid, gen, result)
+            if len(results) > RECENT_RESULTS:
+                del results[next(iter(results))]    # the oldest (dicts keep their order)
+
+
+# ---- the reader's side ------------------------------------------------------------------
+
+class Unreadable(Exception):
+    """A record's inputs cannot be rebuilt: a record it refers to is not in the journal
+    (cut by a repair), or the record is malformed."""
+
+
+class ByRef:
+    """A record's ``ir`` linked to what it refers to, as the journal stood at the record:
+    ``base`` the referred record's inputs (``in`` bytes, a ByRef, or an
+    :class:`Unreadable` when it was not found), ``new`` the new items' bytes (or an
+    Unreadable)."""
+
+    __slots__ = ("shape", "base", "k", "new", "items")
+
+    def __init__(self, shape: list[int], base: Any, k: int, new: list) -> None:
+        self.shape, self.base, self.k, self.new = shape, base, k, new
+        self.items: list | None = None      # the decoded items, once rebuilt
+
+
+def by_ref(ir: Any, find: Callable[[str, int], Any]) -> ByRef:
+    """Link the ``ir`` of a record; ``find(step_id, gen)`` gives the folded entry (its
+    ``inputs`` and ``result`` as of this record) or None."""
+    try:
+        shape, base, new = ir
+        k = 0
+        ref: Any = None
+        if base is not None:
+            s, g, k = base
+            e = find(s, g)
+            ref = e.inputs if e is not None and e.inputs is not None else Unreadable(
+                f"step {s} generation {g}, whose inputs it shares, is not in the journal")
+        items = []
+        for x in new:
+            if type(x) is not bytes:
+                e = find(x[0], x[1])
+                x = e.result if e is not None and e.result is not None else Unreadable(
+                    f"step {x[0]} generation {x[1]}, whose result is one of its items, is "
+                    "not in the journal")
+            items.append(x)
+        if type(k) is not int or k < 0 or k + len(items) != _count(shape):
+            raise ValueError(f"{k} shared and {len(items)} new items for shape {shape}")
+    except Exception as e:
+        return ByRef([], Unreadable(f"a malformed `ir` ({type(e).__name__}: {e})"), 0, [])
+    return ByRef(shape, ref, k, items)
+
+
+def decoded(inputs: Any, loads: Callable[[bytes], Any]) -> Any:
+    """The value ``[args, kwargs]`` of a record's inputs (``in`` bytes or a :class:`ByRef`).
+
+    Raises:
+        Unreadable: a record it refers to is missing; an item does not decode.
+    """
+    if type(inputs) is bytes:
+        return loads(inputs)
+    return _unflatten(inputs.shape, _items(inputs, loads))
+
+
+def _items(x: ByRef, loads: Callable[[bytes], Any]) -> list:
+    """The decoded items of ``x``: its chain of bases walked without recursion (a chain is
+    as long as the run), each link's items kept for the records that refer to it."""
+    chain = []
+    link: Any = x
+    while type(link) is ByRef and link.items is None:
+        chain.append(link)
+        link = link.base
+    if isinstance(link, Unreadable):
+        raise link
+    if link is None:
+        prefix: list = []
+    elif type(link) is bytes:        # an `in`: split by the same rule (the default serde)
+        v = loads(link)
+        prefix = flatten(v[0], v[1])[1]
+    else:
+        prefix = link.items
+    for y in reversed(chain):
+        if y.k > len(prefix):
+            raise Unreadable(f"it shares {y.k} items of a record that holds {len(prefix)}")
+        new = []
+        for b in y.new:
+            if isinstance(b, Unreadable):
+                raise b
+            new.append(loads(b))
+        y.items = prefix = prefix[:y.k] + new
+    return x.items
