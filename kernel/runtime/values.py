@@ -189,16 +189,26 @@ class Values:
         """The canonical fingerprint of the inputs ``[args, kwargs]`` from their items
         (runtime/inputs.py: ``values`` the items, ``items`` their serde bytes): msgpack
         is compositional, an array is its header and its elements' encodings."""
-        canon = self.canonical_bytes
+        canon, foreign = self.canonical_bytes, self._foreign
+        out = []
+        for v, b in zip(values, items):
+            if foreign.get(type(v)) and len(b) < 65536:    # the hot path: a LangGraph message
+                n = len(b)
+                out.append(_ext_header(_EXT_FOREIGN, n) + b if n < 256
+                           else b"\xc8" + n.to_bytes(2, "big") + b"\x7f" + b)
+            else:
+                out.append(canon(v, b))
         parts = [b"\x92", _array_header(len(shape))]
         i = 0
         for n in shape:
-            if n >= 0:
+            if n < 0:
+                parts.append(out[i])
+                i += 1
+            else:
                 parts.append(_array_header(n))
-            for j in range(i, i + (1 if n < 0 else n)):
-                parts.append(canon(values[j], items[j]))
-            i += 1 if n < 0 else n
-        parts.append(canon(values[i], items[i]))
+                parts.extend(out[i:i + n])
+                i += n
+        parts.append(out[i])
         return fingerprint(b"".join(parts))
 
     def canonical(self, value: Any) -> int:
