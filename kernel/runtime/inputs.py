@@ -142,12 +142,12 @@ class InputRefs:
                  result: bytes | None) -> None:
         """A record of step ``(sid, gen)`` was appended: later records may refer to its
         inputs (``enc``) and its ``result``."""
-        if enc is not None:
-            if enc.items is not None:
-                self.bases[(kind, name)] = (sid, gen, enc.items)
-            else:   # this record keeps no inputs: the reader's (sid, gen) holds none now
-                self.bases.pop((kind, name), None)
-        if result is not None:
+        bases = self.bases
+        if enc is not None and enc.items is not None:
+            bases[(kind, name)] = (sid, gen, enc.items)
+        elif bases and enc is not None:     # kept no items to refer to (secret, too large,
+            bases.pop((kind, name), None)   # small): the reader's (sid, gen) may hold none
+        if result is not None and bases:    # only a run with items to encode looks results up
             results = self.results
             results[self.values.fingerprint(result)] = (sid, gen, result)
             if len(results) > RECENT_RESULTS:
