@@ -154,6 +154,20 @@ def test_secret_and_too_large_inputs_keep_no_items_and_break_the_chain(url):
             [[c], {}] if k else None for c, k in zip(calls, kept)]
 
 
+def test_inputs_by_reference_survive_compaction_and_a_copy(url):
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            history = _agent(run, 12)
+        want = [e.inputs for e in run.journal()]
+        assert want[-1] == [[history[:-2]], {"temperature": 0.5}]
+        s.compact()
+        s.copy_thread("r", "r2")
+        for rid in ("r", "r2"):
+            assert [e.inputs for e in durkv.runtime.view.describe(s, rid)] == want
+            with s.run(rid) as run:
+                assert _agent(run, 12, calls := []) == history and calls == []
+
+
 # ---- LangGraph's serde: messages, results referred to by content --------------------------
 
 
