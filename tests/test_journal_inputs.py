@@ -168,6 +168,32 @@ def test_inputs_by_reference_survive_compaction_and_a_copy(url):
                 assert _agent(run, 12, calls := []) == history and calls == []
 
 
+def test_threads_calling_one_step_name_refer_only_to_records_already_written(url):
+    """Steps with key= from several threads share the writer's memory: a record refers
+    only to a record appended before it, so every input rebuilds (whichever thread's
+    record it shares items with)."""
+    import threading
+
+    common = [_msg(i, "system") for i in range(6)]
+    passed: dict[str, list] = {}
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            def worker(w):
+                h = list(common)
+                for i in range(25):
+                    key = f"w{w}-{i}"
+                    passed[key] = [[list(h)], {}]
+                    h.append(run.step("model", _reply, h, key=key))
+            threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+        got = {e.step_id: e.inputs for e in run.journal()}
+        assert got == passed
+        assert sum("ir" in r for r in _steps(s, "r")) > 50
+
+
 # ---- LangGraph's serde: messages, results referred to by content --------------------------
 
 

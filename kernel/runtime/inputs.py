@@ -151,7 +151,10 @@ class InputRefs:
             results = self.results
             results[self.values.fingerprint(result)] = (sid, gen, result)
             if len(results) > RECENT_RESULTS:
-                del results[next(iter(results))]    # the oldest (dicts keep their order)
+                try:        # the oldest (dicts keep their order)
+                    del results[next(iter(results))]
+                except (RuntimeError, KeyError, StopIteration):
+                    pass    # another thread (steps with key=) changed it: it evicts next time
 
 
 # ---- the reader's side ------------------------------------------------------------------
