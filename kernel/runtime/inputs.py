@@ -18,7 +18,7 @@ Two sides, both exact (the items' bytes decide, never an object's identity):
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 __all__ = ["InputRefs", "Encoded", "ByRef", "Unreadable", "by_ref", "decoded", "flatten",
            "SMALL_INPUTS", "RECENT_RESULTS"]
@@ -62,15 +62,12 @@ def _count(shape: list[int]) -> int:
     return sum(1 if n < 0 else n for n in shape) + 1
 
 
-class Encoded(NamedTuple):
-    """A call's inputs as a record keeps them: ``inputs`` (``in``) or ``refs`` (``ir``) or
-    neither (secret, too large), the fingerprint, and ``items`` (the serde bytes of every
-    item) when a later record may refer to this one."""
-
-    inputs: bytes | None
-    refs: list | None
-    fp: int
-    items: list | None
+# A call's inputs as a record keeps them, a plain tuple (built on every step, replayed or
+# new: a NamedTuple's Python-level __new__ costs ~0.7 us more):
+# (inputs: the `in` bytes or None, refs: the `ir` or None -- neither: secret or too
+# large --, fp: the fingerprint, items: the serde bytes of every item when a later record
+# may refer to this one, else None)
+Encoded = tuple
 
 
 class InputRefs:
@@ -79,11 +76,13 @@ class InputRefs:
     bytes' fingerprint. Only records already appended are remembered (see
     :meth:`recorded`): a reference never points forward in the log."""
 
-    __slots__ = ("values", "limit", "bases", "results")
+    __slots__ = ("values", "limit", "bases", "results", "whole")
 
     def __init__(self, values: Any, limit: int) -> None:
         self.values = values        # durkv.runtime.values.Values of the store's serde
         self.limit = limit          # the most new bytes a record keeps (MAX_INLINE_INPUTS)
+        # the default serde is compositional: its whole encoding is the items' bytes joined
+        self.whole = values.encode if values.default_serde else None
         self.bases: dict[tuple[str, str], tuple[str, int, list[bytes]]] = {}
         self.results: dict[int, tuple[str, int, bytes]] = {}
 
@@ -92,10 +91,10 @@ class InputRefs:
         """The record fields of a call's inputs (raises what the serde raises)."""
         v = self.values
         whole = None
-        if v.default_serde:     # compositional: the whole encoding is the items' bytes joined
-            whole, fp = v.encode([list(args), kwargs])
-            if secret or len(whole) <= SMALL_INPUTS:
-                return Encoded(None if secret else whole, None, fp, None)
+        if self.whole is not None:
+            whole, fp = self.whole([list(args), kwargs])
+            if len(whole) <= SMALL_INPUTS or secret:    # the hot path: as before items
+                return None if secret else whole, None, fp, None
             shape, objs = flatten(args, kwargs)
             items = [v.dumps(x) for x in objs]
         else:
@@ -103,7 +102,7 @@ class InputRefs:
             items = [v.dumps(x) for x in objs]
             fp = v.fingerprint_items(shape, objs, items)
             if secret:
-                return Encoded(None, None, fp, None)
+                return None, None, fp, None
         return self._fields(kind, name, shape, items, fp, whole)
 
     def _fields(self, kind: str, name: str, shape: list[int], items: list[bytes], fp: int,
@@ -133,18 +132,18 @@ class InputRefs:
         if ref is None and whole is not None and all(type(x) is bytes for x in new):
             # nothing shared: the record is written as before items existed
             keep = whole if len(whole) <= self.limit else None
-            return Encoded(keep, None, fp, items if keep is not None else None)
+            return keep, None, fp, items if keep is not None else None
         if size > self.limit:
-            return Encoded(None, None, fp, None)
-        return Encoded(None, [shape, ref, new], fp, items)
+            return None, None, fp, None
+        return None, [shape, ref, new], fp, items
 
     def recorded(self, sid: str, gen: int, kind: str, name: str, enc: Encoded | None,
                  result: bytes | None) -> None:
         """A record of step ``(sid, gen)`` was appended: later records may refer to its
         inputs (``enc``) and its ``result``."""
         bases = self.bases
-        if enc is not None and enc.items is not None:
-            bases[(kind, name)] = (sid, gen, enc.items)
+        if enc is not None and enc[3] is not None:
+            bases[(kind, name)] = (sid, gen, enc[3])
         elif bases and enc is not None:     # kept no items to refer to (secret, too large,
             bases.pop((kind, name), None)   # small): the reader's (sid, gen) may hold none
         if result is not None and bases:    # only a run with items to encode looks results up

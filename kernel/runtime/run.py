@@ -477,10 +477,10 @@ class Run:
         """The plan of ``step``/``astep``: its inputs and version checked before any call."""
         if prompt_version is not None and type(prompt_version) is not str:
             prompt_version = plain_version(prompt_version)
-        enc = self._inputs("step", name, args, kwargs, secret)
-        p = self._plan_step(sid, "step", name, enc.fp, enc.inputs, prompt_version, retry_failed)
+        inputs, refs, fp, _items = enc = self._inputs("step", name, args, kwargs, secret)
+        p = self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
         if not p.replay:
-            p.refs, p.encoded = enc.refs, enc
+            p.refs, p.encoded = refs, enc
         return p
 
     def attempts(self, p: Plan, retry: Retry | None) -> Generator:
@@ -524,10 +524,9 @@ class Run:
 
     def _plan_tool(self, sid: str, spec: ToolSpec, args: tuple, kwargs: dict, secret: bool,
                    comp_of: str | None = None, retry_failed: bool = False) -> Plan:
-        enc = self._inputs("tool", spec.name, args, kwargs, secret)
-        fp = enc.fp
-        p = Plan(sid, "tool", spec.name, fp, enc.inputs, spec.version)
-        p.spec, p.comp_of, p.refs, p.encoded = spec, comp_of, enc.refs, enc
+        inputs, refs, fp, _items = enc = self._inputs("tool", spec.name, args, kwargs, secret)
+        p = Plan(sid, "tool", spec.name, fp, inputs, spec.version)
+        p.spec, p.comp_of, p.refs, p.encoded = spec, comp_of, refs, enc
         base = f"{self.run_id}:{sid}"
         p.key = base
         e = self._check(sid, "tool", spec.name, fp)
