@@ -194,6 +194,29 @@ def test_threads_calling_one_step_name_refer_only_to_records_already_written(url
         assert sum("ir" in r for r in _steps(s, "r")) > 50
 
 
+@pytest.mark.parametrize("serde", ["default", "langgraph"])
+def test_a_resumed_run_refers_to_the_history_recorded_before(tmp_path, serde):
+    """A new execution (a new process, a restarted agent) replays the recorded turns and
+    its first new record refers to the last one recorded before, not to nothing: a long
+    conversation resumed is not journaled whole (nor, over 64 KiB, by fingerprint only)."""
+    kw = {}
+    if serde == "langgraph":
+        pytest.importorskip("langgraph")
+        from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+        from durkv.langgraph_serde import LangGraphSerde
+        kw["serde"] = LangGraphSerde(JsonPlusSerializer())
+    with durkv.open(str(tmp_path / "s.durkv"), **kw) as s:
+        with s.run("r") as run:
+            _agent(run, 10)
+        with s.run("r") as run:
+            history = _agent(run, 14, calls := [])
+        assert calls == [21, 23, 25, 27]           # four new turns after ten replayed
+        recs = _steps(s, "r")
+        assert recs[10]["ir"][1] == ["9", 0, 19]    # the new tool message, then new items
+        assert [e.inputs for e in run.journal()][-1] == [[history[:-2]], {"temperature": 0.5}]
+
+
 # ---- LangGraph's serde: messages, results referred to by content --------------------------
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 __all__ = ["InputRefs", "Encoded", "ByRef", "Unreadable", "by_ref", "decoded", "flatten",
+           "item_bytes",
            "SMALL_INPUTS", "RECENT_RESULTS"]
 
 # default serde: inputs up to this many bytes are journaled whole (`in`), as before items:
@@ -74,13 +75,18 @@ class InputRefs:
     """The writer's memory of what the run's journal holds: per ``(kind, name)`` the items
     of the latest record it appended with inputs, and its newest step results by their
     bytes' fingerprint. Only records already appended are remembered (see
-    :meth:`recorded`): a reference never points forward in the log."""
+    :meth:`recorded`): a reference never points forward in the log. A name this writer has
+    not recorded yet starts from the journal's latest entry of that name (``latest``, the
+    run's folded state): a resumed conversation refers to the history recorded before."""
 
-    __slots__ = ("values", "limit", "bases", "results", "whole")
+    __slots__ = ("values", "limit", "bases", "results", "whole", "latest", "seeded")
 
-    def __init__(self, values: Any, limit: int) -> None:
+    def __init__(self, values: Any, limit: int,
+                 latest: Callable[[str, str], Any] | None = None) -> None:
         self.values = values        # durkv.runtime.values.Values of the store's serde
         self.limit = limit          # the most new bytes a record keeps (MAX_INLINE_INPUTS)
+        self.latest = latest        # (kind, name) -> the latest folded Entry with inputs
+        self.seeded: set[tuple[str, str]] = set()
         # the default serde is compositional: its whole encoding is the items' bytes joined
         self.whole = values.encode if values.default_serde else None
         self.bases: dict[tuple[str, str], tuple[str, int, list[bytes]]] = {}
@@ -108,6 +114,11 @@ class InputRefs:
     def _fields(self, kind: str, name: str, shape: list[int], items: list[bytes], fp: int,
                 whole: bytes | None) -> Encoded:
         base = self.bases.get((kind, name))
+        if base is None and self.latest is not None and (kind, name) not in self.seeded:
+            self.seeded.add((kind, name))       # once: the scan is O(entries)
+            base = self._seed(kind, name)
+            if base is not None:
+                self.bases[(kind, name)] = base
         k, ref = 0, None
         if base is not None:
             bitems = base[2]
@@ -136,6 +147,12 @@ class InputRefs:
         if size > self.limit:
             return None, None, fp, None
         return None, [shape, ref, new], fp, items
+
+    def _seed(self, kind: str, name: str) -> tuple[str, int, list[bytes]] | None:
+        """The journal's latest entry of ``(kind, name)`` as a base: its items' bytes."""
+        e = self.latest(kind, name)
+        items = None if e is None else item_bytes(e.inputs, self.values)
+        return None if items is None else (e.step_id, e.gen, items)
 
     def recorded(self, sid: str, gen: int, kind: str, name: str, enc: Encoded | None,
                  result: bytes | None) -> None:
@@ -201,6 +218,29 @@ def by_ref(ir: Any, find: Callable[[str, int], Any]) -> ByRef:
     except Exception as e:
         return ByRef([], Unreadable(f"a malformed `ir` ({type(e).__name__}: {e})"), 0, [])
     return ByRef(shape, ref, k, items)
+
+
+def item_bytes(inputs: Any, values: Any) -> list[bytes] | None:
+    """The serde bytes of every item of a folded record's inputs, as a reader rebuilds
+    them (None: not rebuildable without decoding what another serde wrote, or lost)."""
+    chain = []
+    while type(inputs) is ByRef:
+        chain.append(inputs)
+        inputs = inputs.base
+    items: list = []
+    if inputs is not None:      # an `in`: split by decoding it (the default serde only)
+        if type(inputs) is not bytes or not values.default_serde:
+            return None
+        try:
+            v = values.loads(inputs)
+            items = [values.dumps(x) for x in flatten(v[0], v[1])[1]]
+        except Exception:
+            return None
+    for y in reversed(chain):
+        if y.k > len(items) or any(type(b) is not bytes for b in y.new):
+            return None
+        items = items[:y.k] + y.new
+    return items
 
 
 def decoded(inputs: Any, loads: Callable[[bytes], Any]) -> Any:

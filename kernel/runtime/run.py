@@ -121,7 +121,7 @@ class Run:
         self._loads = store.serde.loads
         self._values = Values(store.serde)     # recorded values, fingerprints, exceptions
         # what this Run appended that later inputs may refer to (FORMAT.md 5a `ir`)
-        self._refs = InputRefs(self._values, MAX_INLINE_INPUTS)
+        self._refs = InputRefs(self._values, MAX_INLINE_INPUTS, self._latest_inputs)
         self._lock = threading.RLock()
         self._n = count()
         self._compensable: list[tuple[str, ToolSpec, bytes]] = []
@@ -355,6 +355,14 @@ class Run:
                 f"({e}); "
                 "pass plain data (a client object belongs in the function, not its "
                 "arguments)", run_id=self.run_id) from e
+
+    def _latest_inputs(self, kind: str, name: str) -> Entry | None:
+        """The latest folded entry of ``kind`` ``name`` that keeps inputs (a base for the
+        inputs of a call this Run has not recorded yet: runtime/inputs.py)."""
+        for e in reversed(self._st.order):
+            if e.kind == kind and e.name == name and e.inputs is not None:
+                return e
+        return None
 
     def _check(self, sid: str, kind: str, name: str, fp: int | None) -> Entry | None:
         e = self._st.latest(sid)
