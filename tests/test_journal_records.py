@@ -57,8 +57,8 @@ def _name(cls: type) -> str:
 
 def test_the_table_is_read():
     events = documented_events()
-    assert events[2] == ("STEP", {"e", "t", "s", "g", "k", "n", "fp", "in", "pv", "r", "err",
-                                  "tries", "t0"})
+    assert events[2] == ("STEP", {"e", "t", "s", "g", "k", "n", "fp", "in", "ir", "pv", "r",
+                                  "err", "tries", "t0"})
     assert events[8] == ("STATUS", {"e", "t", "st", "until", "s", "msg"})
 
 

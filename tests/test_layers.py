@@ -82,6 +82,7 @@ RANKS = {
     "durkv.store": 37,              # the package: re-exports the public names
     # runtime (kernel/runtime/): the run journal, over the store's public API
     "durkv.runtime.records": 59.5,  # journal records: one type per event (FORMAT.md 5a)
+    "durkv.runtime.inputs": 59.7,   # a call's inputs as items, recorded once, by reference
     "durkv.runtime.journal": 60,
     "durkv.runtime.tools": 60,
     "durkv.runtime.values": 60,     # recorded values, canonical fingerprints, exceptions

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from .inputs import by_ref
 from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_RUN, E_STATUS,
                       E_STEP, E_TRY, E_WARN, ApprovalRecord, DecisionRecord, IntentRecord,
                       ReceiptRecord, ResolveRecord, RunRecord, StatusRecord, StepRecord,
@@ -44,7 +45,7 @@ class Entry:
         self.kind = kind        # step | tool | approval | now | random | uuid | sleep
         self.name = name
         self.fp = fp
-        self.inputs: bytes | None = None
+        self.inputs: Any = None     # `in` bytes, or an `ir` linked (inputs.ByRef), or None
         self.prompt_version: Any = None
         self.tool_version: Any = None
         self.key: str | None = None
@@ -83,6 +84,13 @@ class RunState:
     def latest(self, step_id: str) -> Entry | None:
         gens = self.entries.get(step_id)
         return gens[-1] if gens else None
+
+    def find(self, step_id: str, gen: int) -> Entry | None:
+        """The entry of step ``step_id`` generation ``gen``, if folded."""
+        for e in self.entries.get(step_id, ()):
+            if e.gen == gen:
+                return e
+        return None
 
 
 def _entry(st: RunState, sid: str, gen: int, kind: str, name: str | None, fp: int | None,
@@ -143,10 +151,10 @@ _FINAL = object()   # a fold that changed nothing: an answer after the first, wh
 # fields into names, in its type's order, rather than build the typed record.
 
 def _fold_step(st: RunState, r: dict) -> None:
-    t, sid, kind, name, fp, t0, gen, inputs, pv, tries, err, result = step_values(r)
+    t, sid, kind, name, fp, t0, gen, inputs, pv, tries, err, result, ir = step_values(r)
     e = _entry(st, sid, gen, kind, name, fp, t0 or t)
     e.fp = fp
-    e.inputs = inputs
+    e.inputs = inputs if ir is None else by_ref(ir, st.find)
     e.prompt_version = pv
     e.result, e.err, e.done = result, err, True
     if tries or e.tries:        # a new entry already has no tries
@@ -156,9 +164,9 @@ def _fold_step(st: RunState, r: dict) -> None:
 
 
 def _fold_intent(st: RunState, r: dict) -> None:
-    t, sid, name, fp, key, rc, gen, inputs, tv, amo, comp, _cut = intent_values(r)
+    t, sid, name, fp, key, rc, gen, inputs, tv, amo, comp, _cut, ir = intent_values(r)
     e = _entry(st, sid, gen, "tool", name, fp, t)
-    e.inputs = inputs
+    e.inputs = inputs if ir is None else by_ref(ir, st.find)   # refers to e's inputs before
     e.tool_version = tv
     e.key = key
     e.retry_count = rc

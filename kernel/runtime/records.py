@@ -121,9 +121,10 @@ class StepRecord(NamedTuple):
     tries: list | None = None
     err: list | None = None
     result: bytes | None = None
+    inputs_by_ref: list | None = None   # `ir`: the inputs' new items, the rest by reference
     E = E_STEP
-    KEYS = ("t", "s", "k", "n", "fp", "t0", "g", "in", "pv", "tries", "err", "r")
-    KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, TRUE, SET, SET, TRUE, SET, SET)
+    KEYS = ("t", "s", "k", "n", "fp", "t0", "g", "in", "pv", "tries", "err", "r", "ir")
+    KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, TRUE, SET, SET, TRUE, SET, SET, SET)
 
 
 class IntentRecord(NamedTuple):
@@ -141,9 +142,11 @@ class IntentRecord(NamedTuple):
     at_most_once: bool = False
     compensates: str | None = None
     cut: str | None = None      # the repair guard's intent: no call followed it (FORMAT 6a)
+    inputs_by_ref: list | None = None   # `ir`, as a STEP's
     E = E_INTENT
-    KEYS = ("t", "s", "n", "fp", "key", "rc", "g", "in", "tv", "amo", "comp", "cut")
-    KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, TRUE, SET, SET, TRUE, SET, SET)
+    KEYS = ("t", "s", "n", "fp", "key", "rc", "g", "in", "tv", "amo", "comp", "cut", "ir")
+    KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, TRUE, SET, SET, TRUE, SET, SET,
+            SET)
 
 
 class ReceiptRecord(NamedTuple):

@@ -45,6 +45,7 @@ from .aio import (
     OWED, SCOPED_ID, adrive, asleep_with, deferred, off_loop, raise_now, scope_tasks, scoped_id,
     settled, unscope_tasks,
 )
+from .inputs import Encoded, InputRefs
 from .journal import STATUSES, Entry, JournalEntry, apply, bulk_load, fold
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
@@ -119,6 +120,8 @@ class Run:
         self._dumps = store.serde.dumps
         self._loads = store.serde.loads
         self._values = Values(store.serde)     # recorded values, fingerprints, exceptions
+        # what this Run appended that later inputs may refer to (FORMAT.md 5a `ir`)
+        self._refs = InputRefs(self._values, MAX_INLINE_INPUTS, self._latest_inputs)
         self._lock = threading.RLock()
         self._n = count()
         self._compensable: list[tuple[str, ToolSpec, bytes]] = []
@@ -341,17 +344,25 @@ class Run:
         return key
 
     def _inputs(self, kind: str, name: str, args: tuple, kwargs: dict,
-                 secret: bool) -> tuple[Any, int]:
+                 secret: bool) -> Encoded:
+        """A call's inputs as its record keeps them: whole (``in``), or their new items
+        and references to what earlier records hold (``ir``), or by fingerprint only."""
         try:
-            b, fp = self._values.encode([list(args), kwargs])
+            return self._refs.encode(kind, name, args, kwargs, secret)
         except Exception as e:
             raise SerializationError(
                 f"the inputs of {kind} {name!r} in run {self.run_id!r} cannot be serialized "
                 f"({e}); "
                 "pass plain data (a client object belongs in the function, not its "
                 "arguments)", run_id=self.run_id) from e
-        keep = None if secret or len(b) > MAX_INLINE_INPUTS else b
-        return keep, fp
+
+    def _latest_inputs(self, kind: str, name: str) -> Entry | None:
+        """The latest folded entry of ``kind`` ``name`` that keeps inputs (a base for the
+        inputs of a call this Run has not recorded yet: runtime/inputs.py)."""
+        for e in reversed(self._st.order):
+            if e.kind == kind and e.name == name and e.inputs is not None:
+                return e
+        return None
 
     def _check(self, sid: str, kind: str, name: str, fp: int | None) -> Entry | None:
         e = self._st.latest(sid)
@@ -364,7 +375,9 @@ class Run:
                 "recorded run: run it with the code that started it, or use a new run id",
                 run_id=self.run_id, step_id=sid, recorded=f"{e.kind} {e.name}",
                 requested=f"{kind} {name}")
-        if fp is not None and not self._values.matches(e.fp, fp, e.inputs):
+        # an `ir` record (written with canonical fingerprints) needs no second look
+        recorded_in = e.inputs if type(e.inputs) is bytes else None
+        if fp is not None and not self._values.matches(e.fp, fp, recorded_in):
             raise IdempotencyConflictError(
                 f"run {self.run_id!r} step {sid} ({name!r}) was recorded with inputs "
                 f"{e.fp:016x}, now called with {fp:016x}; the same step must get the same "
@@ -434,7 +447,8 @@ class Run:
         tries, err, r = self._outcome_fields(p, result, exc, tries, "nothing was recorded "
                                              "and the step will run again: return plain data")
         self._append(StepRecord(t, p.sid, p.kind, p.name, p.fp, p.t0, p.gen, p.inputs,
-                                p.version, tries, err, r).pack())
+                                p.version, tries, err, r, p.refs).pack())
+        self._refs.recorded(p.sid, p.gen, p.kind, p.name, p.encoded, r)
 
     def _try(self, p: Plan, tries: list) -> None:
         """Journal a failed attempt that will be retried, before the next attempt: a
@@ -471,8 +485,11 @@ class Run:
         """The plan of ``step``/``astep``: its inputs and version checked before any call."""
         if prompt_version is not None and type(prompt_version) is not str:
             prompt_version = plain_version(prompt_version)
-        inputs, fp = self._inputs("step", name, args, kwargs, secret)
-        return self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
+        inputs, refs, fp, _items = enc = self._inputs("step", name, args, kwargs, secret)
+        p = self._plan_step(sid, "step", name, fp, inputs, prompt_version, retry_failed)
+        if not p.replay:
+            p.refs, p.encoded = refs, enc
+        return p
 
     def attempts(self, p: Plan, retry: Retry | None) -> Generator:
         """The attempts of a planned call and their records (docs/FORMAT.md 5a): the one
@@ -515,9 +532,9 @@ class Run:
 
     def _plan_tool(self, sid: str, spec: ToolSpec, args: tuple, kwargs: dict, secret: bool,
                    comp_of: str | None = None, retry_failed: bool = False) -> Plan:
-        inputs, fp = self._inputs("tool", spec.name, args, kwargs, secret)
+        inputs, refs, fp, _items = enc = self._inputs("tool", spec.name, args, kwargs, secret)
         p = Plan(sid, "tool", spec.name, fp, inputs, spec.version)
-        p.spec, p.comp_of = spec, comp_of
+        p.spec, p.comp_of, p.refs, p.encoded = spec, comp_of, refs, enc
         base = f"{self.run_id}:{sid}"
         p.key = base
         e = self._check(sid, "tool", spec.name, fp)
@@ -567,8 +584,9 @@ class Run:
         self._append(IntentRecord(
             t, p.sid, p.name, p.fp, p.key, p.rc, p.gen, p.inputs, p.version,
             p.spec is not None and p.spec.at_most_once, p.comp_of,
-            self._repair.ids[0] if held else None).pack(),   # cut: an intent no call follows
+            self._repair.ids[0] if held else None, p.refs).pack(),   # cut: no call follows
             durable=True)
+        self._refs.recorded(p.sid, p.gen, "tool", p.name, p.encoded, None)
         if held:
             log.error("durkv: in-doubt step: %s", held)
             self._status("in_doubt", p.sid, held)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import collections
 import datetime as _dt
+import decimal
 import enum
+import uuid
 from operator import itemgetter
 from typing import Any, Callable
 
@@ -58,12 +60,28 @@ try:
 except (ImportError, AttributeError):     # pragma: no cover - absent, or too old
     ormsgpack = None
 _LEAVES = frozenset([str, int, float, bool, bytes, type(None)])
+# the types the default serde encodes itself, and their subclasses: a value of any other type
+# is "foreign", and its canonical encoding is ExtType(127, the store serde's bytes of it)
+_NATIVE = (type(None), bool, int, float, str, bytes, bytearray, memoryview, list, dict, tuple,
+           set, frozenset, _dt.date, _dt.time, _dt.timedelta, uuid.UUID, decimal.Decimal,
+           enum.Enum, msgpack.ExtType, msgpack.Timestamp)
 _first = itemgetter(0)
 
 
 def _array_header(n: int) -> bytes:
     return bytes((0x90 | n,)) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 65536
                                               else b"\xdd" + n.to_bytes(4, "big"))
+
+
+def _ext_header(code: int, n: int) -> bytes:
+    """msgpack's header of an extension value of ``n`` data bytes."""
+    fixed = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}.get(n)
+    if fixed is not None:
+        return bytes((fixed, code))
+    if n < 256:
+        return bytes((0xC7, n, code))
+    return (b"\xc8" + n.to_bytes(2, "big") if n < 65536
+            else b"\xc9" + n.to_bytes(4, "big")) + bytes((code,))
 
 
 def _not_plain(obj: Any) -> Any:
@@ -112,8 +130,12 @@ class Values:
         self._faithful = getattr(serde, "faithful", False) is True
         # the serde's own bytes are the canonical ones when nothing in them is unordered
         self._fast = type(serde) is MsgpackSerde
+        # the store serde is the default one: its bytes of a list are its items' bytes joined
+        self.default_serde = self._fast
         self._canon = serde if self._fast else MsgpackSerde(
             fallback=lambda o: msgpack.ExtType(_EXT_FOREIGN, serde.dumps(o)))
+        self._foreign: dict[type, bool] = {}
+        self.fingerprint = fingerprint
 
     # -- values ------------------------------------------------------------------------------
 
@@ -138,18 +160,56 @@ class Values:
     def encode(self, value: Any) -> tuple[bytes, int]:
         """The serde bytes of ``value`` and its canonical fingerprint."""
         b = self.dumps(value)
+        if self._fast and 1 not in b.translate(_MAYBE):    # one C pass (a regex: ~8x slower)
+            return b, fingerprint(b)                     # the hot path: canonical as encoded
+        return b, fingerprint(self.canonical_bytes(value, b))
+
+    def canonical_bytes(self, value: Any, b: bytes) -> bytes:
+        """The canonical encoding (FORMAT.md 5a) of ``value``, whose serde bytes are ``b``."""
         if self._fast:
-            if 1 not in b.translate(_MAYBE):     # one C pass (a regex is ~8x slower)
-                return b, fingerprint(b)         # the hot path: canonical as encoded
+            if 1 not in b.translate(_MAYBE):
+                return b
             if ormsgpack is not None and 1 not in b.translate(_EXT):
                 # no extension type (bytearray, tuple, set...): only maps to sort, which
                 # ormsgpack does byte for byte as the walk below would, in C
                 try:
-                    return b, fingerprint(ormsgpack.packb(value, option=_ORM,
-                                                          default=_not_plain))
+                    return ormsgpack.packb(value, option=_ORM, default=_not_plain)
                 except Exception:
                     pass                         # a non-str key, a big int: the walk
-        return b, self.canonical(value)
+        else:
+            t = type(value)
+            foreign = self._foreign.get(t)
+            if foreign is None:
+                foreign = self._foreign[t] = not issubclass(t, _NATIVE)
+            if foreign:     # what the fallback packs, without encoding the value again
+                return _ext_header(_EXT_FOREIGN, len(b)) + b
+        return self._canon.dumps(self._sorted(value))
+
+    def fingerprint_items(self, shape: list[int], values: list, items: list[bytes]) -> int:
+        """The canonical fingerprint of the inputs ``[args, kwargs]`` from their items
+        (runtime/inputs.py: ``values`` the items, ``items`` their serde bytes): msgpack
+        is compositional, an array is its header and its elements' encodings."""
+        canon, foreign = self.canonical_bytes, self._foreign
+        out = []
+        for v, b in zip(values, items):
+            if foreign.get(type(v)) and len(b) < 65536:    # the hot path: a LangGraph message
+                n = len(b)
+                out.append(_ext_header(_EXT_FOREIGN, n) + b if n < 256
+                           else b"\xc8" + n.to_bytes(2, "big") + b"\x7f" + b)
+            else:
+                out.append(canon(v, b))
+        parts = [b"\x92", _array_header(len(shape))]
+        i = 0
+        for n in shape:
+            if n < 0:
+                parts.append(out[i])
+                i += 1
+            else:
+                parts.append(_array_header(n))
+                parts.extend(out[i:i + n])
+                i += n
+        parts.append(out[i])
+        return fingerprint(b"".join(parts))
 
     def canonical(self, value: Any) -> int:
         """The fingerprint of ``value`` whatever its set and dict orders (FORMAT.md 5a)."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .inputs import Unreadable, decoded
 from .journal import JournalEntry, fold
 
-__all__ = ["describe", "Opaque"]
+__all__ = ["describe", "Opaque", "UnreadableInputs"]
 
 
 class Opaque:
@@ -27,11 +28,38 @@ class Opaque:
     __hash__ = None  # type: ignore[assignment]
 
 
+class UnreadableInputs:
+    """Journaled inputs that cannot be rebuilt: a record they refer to is not in the
+    journal (a repair cut it), or an item does not decode with this serde. Never a
+    partial value: the inputs' fingerprint still checks a replay."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"<inputs not readable: {self.why}>"
+
+
 def _decode(loads: Callable[[bytes], Any], b: bytes) -> Any:
     try:
         return loads(b)
     except Exception:
         return Opaque(b)
+
+
+def _inputs(loads: Callable[[bytes], Any], inputs: Any) -> Any:
+    """A record's inputs decoded: ``in`` bytes, or an ``ir`` followed to its items."""
+    if inputs is None or type(inputs) is bytes:
+        return inputs if inputs is None else _decode(loads, inputs)
+    try:
+        return decoded(inputs, loads)
+    except Unreadable as e:
+        return UnreadableInputs(str(e))
+    except Exception as e:
+        return UnreadableInputs(f"an item does not decode with this store's serde "
+                                f"({type(e).__name__}: {e})")
 
 
 def describe(store: Any, run_id: str) -> list[JournalEntry]:
@@ -51,7 +79,7 @@ def describe(store: Any, run_id: str) -> list[JournalEntry]:
             state = "in_doubt"
         else:
             state = "pending"
-        inputs = None if e.inputs is None else _decode(loads, e.inputs)
+        inputs = _inputs(loads, e.inputs)
         result = None
         if e.result is not None:
             result = _decode(loads, e.result)
