@@ -117,6 +117,9 @@ class Run:
         self._clock = clock or time.time
         self._sleep = sleep or time.sleep
         self._dumps = store.serde.dumps
+        # a returned record survives a process kill: a keyed tool's need no fdatasync of
+        # their own (docs/GUARANTEES.md 16.9)
+        self._kill_safe = store.commits_survive_kill
         self._loads = store.serde.loads
         self._values = Values(store.serde)     # recorded values, fingerprints, exceptions
         self._lock = threading.RLock()
@@ -438,8 +441,8 @@ class Run:
 
     def _try(self, p: Plan, tries: list) -> None:
         """Journal a failed attempt that will be retried, before the next attempt: a
-        re-execution goes on with the budget left (a tool's next intent, fsync'd, makes
-        it durable; a step's follows the store's policy like the step's own record)."""
+        re-execution goes on with the budget left (a tool's is as durable as its next
+        intent; a step's follows the store's policy like the step's own record)."""
         if p.spec is None:      # a step: no entry yet (its record comes at the end)
             rec = TryRecord(self._clock(), p.sid, tries[-1], p.gen, p.kind, p.name, p.fp,
                             p.version)
@@ -564,11 +567,13 @@ class Run:
         # a repair may have cut this call's records: held until the operator's word
         held = self._repair is not None and self._repair.doubt(
             p.sid, p.gen, p.key, p.name, self._st.latest(p.sid))
+        amo = p.spec is not None and p.spec.at_most_once
         self._append(IntentRecord(
-            t, p.sid, p.name, p.fp, p.key, p.rc, p.gen, p.inputs, p.version,
-            p.spec is not None and p.spec.at_most_once, p.comp_of,
+            t, p.sid, p.name, p.fp, p.key, p.rc, p.gen, p.inputs, p.version, amo, p.comp_of,
             self._repair.ids[0] if held else None).pack(),   # cut: an intent no call follows
-            durable=True)
+            # its own fdatasync only where the policy would not keep it through a crash that
+            # the tool's key cannot absorb (docs/GUARANTEES.md 16.9)
+            durable=bool(held) or amo or not self._kill_safe)
         if held:
             log.error("durkv: in-doubt step: %s", held)
             self._status("in_doubt", p.sid, held)
@@ -582,7 +587,10 @@ class Run:
                                              f"re-execution calls it again with the same key "
                                              f"({p.key}). Return plain data")
         try:
-            self._append(ReceiptRecord(t, p.sid, p.gen, tries, err, r).pack(), durable=True)
+            # a keyed tool's lost receipt is the same call again with the same key and
+            # the inputs its intent recorded: once by key (docs/GUARANTEES.md 16.9)
+            self._append(ReceiptRecord(t, p.sid, p.gen, tries, err, r).pack(),
+                         durable=p.spec is not None and p.spec.at_most_once)
         except FrameTooLargeError as e:
             raise FrameTooLargeError(
                 f"tool {p.name!r} (step {p.sid} of run {self.run_id!r}, key {p.key}) was "
