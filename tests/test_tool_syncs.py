@@ -12,9 +12,12 @@ fdatasync under every policy; an at-most-once tool's still do.
 from __future__ import annotations
 
 import asyncio
+import operator
 import threading
+from typing import Annotated
 
 import pytest
+from typing_extensions import TypedDict
 
 import durkv
 from storeinternals import backend_of, index_of
@@ -173,3 +176,61 @@ def test_the_store_says_whether_a_returned_commit_survives_a_kill(tmp_path):
             assert s.commits_survive_kill     # local: written when the section ends
         with durkv.open("memory://", durability=durability) as s:
             assert s.commits_survive_kill is (durability == "sync")
+
+
+class _Log(TypedDict):
+    log: Annotated[list, operator.add]
+
+
+@pytest.mark.parametrize("verb", ["tool", "atool"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_langgraph_tool_follows_the_invocations_durability(tmp_path, mode, verb):
+    """``DurkvSaver.open(url)`` opens its store ``async`` and fdatasyncs the checkpoints of
+    a ``durability="sync"`` invocation: that invocation's keyed tools are fdatasync'd too
+    (intent before the call, receipt before the return); an ``async`` one's are written."""
+    pytest.importorskip("langgraph")
+    from langgraph.graph import END, START, StateGraph
+
+    from durkv.langgraph import DurkvSaver, atool, tool
+
+    with DurkvSaver.open(str(tmp_path / "lg"), flush_interval_ms=SLOW_FLUSHER_MS) as saver:
+        s, seen = saver.store, []
+        log = backend_of(s)._log
+
+        def inside():       # the thread's journal is run "t"'s
+            seen.append((_newest_lsn(s, "t"), log.durable_lsn))
+
+        @durkv.tool(name="send")
+        def send(*, idempotency_key):
+            inside()
+            return "sent"
+
+        @durkv.tool(name="asend")
+        async def asend(*, idempotency_key):
+            inside()
+            return "sent"
+
+        def node(state):
+            out = tool(send)
+            return {"log": [out, (_newest_lsn(s, "t"), log.durable_lsn)]}
+
+        async def anode(state):
+            out = await atool(asend)
+            return {"log": [out, (_newest_lsn(s, "t"), log.durable_lsn)]}
+
+        g = StateGraph(_Log)
+        g.add_node("act", node if verb == "tool" else anode)
+        g.add_edge(START, "act")
+        g.add_edge("act", END)
+        app = g.compile(checkpointer=saver)
+        args = ({"log": []}, {"configurable": {"thread_id": "t"}})
+        out = (app.invoke(*args, durability=mode) if verb == "tool"
+               else asyncio.run(app.ainvoke(*args, durability=mode)))
+        assert s.durability == "async" and out["log"][0] == "sent"
+        (intent, durable_inside), = seen
+        receipt, durable_after = out["log"][1]
+        assert [r["e"] for r in s.journal("t")] == [1, 3, 4]      # RUN, INTENT, RECEIPT
+        if mode == "sync":
+            assert durable_inside > intent and durable_after > receipt
+        else:
+            assert durable_inside <= intent and durable_after <= receipt

@@ -59,7 +59,7 @@ class Plan:
     """What one durable call will do: replay a recorded entry, or call and record."""
 
     __slots__ = ("sid", "gen", "kind", "name", "fp", "inputs", "version", "entry", "replay",
-                 "rc", "key", "t0", "comp_of", "spec", "tries")
+                 "rc", "key", "t0", "comp_of", "spec", "tries", "synced")
 
     def __init__(self, sid: str, kind: str, name: str, fp: int, inputs: Any,
                  version: Any) -> None:
@@ -74,6 +74,7 @@ class Plan:
         self.comp_of: str | None = None
         self.spec: ToolSpec | None = None
         self.tries: tuple | list = ()    # failed attempts already journaled (the budget used)
+        self.synced = False     # a tool's intent and receipt get an fdatasync of their own
 
     @classmethod
     def replay_of(cls, e: Entry) -> "Plan":

@@ -32,6 +32,7 @@ import threading
 import time
 import uuid as _uuid
 import weakref
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from itertools import count
 from typing import Any, Callable, Generator, Iterator
@@ -56,8 +57,8 @@ from .tools import Retry, ToolSpec, tool_spec
 from .values import Values, fingerprint
 from .view import describe
 
-__all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "SAME_KEY", "fingerprint",
-           "check_not_driven"]
+__all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "SAME_KEY", "SYNCED_TOOLS",
+           "fingerprint", "check_not_driven"]
 
 log = logging.getLogger("durkv")
 
@@ -68,6 +69,11 @@ NO_INPUT: Any = object()     # store.run() without input=: no input fingerprint 
 # run.tool(..., retry_failed=SAME_KEY): call a recorded failure again as the same logical
 # call, under its recorded idempotency key (retry_failed=True makes it a new call: key#gen)
 SAME_KEY = "same key"
+
+# True around a tool call whose caller's commits are fdatasync'd whatever the store's
+# policy (durkv.langgraph in an invocation whose checkpoints are: durability="sync"): the
+# tool's intent and receipt get an fdatasync of their own too (docs/GUARANTEES.md 16.9)
+SYNCED_TOOLS: ContextVar[bool] = ContextVar("durkv_synced_tools", default=False)
 
 # runs open in this process, per store (a second driver gets RunBusyError)
 _open_runs: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
@@ -521,6 +527,8 @@ class Run:
         inputs, fp = self._inputs("tool", spec.name, args, kwargs, secret)
         p = Plan(sid, "tool", spec.name, fp, inputs, spec.version)
         p.spec, p.comp_of = spec, comp_of
+        # an at-most-once tool's records get an fdatasync of their own under every policy
+        p.synced = spec.at_most_once or SYNCED_TOOLS.get()
         base = f"{self.run_id}:{sid}"
         p.key = base
         e = self._check(sid, "tool", spec.name, fp)
@@ -567,13 +575,13 @@ class Run:
         # a repair may have cut this call's records: held until the operator's word
         held = self._repair is not None and self._repair.doubt(
             p.sid, p.gen, p.key, p.name, self._st.latest(p.sid))
-        amo = p.spec is not None and p.spec.at_most_once
         self._append(IntentRecord(
-            t, p.sid, p.name, p.fp, p.key, p.rc, p.gen, p.inputs, p.version, amo, p.comp_of,
+            t, p.sid, p.name, p.fp, p.key, p.rc, p.gen, p.inputs, p.version,
+            p.spec is not None and p.spec.at_most_once, p.comp_of,
             self._repair.ids[0] if held else None).pack(),   # cut: an intent no call follows
-            # its own fdatasync only where the policy would not keep it through a crash that
-            # the tool's key cannot absorb (docs/GUARANTEES.md 16.9)
-            durable=bool(held) or amo or not self._kill_safe)
+            # a keyed tool's: its own fdatasync only where the policy would not keep it
+            # through a process kill (docs/GUARANTEES.md 16.9)
+            durable=bool(held) or p.synced or not self._kill_safe)
         if held:
             log.error("durkv: in-doubt step: %s", held)
             self._status("in_doubt", p.sid, held)
@@ -590,7 +598,7 @@ class Run:
             # a keyed tool's lost receipt is the same call again with the same key and
             # the inputs its intent recorded: once by key (docs/GUARANTEES.md 16.9)
             self._append(ReceiptRecord(t, p.sid, p.gen, tries, err, r).pack(),
-                         durable=p.spec is not None and p.spec.at_most_once)
+                         durable=p.synced)
         except FrameTooLargeError as e:
             raise FrameTooLargeError(
                 f"tool {p.name!r} (step {p.sid} of run {self.run_id!r}, key {p.key}) was "
