@@ -12,6 +12,7 @@ row and receipt row.
 | tool-sync        | run.tool (intent + receipt), sync: tool calls/s          | >= 1.5x SQLite FULL    |
 | tool-vs-raw      | run.tool time vs one write+fdatasync (C baseline)        | <= 2.2x                |
 | tool-8-threads   | 8 threads on 8 runs vs 1 thread, tool calls/s            | >= 3x                  |
+| tool-async-kinds | run.tool, async: keyed vs at-most-once tool calls/s      | (issue 20: reported)   |
 
 Env: DURKV_BENCH_QUICK=1 (N = 10,000 steps instead of 100,000), DURKV_BENCH_DIR.
 """
@@ -41,6 +42,11 @@ def model(i):
 
 @durkv.tool(name="effect")
 def effect(i, *, idempotency_key):
+    return i
+
+
+@durkv.tool(name="wire", at_most_once=True)
+def wire(i, *, idempotency_key):
     return i
 
 
@@ -131,10 +137,10 @@ def test_replay_of_a_recorded_run(benchmark, bench_root):
            steps=N_STEPS)
 
 
-def _tools(store, run_id, n):
+def _tools(store, run_id, n, fn=effect):
     with store.run(run_id) as run:
         for i in range(n):
-            run.tool(effect, i)
+            run.tool(fn, i)
 
 
 def _tool_rounds(benchmark, store):
@@ -204,3 +210,26 @@ def test_tool_8_threads_on_8_runs(benchmark, bench_root):
     record(benchmark, "run.tool 8 threads on 8 runs vs 1 thread", ratio=ratio,
            target=">= 3x (group commit)", ok=ratio >= 3,
            calls_per_s_8=round(statistics.median(rates)), calls_per_s_1=round(one))
+
+
+@pytest.mark.benchmark(group="journal-tool-async-kinds")
+def test_tool_async_keyed_vs_at_most_once(benchmark, bench_root):
+    """Issue 20: under ``async`` a keyed tool's intent and receipt wait for no fdatasync
+    (docs/GUARANTEES.md 16.9); an at-most-once tool's wait for two, as every tool's did
+    before. Rounds alternate the two kinds on one store."""
+    per: dict = {effect: [], wire: []}
+    rounds = iter(range(1000))
+
+    def both():
+        r = next(rounds)
+        for fn in ((effect, wire) if r % 2 == 0 else (wire, effect)):
+            t0 = time.perf_counter()
+            _tools(store, f"{'k' if fn is effect else 'a'}{r}", N_TOOLS, fn)
+            per[fn].append((time.perf_counter() - t0) / N_TOOLS)
+
+    with durkv.open(str(bench_root / "tool-kinds.durkv"), durability="async") as store:
+        benchmark.pedantic(both, rounds=3, iterations=1)
+    keyed, amo = (statistics.median(per[f]) for f in (effect, wire))
+    record(benchmark, "run.tool async: keyed vs at-most-once (calls/s)", ratio=amo / keyed,
+           target="reported", ok=True, keyed_calls_per_s=round(1 / keyed),
+           at_most_once_calls_per_s=round(1 / amo))

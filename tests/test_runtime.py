@@ -480,7 +480,8 @@ def test_oversized_and_secret_inputs(url, drive):
 
 
 def test_intent_is_durable_before_the_call_under_exit_policy(tmp_path):
-    """Under `exit` everything else is buffered, but the intent reaches the disk first."""
+    """Under `exit` the intent is written before the call: a kill keeps it (a local store
+    writes its frames when their section ends; docs/GUARANTEES.md 16.9)."""
     path = str(tmp_path / "s.durkv")
     seen = []
 

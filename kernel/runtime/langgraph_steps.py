@@ -48,7 +48,7 @@ from langchain_core.tracers.context import register_configure_hook
 from langgraph.config import get_config
 
 from ..errors import BackendError, ConfigError
-from .run import SAME_KEY, Run
+from .run import SAME_KEY, SYNCED_TOOLS, Run
 from .tools import Retry
 
 __all__ = ["step", "tool", "astep", "atool", "thread_key", "forget_thread",
@@ -288,7 +288,14 @@ def _task(conf: dict, saver: Any, thread_id: str, keyed: bool) -> _Task:
     return t
 
 
-def _where(config: dict | None, key: str | None) -> tuple[Run, str, tuple | None]:
+def _checkpoints_synced(saver: Any, conf: dict) -> bool:
+    """Whether the saver fdatasyncs this invocation's checkpoints (its policy is ``sync``:
+    pinned, or following LangGraph's ``durability="sync"``): then a tool's intent and
+    receipt are fdatasync'd too, whatever the store's policy (docs/GUARANTEES.md 16.9)."""
+    return (getattr(saver, "durability", None) or conf.get(CONFIG_KEY_DURABILITY)) == "sync"
+
+
+def _where(config: dict | None, key: str | None) -> tuple[Run, str, tuple | None, bool]:
     config, conf, saver, thread_id = _node_config(config)
     task_id = conf[_TASK_ID]
     with _lock:
@@ -300,14 +307,24 @@ def _where(config: dict | None, key: str | None) -> tuple[Run, str, tuple | None
             n = t.claim(_attempt(conf), call_id)
             sid = f"{task_id}:{n}" if call_id is None else f"{task_id}:{call_id}:{n}"
     t.run.refresh()
-    return t.run, sid, _task_checkpoint(conf, thread_id)
+    return t.run, sid, _task_checkpoint(conf, thread_id), _checkpoints_synced(saver, conf)
+
+
+def _synced(synced: bool, verb: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``verb(...)`` (``run.tool``, or ``run.atool``, which plans when called) with its
+    tool's records fdatasync'd if ``synced``."""
+    token = SYNCED_TOOLS.set(synced)
+    try:
+        return verb(*args, **kwargs)
+    finally:
+        SYNCED_TOOLS.reset(token)
 
 
 def step(name: str, fn: Callable, *args: Any, config: dict | None = None,
          prompt_version: Any = None, retry: Retry | None = None, key: str | None = None,
          secret: bool = False, **kwargs: Any) -> Any:
     """:meth:`durkv.Run.step` inside a LangGraph node (see the module docstring)."""
-    run, sid, pending = _where(config, key)
+    run, sid, pending, _ = _where(config, key)
     _wait_checkpoint(pending)
     return run.step(name, fn, *args, prompt_version=prompt_version, retry=retry, key=sid,
                     secret=secret, retry_failed=True, **kwargs)
@@ -319,17 +336,17 @@ def tool(fn: Callable, *args: Any, config: dict | None = None, retry: Retry | No
     ``idempotency_key = f"{thread_id}:{task_id}:{index}"`` (in a tool run by a ToolNode:
     ``f"{thread_id}:{task_id}:{tool_call_id}:{index}"``; with ``key=``:
     ``f"{thread_id}:{task_id}:{key}"``)."""
-    run, sid, pending = _where(config, key)
+    run, sid, pending, synced = _where(config, key)
     _wait_checkpoint(pending)
-    return run.tool(fn, *args, retry=retry, key=sid, secret=secret, retry_failed=SAME_KEY,
-                    **kwargs)
+    return _synced(synced, run.tool, fn, *args, retry=retry, key=sid, secret=secret,
+                   retry_failed=SAME_KEY, **kwargs)
 
 
 def astep(name: str, fn: Callable, *args: Any, config: dict | None = None,
           prompt_version: Any = None, retry: Retry | None = None, key: str | None = None,
           secret: bool = False, **kwargs: Any):
     """Awaitable :func:`step` for async nodes (ids claimed in the order of the calls)."""
-    run, sid, pending = _where(config, key)
+    run, sid, pending, _ = _where(config, key)
     return _after_checkpoint(pending, run.astep(
         name, fn, *args, prompt_version=prompt_version, retry=retry, key=sid, secret=secret,
         retry_failed=True, **kwargs))
@@ -338,6 +355,7 @@ def astep(name: str, fn: Callable, *args: Any, config: dict | None = None,
 def atool(fn: Callable, *args: Any, config: dict | None = None, retry: Retry | None = None,
           key: str | None = None, secret: bool = False, **kwargs: Any):
     """Awaitable :func:`tool` for async nodes (ids claimed in the order of the calls)."""
-    run, sid, pending = _where(config, key)
-    return _after_checkpoint(pending, run.atool(fn, *args, retry=retry, key=sid, secret=secret,
-                                                retry_failed=SAME_KEY, **kwargs))
+    run, sid, pending, synced = _where(config, key)
+    return _after_checkpoint(pending, _synced(synced, run.atool, fn, *args, retry=retry,
+                                              key=sid, secret=secret, retry_failed=SAME_KEY,
+                                              **kwargs))

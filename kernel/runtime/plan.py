@@ -59,7 +59,7 @@ class Plan:
     """What one durable call will do: replay a recorded entry, or call and record."""
 
     __slots__ = ("sid", "gen", "kind", "name", "fp", "inputs", "version", "entry", "replay",
-                 "rc", "key", "t0", "comp_of", "spec", "tries", "refs", "encoded")
+                 "rc", "key", "t0", "comp_of", "spec", "tries", "refs", "encoded", "synced")
 
     def __init__(self, sid: str, kind: str, name: str, fp: int, inputs: Any,
                  version: Any) -> None:
@@ -76,6 +76,7 @@ class Plan:
         self.tries: tuple | list = ()    # failed attempts already journaled (the budget used)
         self.refs: list | None = None    # `ir`: the inputs by reference (runtime/inputs.py)
         self.encoded: Any = None         # its inputs as encoded (inputs.Encoded), to refer to
+        self.synced = False     # a tool's intent and receipt get an fdatasync of their own
 
     @classmethod
     def replay_of(cls, e: Entry) -> "Plan":

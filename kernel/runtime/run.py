@@ -32,6 +32,7 @@ import threading
 import time
 import uuid as _uuid
 import weakref
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from itertools import count
 from typing import Any, Callable, Generator, Iterator
@@ -57,8 +58,8 @@ from .tools import Retry, ToolSpec, tool_spec
 from .values import Values, fingerprint
 from .view import describe
 
-__all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "SAME_KEY", "fingerprint",
-           "check_not_driven"]
+__all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "SAME_KEY", "SYNCED_TOOLS",
+           "fingerprint", "check_not_driven"]
 
 log = logging.getLogger("durkv")
 
@@ -69,6 +70,11 @@ NO_INPUT: Any = object()     # store.run() without input=: no input fingerprint 
 # run.tool(..., retry_failed=SAME_KEY): call a recorded failure again as the same logical
 # call, under its recorded idempotency key (retry_failed=True makes it a new call: key#gen)
 SAME_KEY = "same key"
+
+# True around a tool call whose caller's commits are fdatasync'd whatever the store's
+# policy (durkv.langgraph in an invocation whose checkpoints are: durability="sync"): the
+# tool's intent and receipt get an fdatasync of their own too (docs/GUARANTEES.md 16.9)
+SYNCED_TOOLS: ContextVar[bool] = ContextVar("durkv_synced_tools", default=False)
 
 # runs open in this process, per store (a second driver gets RunBusyError)
 _open_runs: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
@@ -118,6 +124,9 @@ class Run:
         self._clock = clock or time.time
         self._sleep = sleep or time.sleep
         self._dumps = store.serde.dumps
+        # a returned record survives a process kill: a keyed tool's need no fdatasync of
+        # their own (docs/GUARANTEES.md 16.9)
+        self._kill_safe = store.commits_survive_kill
         self._loads = store.serde.loads
         self._values = Values(store.serde)     # recorded values, fingerprints, exceptions
         # what this Run appended that later inputs may refer to (FORMAT.md 5a `ir`)
@@ -452,8 +461,8 @@ class Run:
 
     def _try(self, p: Plan, tries: list) -> None:
         """Journal a failed attempt that will be retried, before the next attempt: a
-        re-execution goes on with the budget left (a tool's next intent, fsync'd, makes
-        it durable; a step's follows the store's policy like the step's own record)."""
+        re-execution goes on with the budget left (a tool's is as durable as its next
+        intent; a step's follows the store's policy like the step's own record)."""
         if p.spec is None:      # a step: no entry yet (its record comes at the end)
             rec = TryRecord(self._clock(), p.sid, tries[-1], p.gen, p.kind, p.name, p.fp,
                             p.version)
@@ -535,6 +544,8 @@ class Run:
         inputs, refs, fp, _items = enc = self._inputs("tool", spec.name, args, kwargs, secret)
         p = Plan(sid, "tool", spec.name, fp, inputs, spec.version)
         p.spec, p.comp_of, p.refs, p.encoded = spec, comp_of, refs, enc
+        # an at-most-once tool's records get an fdatasync of their own under every policy
+        p.synced = spec.at_most_once or SYNCED_TOOLS.get()
         base = f"{self.run_id}:{sid}"
         p.key = base
         e = self._check(sid, "tool", spec.name, fp)
@@ -585,7 +596,9 @@ class Run:
             t, p.sid, p.name, p.fp, p.key, p.rc, p.gen, p.inputs, p.version,
             p.spec is not None and p.spec.at_most_once, p.comp_of,
             self._repair.ids[0] if held else None, p.refs).pack(),   # cut: no call follows
-            durable=True)
+            # a keyed tool's: its own fdatasync only where the policy would not keep it
+            # through a process kill (docs/GUARANTEES.md 16.9)
+            durable=bool(held) or p.synced or not self._kill_safe)
         self._refs.recorded(p.sid, p.gen, "tool", p.name, p.encoded, None)
         if held:
             log.error("durkv: in-doubt step: %s", held)
@@ -600,7 +613,10 @@ class Run:
                                              f"re-execution calls it again with the same key "
                                              f"({p.key}). Return plain data")
         try:
-            self._append(ReceiptRecord(t, p.sid, p.gen, tries, err, r).pack(), durable=True)
+            # a keyed tool's lost receipt is the same call again with the same key and
+            # the inputs its intent recorded: once by key (docs/GUARANTEES.md 16.9)
+            self._append(ReceiptRecord(t, p.sid, p.gen, tries, err, r).pack(),
+                         durable=p.synced)
         except FrameTooLargeError as e:
             raise FrameTooLargeError(
                 f"tool {p.name!r} (step {p.sid} of run {self.run_id!r}, key {p.key}) was "

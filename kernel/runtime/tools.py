@@ -46,7 +46,9 @@ def tool(fn: Callable | None = None, *, version: Any = None, at_most_once: bool 
          compensate: Callable | None = None, name: str | None = None):
     """Mark ``fn`` as a mutating tool for ``run.tool``: it is called with
     ``idempotency_key=f"{run_id}:{step_id}"`` (the same on every retry and
-    re-execution), behind a durable intent and receipt.
+    re-execution), behind an intent journaled before the call and a receipt journaled
+    before ``run.tool`` returns (which of them get an fdatasync of their own:
+    docs/GUARANTEES.md 16.9).
 
     Args:
         version: the tool's version; a recorded call of another version follows the

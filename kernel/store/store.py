@@ -242,6 +242,16 @@ class Store:
     snapshot_every = property(lambda self: self._channels.snapshot_every)
     delta_check = property(lambda self: self._delta_check)
 
+    @property
+    def commits_survive_kill(self) -> bool:
+        """Whether a returned commit survives a process kill under this store's policy:
+        under ``sync`` everywhere, and under every policy on a local store (its frames are
+        written when their write section ends, docs/GUARANTEES.md 18); not under
+        ``async``/``exit`` on ``s3://`` (frames wait in memory for a PUT) or ``memory://``.
+        The runtime reads it to decide which journal records need an fdatasync of their
+        own (docs/GUARANTEES.md 16.9)."""
+        return self._shared or self.durability == "sync"
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def __enter__(self) -> "Store":
