@@ -689,6 +689,30 @@ int dkv_write_end(dkv_log *log)
     return rc;
 }
 
+int dkv_write_end_async(dkv_log *log)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    pthread_mutex_lock(&log->mu);
+    int rc = 1;
+    if (log->shared && !holds_section(log)) {
+        dkv__set_error(log, "dkv_write_end_async without dkv_write_begin in this thread");
+        rc = DKV_EINVAL;
+    } else if (log->shared && log->wdepth == 1) {
+        /* raised before the write, as an async append raises it: the flusher syncs them
+         * once written (flush_due), whoever writes them */
+        if (log->next_lsn > log->flush_want)
+            log->flush_want = log->next_lsn;
+        rc = write_exit(log);
+        if (!rc)
+            wake_flusher(log);
+    } else if (log->shared) {
+        rc = write_exit(log);       /* a nested section: the outermost end writes */
+        rc = rc ? rc : 1;
+    }
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
 static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
                          const uint32_t *lens, uint32_t n, int durability, uint64_t *first)
 {
@@ -941,6 +965,7 @@ void *dkv__flusher_main(void *arg)
 
 uint64_t dkv_durable_lsn(dkv_log *log) { return __atomic_load_n(&log->durable_lsn, __ATOMIC_RELAXED); }
 uint64_t dkv_next_lsn(dkv_log *log) { return __atomic_load_n(&log->next_lsn, __ATOMIC_RELAXED); }
+const uint64_t *dkv_next_lsn_at(dkv_log *log) { return &log->next_lsn; }
 uint64_t dkv_start_lsn(dkv_log *log) { return __atomic_load_n(&log->start_lsn, __ATOMIC_RELAXED); }
 
 int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
