@@ -155,6 +155,9 @@ class LocalBackend:
     def write_end(self) -> None:
         self._log.write_end()
 
+    def write_end_async(self) -> bool:
+        return self._log.write_end_async()
+
     def exclusive(self, on: bool) -> None:
         self._log.exclusive(on)
 

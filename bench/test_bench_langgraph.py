@@ -16,6 +16,9 @@ and NullSaver (stores nothing: LangGraph's own checkpointing cost).
 | get-state-{N}           | graph.get_state latency                | <= 0.2x sqlite; flat in N      |
 | history-{N}             | full get_state_history listing         | >= 5x sqlite                   |
 | threads-8               | 8 threads, 8 graphs, "sync", one store | >= 3x sqlite aggregate         |
+| sync-added-{N}          | (durkv - null saver) per superstep     | <= 1.3x one write+fdatasync of |
+|                         | under "sync", vs the C loop's          | the C loop (issue 20)          |
+|                         | write+fdatasync, interleaved rounds    |                                |
 | bytes-raw-{msg}-{N}     | durkv bytes / raw appended payload,    | <= 1.5x at N=2,000; N=4,000    |
 |                         | dict messages and AIMessages           | <= 2.1x N=2,000                |
 
@@ -207,6 +210,43 @@ def test_supersteps(benchmark, savers, kind, mode, n):
         k: round(n / v, 1) for k, v in medians.items()}
 
 
+# ---- what durkv adds to a sync superstep, against one fdatasync (issue 20) ----------------
+
+
+@pytest.mark.parametrize("n", N_LIST[:1])
+def test_sync_added_vs_fsync(benchmark, savers, baseline, bench_root, n):
+    """Per superstep under ``durability="sync"``: DurkvSaver's time minus the null
+    saver's (what storing adds: the commit's Python, its fdatasync, the hand-offs to
+    LangGraph's executor) over one 1 KiB write+fdatasync of the C loop (csrc/rawio.c),
+    the three measured in alternating rounds of one run, medians compared."""
+    benchmark.group = f"sync-added-{n}"
+    graphs = {k: agent_graph(n).compile(checkpointer=savers.open(k)[0])
+              for k in ("null", "durkv")}
+    raw_path = str(bench_root / "raw-fsync-loop")
+    times: dict[str, list[float]] = {"null": [], "durkv": [], "raw": []}
+    rounds = itertools.count()
+
+    def one_round():
+        r = next(rounds)
+        for kind in (("null", "durkv") if r % 2 == 0 else ("durkv", "null")):
+            t0 = time.perf_counter()
+            graphs[kind].invoke({"n": 0, "messages": []}, cfg(f"added-{r}", n),
+                                durability="sync")
+            times[kind].append((time.perf_counter() - t0) / n)
+        t0 = time.perf_counter()
+        baseline.raw_fsync_loop(raw_path, n, 1024)
+        times["raw"].append((time.perf_counter() - t0) / n)
+
+    benchmark.pedantic(one_round, rounds=3 if QUICK else 7, iterations=1)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    added = med["durkv"] - med["null"]
+    benchmark.extra_info.update({f"{k}_us_per_superstep": round(v * 1e6, 1)
+                                 for k, v in med.items()})
+    benchmark.extra_info["added_us_per_superstep"] = round(added * 1e6, 1)
+    record(benchmark, f"sync N={n}: durkv - null per superstep / one write+fdatasync",
+           ratio=added / med["raw"], target="<= 1.3x", ok=added / med["raw"] <= 1.3)
+
+
 # ---- bytes on disk -----------------------------------------------------------------------
 
 
@@ -262,7 +302,8 @@ def test_get_state(benchmark, savers, kind, n):
     if kind == "durkv" and ("get_state", "sqlite", n) in MEDIANS:
         ratio = MEDIANS[("get_state", kind, n)] / MEDIANS[("get_state", "sqlite", n)]
         record(benchmark, f"get_state N={n} durkv/sqlite latency", ratio=ratio,
-               target="<= 0.2x sqlite", ok=ratio <= 0.2)
+               target="<= 0.2x sqlite; issue 20: <= 0.5x", ok=ratio <= 0.2,
+               issue20_ok=ratio <= 0.5)
         small = min(N_LIST)
         if n != small and ("get_state", kind, small) in MEDIANS:
             flat = MEDIANS[("get_state", kind, n)] / MEDIANS[("get_state", kind, small)]

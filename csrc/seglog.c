@@ -674,20 +674,42 @@ int dkv_write_begin(dkv_log *log)
     return rc;
 }
 
-int dkv_write_end(dkv_log *log)
+/* End the calling thread's section (mu held). owe_flush: when this is the outermost end,
+ * every frame appended so far owes the flusher an fdatasync (an async commit's promise):
+ * flush_want is raised before the write, as an async append raises it, so the flusher
+ * syncs them once written whoever writes them. Returns 1 when owe_flush was asked and
+ * nothing was written (a nested section, or a handle that shares no write lock). */
+static int write_end_locked(dkv_log *log, int owe_flush)
+{
+    if (log->shared && !holds_section(log)) {
+        dkv__set_error(log, "dkv_write_end without dkv_write_begin in this thread");
+        return DKV_EINVAL;
+    }
+    if (!log->shared)
+        return owe_flush;
+    int outermost = log->wdepth == 1;
+    if (owe_flush && outermost && log->next_lsn > log->flush_want)
+        log->flush_want = log->next_lsn;
+    int rc = write_exit(log);
+    if (rc || !owe_flush)
+        return rc;
+    if (!outermost)
+        return 1;       /* the outermost section's end writes them */
+    wake_flusher(log);
+    return 0;
+}
+
+static int write_end_call(dkv_log *log, int owe_flush)
 {
     DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
-    int rc = 0;
-    if (log->shared && !holds_section(log)) {
-        dkv__set_error(log, "dkv_write_end without dkv_write_begin in this thread");
-        rc = DKV_EINVAL;
-    } else if (log->shared) {
-        rc = write_exit(log);
-    }
+    int rc = write_end_locked(log, owe_flush);
     pthread_mutex_unlock(&log->mu);
     return rc;
 }
+
+int dkv_write_end(dkv_log *log) { return write_end_call(log, 0); }
+int dkv_write_end_async(dkv_log *log) { return write_end_call(log, 1); }
 
 static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
                          const uint32_t *lens, uint32_t n, int durability, uint64_t *first)
@@ -941,6 +963,7 @@ void *dkv__flusher_main(void *arg)
 
 uint64_t dkv_durable_lsn(dkv_log *log) { return __atomic_load_n(&log->durable_lsn, __ATOMIC_RELAXED); }
 uint64_t dkv_next_lsn(dkv_log *log) { return __atomic_load_n(&log->next_lsn, __ATOMIC_RELAXED); }
+const uint64_t *dkv_next_lsn_at(dkv_log *log) { return &log->next_lsn; }
 uint64_t dkv_start_lsn(dkv_log *log) { return __atomic_load_n(&log->start_lsn, __ATOMIC_RELAXED); }
 
 int dkv_seal(dkv_log *log, uint64_t new_start_lsn)

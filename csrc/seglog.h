@@ -168,6 +168,10 @@ uint64_t dkv_flusher_syncs(dkv_log *log);
 uint64_t dkv_fdatasync_count(void);
 /* LSN the next append will get (= number of frames in the log incl. removed prefix). */
 uint64_t dkv_next_lsn(dkv_log *log);
+/* Where the log keeps that LSN, for a caller that cannot afford a call per read (from
+ * Python every cffi call hands the GIL over, and a commit read it twice). Valid until
+ * dkv_close; read it as one aligned 64-bit load. */
+const uint64_t *dkv_next_lsn_at(dkv_log *log);
 /* Lowest live LSN (start_lsn of FORMAT.md §7). */
 uint64_t dkv_start_lsn(dkv_log *log);
 /* Several writers (FORMAT.md §12): take the store's cross-process write lock
@@ -179,6 +183,12 @@ uint64_t dkv_start_lsn(dkv_log *log);
  * and releases the lock. */
 int dkv_write_begin(dkv_log *log);
 int dkv_write_end(dkv_log *log);
+/* dkv_write_end, and when it ends the outermost section (returns 0) every frame appended
+ * so far is written and owes the flusher an fdatasync within flush_interval_ms, as
+ * dkv_wait_written would leave it: an async commit's section end and its wait in one call
+ * (from Python, one GIL hand-off instead of two). Returns 1 when it wrote nothing (a
+ * nested section, or a handle that shares no write lock): wait for the frames as usual. */
+int dkv_write_end_async(dkv_log *log);
 /* Several writers: the store's shared watermark (WSHM, FORMAT.md §12): frames below
  * *durable were fdatasync'd by some process; *publishes counts the fdatasyncs (and
  * failures) published so far. DKV_EINVAL on a handle that shares none (read-only). A

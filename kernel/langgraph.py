@@ -119,7 +119,7 @@ def _conf(config: RunnableConfig | None) -> dict[str, Any]:
         conf = config["configurable"]  # type: ignore[index]
     except (KeyError, TypeError):
         raise ConfigError(_MISSING_THREAD) from None
-    if not isinstance(conf, Mapping):
+    if type(conf) is not dict and not isinstance(conf, Mapping):   # dict: no ABC check
         raise ConfigError(_MISSING_THREAD)
     return conf
 
@@ -141,7 +141,7 @@ def _check_checkpoint(checkpoint: Any, new_versions: Any) -> None:
             and isinstance(checkpoint.get("channel_versions"), dict)):
         raise ConfigError("checkpoint must be a LangGraph Checkpoint dict with a string 'id', "
                           "and dicts 'channel_values' and 'channel_versions'")
-    if not isinstance(new_versions, Mapping):
+    if type(new_versions) is not dict and not isinstance(new_versions, Mapping):
         raise ConfigError(f"new_versions must be a dict of channel versions, got "
                           f"{type(new_versions).__name__}")
 
@@ -327,7 +327,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         thread_id = _thread_id(conf)
         ns = conf.get("checkpoint_ns") or ""
         _check_checkpoint(checkpoint, new_versions)
-        if not isinstance(metadata, Mapping):
+        if type(metadata) is not dict and not isinstance(metadata, Mapping):
             raise ConfigError(f"metadata must be a dict, got {type(metadata).__name__}")
         cid = checkpoint["id"]
         all_values = checkpoint["channel_values"]

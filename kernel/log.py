@@ -248,6 +248,9 @@ class SegmentLog:
     def __init__(self, handle, path: str, durability: str, read_only: bool,
                  recovery_damage: Damage | None) -> None:
         self._h = handle
+        # the log's next LSN, read in place: a cffi call hands the GIL over, and a commit
+        # read it twice (a LangGraph saver commits on a thread the graph's loop contends with)
+        self._next_at = lib.dkv_next_lsn_at(handle)
         self.path = path
         self.durability = durability
         self.read_only = read_only
@@ -325,6 +328,7 @@ class SegmentLog:
         """In a forked child: close the handle without a flush (see :func:`_disown_all_in_child`)."""
         self._forked = True
         h, self._h = self._h, None
+        self._next_at = None
         _open_logs.discard(self)
         if h is not None:
             ffi.gc(h, None)
@@ -333,6 +337,7 @@ class SegmentLog:
     def close(self) -> None:
         """Flush (every policy), stop the flusher, release the lock. Idempotent."""
         h, self._h = self._h, None
+        self._next_at = None
         if h is None:
             return
         _open_logs.discard(self)
@@ -375,6 +380,19 @@ class SegmentLog:
         rc = lib.dkv_write_end(h)
         if rc:
             raise _error(rc, h, self.path, "write_end")
+
+    def write_end_async(self) -> bool:
+        """:meth:`write_end`, and when it ends the outermost section (True) every frame
+        appended so far is written to the OS and owed an fdatasync by the flusher: what
+        :meth:`wait_written` of the last of them would add, in the same call. False: it
+        wrote nothing (a nested section): wait for the frames as usual."""
+        h = self._h
+        if h is None:
+            h = self._handle()
+        rc = lib.dkv_write_end_async(h)
+        if rc < 0:
+            raise _error(rc, h, self.path, "write_end")
+        return rc == 0
 
     def exclusive(self, on: bool) -> None:
         """``True``: hold the log alone (StoreLockedError while another handle has it open
@@ -474,8 +492,10 @@ class SegmentLog:
 
     @property
     def next_lsn(self) -> int:
-        h = self._h     # read on every commit (twice): no call for the common case
-        return lib.dkv_next_lsn(h if h is not None else self._handle())
+        at = self._next_at      # read on every commit (twice): no call for the common case
+        if at is None:
+            self._handle()      # raises: closed, or a fork's
+        return at[0]
 
     @property
     def start_lsn(self) -> int:

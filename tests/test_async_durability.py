@@ -70,6 +70,28 @@ def test_log_queued_frames_given_the_async_promise_are_synced(tmp_path):
         assert log.durable_lsn == start + N and log.flusher_syncs > syncs
 
 
+def test_log_section_ended_async_writes_and_hands_its_frames_to_the_flusher(tmp_path):
+    """The store's async commit in one call: frames queued under ``exit`` in a write
+    section; ``write_end_async`` ends it, and they are in the file at once and fdatasync'd
+    by the flusher soon after -- what ``wait_written`` of the last one would add. A nested
+    section's end writes nothing (False): its frames wait for the outermost end."""
+    path = tmp_path / "l"
+    with dlog.SegmentLog.open(path, durability="async") as log:
+        start, syncs = log.durable_lsn, log.flusher_syncs
+        log.write_begin()
+        log.write_begin()
+        log.append(b"inner", durability="exit")
+        assert log.write_end_async() is False       # nested: nothing written yet
+        for i in range(N):
+            log.append(b"x%d" % i, durability="exit")
+        assert log.write_end_async() is True
+        assert log.commit_syncs == 0, "it must not fdatasync itself (group commit)"
+        with dlog.SegmentLog.open(path, read_only=True) as reader:   # in the file now
+            assert [p for _, p in reader.scan()][-1] == b"x%d" % (N - 1)
+        _assert_durable_soon(log, "write_end_async")
+        assert log.durable_lsn == start + N + 1 and log.flusher_syncs > syncs
+
+
 def test_log_exit_appends_stay_unsynced_until_flush(tmp_path):
     """``exit`` is unchanged: nothing is written or synced until flush/close."""
     with dlog.SegmentLog.open(tmp_path / "l", durability="exit") as log:

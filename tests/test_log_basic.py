@@ -175,6 +175,8 @@ def test_errors(log_dir, tmp_path):
     log.close()
     with pytest.raises(StoreClosedError):
         log.append(b"x")
+    with pytest.raises(StoreClosedError):      # read in place while open: never after close
+        log.next_lsn
 
 
 def test_concurrent_appenders_group_commit(log_dir):
