@@ -211,14 +211,7 @@ int dkv__quarantine_tail(const char *dir, const char *name, int fd, const uint8_
 {
     if (off >= size)
         return 0;
-    /* the all-zero run that ends the file is the writer's slack, never written data: not
-     * copied (FORMAT.md §6), but cut with the rest */
-    uint64_t kept = size;
-    while (kept > off && kept - off >= 8 && dkv__all_zero(buf + kept - 8, 8))
-        kept -= 8;
-    while (kept > off && !buf[kept - 1])
-        kept--;
-    int rc = kept > off ? quarantine_copy(dir, name, off, buf + off, kept - off) : 0;
+    int rc = quarantine_copy(dir, name, off, buf + off, size - off);
     if (!rc)
         rc = ftruncate(fd, (off_t)off) ? -errno : dkv__fdatasync(fd);
     return rc;

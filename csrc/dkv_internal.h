@@ -213,8 +213,7 @@ int dkv__report_add_damage(dkv_report *r, const char *seg, uint64_t off, int kin
 /* Move segment file `name` whole to quarantine/<name>.0.torn (rename, fsync both dirs). */
 int dkv__quarantine_whole(const char *dir, const char *name);
 /* Copy bytes [off, size) of segment `name` (open as fd, its bytes in buf) to quarantine/,
- * less the all-zero run that ends them (zero slack, FORMAT.md §6), then truncate the file
- * at off and fdatasync it. 0 or -errno. */
+ * then truncate the file at off and fdatasync it. 0 or -errno. */
 int dkv__quarantine_tail(const char *dir, const char *name, int fd, const uint8_t *buf,
                          uint64_t size, uint64_t off);
 
