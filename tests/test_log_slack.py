@@ -300,3 +300,68 @@ def test_a_failed_zero_fill_fails_the_handle_closed(tmp_path, no_faults):
             assert log.read(i) == p
         assert log.append(b"again") == log.next_lsn - 1
     assert verify(str(d)).ok
+
+
+_TAGGED_WRITER = r"""
+import sys
+from durkv.log import SegmentLog
+log = SegmentLog.open(sys.argv[1], durability="sync")
+tag = sys.argv[2]
+i = 0
+while True:
+    p = f"{tag}:{i}:".encode() + bytes([i % 251]) * 1000
+    print(log.append(p), i, flush=True)
+    i += 1
+"""
+
+
+def test_writer_processes_killed_while_sharing_the_slack(tmp_path):
+    """Three writer processes in one slack, one of them kill -9'd again and again: every
+    acknowledged frame is at its LSN, the survivors go on, the log reopens clean."""
+    d = tmp_path / "log"
+    _open(d).close()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+
+    def start(tag):
+        return subprocess.Popen([sys.executable, "-c", _TAGGED_WRITER, str(d), tag],
+                                stdout=subprocess.PIPE, text=True, env=env)
+
+    acked: dict[int, bytes] = {}
+
+    def take(tag, line):
+        lsn, i = map(int, line.split())
+        assert lsn not in acked, f"lsn {lsn} acknowledged twice"
+        acked[lsn] = f"{tag}:{i}:".encode() + bytes([i % 251]) * 1000
+
+    steady = {t: start(t) for t in ("a", "b")}
+    try:
+        for k in range(4):
+            tag = f"v{k}"
+            victim = start(tag)
+            for _ in range(30 + 17 * k):        # then die at a different instant each time
+                line = victim.stdout.readline()
+                if not line:
+                    break
+                take(tag, line)
+            victim.send_signal(signal.SIGKILL)
+            for line in victim.stdout:
+                take(tag, line)
+            victim.wait()
+        for t, p in steady.items():
+            p.send_signal(signal.SIGKILL)
+            for line in p.stdout:
+                take(t, line)
+            p.wait()
+    finally:
+        for p in steady.values():
+            p.kill()
+            p.wait()
+    seg = _active(d)
+    assert _data_end(seg) > SLACK_MIN and seg.size > _data_end(seg)
+    with _open(d) as log:
+        for lsn, p in acked.items():
+            assert log.read(lsn) == p, lsn
+    for q in lt.quarantine_files(d):
+        assert any(q.read_bytes())
+    rep = verify(str(d))
+    assert rep.ok and not rep.damage
