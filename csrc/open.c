@@ -827,16 +827,30 @@ static int read_new_frames(dkv_log *log, seg_t *a, int fd, uint64_t size, uint32
     return 0;
 }
 
+/* Nothing follows the frames this handle knows (the file ends there, or zero slack does),
+ * found without an fstat: on Linux 6.13+ a stat makes the next write stamp a fine-grained
+ * mtime, and ext4 then writes the inode at the commit's fdatasync -- the very cost the
+ * slack saves (FORMAT.md §9). Another writer's frame or seal, or a dead writer's torn
+ * bytes, leave a non-zero byte in the 24 after the last frame; a cut file reads short. */
+static int tail_untouched(dkv_log *log, const seg_t *a)
+{
+    uint8_t b[1 + FRAME_HDR];
+    int r = dkv__pread_all(log->wfd, b, sizeof b, a->data_end - 1);
+    return r >= 1 && dkv__all_zero(b + 1, (uint64_t)r - 1);
+}
+
 int dkv__catch_up(dkv_log *log)
 {
     for (;;) {
         seg_t *a = &log->segs[log->nsegs - 1];
+        if (tail_untouched(log, a))
+            return 0;           /* the common case: one pread */
         struct stat st;
         if (fstat(log->wfd, &st))
             return dkv__io_error(log, errno, "cannot stat the active segment of %s", log->dir);
         uint64_t size = (uint64_t)st.st_size;
         if (size == a->data_end)
-            return 0;           /* the common case without slack: one fstat */
+            return 0;
         if (size < a->data_end) {
             char name[64];
             dkv__seg_name(name, a->base_lsn);
