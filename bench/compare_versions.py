@@ -18,6 +18,7 @@ Workloads (time per operation, lower is better):
     log-sync      SegmentLog.append of 1 KiB under `sync` (one fdatasync each): the commit
                   path the zero slack serves (FORMAT.md §9), past its 64 KiB threshold
     put-sync      store.put of a 1 KiB message under `sync`
+    langgraph-sync  the langgraph workload under `sync` (one fdatasync a superstep)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 WORKLOADS = ("step-record", "step-replay", "tool", "replay-100k", "put", "langgraph",
-             "log-sync", "put-sync")
+             "log-sync", "put-sync", "langgraph-sync")
 
 
 def _steps(store, run_id, n):
@@ -49,8 +50,9 @@ def measure(workload: str, root: Path, quick: bool) -> float:
     import durkv
 
     n = 2_000 if quick else 20_000
-    if workload == "langgraph":
-        return _langgraph(root, 50 if quick else 300)
+    if workload.startswith("langgraph"):
+        sync = workload == "langgraph-sync"
+        return _langgraph(root, 50 if quick else 300, "sync" if sync else "async")
     if workload == "log-sync":
         return _log_sync(root, 200 if quick else 1_000)
     if workload == "put-sync":
@@ -116,7 +118,7 @@ def _puts(store, n):
     return (time.perf_counter() - t0) / n
 
 
-def _langgraph(root, n):
+def _langgraph(root, n, durability="async"):
     import operator
     from typing import Annotated
 
@@ -134,7 +136,7 @@ def _langgraph(root, n):
     g.add_node("agent", agent)
     g.add_edge(START, "agent")
     g.add_conditional_edges("agent", lambda s: END if len(s["messages"]) >= n else "agent")
-    saver = DurkvSaver.open(str(root / "g"), durability="async")
+    saver = DurkvSaver.open(str(root / "g"), durability=durability)
     try:
         graph = g.compile(checkpointer=saver)
         t0 = time.perf_counter()
