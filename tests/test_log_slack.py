@@ -365,3 +365,41 @@ def test_writer_processes_killed_while_sharing_the_slack(tmp_path):
         assert any(q.read_bytes())
     rep = verify(str(d))
     assert rep.ok and not rep.damage
+
+
+def test_a_dead_writers_torn_bytes_in_the_slack_are_cut_by_the_next_section(tmp_path):
+    """Another writer's catch-up finds them with its one-pread probe (FORMAT.md §12)."""
+    d = tmp_path / "log"
+    a, b = _open(d), _open(d)
+    try:
+        payloads = _fill(a, 0, 100)
+        b.refresh()
+        end = b.segments()[-1].bytes
+        time.sleep(0.05)        # both leases lapse (1 ms): a dead writer held WLOCK last
+        torn = lt.pseudo_random(300, "dead")     # it was killed mid-write(2), leaving these
+        lt.set_bytes(d / b.segments()[-1].name, end, torn)
+        assert b.append(b"after") == 100
+        assert a.append(b"and a") == 101
+        assert a.read(100) == b"after" and b.read(99) == payloads[99]
+    finally:
+        a.close()
+        b.close()
+    (q,) = lt.quarantine_files(d)
+    assert q.name.endswith(f".{end}.torn") and q.read_bytes().startswith(torn)
+    rep = verify(str(d))
+    assert rep.ok and not rep.damage
+
+
+def test_an_active_segment_cut_under_a_writer_is_reported_not_written_over(tmp_path):
+    d = tmp_path / "log"
+    a, b = _open(d), _open(d)
+    try:
+        _fill(a, 0, 100)
+        b.refresh()
+        seg = _active(d)
+        lt.truncate(seg.path, seg.frames[-1].offset + 10)
+        with pytest.raises(CorruptionError, match="shrank"):
+            b.append(b"x")
+    finally:
+        a.close()
+        b.close()
