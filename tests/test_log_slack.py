@@ -11,6 +11,7 @@ costs. Real files, real fsyncs, a real SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -367,23 +368,31 @@ def test_writer_processes_killed_while_sharing_the_slack(tmp_path):
     assert rep.ok and not rep.damage
 
 
-def test_a_dead_writers_torn_bytes_in_the_slack_are_cut_by_the_next_section(tmp_path):
-    """Another writer's catch-up finds them with its one-pread probe (FORMAT.md §12)."""
-    d = tmp_path / "log"
+@contextlib.contextmanager
+def _two_writers_on_100_frames(d):
+    """Two write handles of one log; one appended 100 frames of 1 KiB, the other has
+    caught up, and both leases have lapsed (1 ms): the next section of either catches up."""
     a, b = _open(d), _open(d)
     try:
         payloads = _fill(a, 0, 100)
         b.refresh()
+        time.sleep(0.05)
+        yield a, b, payloads
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_dead_writers_torn_bytes_in_the_slack_are_cut_by_the_next_section(tmp_path):
+    """Another writer's catch-up finds them with its one-pread probe (FORMAT.md §12)."""
+    d = tmp_path / "log"
+    with _two_writers_on_100_frames(d) as (a, b, payloads):
         end = b.segments()[-1].bytes
-        time.sleep(0.05)        # both leases lapse (1 ms): a dead writer held WLOCK last
-        torn = lt.pseudo_random(300, "dead")     # it was killed mid-write(2), leaving these
+        torn = lt.pseudo_random(300, "dead")     # a writer killed mid-write(2) left these
         lt.set_bytes(d / b.segments()[-1].name, end, torn)
         assert b.append(b"after") == 100
         assert a.append(b"and a") == 101
         assert a.read(100) == b"after" and b.read(99) == payloads[99]
-    finally:
-        a.close()
-        b.close()
     (q,) = lt.quarantine_files(d)
     assert q.name.endswith(f".{end}.torn") and q.read_bytes().startswith(torn)
     rep = verify(str(d))
@@ -392,14 +401,8 @@ def test_a_dead_writers_torn_bytes_in_the_slack_are_cut_by_the_next_section(tmp_
 
 def test_an_active_segment_cut_under_a_writer_is_reported_not_written_over(tmp_path):
     d = tmp_path / "log"
-    a, b = _open(d), _open(d)
-    try:
-        _fill(a, 0, 100)
-        b.refresh()
+    with _two_writers_on_100_frames(d) as (_a, b, _payloads):
         seg = _active(d)
         lt.truncate(seg.path, seg.frames[-1].offset + 10)
         with pytest.raises(CorruptionError, match="shrank"):
             b.append(b"x")
-    finally:
-        a.close()
-        b.close()
