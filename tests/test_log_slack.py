@@ -268,7 +268,9 @@ def test_kill9_mid_run_leaves_slack_that_reopens_clean(tmp_path):
         child.wait()
     assert acked >= 150
     seg = _active(d)
-    assert seg.size > _data_end(seg), "the slack survives the kill"
+    # the slack was in play (a kill between a frame that crossed its end and the next
+    # chunk of zeros leaves none, legitimately: the file then ends with that frame)
+    assert _data_end(seg) > SLACK_MIN
     rep = verify(str(d))
     assert not [x for x in rep.damage if x.kind != "torn_tail"]
     with _open(d) as log:
@@ -358,7 +360,7 @@ def test_writer_processes_killed_while_sharing_the_slack(tmp_path):
             p.kill()
             p.wait()
     seg = _active(d)
-    assert _data_end(seg) > SLACK_MIN and seg.size > _data_end(seg)
+    assert _data_end(seg) > SLACK_MIN       # the slack was in play (see the test above)
     with _open(d) as log:
         for lsn, p in acked.items():
             assert log.read(lsn) == p, lsn
