@@ -32,6 +32,9 @@ def _make_parents(path: str) -> None:
         fsync_dir(os.path.dirname(d))
 
 
+_FRAME_HEADER = 24      # bytes of a frame header (FORMAT.md §3)
+
+
 class LocalBackend:
     def __init__(self, url: str, path: str, *, durability: str = "sync", read_only: bool = False,
                  segment_bytes: int | None = None, flush_interval_ms: int = 10,
@@ -60,9 +63,11 @@ class LocalBackend:
         # salvage / point_in_time recovery can open a writer's log read-only
         self.read_only = bool(self._log.read_only)
         self._closed = False
-        # read-only: (active segment file, its size before the last refresh read it), or
-        # None: not known (no refresh yet, or the last segment was sealed): see tail_moved
-        self._tail: tuple[str, int] | None = None
+        # read-only: (active segment file, its size before the last refresh read it, the
+        # end of the frames that refresh read), or None: not known (no refresh yet, or the
+        # last segment was sealed): see tail_moved
+        self._tail: tuple[str, int, int] | None = None
+        self._tail_fd: tuple[str, int] | None = None    # (path, fd) to look past the frames
 
     @property
     def next_lsn(self) -> int:
@@ -120,7 +125,8 @@ class LocalBackend:
         else:
             path = os.path.join(self.path, last.name)
             same = self._tail is not None and self._tail[0] == path and size is not None
-            self._tail = (path, size if same else -1)   # -1: read the new segment once more
+            # -1: read the new segment once more
+            self._tail = (path, size if same else -1, last.bytes)
         return False
 
     def _reopen(self) -> bool:
@@ -129,6 +135,7 @@ class LocalBackend:
         old, self._log = self._log, fresh
         old.close()
         self._tail = None
+        self._close_tail_fd()
         return True
 
     def _tail_size(self) -> int | None:
@@ -145,7 +152,26 @@ class LocalBackend:
         if self._tail is None:
             return True
         size = self._tail_size()
-        return size is None or size != self._tail[1]
+        if size is None or size != self._tail[1]:
+            return True
+        # Zero slack after the frames (FORMAT.md §3) keeps the size while frames are
+        # appended into it: then the next frame's header, where the last refresh stopped,
+        # says it (a frame or a seal's footer is never all zero there).
+        return size > self._tail[2] and self._next_header_written(self._tail[0], self._tail[2])
+
+    def _next_header_written(self, path: str, data_end: int) -> bool:
+        try:
+            if self._tail_fd is None or self._tail_fd[0] != path:
+                self._close_tail_fd()
+                self._tail_fd = (path, os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+            return any(os.pread(self._tail_fd[1], _FRAME_HEADER, data_end))
+        except OSError:
+            return True         # gone or unreadable: let refresh find out
+
+    def _close_tail_fd(self) -> None:
+        if self._tail_fd is not None:
+            fd, self._tail_fd = self._tail_fd[1], None
+            os.close(fd)
 
     # several writers (FORMAT.md "Several writers"): the store brackets its writes
 
@@ -192,4 +218,5 @@ class LocalBackend:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._close_tail_fd()
             self._log.close()

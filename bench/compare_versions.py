@@ -15,6 +15,10 @@ Workloads (time per operation, lower is better):
     replay-100k   re-executing a finished 100,000-step run: open + fold + replay
     put           store.put of a checkpoint (async policy)
     langgraph     one superstep of a LangGraph agent loop checkpointed by DurkvSaver
+    log-sync      SegmentLog.append of 1 KiB under `sync` (one fdatasync each): the commit
+                  path the zero slack serves (FORMAT.md §9), past its 64 KiB threshold
+    put-sync      store.put of a 1 KiB message under `sync`
+    langgraph-sync  the langgraph workload under `sync` (one fdatasync a superstep)
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-WORKLOADS = ("step-record", "step-replay", "tool", "replay-100k", "put", "langgraph")
+WORKLOADS = ("step-record", "step-replay", "tool", "replay-100k", "put", "langgraph",
+             "log-sync", "put-sync", "langgraph-sync")
 
 
 def _steps(store, run_id, n):
@@ -45,8 +50,15 @@ def measure(workload: str, root: Path, quick: bool) -> float:
     import durkv
 
     n = 2_000 if quick else 20_000
-    if workload == "langgraph":
-        return _langgraph(root, 50 if quick else 300)
+    if workload.startswith("langgraph"):
+        sync = workload == "langgraph-sync"
+        return _langgraph(root, 50 if quick else 300, "sync" if sync else "async")
+    if workload == "log-sync":
+        return _log_sync(root, 200 if quick else 1_000)
+    if workload == "put-sync":
+        with durkv.open(str(root / "s"), durability="sync") as store:
+            _puts(store, 100)                       # warm: past the slack's threshold
+            return _puts(store, 200 if quick else 1_000)
     with durkv.open(str(root / "s"), durability="async") as store:
         if workload == "step-record":
             return _steps(store, "r", n)
@@ -64,6 +76,22 @@ def measure(workload: str, root: Path, quick: bool) -> float:
         t0 = time.perf_counter()
         _steps(store, "r", big)
         return time.perf_counter() - t0
+
+
+def _log_sync(root, n):
+    from durkv.log import SegmentLog
+
+    payload = b"x" * 1024
+    log = SegmentLog.open(str(root / "l"), durability="sync")
+    try:
+        for _ in range(100):                        # warm: past the slack's threshold
+            log.append(payload)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            log.append(payload)
+        return (time.perf_counter() - t0) / n
+    finally:
+        log.close()
 
 
 def _tools(durkv, store, n):
@@ -90,7 +118,7 @@ def _puts(store, n):
     return (time.perf_counter() - t0) / n
 
 
-def _langgraph(root, n):
+def _langgraph(root, n, durability="async"):
     import operator
     from typing import Annotated
 
@@ -108,7 +136,7 @@ def _langgraph(root, n):
     g.add_node("agent", agent)
     g.add_edge(START, "agent")
     g.add_conditional_edges("agent", lambda s: END if len(s["messages"]) >= n else "agent")
-    saver = DurkvSaver.open(str(root / "g"), durability="async")
+    saver = DurkvSaver.open(str(root / "g"), durability=durability)
     try:
         graph = g.compile(checkpointer=saver)
         t0 = time.perf_counter()

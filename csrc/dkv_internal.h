@@ -122,9 +122,15 @@ typedef struct {
 int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
               uint64_t **offs, size_t *n, size_t *cap, scan_result *res);
 /* dkv__scan with check_crc 0: structural checks only (header fields, lengths, LSN
- * continuity), for bytes already proven intact by a matching segment_digest. */
+ * continuity), for bytes already proven intact by a matching segment_digest. zero_slack 1
+ * (the active segment; dkv__scan's default): bytes from a bad frame header to `end` that
+ * are all zero are the clean end of data, not damage (FORMAT.md §3); 0 for the frames of
+ * a sealed segment, where the trailer says where they end. */
 int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
-                 uint64_t **offs, size_t *n, size_t *cap, scan_result *res, int check_crc);
+                 uint64_t **offs, size_t *n, size_t *cap, scan_result *res, int check_crc,
+                 int zero_slack);
+/* 1 if the n bytes at b are all zero. */
+int dkv__all_zero(const uint8_t *b, uint64_t n);
 
 /* Sorted list of segment base LSNs in dir (files named %016llx.seg). ENOENT if no dir. */
 int dkv__list_segments(const char *dir, uint64_t **bases, size_t *n);

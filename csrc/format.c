@@ -338,11 +338,25 @@ static int synced_before_later_frame(const uint8_t *buf, uint64_t end, uint64_t 
 int dkv__scan(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
               uint64_t **offs, size_t *n, size_t *cap, scan_result *res)
 {
-    return dkv__scan_ex(buf, off, end, seed, lsn, offs, n, cap, res, 1);
+    return dkv__scan_ex(buf, off, end, seed, lsn, offs, n, cap, res, 1, 1);
+}
+
+int dkv__all_zero(const uint8_t *b, uint64_t n)
+{
+    /* word at a time: a 1 MiB slack is checked at memory speed */
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        if (get64(b + i))
+            return 0;
+    for (; i < n; i++)
+        if (b[i])
+            return 0;
+    return 1;
 }
 
 int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, uint64_t lsn,
-                 uint64_t **offs, size_t *n, size_t *cap, scan_result *res, int check_crc)
+                 uint64_t **offs, size_t *n, size_t *cap, scan_result *res, int check_crc,
+                 int zero_slack)
 {
     memset(res, 0, sizeof *res);
     res->resync_off = NO_LSN;
@@ -351,6 +365,8 @@ int dkv__scan_ex(const uint8_t *buf, uint64_t off, uint64_t end, uint32_t seed, 
         uint64_t flsn;
         uint8_t type;
         int k = frame_check(buf + off, end - off, seed, lsn, 0, &len, &flsn, &type, check_crc);
+        if (k && zero_slack && dkv__all_zero(buf + off, end - off))
+            break;      /* the active segment's zero slack: the clean end of data (§3) */
         if (k) {
             res->kind = k;
             res->bad_off = off;

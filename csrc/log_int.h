@@ -68,6 +68,9 @@ struct dkv_log {
     uint8_t *pend, *spare;      /* frames not yet written; spare = the leader's buffer */
     size_t pend_len, pend_cap, spare_cap;
     uint64_t pend_off;          /* file offset of pend[0] */
+    uint64_t zero_end;          /* the active segment's bytes from the frames' end up to here
+                                 * are zeros the writer wrote ahead (slack, FORMAT.md §3, §9):
+                                 * a lower bound of the file's size (leader or roll only) */
     size_t defer[3];            /* pend offsets of frames whose crc is still to compute */
     unsigned ndefer;            /*   (batches: three at a time, interleaved); 0 outside mu */
     uint64_t next_lsn, written_lsn, durable_lsn;

@@ -219,8 +219,8 @@ static int check_sealed(dkv_log *log, seg_t *s, load_result *lr, int have_traile
     uint32_t seed = dkv__seed(log->uuid, s->segment_no);
     uint64_t end = have_trailer ? s->data_end : size;
     s->n_index = 0;
-    rc = dkv__scan(b, HDR_LEN, end, seed, s->base_lsn, &s->index, &s->n_index, &s->cap_index,
-                   &lr->scan);
+    rc = dkv__scan_ex(b, HDR_LEN, end, seed, s->base_lsn, &s->index, &s->n_index, &s->cap_index,
+                      &lr->scan, 1, 0);
     if (rc) {
         free(b);
         return rc;
@@ -558,6 +558,7 @@ static int become_writer(dkv_log *log)
     } else {
         log->wfd = a->fd;
         log->pend_off = a->data_end;
+        log->zero_end = a->file_size;   /* past the frames: zero slack (FORMAT.md §3) */
         /* Whatever the last writer left in the page cache becomes durable before the
          * first append records D = next_lsn in its sync_gap (FORMAT.md §3). */
         if ((rc = dkv__fdatasync(a->fd)))
@@ -711,7 +712,7 @@ static int cut_dead_tail(dkv_log *log, seg_t *a)
     if (rc)
         return dkv__io_error(log, -rc, "cannot repair the torn tail of %s/%s (left by a writer "
                              "that died)", log->dir, name);
-    a->file_size = a->data_end;
+    a->file_size = log->zero_end = a->data_end;
     return 0;
 }
 
@@ -753,6 +754,7 @@ static int adopt_roll(dkv_log *log, seg_t *a, const seg_trailer *t, uint64_t siz
             log->written_lsn = log->next_lsn;
             if (lr.file) {          /* the new active segment */
                 log->pend_off = s->data_end;
+                log->zero_end = s->file_size;
                 log->wfd = s->fd;
                 log->seed = dkv__seed(log->uuid, s->segment_no);
                 log->run_digest = dkv_crc32c(log->seed, lr.file, s->data_end);
@@ -771,52 +773,101 @@ static int adopt_roll(dkv_log *log, seg_t *a, const seg_trailer *t, uint64_t siz
     return 0;
 }
 
+/* Read what follows segment a's known frames in its file (fd, size bytes) in windows of
+ * TAIL_WINDOW bytes and up, indexing the frames it finds (and continuing *digest, if
+ * given). A window whose remainder after its frames is all zero is the zero slack
+ * (FORMAT.md §3, §12): the end. A frame across a window's end, or bad bytes, double the
+ * window until it holds the rest of the file; *bad = 1 if that rest is not all zero. */
+#define TAIL_WINDOW (4u << 10)
+static int read_new_frames(dkv_log *log, seg_t *a, int fd, uint64_t size, uint32_t *digest,
+                           int *bad)
+{
+    uint32_t seed = dkv__seed(log->uuid, a->segment_no);
+    *bad = 0;
+    uint64_t window = TAIL_WINDOW;
+    int whole = 0;
+    while (a->data_end < size) {
+        uint64_t n = size - a->data_end;
+        if (n > window)
+            n = window;
+        else
+            whole = 1;
+        uint8_t *b = malloc(n);
+        int r = b ? dkv__pread_all(fd, b, n, a->data_end) : -ENOMEM;
+        if (r < 0) {
+            free(b);
+            return r == -ENOMEM ? DKV_ENOMEM
+                                : dkv__io_error(log, -r, "cannot read the active segment of %s", log->dir);
+        }
+        scan_result sr;
+        uint64_t *offs = NULL;
+        size_t cnt = 0, cap = 0;
+        int rc = dkv__scan(b, 0, (uint64_t)r, seed, a->base_lsn + a->count, &offs, &cnt, &cap, &sr);
+        for (uint64_t i = 0; !rc && i < cnt; i++)
+            rc = dkv__index_push(a, offs[i] + a->data_end);
+        free(offs);
+        if (!rc && digest)
+            *digest = dkv_crc32c(*digest, b, sr.end);
+        free(b);
+        if (rc) {
+            a->n_index = a->count;  /* none of this window's frames is taken */
+            return rc;
+        }
+        a->count = a->n_index;
+        a->data_end += sr.end;
+        if (sr.kind && !whole) {
+            window *= 2;        /* a frame across the window's end, or bad bytes */
+            continue;
+        }
+        if (sr.kind)
+            *bad = 1;
+        if (sr.kind || sr.end < (uint64_t)r || (uint64_t)r < n)
+            break;              /* bad bytes, the zero slack, or the file was shorter */
+    }
+    return 0;
+}
+
+/* Nothing follows the frames this handle knows (the file ends there, or zero slack does),
+ * found without an fstat: on Linux 6.13+ a stat makes the next write stamp a fine-grained
+ * mtime, and ext4 then writes the inode at the commit's fdatasync -- the very cost the
+ * slack saves (FORMAT.md §9). Another writer's frame or seal, or a dead writer's torn
+ * bytes, leave a non-zero byte in the 24 after the last frame; a cut file reads short. */
+static int tail_untouched(dkv_log *log, const seg_t *a)
+{
+    uint8_t b[1 + FRAME_HDR];
+    int r = dkv__pread_all(log->wfd, b, sizeof b, a->data_end - 1);
+    return r >= 1 && dkv__all_zero(b + 1, (uint64_t)r - 1);
+}
+
 int dkv__catch_up(dkv_log *log)
 {
     for (;;) {
         seg_t *a = &log->segs[log->nsegs - 1];
+        if (tail_untouched(log, a))
+            return 0;           /* the common case: one pread */
         struct stat st;
         if (fstat(log->wfd, &st))
             return dkv__io_error(log, errno, "cannot stat the active segment of %s", log->dir);
         uint64_t size = (uint64_t)st.st_size;
         if (size == a->data_end)
-            return 0;           /* the common case: one fstat */
+            return 0;
         if (size < a->data_end) {
             char name[64];
             dkv__seg_name(name, a->base_lsn);
             return dkv__damage_record(log, name, size, DKV_DAMAGE_MISSING, a->base_lsn + a->count,
                                       NO_LSN, "the active segment shrank under a writer");
         }
-        uint64_t n = size - a->data_end;
-        uint8_t *b = malloc(n);
-        if (!b)
-            return DKV_ENOMEM;
-        int r = dkv__pread_all(log->wfd, b, n, a->data_end);
-        if (r < 0) {
-            free(b);
-            return dkv__io_error(log, -r, "cannot read the active segment of %s", log->dir);
-        }
-        scan_result sr;
-        uint64_t *offs = NULL;
-        size_t cnt = 0, cap = 0;
-        int rc = dkv__scan(b, 0, (uint64_t)r, log->seed, a->base_lsn + a->count, &offs, &cnt,
-                           &cap, &sr);
-        for (uint64_t i = 0; !rc && i < cnt; i++)
-            rc = dkv__index_push(a, offs[i] + a->data_end);
-        free(offs);
-        if (rc) {
-            free(b);
+        int bad;
+        int rc = read_new_frames(log, a, log->wfd, size, &log->run_digest, &bad);
+        if (rc)
             return rc;
-        }
-        log->run_digest = dkv_crc32c(log->run_digest, b, sr.end);
-        free(b);
-        a->count = a->n_index;
-        a->data_end += sr.end;
         log->pend_off = a->data_end;
         STORE_LSN(log->next_lsn, a->base_lsn + a->count);
         log->written_lsn = log->next_lsn;
-        if (!sr.kind)
-            continue;
+        if (!bad) {
+            log->zero_end = size;   /* every byte past the frames is zero (FORMAT.md §12) */
+            return 0;
+        }
         /* bytes after the last good frame: another writer's seal, or a dead writer's tail */
         uint8_t tb[TRAILER_LEN];
         seg_trailer t;
@@ -835,28 +886,14 @@ int dkv__catch_up(dkv_log *log)
 
 /* ---- refresh: read-only handles pick up what a writer appended ---- */
 
-/* Frames appended to the active segment since the handle last looked. */
+/* Frames appended to the active segment since the handle last looked (what follows them
+ * is another frame being written, the zero slack, or a seal: the next refresh looks again). */
 static void refresh_active_tail(dkv_log *log, seg_t *a)
 {
     struct stat st;
-    if (fstat(a->fd, &st) || (uint64_t)st.st_size <= a->data_end)
-        return;
-    uint64_t n = (uint64_t)st.st_size - a->data_end;
-    uint8_t *b = malloc(n);
-    int r = b ? dkv__pread_all(a->fd, b, n, a->data_end) : -ENOMEM;
-    if (r > 0) {
-        scan_result sr;
-        uint64_t *offs = NULL;
-        size_t cnt = 0, cap = 0;
-        dkv__scan(b, 0, (uint64_t)r, dkv__seed(log->uuid, a->segment_no), a->base_lsn + a->count,
-                  &offs, &cnt, &cap, &sr);
-        for (uint64_t i = 0; i < cnt; i++)
-            dkv__index_push(a, offs[i] + a->data_end);
-        a->count = a->n_index;
-        a->data_end += sr.end;
-        free(offs);
-    }
-    free(b);
+    int bad;
+    if (!fstat(a->fd, &st) && (uint64_t)st.st_size > a->data_end)
+        (void)read_new_frames(log, a, a->fd, (uint64_t)st.st_size, NULL, &bad);
 }
 
 /* The writer rolled past the active segment: it is sealed now. 0 if its seal is not

@@ -208,6 +208,48 @@ static void raise_durable(dkv_log *log, uint64_t d)
         STORE_LSN(log->durable_lsn, d);
 }
 
+/* Zero slack (FORMAT.md §3, §9): zeros written ahead of the active segment's frames, so
+ * that a commit's fdatasync finds the file's size already synced (on ext4 an fdatasync
+ * after a size change also commits the journal). */
+#define SLACK_MIN (64u << 10)       /* no slack below this much data; the smallest chunk */
+#define SLACK_MAX (1u << 20)        /* the largest chunk */
+#define SLACK_PIECE (64u << 10)     /* zeros written per pwrite */
+static const uint8_t slack_zeros[SLACK_PIECE];
+
+/* Frames were just written up to `end` of the active segment (fd): if they passed the
+ * zeros this handle knows, write the next chunk of zeros after them -- no fdatasync: the
+ * commit's own syncs it with the frames. Runs where the frames' write did (a leader, or
+ * under mu), inside the write section of a shared writer: every byte past the frames'
+ * end is zero (FORMAT.md §12), so zeros are written only past the file's size. 0 or -errno. */
+static int zero_ahead(dkv_log *log, int fd, uint64_t end)
+{
+    if (end <= log->zero_end || end < SLACK_MIN)
+        return 0;
+    uint64_t chunk = end / 8 < SLACK_MIN ? SLACK_MIN : end / 8 > SLACK_MAX ? SLACK_MAX : end / 8;
+    uint64_t to = (end + chunk + 4095) & ~(uint64_t)4095;
+    if (to > log->opt.segment_bytes)
+        to = log->opt.segment_bytes;
+    struct stat st;
+    if (fstat(fd, &st))
+        return -errno;
+    uint64_t size = (uint64_t)st.st_size;
+    if (size > end || to <= end) {
+        /* another process wrote this slack already; or the segment is full (the next
+         * frame rolls) */
+        log->zero_end = size > end ? size : end;
+        return 0;
+    }
+    for (uint64_t at = end; at < to;) {
+        size_t n = to - at < SLACK_PIECE ? (size_t)(to - at) : SLACK_PIECE;
+        int rc = dkv__pwrite_all(fd, slack_zeros, n, at);
+        if (rc)
+            return rc;
+        at += n;
+    }
+    log->zero_end = to;
+    return 0;
+}
+
 /* Become leader (mu held, no leader running): write everything pending, fdatasync if
  * asked (a shared writer holds the store's syncer turn then, sync_step: given back here),
  * return with mu held. */
@@ -233,8 +275,10 @@ static int lead(dkv_log *log, int do_sync)
 
     dkv__frames_restamp(buf, n, seed, durable);
     int rc = n ? dkv__pwrite_all(fd, buf, n, off) : 0;
+    if (!rc && n)
+        rc = zero_ahead(log, fd, off + n);                   /* leaders are serialized */
     if (!rc)
-        digest = digest_frames(log, digest, seed, buf, n);   /* leaders are serialized */
+        digest = digest_frames(log, digest, seed, buf, n);
 
     pthread_mutex_lock(&log->mu);
     if (rc) {
@@ -393,6 +437,12 @@ static int roll(dkv_log *log, uint64_t new_start)
         rc = dkv__fdatasync(log->wfd);
         what = "fdatasync";
         if (!rc) {
+            /* the zero slack goes first: the footer follows the last frame and ends the
+             * file (FORMAT.md §4) */
+            rc = ftruncate(log->wfd, (off_t)a->data_end) ? -errno : 0;
+            what = "ftruncate";
+        }
+        if (!rc) {
             rc = dkv__pwrite_all(log->wfd, f, flen, a->data_end);
             what = "write";
         }
@@ -469,7 +519,7 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     log->wfd = fd;
     log->seed = dkv__seed(log->uuid, h.segment_no);
     log->run_digest = dkv_crc32c(log->seed, hb, HDR_LEN);
-    log->pend_off = HDR_LEN;
+    log->pend_off = log->zero_end = HDR_LEN;
     STORE_LSN(log->start_lsn, start_lsn);
     /* HEAD names the new segment before any of its frames is acknowledged (FORMAT.md §2a) */
     if (!rc) {
@@ -606,6 +656,8 @@ static int write_pending(dkv_log *log)
 {
     dkv__frames_restamp(log->pend, log->pend_len, log->seed, log->durable_lsn);
     int rc = dkv__pwrite_all(log->wfd, log->pend, log->pend_len, log->pend_off);
+    if (!rc)
+        rc = zero_ahead(log, log->wfd, log->pend_off + log->pend_len);
     if (rc)
         return fail(log, "write", rc);
     log->run_digest = digest_frames(log, log->run_digest, log->seed, log->pend, log->pend_len);

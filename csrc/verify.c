@@ -329,7 +329,7 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
                     dkv_crc32c(seed, m.b, vt.t.data_end) == vt.t.digest;
     scan_result res;
     if ((rc = dkv__scan_ex(m.b, HDR_LEN, trusted ? vt.t.data_end : m.size, seed, base, &offs, &n,
-                           &cap, &res, deep || !digest_ok)))
+                           &cap, &res, deep || !digest_ok, !vs->sealed)))
         goto out;
     vs->count = sr->frames_ok = n;
     vs->good_end = res.end;
