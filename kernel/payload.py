@@ -1,8 +1,8 @@
 """COMMIT payloads (docs/FORMAT.md section 5): the commit-payload codec.
 
-(It was ``durkv.channels``; that name is kept as a re-export for compatibility.)
 This module is the one Python codec of that format: pure Python on bytes, so
-every backend (memory, local, s3) shares it, and ``durkv.log`` re-exports it.
+every backend (memory, local, s3) shares it. An *entry* (:class:`CommitEntry`) is
+what one COMMIT frame holds for one channel, as FORMAT.md section 5 uses the word.
 The C library decodes the same bytes (``dkv_read_channel``, ``verify --deep``);
 the tests hold the two to each other. Frames are built here rather than in C
 because joining one small frame with ``struct`` costs less than marshalling
@@ -18,7 +18,7 @@ flag); readers rely on the magic, never on the flag, because a DELTA/SNAP chain
 can mix compressed and plain items while ``read_channel`` reports the flags of
 the chain's FULL entry only.
 
->>> p = encode_commit(b"head", [Entry(FULL, [b"a", b"b"])])
+>>> p = encode_commit(b"head", [CommitEntry(FULL, [b"a", b"b"])])
 >>> decode_head(p)
 b'head'
 >>> resolve_channel({7: p}.__getitem__, 7, 0)
@@ -36,7 +36,7 @@ import zstandard
 from .errors import CorruptionError
 
 __all__ = [
-    "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "F_REFS", "Entry", "encode_commit",
+    "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "F_REFS", "CommitEntry", "encode_commit",
     "encode_record", "decode_commit", "decode_head", "entry_at", "entry_header", "snap_ref_at",
     "snap_refs", "resolve_channel", "pack_ref", "unpack_ref", "Codec",
 ]
@@ -59,8 +59,8 @@ def unpack_ref(b: bytes) -> tuple[int, int]:
     return _REF.unpack(b)
 
 
-class Entry(NamedTuple):
-    """One channel entry of a COMMIT frame (same fields as ``durkv.log.Entry``)."""
+class CommitEntry(NamedTuple):
+    """One channel entry of a COMMIT frame (FORMAT.md section 5)."""
 
     kind: int
     items: list
@@ -72,7 +72,7 @@ class Entry(NamedTuple):
 
 def encode_commit(head: bytes, entries) -> bytes:
     """Encode a COMMIT payload: ``head_len head n_entries entry*``. ``entries`` are
-    :class:`Entry` or plain 6-tuples in its field order (the commit path builds those)."""
+    :class:`CommitEntry` or plain 6-tuples in its field order (the commit path builds those)."""
     parts = [_pack_u32(len(head)), head, _pack_u32(len(entries))]
     append = parts.append
     for kind, items, flags, depth, prev_lsn, prev_idx in entries:
@@ -127,7 +127,7 @@ def _check_entry(kind: int, flags: int, reserved: int) -> None:
         raise _bad(f"bad entry header (kind {kind}, flags {flags}, reserved {reserved})")
 
 
-def _read_entry(payload: bytes, off: int) -> tuple[Entry, int]:
+def _read_entry(payload: bytes, off: int) -> tuple[CommitEntry, int]:
     end = len(payload)
     if off + 24 > end:
         raise _bad("entry header past the end")
@@ -145,10 +145,10 @@ def _read_entry(payload: bytes, off: int) -> tuple[Entry, int]:
             raise _bad("item past the end")
         items.append(payload[off:off + ln])
         off += ln
-    return Entry(kind, items, flags, depth, prev_lsn, prev_idx), off
+    return CommitEntry(kind, items, flags, depth, prev_lsn, prev_idx), off
 
 
-def decode_commit(payload: bytes) -> tuple[bytes, list[Entry]]:
+def decode_commit(payload: bytes) -> tuple[bytes, list[CommitEntry]]:
     """Decode a whole COMMIT payload into ``(head, entries)``."""
     head = decode_head(payload)
     off, n = _entries_offset(payload)
@@ -174,8 +174,8 @@ def _entry_offset(payload: bytes, idx: int) -> int:
     return off
 
 
-def entry_at(payload: bytes, idx: int) -> Entry:
-    """Entry ``idx`` of a COMMIT payload (skips the entries before it)."""
+def entry_at(payload: bytes, idx: int) -> CommitEntry:
+    """CommitEntry ``idx`` of a COMMIT payload (skips the entries before it)."""
     return _read_entry(payload, _entry_offset(payload, idx))[0]
 
 
@@ -198,7 +198,7 @@ def snap_ref_at(payload: bytes, items_offset: int, k: int) -> tuple[int, int]:
     return _REF.unpack_from(payload, off + 4)
 
 
-def snap_refs(entry: Entry) -> list[tuple[int, int]]:
+def snap_refs(entry: CommitEntry) -> list[tuple[int, int]]:
     """The ``(lsn, idx)`` references of a SNAP entry."""
     return [_REF.unpack(i) for i in entry.items]
 
@@ -212,13 +212,13 @@ def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
     """
     cache: dict[int, bytes] = {}
 
-    def entry(ref_lsn: int, ref_idx: int) -> Entry:
+    def entry(ref_lsn: int, ref_idx: int) -> CommitEntry:
         p = cache.get(ref_lsn)
         if p is None:
             p = cache[ref_lsn] = read_payload(ref_lsn)
         return entry_at(p, ref_idx)
 
-    def own_items(e: Entry, ref_lsn: int, ref_idx: int) -> list[bytes]:
+    def own_items(e: CommitEntry, ref_lsn: int, ref_idx: int) -> list[bytes]:
         """A DELTA's own items: with F_REFS, those of the FULL list entries it names."""
         if not e.flags & F_REFS:
             return e.items

@@ -17,7 +17,7 @@ from durkv.errors import (
 )
 from durkv.log import FRAME_COMMIT, FRAME_DATA, SegmentLog, fault_inject, recover, verify
 from durkv.payload import (
-    DELTA, F_REFS, F_VALUE, FULL, SNAP, Entry, decode_commit, encode_commit, pack_ref,
+    DELTA, F_REFS, F_VALUE, FULL, SNAP, CommitEntry, decode_commit, encode_commit, pack_ref,
     resolve_channel,
 )
 
@@ -240,10 +240,10 @@ def test_torn_tail_is_quarantined_on_writer_open(log_dir):
 
 def test_commit_round_trip():
     entries = [
-        Entry(FULL, [b"a", b"", b"ccc"]),
-        Entry(DELTA, [b"d"], flags=1, depth=3, prev_lsn=7, prev_idx=2),
-        Entry(SNAP, [pack_ref(1, 0), pack_ref(2, 1)]),
-        Entry(FULL, [b"value"], flags=F_VALUE),
+        CommitEntry(FULL, [b"a", b"", b"ccc"]),
+        CommitEntry(DELTA, [b"d"], flags=1, depth=3, prev_lsn=7, prev_idx=2),
+        CommitEntry(SNAP, [pack_ref(1, 0), pack_ref(2, 1)]),
+        CommitEntry(FULL, [b"value"], flags=F_VALUE),
     ]
     payload = encode_commit(b"head-bytes", entries)
     head, got = decode_commit(payload)
@@ -265,12 +265,12 @@ def _channel_log(log):
         payloads[lsn] = p
         return lsn
 
-    base = commit([Entry(FULL, [b"i0", b"i1"]), Entry(FULL, [b"v"], flags=F_VALUE)])
+    base = commit([CommitEntry(FULL, [b"i0", b"i1"]), CommitEntry(FULL, [b"v"], flags=F_VALUE)])
     expect[(base, 0)] = [b"i0", b"i1"]
     expect[(base, 1)] = [b"v"]
     chain, prev, items, deltas = [], (base, 0), [b"i0", b"i1"], []
     for k in range(5):
-        lsn = commit([Entry(DELTA, [b"d%d" % k], depth=k + 1, prev_lsn=prev[0],
+        lsn = commit([CommitEntry(DELTA, [b"d%d" % k], depth=k + 1, prev_lsn=prev[0],
                             prev_idx=prev[1])])
         items = items + [b"d%d" % k]
         prev = (lsn, 0)
@@ -281,34 +281,34 @@ def _channel_log(log):
     refs = [pack_ref(*r) for r in [(base, 0)] + deltas]
     lsn = log.next_lsn
     refs.append(pack_ref(lsn, 0))
-    commit([Entry(DELTA, [b"d5"], depth=6, prev_lsn=prev[0], prev_idx=prev[1]),
-            Entry(SNAP, refs)])
+    commit([CommitEntry(DELTA, [b"d5"], depth=6, prev_lsn=prev[0], prev_idx=prev[1]),
+            CommitEntry(SNAP, refs)])
     items = items + [b"d5"]
     expect[(lsn, 0)] = items
     expect[(lsn, 1)] = items
     snap = (lsn, 1)
     # Two deltas on the SNAP, then a SNAP over that SNAP.
-    d1 = commit([Entry(DELTA, [b"e0", b"e1"], depth=1, prev_lsn=snap[0], prev_idx=snap[1])])
-    d2 = commit([Entry(DELTA, [b"e2"], depth=2, prev_lsn=d1, prev_idx=0)])
+    d1 = commit([CommitEntry(DELTA, [b"e0", b"e1"], depth=1, prev_lsn=snap[0], prev_idx=snap[1])])
+    d2 = commit([CommitEntry(DELTA, [b"e2"], depth=2, prev_lsn=d1, prev_idx=0)])
     items = items + [b"e0", b"e1", b"e2"]
     expect[(d1, 0)] = items[:-1]
     expect[(d2, 0)] = items
-    s2 = commit([Entry(SNAP, [pack_ref(*snap), pack_ref(d1, 0), pack_ref(d2, 0)])])
+    s2 = commit([CommitEntry(SNAP, [pack_ref(*snap), pack_ref(d1, 0), pack_ref(d2, 0)])])
     expect[(s2, 0)] = items
-    d3 = commit([Entry(DELTA, [b"f"], depth=1, prev_lsn=s2, prev_idx=0)])
+    d3 = commit([CommitEntry(DELTA, [b"f"], depth=1, prev_lsn=s2, prev_idx=0)])
     items = items + [b"f"]
     expect[(d3, 0)] = items
     # FORMAT.md section 5: a REFS DELTA appends the items of the FULL entries it names (a
     # pending write's), then a plain DELTA on it in the same frame, then a SNAP over both
-    w = commit([Entry(FULL, [b"w0"]), Entry(FULL, [b"w1", b"w2"], flags=0)])
+    w = commit([CommitEntry(FULL, [b"w0"]), CommitEntry(FULL, [b"w1", b"w2"], flags=0)])
     expect[(w, 0)], expect[(w, 1)] = [b"w0"], [b"w1", b"w2"]
     r = log.next_lsn
-    commit([Entry(DELTA, [pack_ref(w, 1), pack_ref(w, 0)], flags=F_REFS, depth=2,
+    commit([CommitEntry(DELTA, [pack_ref(w, 1), pack_ref(w, 0)], flags=F_REFS, depth=2,
                   prev_lsn=d3, prev_idx=0),
-            Entry(DELTA, [b"g"], depth=3, prev_lsn=r, prev_idx=0)])
+            CommitEntry(DELTA, [b"g"], depth=3, prev_lsn=r, prev_idx=0)])
     expect[(r, 0)] = items + [b"w1", b"w2", b"w0"]
     expect[(r, 1)] = items + [b"w1", b"w2", b"w0", b"g"]
-    s3 = commit([Entry(SNAP, [pack_ref(s2, 0), pack_ref(d3, 0), pack_ref(r, 0),
+    s3 = commit([CommitEntry(SNAP, [pack_ref(s2, 0), pack_ref(d3, 0), pack_ref(r, 0),
                               pack_ref(r, 1)])])
     expect[(s3, 0)] = expect[(r, 1)]
     return expect, payloads
@@ -330,10 +330,10 @@ def test_read_channel_matches_resolve_channel(log_dir, segment_bytes):
 
 def test_deep_verify_finds_broken_references(log_dir):
     with SegmentLog.open(log_dir) as log:
-        log.append(encode_commit(b"", [Entry(FULL, [b"a"])]), frame_type=FRAME_COMMIT)
-        log.append(encode_commit(b"", [Entry(DELTA, [b"b"], prev_lsn=0, prev_idx=3)]),
+        log.append(encode_commit(b"", [CommitEntry(FULL, [b"a"])]), frame_type=FRAME_COMMIT)
+        log.append(encode_commit(b"", [CommitEntry(DELTA, [b"b"], prev_lsn=0, prev_idx=3)]),
                    frame_type=FRAME_COMMIT)
-        log.append(encode_commit(b"", [Entry(SNAP, [pack_ref(1, 0)])]),
+        log.append(encode_commit(b"", [CommitEntry(SNAP, [pack_ref(1, 0)])]),
                    frame_type=FRAME_COMMIT)
         with pytest.raises(CorruptionError):
             log.read_channel(1, 0)
@@ -356,12 +356,12 @@ def test_refs_delta_must_name_an_earlier_full_list_entry(log_dir, target):
             payloads[lsn] = p
             return lsn
 
-        commit([Entry(FULL, [b"a"]), Entry(FULL, [b"v"], flags=F_VALUE),
-                Entry(DELTA, [b"d"], depth=1, prev_lsn=0, prev_idx=0)])
+        commit([CommitEntry(FULL, [b"a"]), CommitEntry(FULL, [b"v"], flags=F_VALUE),
+                CommitEntry(DELTA, [b"d"], depth=1, prev_lsn=0, prev_idx=0)])
         ref = {"delta": (0, 2), "value": (0, 1), "forward": (2, 0), "missing": (0, 7)}[target]
-        bad = commit([Entry(DELTA, [pack_ref(*ref)], flags=F_REFS, depth=1, prev_lsn=0,
+        bad = commit([CommitEntry(DELTA, [pack_ref(*ref)], flags=F_REFS, depth=1, prev_lsn=0,
                             prev_idx=0)])
-        commit([Entry(FULL, [b"later"])])
+        commit([CommitEntry(FULL, [b"later"])])
         with pytest.raises(CorruptionError):
             log.read_channel(bad, 0)
         with pytest.raises(CorruptionError):

@@ -577,10 +577,10 @@ def test_closed_store_refuses(url):
 
 
 def test_commit_codec_round_trip_and_strictness():
-    from durkv.payload import Entry, decode_commit, encode_commit
+    from durkv.payload import CommitEntry, decode_commit, encode_commit
 
-    entries = [Entry(FULL, [b"a", b"", b"bc"], 2), Entry(DELTA, [b"x"], 1, 3, 77, 1),
-               Entry(SNAP, [b"\x01" * 12], 0)]
+    entries = [CommitEntry(FULL, [b"a", b"", b"bc"], 2), CommitEntry(DELTA, [b"x"], 1, 3, 77, 1),
+               CommitEntry(SNAP, [b"\x01" * 12], 0)]
     payload = encode_commit(b"head", entries)
     assert decode_commit(payload) == (b"head", entries)
     with pytest.raises(durkv.CorruptionError):

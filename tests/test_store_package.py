@@ -86,7 +86,7 @@ def test_the_pre_package_shims_are_gone():
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(name)
     assert not hasattr(durkv.store, "_head_of") and not hasattr(durkv.store, "_packb")
-    for name in ("encode_commit", "decode_commit", "Entry", "resolve_channel"):
+    for name in ("encode_commit", "decode_commit", "CommitEntry", "resolve_channel"):
         assert not hasattr(durkv.log, name), f"durkv.log re-exports {name}: import durkv.payload"
 
 

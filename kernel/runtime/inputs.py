@@ -85,7 +85,7 @@ class InputRefs:
                  latest: Callable[[str, str], Any] | None = None) -> None:
         self.values = values        # durkv.runtime.values.Values of the store's serde
         self.limit = limit          # the most new bytes a record keeps (MAX_INLINE_INPUTS)
-        self.latest = latest        # (kind, name) -> the latest folded Entry with inputs
+        self.latest = latest        # (kind, name) -> the latest folded CallState with inputs
         self.seeded: set[tuple[str, str]] = set()
         # the default serde is compositional: its whole encoding is the items' bytes joined
         self.whole = values.encode if values.default_serde else None

@@ -2,7 +2,7 @@
 
 The store keeps a run's journal as opaque records in log order
 (``Store.append_journal`` / ``Store.journal``); docs/FORMAT.md section 5a lists the
-events and their fields. This module turns that list into one :class:`Entry` per
+events and their fields. This module turns that list into one :class:`CallState` per
 durable call (per step id and generation) and the run's status. It is pure: no
 store access, no clock.
 """
@@ -21,16 +21,16 @@ from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_
                       TryRecord, WarnRecord)
 
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
-           "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "Entry", "RunState", "RunInfo", "fold", "apply",
+           "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "CallState", "RunState", "RunInfo", "fold", "apply",
            "JournalEntry", "STATUSES", "bulk_load"]
 
 STATUSES = ("running", "waiting", "sleeping", "in_doubt", "finished", "failed")
 
 
-class Entry:
+class CallState:
     """The folded state of one durable call (one step id, one generation).
 
-    Slotted: a replayed run folds one Entry per call (100,000 for a long run), and
+    Slotted: a replayed run folds one CallState per call (100,000 for a long run), and
     slots make each a third of the cost of a dict-backed instance to build.
     """
 
@@ -72,8 +72,8 @@ class RunState:
     fp: int | None = None
     input: bytes | None = None
     created: float | None = None
-    entries: dict[str, list[Entry]] = field(default_factory=dict)   # step id -> generations
-    order: list[Entry] = field(default_factory=list)
+    entries: dict[str, list[CallState]] = field(default_factory=dict)   # step id -> generations
+    order: list[CallState] = field(default_factory=list)
     status: str | None = None
     until: float | None = None
     status_step: str | None = None
@@ -81,11 +81,11 @@ class RunState:
     updated: float | None = None
     task_ids: bool = False      # step ids of asyncio tasks are scoped by task (RUN "tid")
 
-    def latest(self, step_id: str) -> Entry | None:
+    def latest(self, step_id: str) -> CallState | None:
         gens = self.entries.get(step_id)
         return gens[-1] if gens else None
 
-    def find(self, step_id: str, gen: int) -> Entry | None:
+    def find(self, step_id: str, gen: int) -> CallState | None:
         """The entry of step ``step_id`` generation ``gen``, if folded."""
         for e in self.entries.get(step_id, ()):
             if e.gen == gen:
@@ -94,18 +94,18 @@ class RunState:
 
 
 def _entry(st: RunState, sid: str, gen: int, kind: str, name: str | None, fp: int | None,
-           started: float | None) -> Entry:
+           started: float | None) -> CallState:
     """The entry of step ``sid`` generation ``gen``: found, or made (``name``, ``fp`` and
     ``started`` are the new entry's: a record that does not carry them gives None)."""
     gens = st.entries.get(sid)
     if gens is None:        # the common case: a step id seen for the first time
-        e = Entry(sid, gen, kind, name or "", fp or 0)
+        e = CallState(sid, gen, kind, name or "", fp or 0)
         st.entries[sid] = [e]
     else:
         for e in gens:
             if e.gen == gen:
                 return e
-        e = Entry(sid, gen, kind, name or "", fp or 0)
+        e = CallState(sid, gen, kind, name or "", fp or 0)
         gens.append(e)
         if gens[-2].gen > gen:
             gens.sort(key=lambda x: x.gen)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Generator
 
 from ..errors import ConfigError
-from .journal import Entry
+from .journal import CallState
 from .tools import Retry, ToolSpec
 
 __all__ = ["Plan", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP", "drive",
@@ -66,7 +66,7 @@ class Plan:
         self.sid, self.kind, self.name, self.fp = sid, kind, name, fp
         self.inputs, self.version = inputs, version
         self.gen = 0
-        self.entry: Entry | None = None
+        self.entry: CallState | None = None
         self.replay = False
         self.rc = 0
         self.key: str | None = None
@@ -79,7 +79,7 @@ class Plan:
         self.synced = False     # a tool's intent and receipt get an fdatasync of their own
 
     @classmethod
-    def replay_of(cls, e: Entry) -> "Plan":
+    def replay_of(cls, e: CallState) -> "Plan":
         """The plan of a call recorded as it is asked for now: return (raise) the recorded
         outcome. Built without ``__init__``: the hot path of a re-execution."""
         p = cls.__new__(cls)

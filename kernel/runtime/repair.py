@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError, NotFoundError, SerializationError
-from .journal import Entry, RunInfo, fold
+from .journal import CallState, RunInfo, fold
 from .records import E_REPAIR, E_REPAIR_ACK, RepairAckRecord, RepairRecord
 
 __all__ = ["E_REPAIR", "E_REPAIR_ACK", "RunRepair", "record_pending", "damage_of",
@@ -84,7 +84,7 @@ class RunRepair:
                 "until `store.resolve(...)` of each, or `store.acknowledge_repair("
                 f"{self.run_id!r}, by=...)` (`durkv recover PATH --ack {self.run_id}`)")
 
-    def doubt(self, sid: str, gen: int, key: str, name: str, e: Entry | None) -> str | None:
+    def doubt(self, sid: str, gen: int, key: str, name: str, e: CallState | None) -> str | None:
         """None when the call ``sid`` (generation ``gen``) may go on: the operator
         resolved it (``e``: its journal entry). Else the in-doubt message: its records
         may be in the cut."""

@@ -47,7 +47,7 @@ from .aio import (
     settled, unscope_tasks,
 )
 from .inputs import Encoded, InputRefs
-from .journal import STATUSES, Entry, JournalEntry, apply, bulk_load, fold
+from .journal import STATUSES, CallState, JournalEntry, apply, bulk_load, fold
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord,
@@ -365,7 +365,7 @@ class Run:
                 "pass plain data (a client object belongs in the function, not its "
                 "arguments)", run_id=self.run_id) from e
 
-    def _latest_inputs(self, kind: str, name: str) -> Entry | None:
+    def _latest_inputs(self, kind: str, name: str) -> CallState | None:
         """The latest folded entry of ``kind`` ``name`` that keeps inputs (a base for the
         inputs of a call this Run has not recorded yet: runtime/inputs.py)."""
         for e in reversed(self._st.order):
@@ -373,7 +373,7 @@ class Run:
                 return e
         return None
 
-    def _check(self, sid: str, kind: str, name: str, fp: int | None) -> Entry | None:
+    def _check(self, sid: str, kind: str, name: str, fp: int | None) -> CallState | None:
         e = self._st.latest(sid)
         if e is None:
             return None
@@ -394,7 +394,7 @@ class Run:
                 step_id=sid, recorded=f"{e.fp:016x}", given=f"{fp:016x}")
         return e
 
-    def _drift(self, e: Entry, what: str, recorded: Any, running: Any) -> bool:
+    def _drift(self, e: CallState, what: str, recorded: Any, running: Any) -> bool:
         """Version drift at a recorded entry: True means call again (``rerun``)."""
         msg = (f"run {self.run_id!r} step {e.step_id} ({e.name!r}): recorded {what} version "
                f"{recorded!r}, running {running!r}")
@@ -411,7 +411,7 @@ class Run:
             self._append(WarnRecord(self._clock(), e.step_id, e.gen, note).pack())
         return False
 
-    def _outcome(self, e: Entry) -> Any:
+    def _outcome(self, e: CallState) -> Any:
         if e.err is not None:
             raise self._values.rebuild(e.err, f"run {self.run_id!r} step {e.step_id} "
                                        f"({e.name!r})", run_id=self.run_id, step_id=e.step_id)

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable
 
 from ..errors import BackendError
 from ..payload import (
-    DELTA, F_REFS, FULL, SNAP, Entry, encode_commit, encode_record, entry_at, pack_ref,
+    DELTA, F_REFS, FULL, SNAP, CommitEntry, encode_commit, encode_record, entry_at, pack_ref,
     unpack_ref,
 )
 from .appender import Appender
@@ -156,7 +156,7 @@ class Compaction:
         raw = self._heads.full(frames, read_head(frames(lsn), lsn), lsn)   # a delta resolved
         h = CkptHead.of(raw, lsn)
         new_lsn = self._ap.next_lsn()
-        entries: list[Entry] = []
+        entries: list[CommitEntry] = []
         self._copy_entries(h.chans.values(), new_lsn, entries)
         mapped = self._mapped
         h = h._replace(kind=K_COPY_CKPT, thread=t, ns=n, chans={
@@ -175,7 +175,7 @@ class Compaction:
         mapped = self._mapped
         for (task, path), ws in by_task.items():
             new_lsn = self._ap.next_lsn()
-            entries: list[Entry] = []
+            entries: list[CommitEntry] = []
             recs = []
             for w in ws:
                 v = w.value
@@ -198,7 +198,7 @@ class Compaction:
                 h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
                 queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, h.rec).pack()))
 
-    def _append_copy(self, hb: bytes, entries: list[Entry], new_lsn: int) -> None:
+    def _append_copy(self, hb: bytes, entries: list[CommitEntry], new_lsn: int) -> None:
         got = self._ap.queue(encode_commit(hb, entries))
         if got != new_lsn:     # before END: the old data stays authoritative
             raise BackendError(f"compaction of {self.url}: frame landed at LSN {got}, "
@@ -206,11 +206,11 @@ class Compaction:
 
     # -- channel entries, re-chained ---------------------------------------------------------
 
-    def _needed(self, refs: Iterable) -> list[tuple[Ref, Entry]]:
+    def _needed(self, refs: Iterable) -> list[tuple[Ref, CommitEntry]]:
         """Old entries reachable from ``refs`` and not copied yet, in LSN order."""
         mapped = self._mapped
         todo = [tuple(r) for r in refs]
-        seen: dict[Ref, Entry] = {}
+        seen: dict[Ref, CommitEntry] = {}
         while todo:
             r = todo.pop()
             if r in mapped or r in seen:
@@ -224,23 +224,23 @@ class Compaction:
                 todo.extend(unpack_ref(x) for x in e.items)
         return sorted(seen.items())
 
-    def _copy_entries(self, refs: Iterable, lsn: int, entries: list[Entry]) -> None:
+    def _copy_entries(self, refs: Iterable, lsn: int, entries: list[CommitEntry]) -> None:
         """Append to ``entries`` (of the frame at ``lsn``) the copies of every entry
         ``refs`` need, their references rewritten to the copies."""
         mapped = self._mapped
         for r, e in self._needed(refs):
             new = (lsn, len(entries))
             if e.kind == FULL:
-                entries.append(Entry(FULL, e.items, e.flags))
+                entries.append(CommitEntry(FULL, e.items, e.flags))
             elif e.kind == DELTA:
                 p = mapped[(e.prev_lsn, e.prev_idx)]
                 items = e.items
                 if e.flags & F_REFS:
                     items = [pack_ref(*mapped[unpack_ref(x)]) for x in items]
-                entries.append(Entry(DELTA, items, e.flags, e.depth, p[0], p[1]))
+                entries.append(CommitEntry(DELTA, items, e.flags, e.depth, p[0], p[1]))
             else:
                 items = [pack_ref(*mapped[unpack_ref(x)]) for x in e.items]
-                entries.append(Entry(SNAP, items, e.flags))
+                entries.append(CommitEntry(SNAP, items, e.flags))
             mapped[r] = new
 
     def _keep_newest(self, newest: dict[tuple[str, str], NewestCheckpoint]) -> None:

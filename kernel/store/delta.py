@@ -59,7 +59,7 @@ older checkpoint reads it from the log (one ``read_channel`` per channel);
 newer entry extends it (a prefix slice: see :mod:`durkv.store.history`).
 
 The objects: :class:`ChanState` (one channel of a lane's newest checkpoint),
-:class:`NewestCheckpoint` (that checkpoint: kept in ``Lane.newest``), and :class:`Channels`,
+:class:`NewestCheckpoint` (that checkpoint: kept in ``Lane.newest``), and :class:`ChannelEncoder`,
 which encodes a put's channels and loads/reads that state; the writer
 (:mod:`durkv.store.writer`) and the reads (:mod:`durkv.store.reads`) hold one.
 """
@@ -75,7 +75,7 @@ from ..payload import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Codec, entry_a
 from .index import Lane
 from .ckpthead import CkptHeads
 
-__all__ = ["Channels", "ChanState", "NewestCheckpoint", "join_tagged"]
+__all__ = ["ChannelEncoder", "ChanState", "NewestCheckpoint", "join_tagged"]
 
 _SCALARS = frozenset((str, int, float, bytes, bool, type(None)))
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -135,7 +135,7 @@ def _match_writes(pend: list, raws: list) -> tuple[list, int]:
     return refs, m
 
 
-class Channels:
+class ChannelEncoder:
     """Encode a put's channels; load and read the newest state of a lane.
 
     Holds the backend (to load state from the log), the serde and the item codec.

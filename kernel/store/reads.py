@@ -3,7 +3,7 @@ its frame) and the merged pending writes of a checkpoint.
 
 :class:`Reads` holds the backend, the :class:`~durkv.store.replay.LogIndex` (the index
 it looks checkpoints up in: a compaction replaces it), the
-:class:`~durkv.store.delta.Channels` (the newest state) and the serde; the store calls
+:class:`~durkv.store.delta.ChannelEncoder` (the newest state) and the serde; the store calls
 it under its lock. Streams of checkpoints are :mod:`durkv.store.history`.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import CorruptionError
 from ..payload import F_VALUE, Codec, entry_at
 from .ckpthead import CkptHeads
-from .delta import Channels
+from .delta import ChannelEncoder
 from .index import Lane
 from .records import (
     K_CKPT, K_COPY_CKPT, Checkpoint, CkptHead, PendingWrite, WritesHead, read_head,
@@ -54,12 +54,12 @@ class _WriteItems:
 class Reads:
     """Checkpoints and pending writes read back (under the store's lock)."""
 
-    def __init__(self, backend: Any, index: LogIndex, channels: Channels, heads: CkptHeads,
+    def __init__(self, backend: Any, index: LogIndex, encoder: ChannelEncoder, heads: CkptHeads,
                  serde: Any, codec: Codec, url: str) -> None:
         self._b = backend
         self._index = index
         self._heads = heads
-        self._channels = channels
+        self._encoder = encoder
         self.loads = serde.loads     # the serde's and the codec's decoders (History's too)
         self.codec = codec
         self.url = url
@@ -94,12 +94,12 @@ class Reads:
 
     def _newest(self, thread_id: str, ns: str, lane: Lane) -> Checkpoint:
         """The newest checkpoint of ``lane``, from its materialized state (no frame read)."""
-        channels = self._channels
-        newest = channels.newest(lane)
+        encoder = self._encoder
+        newest = encoder.newest(lane)
         loads = self.loads
         return Checkpoint(
             thread_id, ns, newest.cid, newest.parent, loads(newest.ckpt_b), loads(newest.meta_b),
-            dict(newest.versions), {ch: channels.value(c) for ch, c in newest.chans.items()},
+            dict(newest.versions), {ch: encoder.value(c) for ch, c in newest.chans.items()},
             self.pending_writes(lane, newest.lsn))
 
     def checkpoint(self, thread_id: str, ns: str, lane: Lane, lsn: int,

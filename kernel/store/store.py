@@ -20,7 +20,7 @@ state, and composes the objects that do the work, each of its own module --
 :class:`~durkv.store.appender.Appender` (frames to the backend),
 :class:`~durkv.store.replay.LogIndex` (the index, replay, snapshots),
 :class:`~durkv.store.ckpthead.CkptHeads` (checkpoint heads: keyframes and deltas),
-:class:`~durkv.store.delta.Channels` (channel encoding, the newest state),
+:class:`~durkv.store.delta.ChannelEncoder` (channel encoding, the newest state),
 :class:`~durkv.store.writer.Writer` (put, put_writes, journal records),
 :class:`~durkv.store.reads.Reads` and :class:`~durkv.store.history.History`,
 :class:`~durkv.store.edits.Edits` (deletes, copies, prunes) and
@@ -44,7 +44,7 @@ from .appender import Appender
 from .ckpthead import CkptHeads
 from . import drivers
 from .compact import Compaction
-from .delta import Channels
+from .delta import ChannelEncoder
 from .drivers import DriverClaim
 from .edits import Edits
 from .history import History
@@ -162,11 +162,11 @@ class Store:
         self._index = LogIndex(backend, self._appender, url, index_every)
         # checkpoint heads: the writer's keyframes, the readers' delta bases (FORMAT.md 5)
         self._heads = heads = CkptHeads()
-        self._channels = Channels(backend, serde, codec, heads, snapshot_every=snapshot_every,
+        self._encoder = ChannelEncoder(backend, serde, codec, heads, snapshot_every=snapshot_every,
                                   delta_check=delta_check)
-        self._writer = Writer(self._appender, self._index, self._channels, heads, serde, codec,
+        self._writer = Writer(self._appender, self._index, self._encoder, heads, serde, codec,
                               url)
-        self._reads = Reads(backend, self._index, self._channels, heads, serde, codec, url)
+        self._reads = Reads(backend, self._index, self._encoder, heads, serde, codec, url)
         self._history = History(self._lock, self._check_open, backend, self._index,
                                 self._reads)
         self._edits = Edits(self._appender, self._index, self._writer, self._reads)
@@ -251,7 +251,7 @@ class Store:
     # store to change one)
     durability = property(lambda self: self._appender.durability)
     max_commit_bytes = property(lambda self: self._appender.max_commit_bytes)
-    snapshot_every = property(lambda self: self._channels.snapshot_every)
+    snapshot_every = property(lambda self: self._encoder.snapshot_every)
     delta_check = property(lambda self: self._delta_check)
 
     @property

@@ -2,7 +2,7 @@
 
 A :class:`Writer` holds the :class:`~durkv.store.appender.Appender`, the
 :class:`~durkv.store.replay.LogIndex` it keeps current, the
-:class:`~durkv.store.delta.Channels` that encode a checkpoint's channels, and two
+:class:`~durkv.store.delta.ChannelEncoder` that encode a checkpoint's channels, and two
 memories of recent frames: the list items a checkpoint and its pending writes share
 (:class:`SharedItems`, docs/FORMAT.md section 5) and the fingerprints that make a
 retried identical ``put_writes`` a no-op. The store checks the arguments (the
@@ -27,7 +27,7 @@ from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from ..payload import F_ZSTD, FULL, Codec, encode_commit, encode_record
 from .appender import Appender
 from .ckpthead import CkptHeads
-from .delta import Channels, ChanState, NewestCheckpoint
+from .delta import ChannelEncoder, ChanState, NewestCheckpoint
 from .index import Lane
 from .records import K_CKPT, K_JOURNAL, K_WRITES, SPECIAL_WRITE_CHANNELS, check_id
 from .replay import LogIndex
@@ -168,12 +168,12 @@ class SharedItems:
 class Writer:
     """The store's commit paths (see the module docstring); every method under the lock."""
 
-    def __init__(self, appender: Appender, index: LogIndex, channels: Channels,
+    def __init__(self, appender: Appender, index: LogIndex, encoder: ChannelEncoder,
                  heads: CkptHeads, serde: Any, codec: Codec, url: str) -> None:
         self._ap = appender
         self._heads = heads        # checkpoint heads stored as deltas of a keyframe
         self._index = index
-        self._channels = channels
+        self._encoder = encoder
         self._dumps = serde.dumps
         self._codec = codec
         self.url = url
@@ -209,7 +209,7 @@ class Writer:
         """Commit checkpoint ``cid`` as one frame; returns its LSN (queued: the caller
         settles it outside the lock, :meth:`Appender.settle`)."""
         lane = self._index.ix.lane(thread_id, ns)
-        newest = None if lane is None else (lane.newest or self._channels.newest(lane))
+        newest = None if lane is None else (lane.newest or self._encoder.newest(lane))
         lsn = self._ap.next
         if lsn < 0:
             lsn = self._ap.next_lsn()
@@ -251,7 +251,7 @@ class Writer:
         only in ``versions`` keeps the base's entry -- the parent's, or the newest's --
         unless ``all_values`` says the base holds another version (then its own value
         from ``all_values`` is stored)."""
-        channels = self._channels
+        encoder = self._encoder
         if linear:
             base, base_versions = newest.chans, newest.versions
             # list items the parent's pending writes stored (FORMAT.md section 5)
@@ -259,9 +259,9 @@ class Writer:
         elif newest is None:
             base, base_versions, pend = {}, {}, None
         else:
-            base, base_versions = channels.parent_state(lane, newest, parent_id)
+            base, base_versions = encoder.parent_state(lane, newest, parent_id)
             pend = None
-        encode = channels.encode
+        encode = encoder.encode
         chans: dict[str, ChanState] = {}
         refs: dict[str, tuple] = {}
         fresh = None
