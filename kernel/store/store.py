@@ -162,8 +162,8 @@ class Store:
         self._index = LogIndex(backend, self._appender, url, index_every)
         # checkpoint heads: the writer's keyframes, the readers' delta bases (FORMAT.md 5)
         self._heads = heads = CkptHeads()
-        self._encoder = ChannelEncoder(backend, serde, codec, heads, snapshot_every=snapshot_every,
-                                  delta_check=delta_check)
+        self._encoder = ChannelEncoder(backend, serde, codec, heads,
+                                       snapshot_every=snapshot_every, delta_check=delta_check)
         self._writer = Writer(self._appender, self._index, self._encoder, heads, serde, codec,
                               url)
         self._reads = Reads(backend, self._index, self._encoder, heads, serde, codec, url)
