@@ -17,9 +17,11 @@ the recorded results back without calling anything:
 ...     (out, calls)
 ('HI', ['hi'])
 
-Protocol of ``run.tool`` (docs/FORMAT.md 5a): an INTENT record, fsync'd whatever
-the store's policy; the call with ``idempotency_key``; a RECEIPT record, fsync'd
-before ``tool`` returns. Operator signals go to the ``durkv`` logger.
+Protocol of ``run.tool`` (docs/FORMAT.md 5a): an INTENT record; the call with
+``idempotency_key``; a RECEIPT record before ``tool`` returns. An at-most-once tool's are
+fdatasync'd whatever the store's policy; a keyed tool's follow the policy where a
+returned commit survives a process kill (docs/GUARANTEES.md 16.9). Operator signals go
+to the ``durkv`` logger.
 """
 
 from __future__ import annotations
