@@ -128,7 +128,7 @@ class StepRecord(NamedTuple):
 
 
 class IntentRecord(NamedTuple):
-    """INTENT: a tool is about to be called (one per attempt), fdatasync'd first."""
+    """INTENT: a tool is about to be called (one per attempt); journaled before the call."""
 
     t: float
     step: str
