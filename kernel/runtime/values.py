@@ -189,15 +189,8 @@ class Values:
         """The canonical fingerprint of the inputs ``[args, kwargs]`` from their items
         (runtime/inputs.py: ``values`` the items, ``items`` their serde bytes): msgpack
         is compositional, an array is its header and its elements' encodings."""
-        canon, foreign = self.canonical_bytes, self._foreign
-        out = []
-        for v, b in zip(values, items):
-            if foreign.get(type(v)) and len(b) < 65536:    # the hot path: a LangGraph message
-                n = len(b)
-                out.append(_ext_header(_EXT_FOREIGN, n) + b if n < 256
-                           else b"\xc8" + n.to_bytes(2, "big") + b"\x7f" + b)
-            else:
-                out.append(canon(v, b))
+        canon = self.canonical_bytes     # a foreign item (a LangGraph message): a header
+        out = [canon(v, b) for v, b in zip(values, items)]   # in front of its bytes
         parts = [b"\x92", _array_header(len(shape))]
         i = 0
         for n in shape:
