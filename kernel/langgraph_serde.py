@@ -34,6 +34,7 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 
+from .langgraph_messages import dumps_messages, is_jsonplus
 from .store.delta import join_tagged
 
 __all__ = ["EMPTY", "LangGraphSerde"]
@@ -90,6 +91,15 @@ class LangGraphSerde:
         if len(name) > 255:
             raise TypeError(f"serializer type name too long to store: {type_[:40]!r}...")
         return bytes((_OTHER, len(name))) + name + data
+
+    def dumps_many(self, objs: list) -> list[bytes]:
+        """``[self.dumps(x) for x in objs]``; under a plain ``JsonPlusSerializer`` a
+        LangChain message of plain data is encoded from its fields, to the same bytes
+        (langgraph_messages.py: the run journal encodes an agent's whole history on every
+        model call to fingerprint it)."""
+        if is_jsonplus(self.serde):
+            return dumps_messages(objs, self.dumps)
+        return [self.dumps(x) for x in objs]
 
     def loads(self, data: bytes) -> Any:
         tag = data[0]
