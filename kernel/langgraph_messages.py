@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["dumps_messages", "eligible", "is_jsonplus"]
+__all__ = ["Encoded", "dumps_messages", "eligible", "is_jsonplus"]
 
 try:
     import ormsgpack
@@ -41,13 +41,15 @@ try:
     # the serializer's options, with every type that is not exactly plain sent to `default`
     _OPTION = (_SERDE_OPTION | ormsgpack.OPT_PASSTHROUGH_SUBCLASS
                | ormsgpack.OPT_PASSTHROUGH_TUPLE | ormsgpack.OPT_PASSTHROUGH_BIG_INT)
+    # a message's body is [module, name, fields, "model_validate_json"]: the last one's bytes
+    _TAIL = len(ormsgpack.packb("model_validate_json"))
 except (ImportError, AttributeError):     # pragma: no cover - another LangGraph/LangChain
     JsonPlusSerializer = None
 
 _SCHEMA_CHANGES = ("serialization", "serialization_exclude", "serialization_alias",
                    "serialization_exclude_if")
 
-# class -> (its field names in order, its [module, name]) when eligible, else None
+# class -> eligible(class): its field names in order, module, name, ... ; or None
 _classes: dict[type, Any] = {}
 
 
@@ -68,8 +70,9 @@ def _plain_schema(schema: Any) -> bool:
 
 
 def eligible(cls: type) -> Any:
-    """``(fields, module, name)`` of a message class whose instances may be encoded from
-    their fields, or None (checked once per class)."""
+    """``(fields, module, name, where its field dict starts in its body)`` of a message
+    class whose instances may be encoded from their fields, or None (checked once per
+    class)."""
     try:
         return _classes[cls]
     except KeyError:
@@ -79,7 +82,8 @@ def eligible(cls: type) -> Any:
             and cls.model_dump is BaseModel.model_dump
             and not getattr(cls, "__pydantic_root_model__", False)
             and _plain_schema(getattr(cls, "__pydantic_core_schema__", {"serialization": 1}))):
-        out = (tuple(cls.model_fields), cls.__module__, cls.__name__)
+        head = 1 + len(ormsgpack.packb(cls.__module__)) + len(ormsgpack.packb(cls.__name__))
+        out = (tuple(cls.model_fields), cls.__module__, cls.__name__, head)
     _classes[cls] = out
     return out
 
@@ -98,14 +102,61 @@ def _ext5_header(n: int) -> bytes:
     return b"\x01\xc9" + n.to_bytes(4, "big") + bytes((EXT_PYDANTIC_V2,))
 
 
-def dumps_messages(objs: list, dumps: Callable[[Any], bytes]) -> list[bytes]:
+class Encoded:
+    """What :func:`dumps_messages` proved about a list it encoded, for the next call on the
+    list grown from it: its leading ``n`` items are messages of the classes ``types``
+    encoded from their fields, whose field dicts packed one after the other are ``fields``,
+    and whose bytes are ``items``."""
+
+    __slots__ = ("types", "fields", "items")
+
+    def __init__(self, types: list, fields: bytes, items: list[bytes]) -> None:
+        self.types, self.fields, self.items = types, fields, items
+
+
+def _same_prefix(objs: list, prior: Encoded) -> int:
+    """How many leading items of ``objs`` have the bytes of ``prior``'s: all of them when
+    the same classes, no extra fields, and field dicts that pack to the same bytes (one C
+    call for the whole prefix: what decides is bytes, never an object's identity); else 0.
+    Those messages then have the fields, in the order and of the exact plain types, that
+    were checked when ``prior`` was encoded: their serializer's bytes are ``prior``'s."""
+    n = len(prior.types)
+    if not n or len(objs) < n:
+        return 0
+    prefix = objs[:n]
+    if list(map(type, prefix)) != prior.types:
+        return 0
+    try:
+        if any([x.__pydantic_extra__ for x in prefix]):
+            return 0
+        packed = ormsgpack.packb([x.__dict__ for x in prefix], option=_OPTION,
+                                 default=_refuse)
+    except Exception:
+        return 0
+    head = 1 if n < 16 else 3 if n < 65536 else 5       # the array's msgpack header
+    same = len(packed) - head == len(prior.fields) and packed.startswith(prior.fields, head)
+    return n if same else 0         # (startswith: a memcmp; a memoryview compares by item)
+
+
+def dumps_messages(objs: list, dumps: Callable[[Any], bytes],
+                   prior: Encoded | None = None) -> tuple[list[bytes], Encoded | None]:
     """``[dumps(x) for x in objs]``, where ``dumps`` is ``LangGraphSerde.dumps`` over a plain
-    ``JsonPlusSerializer``: a LangChain message of plain data is encoded from its fields
-    (the same bytes, one C call), anything else by ``dumps``. One loop, no call per item
-    on the fast path: an agent's history is encoded on every model call."""
-    out = []
+    ``JsonPlusSerializer``, and what the next call may start from (:class:`Encoded`):
+
+    - the leading items whose bytes are ``prior``'s (``objs`` grew from the list ``prior``
+      describes, unchanged: :func:`_same_prefix`) take ``prior``'s bytes;
+    - a LangChain message of plain data is encoded from its fields (the same bytes, one C
+      call); anything else by ``dumps``.
+
+    One loop, no call per item on the fast path: an agent's history is encoded on every
+    model call."""
+    k = 0 if prior is None else _same_prefix(objs, prior)
+    out = prior.items[:k] if k else []
+    types = prior.types[:k] if k else []
+    fields = [prior.fields] if k else []
+    leading = True          # every item so far encoded from its fields
     classes, packb, option = _classes, ormsgpack.packb, _OPTION
-    for x in objs:
+    for x in objs[k:] if k else objs:
         spec = classes.get(type(x), False)
         if spec is False:
             spec = eligible(type(x))
@@ -119,9 +170,14 @@ def dumps_messages(objs: list, dumps: Callable[[Any], bytes]) -> list[bytes]:
                     pass
                 else:
                     out.append(_ext5_header(len(body)) + body)
+                    if leading:     # the field dict's own bytes: between the class's name
+                        types.append(type(x))           # and the method's
+                        fields.append(body[spec[3]:-_TAIL])
                     continue
         out.append(dumps(x))
-    return out
+        leading = False
+    state = Encoded(types, b"".join(fields), out[:len(types)]) if types else None
+    return out, state
 
 
 def is_jsonplus(serde: Any) -> bool:

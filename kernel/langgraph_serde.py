@@ -92,14 +92,16 @@ class LangGraphSerde:
             raise TypeError(f"serializer type name too long to store: {type_[:40]!r}...")
         return bytes((_OTHER, len(name))) + name + data
 
-    def dumps_many(self, objs: list) -> list[bytes]:
-        """``[self.dumps(x) for x in objs]``; under a plain ``JsonPlusSerializer`` a
-        LangChain message of plain data is encoded from its fields, to the same bytes
+    def dumps_items(self, objs: list, prior: Any = None) -> tuple[list[bytes], Any]:
+        """``[self.dumps(x) for x in objs]``, and a state to pass as ``prior`` to the call on
+        the list grown from ``objs`` (or None). Under a plain ``JsonPlusSerializer`` a
+        LangChain message of plain data is encoded from its fields, to the same bytes, and
+        a prefix that packs to the bytes ``prior`` describes is not encoded again
         (langgraph_messages.py: the run journal encodes an agent's whole history on every
-        model call to fingerprint it)."""
+        model call, to fingerprint it and find what an earlier record holds)."""
         if is_jsonplus(self.serde):
-            return dumps_messages(objs, self.dumps)
-        return [self.dumps(x) for x in objs]
+            return dumps_messages(objs, self.dumps, prior)
+        return [self.dumps(x) for x in objs], None
 
     def loads(self, data: bytes) -> Any:
         tag = data[0]

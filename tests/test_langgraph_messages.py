@@ -1,7 +1,9 @@
 """LangChain messages encoded from their fields give LangGraph's serializer's bytes, exactly.
 
-``durkv.langgraph_messages`` (used by ``LangGraphSerde.dumps_many``, which the run journal
-calls on a step's items) packs a message's own field dict instead of ``model_dump()``.
+``durkv.langgraph_messages`` (used by ``LangGraphSerde.dumps_items``, which the run journal
+calls on a step's items) packs a message's own field dict instead of ``model_dump()``, and
+takes the bytes of a list's unchanged prefix from the previous call when its field dicts
+pack to the same bytes.
 Whatever it encodes itself must be byte for byte what ``JsonPlusSerializer`` writes (the
 journal's fingerprints and references are of those bytes, GUARANTEES 16.8, 16.10); what it
 cannot be sure of goes to the serializer. Each case here is compared with the serializer
@@ -32,13 +34,17 @@ from durkv.langgraph_serde import LangGraphSerde  # noqa: E402
 SERDE = LangGraphSerde(JsonPlusSerializer())
 
 
+def _many(objs: list, serde: LangGraphSerde = SERDE) -> list[bytes]:
+    return serde.dumps_items(objs)[0]
+
+
 def _same(objs: list) -> None:
-    assert SERDE.dumps_many(objs) == [SERDE.dumps(x) for x in objs]
+    assert _many(objs) == [SERDE.dumps(x) for x in objs]
 
 
 def _fast(obj) -> bool:
     """Whether the message was encoded from its fields (no call of the serializer)."""
-    out = lm.dumps_messages([obj], lambda x: None)
+    out = lm.dumps_messages([obj], lambda x: None)[0]
     return out[0] is not None
 
 
@@ -75,7 +81,7 @@ def test_every_message_class_is_encoded_from_its_fields_to_the_serializers_bytes
     _same(msgs)
     assert all(_fast(m) for m in msgs), [type(m).__name__ for m in msgs if not _fast(m)]
     # read back through the serializer as the messages themselves
-    assert [SERDE.loads(b) for b in SERDE.dumps_many(msgs)] == msgs
+    assert [SERDE.loads(b) for b in _many(msgs)] == msgs
 
 
 class Color(enum.Enum):
@@ -104,9 +110,9 @@ def test_a_value_that_is_not_exactly_plain_goes_to_the_serializer(odd):
             want = SERDE.dumps(m)
         except Exception as e:      # the serializer refuses (an int over 64 bits): so does this
             with pytest.raises(type(e)):
-                SERDE.dumps_many([m])
+                _many([m])
         else:
-            assert SERDE.dumps_many([m]) == [want]
+            assert _many([m]) == [want]
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")      # pydantic's, on the mutated fields
@@ -150,7 +156,7 @@ def test_a_class_that_serializes_otherwise_or_another_serializer_goes_to_the_ser
 
     assert not lm.is_jsonplus(Mine()) and lm.is_jsonplus(JsonPlusSerializer())
     other = LangGraphSerde(Mine())
-    assert other.dumps_many([loud, counted]) == [other.dumps(loud), other.dumps(counted)]
+    assert _many([loud, counted], other) == [other.dumps(loud), other.dumps(counted)]
 
 
 _leaf = (st.none() | st.booleans() | st.integers(min_value=-(2 ** 70), max_value=2 ** 70)
@@ -179,7 +185,81 @@ def test_generated_contents_encode_to_the_serializers_bytes(content, kwargs, arg
             out.append(SERDE.dumps(m))
         except Exception as e:       # a big int: both refuse alike
             with pytest.raises(type(e)):
-                SERDE.dumps_many([m])
+                _many([m])
             out.append(None)
-    got = [SERDE.dumps_many([m])[0] if b is not None else None for m, b in zip(msgs, out)]
+    got = [_many([m])[0] if b is not None else None for m, b in zip(msgs, out)]
     assert got == out
+
+
+# ---- a growing list: the unchanged prefix from the previous call, checked by bytes -------
+
+def _grow(msgs: list, prior):
+    """One call as the journal makes it: the bytes must be the serializer's, every time."""
+    items, state = SERDE.dumps_items(msgs, prior)
+    assert items == [SERDE.dumps(x) for x in msgs]
+    return items, state
+
+
+def test_an_unchanged_prefix_takes_the_previous_calls_bytes():
+    msgs = _every_class()[:4]
+    items, state = _grow(msgs, None)
+    assert state is not None and len(state.items) == 4
+    msgs = msgs + [lc.AIMessage(content="new")]
+    items2, state2 = _grow(msgs, state)
+    assert all(a is b for a, b in zip(items2, items))       # not encoded again
+    assert len(state2.items) == 5
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("change", [
+    lambda m: setattr(m, "content", "edited"),
+    lambda m: m.additional_kwargs.update(k=1),
+    lambda m: m.additional_kwargs.update(k=1.0),
+    lambda m: m.additional_kwargs.update(k=True),
+    lambda m: m.additional_kwargs.update(k=(1,)),             # a tuple: the serializer
+    lambda m: setattr(m, "mood", "extra"),                    # an extra field
+    lambda m: object.__setattr__(m, "__dict__", dict(reversed(m.__dict__.items()))),
+    lambda m: setattr(m, "name", -0.0),
+], ids=["content", "int", "float", "bool", "tuple", "extra", "reordered", "negzero"])
+def test_a_prefix_item_changed_in_place_is_encoded_again(change):
+    msgs = [lc.HumanMessage(content="q", id="h", additional_kwargs={"k": 0.0}),
+            lc.AIMessage(content="a", id="a", additional_kwargs={"k": 0.0})]
+    _, state = _grow(msgs, None)
+    change(msgs[0])                     # the same objects, passed again
+    items, _ = _grow(msgs + [lc.ToolMessage(content="t", tool_call_id="c")], state)
+    assert items[0] != state.items[0]
+
+
+def test_an_item_replaced_by_another_class_with_the_same_fields_is_encoded_again():
+    msgs = [lc.HumanMessage(content="q", id="h"), lc.AIMessage(content="a", id="a")]
+    _, state = _grow(msgs, None)
+    msgs[0] = lc.HumanMessageChunk(content="q", id="h")
+    msgs[0].type = "human"              # the same field dict, another class
+    items, _ = _grow(msgs, state)
+    assert items[0] != state.items[0]
+
+
+_edits = st.lists(st.tuples(st.sampled_from(["append", "mutate", "replace", "drop"]),
+                            st.integers(0, 50), _plain), min_size=1, max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(edits=_edits)
+def test_generated_histories_edited_between_calls_encode_to_the_serializers_bytes(edits):
+    msgs: list = [lc.HumanMessage(content="start")]
+    prior = None
+    for op, i, value in edits:
+        if op == "append":
+            msgs.append(lc.AIMessage(content="x", additional_kwargs={"v": value}))
+        elif op == "mutate":
+            msgs[i % len(msgs)].additional_kwargs["v"] = value
+        elif op == "replace":
+            msgs[i % len(msgs)] = lc.ToolMessage(content="t", tool_call_id="c", artifact=value)
+        elif len(msgs) > 1:
+            del msgs[i % len(msgs)]
+        try:
+            want = [SERDE.dumps(x) for x in msgs]
+        except Exception:               # a big int: the serializer refuses
+            return
+        items, prior = SERDE.dumps_items(msgs, prior)
+        assert items == want

@@ -67,7 +67,8 @@ def _count(shape: list[int]) -> int:
 # new: a NamedTuple's Python-level __new__ costs ~0.7 us more):
 # (inputs: the `in` bytes or None, refs: the `ir` or None -- neither: secret or too
 # large --, fp: the fingerprint, memo: what a later record referring to this one needs --
-# (the serde bytes of every item, their canonical encodings or None) -- else None)
+# (the serde bytes of every item, their canonical encodings or None, the serde's state of
+# them or None) -- else None)
 Encoded = tuple
 
 
@@ -90,8 +91,8 @@ class InputRefs:
         # the default serde is compositional: its whole encoding is the items' bytes joined
         self.whole = values.encode if values.default_serde else None
         # (kind, name) -> (step id, generation, its items' bytes, their canonical encodings
-        # or None)
-        self.bases: dict[tuple[str, str], tuple[str, int, list[bytes], list | None]] = {}
+        # or None, the serde's state of its items or None: Values.dumps_items)
+        self.bases: dict[tuple[str, str], tuple] = {}
         self.results: dict[int, tuple[str, int, bytes]] = {}
 
     def encode(self, kind: str, name: str, args: tuple, kwargs: dict,
@@ -104,29 +105,37 @@ class InputRefs:
                 return None if secret else whole, None, fp, None
             shape, objs = flatten(args, kwargs)
             items = [v.dumps(x) for x in objs]
-            base, k = self._shared(kind, name, items)
-            return self._fields(shape, items, fp, whole, base, k, None)
+            base = self._base(kind, name)
+            return self._fields(shape, items, fp, whole, base, self._shared(base, items),
+                                None, None)
         shape, objs = flatten(args, kwargs)
-        items = v.dumps_items(objs)
         if secret:
+            items = v.dumps_items(objs, None)[0]
             return None, None, v.fingerprint_items(shape, v.canonical_items(objs, items)), None
-        base, k = self._shared(kind, name, items)
+        base = self._base(kind, name)
+        # the serde may take the bytes of an unchanged prefix from the base's (it compares
+        # bytes: LangGraphSerde, langgraph_messages.py)
+        items, state = v.dumps_items(objs, None if base is None else base[4])
+        k = self._shared(base, items)
         # the items shared with the base have its bytes: their canonical encodings are the
         # base's when they are of a type the canonical form takes as bytes (values.py)
         canon = v.canonical_items(objs, items, None if base is None else base[3], k)
         return self._fields(shape, items, v.fingerprint_items(shape, canon), None, base, k,
-                            canon)
+                            canon, state)
 
-    def _shared(self, kind: str, name: str,
-                items: list[bytes]) -> tuple[tuple | None, int]:
-        """The base record of ``(kind, name)`` and how many first items ``items`` shares
-        with it, byte for byte."""
+    def _base(self, kind: str, name: str) -> tuple | None:
+        """The record of ``(kind, name)`` a new one may refer to (see ``bases``)."""
         base = self.bases.get((kind, name))
         if base is None and self.latest is not None and (kind, name) not in self.seeded:
             self.seeded.add((kind, name))       # once: the scan is O(entries)
             base = self._seed(kind, name)
             if base is not None:
                 self.bases[(kind, name)] = base
+        return base
+
+    @staticmethod
+    def _shared(base: tuple | None, items: list[bytes]) -> int:
+        """How many first items ``items`` shares with ``base``, byte for byte."""
         k = 0
         if base is not None:
             bitems = base[2]
@@ -136,10 +145,10 @@ class InputRefs:
                 n = min(len(items), len(bitems))
                 while k < n and items[k] == bitems[k]:
                     k += 1
-        return base, k
+        return k
 
     def _fields(self, shape: list[int], items: list[bytes], fp: int, whole: bytes | None,
-                base: tuple | None, k: int, canon: list | None) -> Encoded:
+                base: tuple | None, k: int, canon: tuple | None, state: Any) -> Encoded:
         ref = [base[0], base[1], k] if k else None
         new: list = []
         size = 0
@@ -151,7 +160,7 @@ class InputRefs:
             else:
                 new.append(b)
                 size += len(b)
-        memo = (items, canon)
+        memo = (items, canon, state)
         if ref is None and whole is not None and all(type(x) is bytes for x in new):
             # nothing shared: the record is written as before items existed
             keep = whole if len(whole) <= self.limit else None
@@ -160,11 +169,11 @@ class InputRefs:
             return None, None, fp, None
         return None, [shape, ref, new], fp, memo
 
-    def _seed(self, kind: str, name: str) -> tuple[str, int, list[bytes], None] | None:
+    def _seed(self, kind: str, name: str) -> tuple | None:
         """The journal's latest entry of ``(kind, name)`` as a base: its items' bytes."""
         e = self.latest(kind, name)
         items = None if e is None else item_bytes(e.inputs, self.values)
-        return None if items is None else (e.step_id, e.gen, items, None)
+        return None if items is None else (e.step_id, e.gen, items, None, None)
 
     def recorded(self, sid: str, gen: int, kind: str, name: str, enc: Encoded | None,
                  result: bytes | None) -> None:

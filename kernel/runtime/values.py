@@ -129,11 +129,13 @@ class Values:
 
     def __init__(self, serde: Any) -> None:
         self.dumps: Callable[[Any], bytes] = serde.dumps
-        # the serde bytes of each value of a list (LangGraphSerde encodes a LangChain message
-        # from its fields, to the same bytes, ~5x faster than its serializer's model_dump)
-        many = getattr(serde, "dumps_many", None)
-        self.dumps_items: Callable[[list], list[bytes]] = (
-            many if callable(many) else lambda xs: [serde.dumps(x) for x in xs])
+        # (the serde bytes of each value of a list, a state for the call on the list grown
+        # from it): LangGraphSerde encodes a LangChain message from its fields, to the same
+        # bytes, and an unchanged prefix once (checked by bytes) -- langgraph_messages.py
+        many = getattr(serde, "dumps_items", None)
+        self.dumps_items: Callable[[list, Any], tuple[list[bytes], Any]] = (
+            many if callable(many) else lambda xs, prior=None: ([serde.dumps(x) for x in xs],
+                                                                None))
         self.loads: Callable[[bytes], Any] = serde.loads
         self._faithful = getattr(serde, "faithful", False) is True
         # the serde's own bytes are the canonical ones when nothing in them is unordered
