@@ -139,12 +139,16 @@ class InputRefs:
         k = 0
         if base is not None:
             bitems = base[2]
-            if items[:len(bitems)] == bitems:       # the common case: a list grown at its end
-                k = len(bitems)
-            else:
-                n = min(len(items), len(bitems))
-                while k < n and items[k] == bitems[k]:
-                    k += 1
+            n = min(len(items), len(bitems))
+            if items[:n] == bitems[:n]:
+                return n
+            # the common case: a list grown at its end, the keyword arguments (the last
+            # item) after it; list == list compares in C (bytes objects the serde took from
+            # the base's are the same objects: no byte compared twice)
+            if n > 1 and items[:n - 1] == bitems[:n - 1]:
+                return n - 1
+            while k < n and items[k] == bitems[k]:
+                k += 1
         return k
 
     def _fields(self, shape: list[int], items: list[bytes], fp: int, whole: bytes | None,
