@@ -11,8 +11,8 @@ by identity): the history is encoded again on every turn.
 For a LangChain message whose fields hold plain data only (str, int, float, bool, None,
 bytes, and exact ``dict``/``list`` of those), ``model_dump()`` returns those same values
 in the same order: the fields' own dicts can be packed directly, in one ormsgpack call
-(C), with the serializer's own options. :func:`dumps_messages` does that, and asks the serializer
-whenever that equality is not certain:
+(C), with the serializer's own options. :func:`dumps_messages` does that, and asks the
+serializer whenever that equality is not certain:
 
 - the class is not a ``BaseMessage`` subclass whose pydantic schema serializes every
   field as it is stored (no field or model serializer, computed field, excluded or
@@ -23,7 +23,9 @@ whenever that equality is not certain:
   ``default``, which refuses), or does not encode (an int over 64 bits).
 
 ``tests/test_langgraph_messages.py`` compares the bytes with the serializer's on every
-message class and on generated odd contents.
+message class and on generated odd contents; and before its first use in a process,
+:func:`is_jsonplus` compares them on a few messages, so that a LangGraph that encodes
+otherwise (a new version) turns this path off instead of writing other bytes.
 """
 
 from __future__ import annotations
@@ -180,7 +182,36 @@ def dumps_messages(objs: list, dumps: Callable[[Any], bytes],
     return out, state
 
 
+def _agrees() -> bool:
+    """Whether this process's serializer writes the bytes :func:`dumps_messages` does, on a
+    few messages of the common shapes (checked once: see the module docstring)."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    serializer = JsonPlusSerializer()
+    sample = [HumanMessage(content=[{"type": "text", "text": "q"}], id="h"),
+              AIMessage(content="a", id="a", tool_calls=[{"name": "t", "args": {"q": 1.5},
+                                                          "id": "c"}],
+                        usage_metadata={"input_tokens": 1, "output_tokens": 2,
+                                        "total_tokens": 3}),
+              ToolMessage(content="r", tool_call_id="c", artifact={"k": [None, True]})]
+    try:
+        fast = dumps_messages(sample, lambda x: b"")[0]
+        # LangGraphSerde's bytes of a "msgpack" value: its tag 1, then the serializer's
+        want = [(1, *serializer.dumps_typed(x)) for x in sample]
+        return fast == [bytes((t,)) + b for t, name, b in want if name == "msgpack"]
+    except Exception:
+        return False
+
+
+_agreed: list[bool] = []      # [whether _agrees()], once computed
+
+
 def is_jsonplus(serde: Any) -> bool:
     """Whether ``serde`` is exactly LangGraph's ``JsonPlusSerializer`` (a subclass or a
-    wrapper, an ``EncryptedSerializer``, may encode otherwise)."""
-    return JsonPlusSerializer is not None and type(serde) is JsonPlusSerializer
+    wrapper, an ``EncryptedSerializer``, may encode otherwise), and encodes messages as
+    this module does."""
+    if JsonPlusSerializer is None or type(serde) is not JsonPlusSerializer:
+        return False
+    if not _agreed:
+        _agreed.append(_agrees())
+    return _agreed[0]

@@ -263,3 +263,18 @@ def test_generated_histories_edited_between_calls_encode_to_the_serializers_byte
             return
         items, prior = SERDE.dumps_items(msgs, prior)
         assert items == want
+
+
+def test_a_serializer_that_encodes_otherwise_turns_the_fields_path_off(monkeypatch):
+    """Before its first use the module checks its bytes against the serializer's: a
+    LangGraph that encodes messages otherwise (a new version) gets the serializer's path."""
+    import langgraph.checkpoint.serde.jsonplus as jp
+    monkeypatch.setattr(lm, "_agreed", [])
+    assert lm.is_jsonplus(JsonPlusSerializer())
+    monkeypatch.setattr(lm, "_agreed", [])
+    real = jp.JsonPlusSerializer.dumps_typed
+    monkeypatch.setattr(jp.JsonPlusSerializer, "dumps_typed",
+                        lambda self, obj: (lambda t: (t[0], t[1] + b"\xc0"))(real(self, obj)))
+    assert not lm.is_jsonplus(JsonPlusSerializer())
+    m = lc.AIMessage(content="x")
+    assert _many([m]) == [SERDE.dumps(m)]       # the serializer's (changed) bytes
