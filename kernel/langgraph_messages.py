@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["Encoded", "dumps_messages", "eligible", "is_jsonplus"]
+__all__ = ["EncodedPrefix", "dumps_messages", "eligible", "is_jsonplus"]
 
 try:
     import ormsgpack
@@ -104,7 +104,7 @@ def _ext5_header(n: int) -> bytes:
     return b"\x01\xc9" + n.to_bytes(4, "big") + bytes((EXT_PYDANTIC_V2,))
 
 
-class Encoded:
+class EncodedPrefix:
     """What :func:`dumps_messages` proved about a list it encoded, for the next call on the
     list grown from it: its leading ``n`` items are messages of the classes ``types``
     encoded from their fields, whose field dicts packed one after the other are ``fields``,
@@ -116,7 +116,7 @@ class Encoded:
         self.types, self.fields, self.items = types, fields, items
 
 
-def _same_prefix(objs: list, prior: Encoded) -> int:
+def _same_prefix(objs: list, prior: EncodedPrefix) -> int:
     """How many leading items of ``objs`` have the bytes of ``prior``'s: all of them when
     the same classes, no extra fields, and field dicts that pack to the same bytes (one C
     call for the whole prefix: what decides is bytes, never an object's identity); else 0.
@@ -140,10 +140,10 @@ def _same_prefix(objs: list, prior: Encoded) -> int:
     return n if same else 0         # (startswith: a memcmp; a memoryview compares by item)
 
 
-def dumps_messages(objs: list, dumps: Callable[[Any], bytes],
-                   prior: Encoded | None = None) -> tuple[list[bytes], Encoded | None]:
+def dumps_messages(objs: list, dumps: Callable[[Any], bytes], prior: EncodedPrefix | None = None
+                   ) -> tuple[list[bytes], EncodedPrefix | None]:
     """``[dumps(x) for x in objs]``, where ``dumps`` is ``LangGraphSerde.dumps`` over a plain
-    ``JsonPlusSerializer``, and what the next call may start from (:class:`Encoded`):
+    ``JsonPlusSerializer``, and what the next call may start from (:class:`EncodedPrefix`):
 
     - the leading items whose bytes are ``prior``'s (``objs`` grew from the list ``prior``
       describes, unchanged: :func:`_same_prefix`) take ``prior``'s bytes;
@@ -178,7 +178,7 @@ def dumps_messages(objs: list, dumps: Callable[[Any], bytes],
                     continue
         out.append(dumps(x))
         leading = False
-    state = Encoded(types, b"".join(fields), out[:len(types)]) if types else None
+    state = EncodedPrefix(types, b"".join(fields), out[:len(types)]) if types else None
     return out, state
 
 
