@@ -34,6 +34,7 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 
+from .langgraph_messages import dumps_messages, is_jsonplus
 from .store.delta import join_tagged
 
 __all__ = ["EMPTY", "LangGraphSerde"]
@@ -90,6 +91,17 @@ class LangGraphSerde:
         if len(name) > 255:
             raise TypeError(f"serializer type name too long to store: {type_[:40]!r}...")
         return bytes((_OTHER, len(name))) + name + data
+
+    def dumps_items(self, objs: list, prior: Any = None) -> tuple[list[bytes], Any]:
+        """``[self.dumps(x) for x in objs]``, and a state to pass as ``prior`` to the call on
+        the list grown from ``objs`` (or None). Under a plain ``JsonPlusSerializer`` a
+        LangChain message of plain data is encoded from its fields, to the same bytes, and
+        a prefix that packs to the bytes ``prior`` describes is not encoded again
+        (langgraph_messages.py: the run journal encodes an agent's whole history on every
+        model call, to fingerprint it and find what an earlier record holds)."""
+        if is_jsonplus(self.serde):
+            return dumps_messages(objs, self.dumps, prior)
+        return [self.dumps(x) for x in objs], None
 
     def loads(self, data: bytes) -> Any:
         tag = data[0]

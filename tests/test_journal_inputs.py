@@ -257,6 +257,48 @@ def test_langgraph_messages_by_reference_and_the_same_fingerprint(tmp_path):
             assert turns(run, 20) == msgs       # replays: no conflict, same results
 
 
+def test_langgraph_messages_changed_in_place_are_new_inputs_and_fingerprint_whole(tmp_path):
+    """The canonical encodings of the items a record shares with its base are taken from
+    the base (their bytes were compared): a message mutated in place in the history --
+    the same object passed again -- is new bytes, a new fingerprint, a conflict on replay;
+    and every fingerprint is the whole value's, computed in one piece."""
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from durkv.langgraph_serde import LangGraphSerde
+
+    def model(msgs):
+        return AIMessage(content=f"turn {len(msgs)}", id=f"ai-{len(msgs)}")
+
+    def turns(run, n, edit=None):
+        msgs = [HumanMessage(content=f"q{i}: {TEXT}", id=f"h{i}") for i in range(3)]
+        for i in range(n):
+            if i == edit:
+                msgs[1].content = "rewritten in place"        # the same object
+            if i == edit + 1 if edit is not None else False:
+                msgs[2].additional_kwargs["k"] = (1, 2)       # a tuple: the serializer's path
+            msgs.append(run.step("model", model, msgs))       # the same list, grown
+        return msgs
+
+    with durkv.open(str(tmp_path / "s.durkv"), serde=LangGraphSerde(JsonPlusSerializer())) as s:
+        with s.run("r") as run:
+            msgs = turns(run, 8, edit=4)
+        v = Values(s.serde)
+        entries = list(run.journal())
+        for e in entries:
+            assert e.inputs_fingerprint == f"{v.canonical(e.inputs):016x}"
+        fps = [e.inputs_fingerprint for e in entries]
+        assert len(set(fps)) == 8
+        # the record after the edit shares only the item before it
+        assert _steps(s, "r")[4]["ir"][1] == ["3", 0, 1]
+        assert entries[4].inputs[0][0][1].content == "rewritten in place"
+        assert msgs[1].content == "rewritten in place"
+        with pytest.raises(durkv.IdempotencyConflictError):
+            with s.run("r") as run:
+                turns(run, 8, edit=5)        # the edit one turn later: turn 4 differs
+
+
 # ---- journals written before items, a lost base, a kill ----------------------------------
 
 

@@ -103,6 +103,7 @@ RANKS = {
     "durkv": 66,
     # langgraph: the checkpointer (DurkvSaver) over the store, and the runtime's step/tool
     # re-exported for LangGraph nodes: so it ranks above the runtime
+    "durkv.langgraph_messages": 66.5,   # LangChain messages encoded from their fields
     "durkv.langgraph_serde": 67,
     "durkv.langgraph_claim": 67,    # one driver per thread: the bracket of an invocation
     "durkv.langgraph": 68,

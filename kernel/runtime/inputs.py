@@ -66,8 +66,9 @@ def _count(shape: list[int]) -> int:
 # A call's inputs as a record keeps them, a plain tuple (built on every step, replayed or
 # new: a NamedTuple's Python-level __new__ costs ~0.7 us more):
 # (inputs: the `in` bytes or None, refs: the `ir` or None -- neither: secret or too
-# large --, fp: the fingerprint, items: the serde bytes of every item when a later record
-# may refer to this one, else None)
+# large --, fp: the fingerprint, memo: what a later record referring to this one needs --
+# (the serde bytes of every item, their canonical encodings or None, the serde's state of
+# them or None) -- else None)
 Encoded = tuple
 
 
@@ -89,47 +90,70 @@ class InputRefs:
         self.seeded: set[tuple[str, str]] = set()
         # the default serde is compositional: its whole encoding is the items' bytes joined
         self.whole = values.encode if values.default_serde else None
-        self.bases: dict[tuple[str, str], tuple[str, int, list[bytes]]] = {}
+        # (kind, name) -> (step id, generation, its items' bytes, their canonical encodings
+        # or None, the serde's state of its items or None: Values.dumps_items)
+        self.bases: dict[tuple[str, str], tuple] = {}
         self.results: dict[int, tuple[str, int, bytes]] = {}
 
     def encode(self, kind: str, name: str, args: tuple, kwargs: dict,
                secret: bool) -> Encoded:
         """The record fields of a call's inputs (raises what the serde raises)."""
         v = self.values
-        whole = None
         if self.whole is not None:
             whole, fp = self.whole([list(args), kwargs])
             if len(whole) <= SMALL_INPUTS or secret:    # the hot path: as before items
                 return None if secret else whole, None, fp, None
             shape, objs = flatten(args, kwargs)
             items = [v.dumps(x) for x in objs]
-        else:
-            shape, objs = flatten(args, kwargs)
-            items = [v.dumps(x) for x in objs]
-            fp = v.fingerprint_items(shape, objs, items)
-            if secret:
-                return None, None, fp, None
-        return self._fields(kind, name, shape, items, fp, whole)
+            base = self._base(kind, name)
+            return self._fields(shape, items, fp, whole, base, self._shared(base, items),
+                                None, None)
+        shape, objs = flatten(args, kwargs)
+        if secret:
+            items = v.dumps_items(objs, None)[0]
+            return None, None, v.fingerprint_items(shape, v.canonical_items(objs, items)), None
+        base = self._base(kind, name)
+        # the serde may take the bytes of an unchanged prefix from the base's (it compares
+        # bytes: LangGraphSerde, langgraph_messages.py)
+        items, state = v.dumps_items(objs, None if base is None else base[4])
+        k = self._shared(base, items)
+        # the items shared with the base have its bytes: their canonical encodings are the
+        # base's when they are of a type the canonical form takes as bytes (values.py)
+        canon = v.canonical_items(objs, items, None if base is None else base[3], k)
+        return self._fields(shape, items, v.fingerprint_items(shape, canon), None, base, k,
+                            canon, state)
 
-    def _fields(self, kind: str, name: str, shape: list[int], items: list[bytes], fp: int,
-                whole: bytes | None) -> Encoded:
+    def _base(self, kind: str, name: str) -> tuple | None:
+        """The record of ``(kind, name)`` a new one may refer to (see ``bases``)."""
         base = self.bases.get((kind, name))
         if base is None and self.latest is not None and (kind, name) not in self.seeded:
             self.seeded.add((kind, name))       # once: the scan is O(entries)
             base = self._seed(kind, name)
             if base is not None:
                 self.bases[(kind, name)] = base
-        k, ref = 0, None
+        return base
+
+    @staticmethod
+    def _shared(base: tuple | None, items: list[bytes]) -> int:
+        """How many first items ``items`` shares with ``base``, byte for byte."""
+        k = 0
         if base is not None:
             bitems = base[2]
-            if items[:len(bitems)] == bitems:       # the common case: a list grown at its end
-                k = len(bitems)
-            else:
-                n = min(len(items), len(bitems))
-                while k < n and items[k] == bitems[k]:
-                    k += 1
-            if k:
-                ref = [base[0], base[1], k]
+            n = min(len(items), len(bitems))
+            if items[:n] == bitems[:n]:
+                return n
+            # the common case: a list grown at its end, the keyword arguments (the last
+            # item) after it; list == list compares in C (bytes objects the serde took from
+            # the base's are the same objects: no byte compared twice)
+            if n > 1 and items[:n - 1] == bitems[:n - 1]:
+                return n - 1
+            while k < n and items[k] == bitems[k]:
+                k += 1
+        return k
+
+    def _fields(self, shape: list[int], items: list[bytes], fp: int, whole: bytes | None,
+                base: tuple | None, k: int, canon: tuple | None, state: Any) -> Encoded:
+        ref = [base[0], base[1], k] if k else None
         new: list = []
         size = 0
         results, fingerprint = self.results, self.values.fingerprint
@@ -140,19 +164,20 @@ class InputRefs:
             else:
                 new.append(b)
                 size += len(b)
+        memo = (items, canon, state)
         if ref is None and whole is not None and all(type(x) is bytes for x in new):
             # nothing shared: the record is written as before items existed
             keep = whole if len(whole) <= self.limit else None
-            return keep, None, fp, items if keep is not None else None
+            return keep, None, fp, memo if keep is not None else None
         if size > self.limit:
             return None, None, fp, None
-        return None, [shape, ref, new], fp, items
+        return None, [shape, ref, new], fp, memo
 
-    def _seed(self, kind: str, name: str) -> tuple[str, int, list[bytes]] | None:
+    def _seed(self, kind: str, name: str) -> tuple | None:
         """The journal's latest entry of ``(kind, name)`` as a base: its items' bytes."""
         e = self.latest(kind, name)
         items = None if e is None else item_bytes(e.inputs, self.values)
-        return None if items is None else (e.step_id, e.gen, items)
+        return None if items is None else (e.step_id, e.gen, items, None, None)
 
     def recorded(self, sid: str, gen: int, kind: str, name: str, enc: Encoded | None,
                  result: bytes | None) -> None:
@@ -160,7 +185,7 @@ class InputRefs:
         inputs (``enc``) and its ``result``."""
         bases = self.bases
         if enc is not None and enc[3] is not None:
-            bases[(kind, name)] = (sid, gen, enc[3])
+            bases[(kind, name)] = (sid, gen, *enc[3])
         elif bases and enc is not None:     # kept no items to refer to (secret, too large,
             bases.pop((kind, name), None)   # small): the reader's (sid, gen) may hold none
         if result is not None and bases:    # only a run with items to encode looks results up

@@ -73,9 +73,12 @@ def _array_header(n: int) -> bytes:
                                               else b"\xdd" + n.to_bytes(4, "big"))
 
 
+_FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
+
+
 def _ext_header(code: int, n: int) -> bytes:
     """msgpack's header of an extension value of ``n`` data bytes."""
-    fixed = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}.get(n)
+    fixed = _FIXEXT.get(n)
     if fixed is not None:
         return bytes((fixed, code))
     if n < 256:
@@ -126,6 +129,13 @@ class Values:
 
     def __init__(self, serde: Any) -> None:
         self.dumps: Callable[[Any], bytes] = serde.dumps
+        # (the serde bytes of each value of a list, a state for the call on the list grown
+        # from it): LangGraphSerde encodes a LangChain message from its fields, to the same
+        # bytes, and an unchanged prefix once (checked by bytes) -- langgraph_messages.py
+        many = getattr(serde, "dumps_items", None)
+        self.dumps_items: Callable[[list, Any], tuple[list[bytes], Any]] = (
+            many if callable(many) else lambda xs, prior=None: ([serde.dumps(x) for x in xs],
+                                                                None))
         self.loads: Callable[[bytes], Any] = serde.loads
         self._faithful = getattr(serde, "faithful", False) is True
         # the serde's own bytes are the canonical ones when nothing in them is unordered
@@ -135,6 +145,7 @@ class Values:
         self._canon = serde if self._fast else MsgpackSerde(
             fallback=lambda o: msgpack.ExtType(_EXT_FOREIGN, serde.dumps(o)))
         self._foreign: dict[type, bool] = {}
+        self._foreign_types: set[type] = set()      # the types _foreign says True of
         self.fingerprint = fingerprint
 
     # -- values ------------------------------------------------------------------------------
@@ -176,21 +187,44 @@ class Values:
                     return ormsgpack.packb(value, option=_ORM, default=_not_plain)
                 except Exception:
                     pass                         # a non-str key, a big int: the walk
-        else:
-            t = type(value)
-            foreign = self._foreign.get(t)
-            if foreign is None:
-                foreign = self._foreign[t] = not issubclass(t, _NATIVE)
-            if foreign:     # what the fallback packs, without encoding the value again
-                return _ext_header(_EXT_FOREIGN, len(b)) + b
+        elif self._is_foreign(type(value)):    # what the fallback packs, without
+            return _ext_header(_EXT_FOREIGN, len(b)) + b     # encoding the value again
         return self._canon.dumps(self._sorted(value))
 
-    def fingerprint_items(self, shape: list[int], values: list, items: list[bytes]) -> int:
-        """The canonical fingerprint of the inputs ``[args, kwargs]`` from their items
-        (runtime/inputs.py: ``values`` the items, ``items`` their serde bytes): msgpack
-        is compositional, an array is its header and its elements' encodings."""
-        canon = self.canonical_bytes     # a foreign item (a LangGraph message): a header
-        out = [canon(v, b) for v, b in zip(values, items)]   # in front of its bytes
+    def canonical_items(self, values: list, items: list[bytes], base: tuple | None = None,
+                        k: int = 0) -> tuple[list[bytes], int]:
+        """The canonical encodings of the items ``values`` (their serde bytes ``items``),
+        and how many leading items are *foreign* (a value the default serde cannot encode,
+        a LangGraph message: its canonical encoding is a header in front of its bytes, a
+        function of the bytes alone). ``base``, ``k``: an earlier result of this method
+        whose items' bytes equal the first ``k`` of ``items`` (runtime/inputs.py compared
+        them): its encodings of leading foreign items are taken as they are, when the same
+        items here are foreign too -- bytes compared, never objects."""
+        out: list[bytes] = []
+        lead = 0
+        if base is not None and k:
+            k = min(k, base[1])
+            if k and set(map(type, values[:k])) <= self._foreign_types:
+                out = base[0][:k]
+                lead = k
+        if lead < len(items):
+            foreign, canon = self._is_foreign, self.canonical_bytes
+            leading = True
+            for v, b in zip(values[lead:], items[lead:]):
+                if foreign(type(v)):
+                    out.append(_ext_header(_EXT_FOREIGN, len(b)) + b)
+                    if leading:
+                        lead += 1
+                else:
+                    out.append(canon(v, b))
+                    leading = False
+        return out, lead
+
+    def fingerprint_items(self, shape: list[int], canon: tuple[list[bytes], int]) -> int:
+        """The canonical fingerprint of the inputs ``[args, kwargs]`` from the canonical
+        encodings of their items (:meth:`canonical_items`): msgpack is compositional, an
+        array is its header and its elements' encodings."""
+        out = canon[0]
         parts = [b"\x92", _array_header(len(shape))]
         i = 0
         for n in shape:
@@ -203,6 +237,16 @@ class Values:
                 i += n
         parts.append(out[i])
         return fingerprint(b"".join(parts))
+
+    def _is_foreign(self, t: type) -> bool:
+        """Whether values of type ``t`` are foreign to the default serde (this store's
+        serde is another one, whose bytes of them the canonical encoding wraps)."""
+        foreign = self._foreign.get(t)
+        if foreign is None:
+            foreign = self._foreign[t] = not self._fast and not issubclass(t, _NATIVE)
+            if foreign:
+                self._foreign_types.add(t)
+        return foreign
 
     def canonical(self, value: Any) -> int:
         """The fingerprint of ``value`` whatever its set and dict orders (FORMAT.md 5a)."""
