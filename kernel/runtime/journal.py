@@ -5,6 +5,13 @@ The store keeps a run's journal as opaque records in log order
 events and their fields. This module turns that list into one :class:`CallState` per
 durable call (per step id and generation) and the run's status. It is pure: no
 store access, no clock.
+
+:func:`fold` builds every entry; :func:`fold_lazy` (what a :class:`durkv.Run` opens with)
+leaves a plain STEP record -- the first record of its step id, without ``ir`` -- as the
+record itself in :attr:`RunState.lazy`, and folds it into its entry when the entry is
+first asked for (``latest``, ``find``, or another record of that step id). A replay
+compares its call with the record and decodes the recorded result without folding it
+(``Run._plan_step``): a long journal opens at the cost of reading it.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_
 
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
            "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "CallState", "RunState", "RunInfo", "fold", "apply",
-           "JournalEntry", "STATUSES", "bulk_load"]
+           "JournalEntry", "STATUSES", "bulk_load", "fold_lazy", "replays_as_asked"]
 
 STATUSES = ("running", "waiting", "sleeping", "in_doubt", "finished", "failed")
 
@@ -80,23 +87,45 @@ class RunState:
     message: str | None = None
     updated: float | None = None
     task_ids: bool = False      # step ids of asyncio tasks are scoped by task (RUN "tid")
+    # fold_lazy: step id -> its one STEP record, not folded yet (no entry in `entries` or
+    # `order`); `order` is in log order only for a state with none (fold)
+    lazy: dict[str, dict] = field(default_factory=dict)
+    out_of_order = False    # fold_lazy left records unfolded: `order` is not in log order
+
+    @property
+    def calls(self) -> int:
+        """How many durable calls the journal records (folded or not)."""
+        return len(self.order) + len(self.lazy)
 
     def latest(self, step_id: str) -> CallState | None:
+        if step_id in self.lazy:
+            self.unfold(step_id)
         gens = self.entries.get(step_id)
         return gens[-1] if gens else None
 
     def find(self, step_id: str, gen: int) -> CallState | None:
         """The entry of step ``step_id`` generation ``gen``, if folded."""
+        if step_id in self.lazy:
+            self.unfold(step_id)
         for e in self.entries.get(step_id, ()):
             if e.gen == gen:
                 return e
         return None
+
+    def unfold(self, step_id: str) -> None:
+        """Fold the record ``lazy`` holds for ``step_id`` into its entry (it is the step
+        id's only record so far: the entry is the one :func:`fold` builds)."""
+        r = self.lazy.pop(step_id, None)
+        if r is not None:
+            _fold_step(self, r)
 
 
 def _entry(st: RunState, sid: str, gen: int, kind: str, name: str | None, fp: int | None,
            started: float | None) -> CallState:
     """The entry of step ``sid`` generation ``gen``: found, or made (``name``, ``fp`` and
     ``started`` are the new entry's: a record that does not carry them gives None)."""
+    if st.lazy and sid in st.lazy:      # its first record, not folded yet: folded first
+        st.unfold(sid)
     gens = st.entries.get(sid)
     if gens is None:        # the common case: a step id seen for the first time
         e = CallState(sid, gen, kind, name or "", fp or 0)
@@ -135,6 +164,33 @@ def fold(run_id: str, records: list[dict]) -> RunState:
     for r in records:
         apply(st, r)
     return st
+
+
+def fold_lazy(run_id: str, records: list[dict]) -> RunState:
+    """:func:`fold`, leaving each plain STEP record (the first of its step id, no ``ir``,
+    which links to other entries as they stand at it) in ``lazy`` unfolded: the state
+    answers ``latest``/``find`` and every later :func:`apply` exactly as ``fold``'s."""
+    st = RunState(run_id)
+    lazy, entries = st.lazy, st.entries
+    for r in records:
+        if type(r) is dict and r.get("e") == E_STEP and "ir" not in r:
+            sid = r.get("s")
+            if type(sid) is str and sid not in entries and sid not in lazy:
+                lazy[sid] = r
+                st.updated = r.get("t")
+                st.out_of_order = True
+                continue
+        apply(st, r)
+    return st
+
+
+def replays_as_asked(r: dict, kind: str, name: str, fp: int | None, version: Any) -> bool:
+    """Whether the unfolded STEP record ``r`` replays a call of ``kind`` ``name`` with
+    fingerprint ``fp`` and ``version``: ``Run._plan_step``'s test of a folded entry
+    (done, no error, the same fingerprint, kind, name and version), on the record's
+    fields as :func:`_fold_step` would set them."""
+    return (r.get("err") is None and r.get("fp", 0) == fp and r.get("k", "step") == kind
+            and (r.get("n", "") or "") == name and r.get("pv") == version)
 
 
 def apply(st: RunState, r: dict) -> None:

@@ -49,12 +49,13 @@ from .aio import (
     settled, unscope_tasks,
 )
 from .inputs import Encoded, InputRefs
-from .journal import STATUSES, CallState, JournalEntry, apply, bulk_load, fold
+from .journal import (STATUSES, CallState, JournalEntry, apply, bulk_load, fold, fold_lazy,
+                      replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord,
 )
-from .plan import CALL, ONCE, RECORD, SLEEP, Plan, drive, err_type, plain_version
+from .plan import CALL, ONCE, RECORD, SLEEP, Plan, Recorded, drive, err_type, plain_version
 from .repair import damage_of
 from .tools import Retry, ToolSpec, tool_spec
 from .values import Values, fingerprint
@@ -216,10 +217,14 @@ class Run:
         """Reread the journal if records were appended by anyone else (``decide``,
         ``resolve``, a delete)."""
         if self.store.journal_length(self.run_id) != self._seen:
-            with self._lock, bulk_load():
-                self._st = fold(self.run_id, self.store.journal(self.run_id, start=self._since))
-                self._seen = self.store.journal_length(self.run_id)
-                self._repair = damage_of(self.store, self.run_id)
+            self._reread(fold_lazy)
+
+    def _reread(self, folding: Callable) -> None:
+        """Fold the run's journal again from the store (``folding``: fold or fold_lazy)."""
+        with self._lock, bulk_load():
+            self._st = folding(self.run_id, self.store.journal(self.run_id, start=self._since))
+            self._seen = self.store.journal_length(self.run_id)
+            self._repair = damage_of(self.store, self.run_id)
 
     def settle(self, since: int) -> None:
         """Forget the folded journal records before position ``since``: work the caller
@@ -229,13 +234,14 @@ class Run:
         with self._lock:
             self._since = since
             st = self._st
-            if st is not None and st.order:
-                self._st = replace(st, entries={}, order=[])
+            if st is not None and st.calls:
+                self._st = replace(st, entries={}, order=[], lazy={}, out_of_order=False)
                 self._seen = since      # records at/after since: refolded by refresh()
 
     def _open_journal(self) -> None:
-        with bulk_load():
-            st = self._st = fold(self.run_id, self.store.journal(self.run_id, start=self._since))
+        with bulk_load():     # plain STEP records stay unfolded until asked for (journal.py)
+            st = self._st = fold_lazy(self.run_id,
+                                      self.store.journal(self.run_id, start=self._since))
         self._seen = self.store.journal_length(self.run_id)
         self._task_ids = st.task_ids
         self._repair = damage_of(self.store, self.run_id)   # None unless ever repaired
@@ -247,7 +253,7 @@ class Run:
                 raise SerializationError(f"the input of run {self.run_id!r} cannot be "
                                          f"serialized: {e}", run_id=self.run_id) from e
             in_b = None if self._secret_input or len(b) > MAX_INLINE_INPUTS else b
-        if st.fp is None and not st.order and not self._since:
+        if st.fp is None and not st.calls and not self._since:
             # tid: a run created now scopes its asyncio tasks' step ids (older runs keep one
             # counter, so that their journals replay)
             self._append(RunRecord(self._clock(), fp, 1, in_b).pack())
@@ -261,7 +267,7 @@ class Run:
                 f"now {fp:016x}); two jobs must not share a run id: use a new run id, or the "
                 "original input", run_id=self.run_id, recorded=f"{st.fp:016x}",
                 given=f"{fp:016x}")
-        n = len(st.order)
+        n = st.calls
         log.info("durkv: resuming run %r (status %s): %d recorded steps will replay",
                  self.run_id, st.status, n)
         self._append(StatusRecord(self._clock(), "running",
@@ -370,6 +376,8 @@ class Run:
     def _latest_inputs(self, kind: str, name: str) -> CallState | None:
         """The latest folded entry of ``kind`` ``name`` that keeps inputs (a base for the
         inputs of a call this Run has not recorded yet: runtime/inputs.py)."""
+        if self._st.out_of_order:    # once per Run at most: the entries in log order
+            self._reread(fold)
         for e in reversed(self._st.order):
             if e.kind == kind and e.name == name and e.inputs is not None:
                 return e
@@ -426,7 +434,16 @@ class Run:
 
     def _plan_step(self, sid: str, kind: str, name: str, fp: int | None, inputs: Any,
                    version: Any, retry_failed: bool = False) -> Plan:
-        gens = self._st.entries.get(sid)
+        st = self._st
+        gens = st.entries.get(sid)
+        if gens is None and st.lazy:
+            r = st.lazy.get(sid)
+            if r is not None:
+                if replays_as_asked(r, kind, name, fp, version):
+                    # the hot path of a replay on a freshly opened run: nothing folded
+                    return Plan.replay_of(Recorded(sid, name, r.get("r")))
+                st.unfold(sid)
+                gens = st.entries.get(sid)
         e = gens[-1] if gens else None
         if e is not None and e.done and e.err is None and e.fp == fp and e.kind == kind and (
                 e.name == name and e.prompt_version == version):
