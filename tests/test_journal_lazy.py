@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import logging
 
+import msgpack
 import pytest
 
 import durkv
 from durkv.runtime.inputs import ByRef
-from durkv.runtime.journal import CallState, RunState, apply, fold, fold_lazy
+from durkv.runtime.journal import CallState, RunState, apply, fold
+from durkv.runtime.journal import fold_lazy as fold_heads
 from durkv.runtime.records import RunRecord, StepRecord, WarnRecord
+
+def fold_lazy(run_id, records):
+    """fold_lazy of the heads a store would read for ``records`` (K_JOURNAL frames)."""
+    return fold_heads(run_id, msgpack.packb([[11, run_id, r] for r in records],
+                                            use_bin_type=True))
+
 
 BIG = ["m" * 300] * 6       # a list input over inputs.SMALL_INPUTS: journaled by items (`ir`)
 
@@ -171,7 +179,8 @@ def test_a_lazily_opened_run_replays_fresh_equal_values_without_calling(tmp_path
     path = _record(tmp_path)
     m, calls = _model_calls()
     with durkv.open(path) as store, store.run("r") as run:
-        assert len(run._st.lazy) == 51        # nothing folded at open
+        # nothing folded at open but the failure (a record with `err` is never left lazy)
+        assert len(run._st.lazy) == 50 and list(run._st.entries) == ["50"]
         first = run.step("model", m, 0, prompt_version="p1")
         assert first == {"said": 0, "n": [1, 2]}
         first["n"].append("mutated by the caller")
@@ -179,7 +188,7 @@ def test_a_lazily_opened_run_replays_fresh_equal_values_without_calling(tmp_path
             assert run.step("model", m, i, prompt_version="p1") == {"said": i, "n": [1, 2]}
         with pytest.raises(ValueError, match="bad 7"):     # the recorded failure's class
             run.step("fails", boom, 7)
-        assert run._st.lazy == {} or set(run._st.lazy) <= {str(i) for i in range(50)}
+        assert len(run._st.lazy) == 50      # a replay as asked folds nothing
     assert calls == []
     with durkv.open(path) as store, store.run("r") as run:     # a fresh object each time
         assert run.step("model", m, 0, prompt_version="p1") == {"said": 0, "n": [1, 2]}
@@ -262,3 +271,93 @@ def test_a_later_record_of_an_unfolded_step_folds_it_first():
         for r in recs[k:]:
             apply(lazy, r)
         _assert_states_equal(eager, lazy)
+
+
+# ---- durkv._journalscan against msgpack's own decode ------------------------------------
+
+def _plain(r):
+    """Whether fold_lazy may leave ``r`` unfolded (the rule of csrc/journalscan.c)."""
+    if type(r) is not dict or any(type(k) is not str for k in r) or r.get("e") != 2:
+        return False
+    if "ir" in r or r.get("err") is not None or type(r.get("s")) is not str:
+        return False
+    ok = {"k": (str,), "n": (str,), "pv": (str, type(None)), "fp": (int, type(None)),
+          "r": (bytes, type(None)), "t": (int, float, type(None))}
+    return all(type(r[k]) in types for k, types in ok.items() if k in r) and (
+        type(r.get("e")) is int and type(r.get("e")) is not bool)
+
+
+HOSTILE = [
+    {"e": 2, "s": "a"},                                         # every default
+    {"e": 2, "s": "b", "fp": None, "k": "now", "n": "now", "pv": None, "r": None, "t": None},
+    {"e": 2, "s": "c", "fp": -5, "t": 3},                       # negative fixint, int t
+    {"e": 2, "s": "d", "fp": -200, "t": 1.5, "pv": "v" * 40},    # int16, str8
+    {"e": 2, "s": "e", "fp": -70000, "n": "x" * 300},            # int32, str16
+    {"e": 2, "s": "f", "fp": -(2 ** 40), "r": b"\x01" * 70000},  # int64, bin32
+    {"e": 2, "s": "g", "fp": 2 ** 64 - 1, "r": b"\x02" * 300},   # uint64, bin16
+    {"e": 2, "s": "h", "fp": 200, "err": None, "extra": {"x": [1, {"y": 2}]}},
+    {"e": 2, "s": "i", "pv": ["a", 1]},                          # a list version: folded
+    {"e": 2, "s": "j", "err": ["ValueError", "bad", None]},      # a failure: folded
+    {"e": 2, "s": "k", "ir": None},                              # inputs by reference
+    {"e": 2, "s": 7},                                            # a non-str step id
+    {"e": 2, "s": "l", "k": None},
+    {"e": 2, "s": "m", 3: "int key"},
+    {"e": 3, "s": "n"},
+    {"e": 2.0, "s": "o"},
+    {"e": True, "s": "p"},
+    {"e": 2, "s": "q", "fp": 1.5},
+    {"e": 2, "s": "r", "r": "text"},
+    {"e": 2, "s": "s", "t": "noon"},
+    {"s": "t"},
+    ["not", "a", "map"],
+    None,
+    {("e" * i): i for i in range(1, 20)} | {"e": 2, "s": "map16"},   # a map16 record
+    {"e": 2, "s": "ünï", "n": "名前", "k": "step"},
+]
+
+
+def test_the_scan_reads_every_plain_record_as_its_decode_and_keeps_the_rest_as_they_are():
+    from durkv._journalscan import scan
+    heads = [[11, "r", r] for r in HOSTILE] + [[20, ["r", "q"], HOSTILE[0], "later field"]]
+    buf = msgpack.packb(heads, use_bin_type=True)
+    steps, rest = scan(buf)
+    records = [h[2] for h in heads]
+    assert len(steps) == len(records)
+    want_rest = []
+    for x, r in zip(steps, records):
+        assert (x is not None) == _plain(r), r
+        if x is None:
+            want_rest.append(r)
+            continue
+        fields = (r.get("s"), r.get("fp", 0), r.get("k", "step"), r.get("n", ""), r.get("pv"),
+                  r.get("r"), r.get("t"))
+        assert x[:7] == fields and [type(v) for v in x[:7]] == [type(v) for v in fields]
+        assert msgpack.unpackb(buf[x[7]:x[7] + x[8]], strict_map_key=False) == r
+    assert msgpack.unpackb(bytes(rest), strict_map_key=False) == want_rest
+    assert scan(b"\x90") == ([], bytearray(b"\xdd\0\0\0\0"))
+
+
+def test_heads_the_scan_cannot_read_raise_value_error():
+    from durkv._journalscan import scan
+    good = msgpack.packb([[11, "r", {"e": 2, "s": "a", "r": b"x" * 50}]], use_bin_type=True)
+    for bad in (b"", b"\x80", b"\x91\x92\x0b\xa1r", b"\x91\xc1", good[:-3], good + b"\x00",
+                msgpack.packb([[11, "r"]]), msgpack.packb([5]), b"\xdd\xff\xff\xff\xff"):
+        with pytest.raises(ValueError):
+            scan(bad)
+    bad_utf8 = good.replace(b"\xa1a", b"\xa1\xff")     # the step id's bytes: not UTF-8
+    steps, rest = scan(bad_utf8)
+    assert steps == [None] and len(rest) > 5            # left to the decode, which refuses it
+
+
+def test_a_journal_the_scan_refuses_is_folded_the_eager_way(tmp_path, monkeypatch):
+    path = _record(tmp_path, n=3)
+    import durkv.runtime.journal as journal
+
+    def refuse(heads):
+        raise ValueError("not readable")
+    monkeypatch.setattr(journal, "scan", refuse)
+    m, calls = _model_calls()
+    with durkv.open(path) as store, store.run("r") as run:
+        assert not run._st.lazy and len(run._st.entries) == 4
+        assert run.step("model", m, 0, prompt_version="p1") == {"said": 0, "n": [1, 2]}
+    assert calls == []

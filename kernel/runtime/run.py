@@ -49,8 +49,8 @@ from .aio import (
     settled, unscope_tasks,
 )
 from .inputs import Encoded, InputRefs
-from .journal import (STATUSES, CallState, JournalEntry, apply, bulk_load, fold, fold_lazy,
-                      replays_as_asked)
+from .journal import (LAZY_RESULT, STATUSES, CallState, JournalEntry, apply, bulk_load, fold,
+                      fold_lazy, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord,
@@ -217,14 +217,27 @@ class Run:
         """Reread the journal if records were appended by anyone else (``decide``,
         ``resolve``, a delete)."""
         if self.store.journal_length(self.run_id) != self._seen:
-            self._reread(fold_lazy)
+            self._reread(lazily=True)
 
-    def _reread(self, folding: Callable) -> None:
-        """Fold the run's journal again from the store (``folding``: fold or fold_lazy)."""
-        with self._lock, bulk_load():
-            self._st = folding(self.run_id, self.store.journal(self.run_id, start=self._since))
+    def _reread(self, lazily: bool) -> None:
+        """Fold the run's journal again from the store (``lazily``: see :meth:`_fold`)."""
+        with self._lock:
+            self._st = self._fold(lazily)
             self._seen = self.store.journal_length(self.run_id)
             self._repair = damage_of(self.store, self.run_id)
+
+    def _fold(self, lazily: bool) -> Any:
+        """The run's journal from ``_since`` on, folded: ``lazily``, its plain STEP records
+        left unfolded until asked for (journal.fold_lazy); heads it cannot read are read
+        and folded the eager way, which raises what is wrong with them."""
+        with bulk_load():
+            if lazily:
+                try:
+                    return fold_lazy(self.run_id,
+                                     self.store.journal_heads(self.run_id, start=self._since))
+                except ValueError:
+                    pass
+            return fold(self.run_id, self.store.journal(self.run_id, start=self._since))
 
     def settle(self, since: int) -> None:
         """Forget the folded journal records before position ``since``: work the caller
@@ -239,9 +252,7 @@ class Run:
                 self._seen = since      # records at/after since: refolded by refresh()
 
     def _open_journal(self) -> None:
-        with bulk_load():     # plain STEP records stay unfolded until asked for (journal.py)
-            st = self._st = fold_lazy(self.run_id,
-                                      self.store.journal(self.run_id, start=self._since))
+        st = self._st = self._fold(lazily=True)
         self._seen = self.store.journal_length(self.run_id)
         self._task_ids = st.task_ids
         self._repair = damage_of(self.store, self.run_id)   # None unless ever repaired
@@ -377,7 +388,7 @@ class Run:
         """The latest folded entry of ``kind`` ``name`` that keeps inputs (a base for the
         inputs of a call this Run has not recorded yet: runtime/inputs.py)."""
         if self._st.out_of_order:    # once per Run at most: the entries in log order
-            self._reread(fold)
+            self._reread(lazily=False)
         for e in reversed(self._st.order):
             if e.kind == kind and e.name == name and e.inputs is not None:
                 return e
@@ -441,7 +452,7 @@ class Run:
             if r is not None:
                 if replays_as_asked(r, kind, name, fp, version):
                     # the hot path of a replay on a freshly opened run: nothing folded
-                    return Plan.replay_of(Recorded(sid, name, r.get("r")))
+                    return Plan.replay_of(Recorded(sid, name, r[LAZY_RESULT]))
                 st.unfold(sid)
                 gens = st.entries.get(sid)
         e = gens[-1] if gens else None
@@ -513,7 +524,7 @@ class Run:
             if r is not None and replays_as_asked(
                     r, "step", name, self._inputs("step", name, args, kwargs, secret)[2],
                     prompt_version):
-                return self._loads(r.get("r"))
+                return self._loads(r[LAZY_RESULT])
         p = self._plan_call(sid, name, args, kwargs, prompt_version, secret, retry_failed)
         return self._drive(p, fn, args, kwargs, retry)
 
