@@ -8,15 +8,15 @@
  * cost of opening a long run. scan() walks the array once and returns:
  *
  *   steps: one item per head, in log order: for a plain STEP record the tuple
- *          (sid, fp, kind, name, prompt_version, result, t, offset, length) -- each field
- *          as msgpack would decode it, with the default the fold gives a missing key
- *          (fp 0, kind "step", name "", prompt_version None, result None, t None), and the
+ *          (sid, fp, kind, name, prompt_version, inputs, result, t, offset, length) -- each
+ *          field as msgpack would decode it, with the default the fold gives a missing key
+ *          (fp 0, kind "step", name "", the others None), and the
  *          record map's bytes at buf[offset:offset + length]; None for any other record;
  *   rest:  the records of the Nones, in order, as one msgpack array (bytes) for one
  *          decode.
  *
  * "Plain" is conservative: e == 2, s a str, k/n str or missing, pv nil/str/missing, err
- * nil or missing, no ir, r bin/nil/missing, fp an int/nil/missing, t a number/nil/
+ * nil or missing, no ir, in and r bin/nil/missing, fp an int/nil/missing, t a number/nil/
  * missing, every key a str. Anything else is a None (decoded and folded as before), so
  * the rule only decides what may stay unfolded, never what a record means
  * (kernel/runtime/journal.py: fold_lazy). A buffer that is not such an array raises
@@ -127,7 +127,7 @@ static int str_at(cur_t *c, const char **s, size_t *n)
 /* The fields of a record map a replay reads; `plain` cleared by anything unusual. */
 typedef struct {
     int plain, e_is_step;
-    const uint8_t *s, *k, *n, *pv, *fp, *r, *t;    /* each value's first byte, or NULL */
+    const uint8_t *s, *k, *n, *pv, *fp, *in, *r, *t;  /* each value's first byte, or NULL */
 } fields_t;
 
 static void field(fields_t *f, const char *key, size_t kn, const uint8_t *v)
@@ -150,6 +150,8 @@ static void field(fields_t *f, const char *key, size_t kn, const uint8_t *v)
         f->fp = v, f->plain &= intv || nil;
     else if (KEY("r"))
         f->r = v, f->plain &= nil || (b >= 0xc4 && b <= 0xc6);
+    else if (KEY("in"))
+        f->in = v, f->plain &= nil || (b >= 0xc4 && b <= 0xc6);
     else if (KEY("t"))
         f->t = v, f->plain &= nil || intv || b == 0xca || b == 0xcb;
     else if (KEY("err"))
@@ -261,22 +263,23 @@ static PyObject *field_value(const uint8_t *v, const uint8_t *end, PyObject *dfl
 static PyObject *step_tuple(const fields_t *f, const uint8_t *end, Py_ssize_t off,
                             Py_ssize_t len, PyObject *defaults[2], PyObject *last[2])
 {
-    PyObject *t = PyTuple_New(9);
+    PyObject *t = PyTuple_New(10);
     if (t == NULL)
         return NULL;
-    PyObject *items[9] = {
+    PyObject *items[10] = {
         field_value(f->s, end, Py_None, NULL),
         f->fp == NULL ? PyLong_FromLong(0) : field_value(f->fp, end, Py_None, NULL),
         field_value(f->k, end, defaults[0], &last[0]),
         field_value(f->n, end, defaults[1], &last[1]),
         field_value(f->pv, end, Py_None, NULL),
+        field_value(f->in, end, Py_None, NULL),
         field_value(f->r, end, Py_None, NULL),
         field_value(f->t, end, Py_None, NULL),
         PyLong_FromSsize_t(off),
         PyLong_FromSsize_t(len),
     };
     int ok = 1;
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < 10; i++) {
         if (items[i] == NULL)
             ok = 0;
         PyTuple_SET_ITEM(t, i, items[i] == NULL ? Py_NewRef(Py_None) : items[i]);

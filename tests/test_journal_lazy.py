@@ -282,7 +282,7 @@ def _plain(r):
     if "ir" in r or r.get("err") is not None or type(r.get("s")) is not str:
         return False
     ok = {"k": (str,), "n": (str,), "pv": (str, type(None)), "fp": (int, type(None)),
-          "r": (bytes, type(None)), "t": (int, float, type(None))}
+          "r": (bytes, type(None)), "in": (bytes, type(None)), "t": (int, float, type(None))}
     return all(type(r[k]) in types for k, types in ok.items() if k in r) and (
         type(r.get("e")) is int and type(r.get("e")) is not bool)
 
@@ -307,6 +307,8 @@ HOSTILE = [
     {"e": True, "s": "p"},
     {"e": 2, "s": "q", "fp": 1.5},
     {"e": 2, "s": "r", "r": "text"},
+    {"e": 2, "s": "in", "in": b"\x92\x90\x80", "r": b"\xc0"},
+    {"e": 2, "s": "in2", "in": "text"},
     {"e": 2, "s": "s", "t": "noon"},
     {"s": "t"},
     ["not", "a", "map"],
@@ -330,9 +332,9 @@ def test_the_scan_reads_every_plain_record_as_its_decode_and_keeps_the_rest_as_t
             want_rest.append(r)
             continue
         fields = (r.get("s"), r.get("fp", 0), r.get("k", "step"), r.get("n", ""), r.get("pv"),
-                  r.get("r"), r.get("t"))
-        assert x[:7] == fields and [type(v) for v in x[:7]] == [type(v) for v in fields]
-        assert msgpack.unpackb(buf[x[7]:x[7] + x[8]], strict_map_key=False) == r
+                  r.get("in"), r.get("r"), r.get("t"))
+        assert x[:8] == fields and [type(v) for v in x[:8]] == [type(v) for v in fields]
+        assert msgpack.unpackb(buf[x[8]:x[8] + x[9]], strict_map_key=False) == r
     assert msgpack.unpackb(bytes(rest), strict_map_key=False) == want_rest
     assert scan(b"\x90") == ([], bytearray(b"\xdd\0\0\0\0"))
 
@@ -361,3 +363,26 @@ def test_a_journal_the_scan_refuses_is_folded_the_eager_way(tmp_path, monkeypatc
         assert not run._st.lazy and len(run._st.entries) == 4
         assert run.step("model", m, 0, prompt_version="p1") == {"said": 0, "n": [1, 2]}
     assert calls == []
+
+
+def test_inputs_equal_by_bytes_or_by_fingerprint_replay_and_unencodable_ones_are_refused(tmp_path):
+    store = durkv.open(str(tmp_path / "s.durkv"))
+    m, calls = _model_calls()
+    with store.run("r") as run:
+        run.step("model", m, {"a": 1, "b": 2})
+        run.step("model", m, {"a": 1})
+        run.step("model", m, [1, 2], secret=True)
+    store.close()
+    with durkv.open(str(tmp_path / "s.durkv")) as store:
+        with store.run("r") as run:
+            assert run.step("model", m, {"b": 2, "a": 1})["said"] == {"a": 1, "b": 2}  # fp
+            assert run.step("model", m, {"a": 1})["said"] == {"a": 1}                  # bytes
+            assert run.step("model", m, [1, 2], secret=True)["said"] == [1, 2]    # no `in`
+        with pytest.raises(durkv.SerializationError), store.run("r") as run:
+            run.step("model", m, object())
+        with pytest.raises(durkv.IdempotencyConflictError), store.run("r") as run:
+            run.step("model", m, {"a": 1, "b": 3})
+        with pytest.raises(durkv.IdempotencyConflictError), store.run("r") as run:
+            run.step("model", m, {"a": 1, "b": 2})
+            run.step("model", m, {"a": 1.0})        # equal in Python, another value here
+    assert calls == [{"a": 1, "b": 2}, {"a": 1}, [1, 2]]

@@ -178,10 +178,10 @@ def fold(run_id: str, records: list[dict]) -> RunState:
 
 
 # A plain STEP record as journalscan.scan reads it: (sid, fp, kind, name, prompt_version,
-# result, t, offset, length) -- each field as the record's decode gives it, a missing key
-# as _fold_step defaults it; the record's bytes are heads[offset:offset + length]
+# inputs, result, t, offset, length) -- each field as the record's decode gives it, a
+# missing key as _fold_step defaults it; the record's bytes are heads[offset:offset + length]
 Lazy = tuple
-LAZY_RESULT, LAZY_OFFSET, LAZY_LENGTH = 5, 7, 8
+LAZY_INPUTS, LAZY_RESULT, LAZY_T, LAZY_OFFSET, LAZY_LENGTH = 5, 6, 7, 8, 9
 
 
 def _unpackb(b: Any) -> Any:
@@ -207,7 +207,7 @@ def fold_lazy(run_id: str, heads: Any) -> RunState:
             apply(st, st.record(x))
         else:
             lazy[x[0]] = x
-            st.updated = x[6]
+            st.updated = x[LAZY_T]
             st.out_of_order = True
     return st
 

@@ -49,7 +49,7 @@ from .aio import (
     settled, unscope_tasks,
 )
 from .inputs import Encoded, InputRefs
-from .journal import (LAZY_RESULT, STATUSES, CallState, JournalEntry, apply, bulk_load, fold,
+from .journal import (LAZY_INPUTS, LAZY_RESULT, STATUSES, CallState, JournalEntry, apply, bulk_load, fold,
                       fold_lazy, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
@@ -518,15 +518,33 @@ class Run:
         sid = str(next(self._n)) if key is None and self._plain else self._sid(key)
         lazy = self._st.lazy
         if lazy and (prompt_version is None or type(prompt_version) is str):
-            r = lazy.get(sid)
-            # the hot path of a re-execution: the step's one record, unfolded, is compared
-            # with the call (_plan_step's test) and its result decoded: a fresh object
-            if r is not None and replays_as_asked(
-                    r, "step", name, self._inputs("step", name, args, kwargs, secret)[2],
-                    prompt_version):
-                return self._loads(r[LAZY_RESULT])
+            x = lazy.get(sid)
+            # the hot path of a re-execution: the step's one record, unfolded, compared
+            # with the call and its result decoded (a fresh object each time)
+            if x is not None and self._replays(x, name, args, kwargs, secret, prompt_version):
+                return self._loads(x[LAZY_RESULT])
         p = self._plan_call(sid, name, args, kwargs, prompt_version, secret, retry_failed)
         return self._drive(p, fn, args, kwargs, retry)
+
+    def _replays(self, x: Any, name: str, args: tuple, kwargs: dict, secret: bool,
+                 version: Any) -> bool:
+        """Whether the unfolded STEP record ``x`` replays ``step(name, *args, **kwargs)``:
+        _plan_step's test. Under the default serde, inputs whose bytes are the recorded
+        ``in`` need no fingerprint: the serde is faithful (the same bytes are the same
+        value, so the same canonical fingerprint, GUARANTEES 16.8), and the eager path
+        replays them too (``Values.matches`` of the recorded input). Any other call is
+        fingerprinted as ``_plan_call`` does; a False goes on there."""
+        if x[2] != "step" or x[3] != name or x[4] != version:
+            return False
+        recorded = x[LAZY_INPUTS]
+        if recorded is not None and self._values.default_serde:
+            try:
+                if self._dumps([list(args), kwargs]) == recorded:
+                    return True
+            except Exception:
+                return False        # _plan_call raises the SerializationError
+        return replays_as_asked(x, "step", name,
+                                self._inputs("step", name, args, kwargs, secret)[2], version)
 
     def _plan_call(self, sid: str, name: str, args: tuple, kwargs: dict, prompt_version: Any,
                    secret: bool, retry_failed: bool) -> Plan:
