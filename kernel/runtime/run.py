@@ -229,9 +229,12 @@ class Run:
     def _fold(self, lazily: bool) -> Any:
         """The run's journal from ``_since`` on, folded: ``lazily``, its plain STEP records
         left unfolded until asked for (journal.fold_lazy); heads it cannot read are read
-        and folded the eager way, which raises what is wrong with them."""
+        and folded the eager way, which raises what is wrong with them. Under another
+        serde than the default (DurkvSaver's), every call's inputs look for a base among
+        the entries in log order (runtime/inputs.py), which a lazy state folds again
+        whole: such a run folds eagerly from the start."""
         with bulk_load():
-            if lazily:
+            if lazily and self._values.default_serde:
                 try:
                     return fold_lazy(self.run_id,
                                      self.store.journal_heads(self.run_id, start=self._since))
