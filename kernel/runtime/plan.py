@@ -18,8 +18,8 @@ from ..errors import ConfigError
 from .journal import CallState
 from .tools import Retry, ToolSpec
 
-__all__ = ["Plan", "Recorded", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP", "drive",
-           "outcome"]
+__all__ = ["Plan", "Recorded", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP",
+           "drive", "outcome"]
 
 ONCE = Retry(1)      # no retry: one attempt
 CALL = "call"        # the effects an attempt generator yields (see the module docstring)

@@ -49,8 +49,8 @@ from .aio import (
     settled, unscope_tasks,
 )
 from .inputs import Encoded, InputRefs
-from .journal import (LAZY_INPUTS, LAZY_RESULT, STATUSES, CallState, JournalEntry, apply, bulk_load, fold,
-                      fold_lazy, replays_as_asked)
+from .journal import (LAZY_INPUTS, LAZY_RESULT, STATUSES, CallState, JournalEntry, apply,
+                      bulk_load, fold, fold_lazy, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord,
@@ -251,7 +251,8 @@ class Run:
             self._since = since
             st = self._st
             if st is not None and st.calls:
-                self._st = replace(st, entries={}, order=[], lazy={}, out_of_order=False)
+                self._st = replace(st, entries={}, order=[], lazy={}, heads=None,
+                                   out_of_order=False)
                 self._seen = since      # records at/after since: refolded by refresh()
 
     def _open_journal(self) -> None:
@@ -451,12 +452,12 @@ class Run:
         st = self._st
         gens = st.entries.get(sid)
         if gens is None and st.lazy:
-            r = st.lazy.get(sid)
-            if r is not None:
-                if replays_as_asked(r, kind, name, fp, version):
+            x = st.lazy.get(sid)
+            if x is not None:
+                if replays_as_asked(x, kind, name, fp, version):
                     # the hot path of a replay on a freshly opened run: nothing folded
-                    return Plan.replay_of(Recorded(sid, name, r[LAZY_RESULT]))
-                st.unfold(sid)
+                    return Plan.replay_of(Recorded(sid, name, x[LAZY_RESULT]))
+                st.unfold(sid)      # and the eager path decides
                 gens = st.entries.get(sid)
         e = gens[-1] if gens else None
         if e is not None and e.done and e.err is None and e.fp == fp and e.kind == kind and (
