@@ -1,8 +1,8 @@
 """Build durkv: the Python packages plus the C segment log compiled through cffi.
 
 Metadata lives in pyproject.toml; this file exists for the package-dir mapping,
-``cffi_modules`` (cffi's setuptools hook) and the small CPython extension
-``durkv._listprefix``, which pyproject.toml cannot express.
+``cffi_modules`` (cffi's setuptools hook) and the small CPython extensions
+``durkv._listprefix`` and ``durkv._journalscan``, which pyproject.toml cannot express.
 """
 
 import sys
@@ -21,6 +21,8 @@ setup(
                  "durkv.backends.s3": "backends/s3", "durkv.cli": "cli"},
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
     ext_modules=[Extension("durkv._listprefix", ["csrc/listprefix.c"],
+                           extra_compile_args=COMPILE_ARGS),
+                 Extension("durkv._journalscan", ["csrc/journalscan.c"],
                            extra_compile_args=COMPILE_ARGS)],
     zip_safe=False,
 )

@@ -12,7 +12,8 @@ each import of a durkv module is checked against three rules:
    so the import graph has no cycle at all: a lazy import may load an optional or
    costly module on use, but never hides a cycle.
 2. **No private name crosses a module line:** no ``from durkv.x import _name``.
-   The compiled modules ``durkv._seglog`` and ``durkv._listprefix`` are imported by
+   The compiled modules ``durkv._seglog``, ``durkv._listprefix`` and
+   ``durkv._journalscan`` are imported by
    the one module that wraps each (:data:`WRAPPERS`).
 3. **Every module has a rank:** a new module (``kernel/runtime/``, ``backends/s3/``)
    fails this test until it is placed in :data:`RANKS`, in the layer it belongs to.
@@ -81,6 +82,7 @@ RANKS = {
     "durkv.store.store": 36,        # Store: the facade composing them
     "durkv.store": 37,              # the package: re-exports the public names
     # runtime (kernel/runtime/): the run journal, over the store's public API
+    "durkv._journalscan": 59,       # compiled (CPython extension): journal heads read for a replay
     "durkv.runtime.records": 59.5,  # journal records: one type per event (FORMAT.md 5a)
     "durkv.runtime.inputs": 59.7,   # a call's inputs as items, recorded once, by reference
     "durkv.runtime.journal": 60,
@@ -129,7 +131,8 @@ RANKS = {
 }
 
 # compiled module -> the one module that wraps it
-WRAPPERS = {"durkv._seglog": "durkv.log", "durkv._listprefix": "durkv.store.delta"}
+WRAPPERS = {"durkv._seglog": "durkv.log", "durkv._listprefix": "durkv.store.delta",
+            "durkv._journalscan": "durkv.runtime.journal"}
 
 # Known violations: (importer, imported module, name) triples allowed one by one, each
 # with the reason it must stay. The store restructuring (issue 8 item 1) removed the last
@@ -379,6 +382,7 @@ LAYER_OF = (  # module prefix -> layer (first match); README names the layers to
     ("durkv.store", "store"), ("durkv.serde", "store"), ("durkv._listprefix", "store"),
     ("durkv.backends", "backends"), ("durkv.log", "log"), ("durkv.payload", "log"),
     ("durkv.repairnotes", "log"), ("durkv._seglog", "log"), ("durkv.errors", "errors"),
+    ("durkv._journalscan", "runtime"),
     ("durkv.durability", "errors"), ("durkv.fsync", "errors"),
 )
 

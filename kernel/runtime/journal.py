@@ -5,6 +5,15 @@ The store keeps a run's journal as opaque records in log order
 events and their fields. This module turns that list into one :class:`CallState` per
 durable call (per step id and generation) and the run's status. It is pure: no
 store access, no clock.
+
+:func:`fold` builds every entry from the decoded records. :func:`fold_lazy` (what a
+:class:`durkv.Run` opens with) reads the records' undecoded heads (``Store.journal_heads``)
+with ``durkv._journalscan`` (csrc/journalscan.c): a plain STEP record -- the first record
+of its step id, without ``ir`` -- is kept as the few fields a replay compares (a
+:data:`Lazy` tuple) in :attr:`RunState.lazy`, and decoded and folded into its entry only
+when the entry is first asked for (``latest``, ``find``, or another record of that step
+id). A replay compares its call with those fields and decodes the recorded result
+(``Run.step``, ``Run._plan_step``): a long journal opens at the cost of reading it.
 """
 
 from __future__ import annotations
@@ -14,6 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import msgpack
+
+from .._journalscan import scan
 from .inputs import by_ref
 from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_RUN, E_STATUS,
                       E_STEP, E_TRY, E_WARN, ApprovalRecord, DecisionRecord, IntentRecord,
@@ -22,7 +34,7 @@ from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_
 
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
            "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "CallState", "RunState", "RunInfo", "fold", "apply",
-           "JournalEntry", "STATUSES", "bulk_load"]
+           "JournalEntry", "STATUSES", "bulk_load", "fold_lazy", "replays_as_asked", "Lazy"]
 
 STATUSES = ("running", "waiting", "sleeping", "in_doubt", "finished", "failed")
 
@@ -80,23 +92,51 @@ class RunState:
     message: str | None = None
     updated: float | None = None
     task_ids: bool = False      # step ids of asyncio tasks are scoped by task (RUN "tid")
+    # fold_lazy: step id -> its one STEP record, not folded yet (no entry in `entries` or
+    # `order`); `order` is in log order only for a state with none (fold)
+    lazy: dict[str, "Lazy"] = field(default_factory=dict)
+    heads: Any = None       # fold_lazy: the heads read, which hold the lazy records' bytes
+    out_of_order: bool = False  # fold_lazy left records unfolded: `order` is not in log order
+
+    @property
+    def calls(self) -> int:
+        """How many durable calls the journal records (folded or not)."""
+        return len(self.order) + len(self.lazy)
 
     def latest(self, step_id: str) -> CallState | None:
+        if step_id in self.lazy:
+            self.unfold(step_id)
         gens = self.entries.get(step_id)
         return gens[-1] if gens else None
 
     def find(self, step_id: str, gen: int) -> CallState | None:
         """The entry of step ``step_id`` generation ``gen``, if folded."""
+        if step_id in self.lazy:
+            self.unfold(step_id)
         for e in self.entries.get(step_id, ()):
             if e.gen == gen:
                 return e
         return None
+
+    def unfold(self, step_id: str) -> None:
+        """Fold the record ``lazy`` holds for ``step_id`` into its entry (it is the step
+        id's only record so far: the entry is the one :func:`fold` builds)."""
+        x = self.lazy.pop(step_id, None)
+        if x is not None:
+            _fold_step(self, self.record(x))
+
+    def record(self, x: "Lazy") -> dict:
+        """The record a :data:`Lazy` tuple was read from, decoded."""
+        off = x[LAZY_OFFSET]
+        return _unpackb(self.heads[off:off + x[LAZY_LENGTH]])
 
 
 def _entry(st: RunState, sid: str, gen: int, kind: str, name: str | None, fp: int | None,
            started: float | None) -> CallState:
     """The entry of step ``sid`` generation ``gen``: found, or made (``name``, ``fp`` and
     ``started`` are the new entry's: a record that does not carry them gives None)."""
+    if st.lazy and sid in st.lazy:      # its first record, not folded yet: folded first
+        st.unfold(sid)
     gens = st.entries.get(sid)
     if gens is None:        # the common case: a step id seen for the first time
         e = CallState(sid, gen, kind, name or "", fp or 0)
@@ -135,6 +175,49 @@ def fold(run_id: str, records: list[dict]) -> RunState:
     for r in records:
         apply(st, r)
     return st
+
+
+# A plain STEP record as journalscan.scan reads it: (sid, fp, kind, name, prompt_version,
+# inputs, result, t, offset, length) -- each field as the record's decode gives it, a
+# missing key as _fold_step defaults it; the record's bytes are heads[offset:offset + length]
+Lazy = tuple
+LAZY_INPUTS, LAZY_RESULT, LAZY_T, LAZY_OFFSET, LAZY_LENGTH = 5, 6, 7, 8, 9
+
+
+def _unpackb(b: Any) -> Any:
+    # as the store decodes record heads (durkv.store.records): str as str, lists
+    return msgpack.unpackb(b, strict_map_key=False)
+
+
+def fold_lazy(run_id: str, heads: Any) -> RunState:
+    """:func:`fold` of the records in ``heads`` (``Store.journal_heads``), leaving each
+    plain STEP record (the first of its step id, no ``ir``, which links to other entries
+    as they stand at it) in ``lazy`` unfolded: the state answers ``latest``/``find`` and
+    every later :func:`apply` exactly as ``fold``'s. Heads that do not read as such raise
+    ValueError (the eager read, ``Store.journal``, names what is wrong)."""
+    steps, rest = scan(heads)
+    st = RunState(run_id)
+    st.heads = heads
+    others = iter(_unpackb(rest))
+    lazy, entries = st.lazy, st.entries
+    for x in steps:
+        if x is None:
+            apply(st, next(others))
+        elif x[0] in entries or x[0] in lazy:
+            apply(st, st.record(x))
+        else:
+            lazy[x[0]] = x
+            st.updated = x[LAZY_T]
+            st.out_of_order = True
+    return st
+
+
+def replays_as_asked(x: Lazy, kind: str, name: str, fp: int | None, version: Any) -> bool:
+    """Whether the unfolded STEP record ``x`` replays a call of ``kind`` ``name`` with
+    fingerprint ``fp`` and ``version``: ``Run._plan_step``'s test of a folded entry (done,
+    no error -- a plain record has none --, the same fingerprint, kind, name and
+    version), on the fields :func:`_fold_step` would set."""
+    return x[1] == fp and x[2] == kind and x[3] == name and x[4] == version
 
 
 def apply(st: RunState, r: dict) -> None:

@@ -12,14 +12,14 @@ as DBOS composes its immediate and pending outcomes."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, NamedTuple
 
 from ..errors import ConfigError
 from .journal import CallState
 from .tools import Retry, ToolSpec
 
-__all__ = ["Plan", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP", "drive",
-           "outcome"]
+__all__ = ["Plan", "Recorded", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP",
+           "drive", "outcome"]
 
 ONCE = Retry(1)      # no retry: one attempt
 CALL = "call"        # the effects an attempt generator yields (see the module docstring)
@@ -55,6 +55,16 @@ def drive(attempts: Generator, fn: Callable, args: tuple, kwargs: dict) -> Any:
     raise value
 
 
+class Recorded(NamedTuple):
+    """A recorded result replayed from a STEP record left unfolded (journal.fold_lazy):
+    the fields of an entry a replay reads (``Run._outcome``), without folding one."""
+
+    step_id: str
+    name: str
+    result: bytes | None
+    err: None = None
+
+
 class Plan:
     """What one durable call will do: replay a recorded entry, or call and record."""
 
@@ -66,7 +76,7 @@ class Plan:
         self.sid, self.kind, self.name, self.fp = sid, kind, name, fp
         self.inputs, self.version = inputs, version
         self.gen = 0
-        self.entry: CallState | None = None
+        self.entry: CallState | Recorded | None = None
         self.replay = False
         self.rc = 0
         self.key: str | None = None
@@ -79,7 +89,7 @@ class Plan:
         self.synced = False     # a tool's intent and receipt get an fdatasync of their own
 
     @classmethod
-    def replay_of(cls, e: CallState) -> "Plan":
+    def replay_of(cls, e: CallState | Recorded) -> "Plan":
         """The plan of a call recorded as it is asked for now: return (raise) the recorded
         outcome. Built without ``__init__``: the hot path of a re-execution."""
         p = cls.__new__(cls)

@@ -49,12 +49,13 @@ from .aio import (
     settled, unscope_tasks,
 )
 from .inputs import Encoded, InputRefs
-from .journal import STATUSES, CallState, JournalEntry, apply, bulk_load, fold
+from .journal import (LAZY_INPUTS, LAZY_RESULT, STATUSES, CallState, JournalEntry, apply,
+                      bulk_load, fold, fold_lazy, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord,
 )
-from .plan import CALL, ONCE, RECORD, SLEEP, Plan, drive, err_type, plain_version
+from .plan import CALL, ONCE, RECORD, SLEEP, Plan, Recorded, drive, err_type, plain_version
 from .repair import damage_of
 from .tools import Retry, ToolSpec, tool_spec
 from .values import Values, fingerprint
@@ -216,10 +217,30 @@ class Run:
         """Reread the journal if records were appended by anyone else (``decide``,
         ``resolve``, a delete)."""
         if self.store.journal_length(self.run_id) != self._seen:
-            with self._lock, bulk_load():
-                self._st = fold(self.run_id, self.store.journal(self.run_id, start=self._since))
-                self._seen = self.store.journal_length(self.run_id)
-                self._repair = damage_of(self.store, self.run_id)
+            self._reread(lazily=True)
+
+    def _reread(self, lazily: bool) -> None:
+        """Fold the run's journal again from the store (``lazily``: see :meth:`_fold`)."""
+        with self._lock:
+            self._st = self._fold(lazily)
+            self._seen = self.store.journal_length(self.run_id)
+            self._repair = damage_of(self.store, self.run_id)
+
+    def _fold(self, lazily: bool) -> Any:
+        """The run's journal from ``_since`` on, folded: ``lazily``, its plain STEP records
+        left unfolded until asked for (journal.fold_lazy); heads it cannot read are read
+        and folded the eager way, which raises what is wrong with them. Under another
+        serde than the default (DurkvSaver's), every call's inputs look for a base among
+        the entries in log order (runtime/inputs.py), which a lazy state folds again
+        whole: such a run folds eagerly from the start."""
+        with bulk_load():
+            if lazily and self._values.default_serde:
+                try:
+                    return fold_lazy(self.run_id,
+                                     self.store.journal_heads(self.run_id, start=self._since))
+                except ValueError:
+                    pass
+            return fold(self.run_id, self.store.journal(self.run_id, start=self._since))
 
     def settle(self, since: int) -> None:
         """Forget the folded journal records before position ``since``: work the caller
@@ -229,13 +250,13 @@ class Run:
         with self._lock:
             self._since = since
             st = self._st
-            if st is not None and st.order:
-                self._st = replace(st, entries={}, order=[])
+            if st is not None and st.calls:
+                self._st = replace(st, entries={}, order=[], lazy={}, heads=None,
+                                   out_of_order=False)
                 self._seen = since      # records at/after since: refolded by refresh()
 
     def _open_journal(self) -> None:
-        with bulk_load():
-            st = self._st = fold(self.run_id, self.store.journal(self.run_id, start=self._since))
+        st = self._st = self._fold(lazily=True)
         self._seen = self.store.journal_length(self.run_id)
         self._task_ids = st.task_ids
         self._repair = damage_of(self.store, self.run_id)   # None unless ever repaired
@@ -247,7 +268,7 @@ class Run:
                 raise SerializationError(f"the input of run {self.run_id!r} cannot be "
                                          f"serialized: {e}", run_id=self.run_id) from e
             in_b = None if self._secret_input or len(b) > MAX_INLINE_INPUTS else b
-        if st.fp is None and not st.order and not self._since:
+        if st.fp is None and not st.calls and not self._since:
             # tid: a run created now scopes its asyncio tasks' step ids (older runs keep one
             # counter, so that their journals replay)
             self._append(RunRecord(self._clock(), fp, 1, in_b).pack())
@@ -261,7 +282,7 @@ class Run:
                 f"now {fp:016x}); two jobs must not share a run id: use a new run id, or the "
                 "original input", run_id=self.run_id, recorded=f"{st.fp:016x}",
                 given=f"{fp:016x}")
-        n = len(st.order)
+        n = st.calls
         log.info("durkv: resuming run %r (status %s): %d recorded steps will replay",
                  self.run_id, st.status, n)
         self._append(StatusRecord(self._clock(), "running",
@@ -370,6 +391,8 @@ class Run:
     def _latest_inputs(self, kind: str, name: str) -> CallState | None:
         """The latest folded entry of ``kind`` ``name`` that keeps inputs (a base for the
         inputs of a call this Run has not recorded yet: runtime/inputs.py)."""
+        if self._st.out_of_order:    # once per Run at most: the entries in log order
+            self._reread(lazily=False)
         for e in reversed(self._st.order):
             if e.kind == kind and e.name == name and e.inputs is not None:
                 return e
@@ -426,7 +449,16 @@ class Run:
 
     def _plan_step(self, sid: str, kind: str, name: str, fp: int | None, inputs: Any,
                    version: Any, retry_failed: bool = False) -> Plan:
-        gens = self._st.entries.get(sid)
+        st = self._st
+        gens = st.entries.get(sid)
+        if gens is None and st.lazy:
+            x = st.lazy.get(sid)
+            if x is not None:
+                if replays_as_asked(x, kind, name, fp, version):
+                    # the hot path of a replay on a freshly opened run: nothing folded
+                    return Plan.replay_of(Recorded(sid, name, x[LAZY_RESULT]))
+                st.unfold(sid)      # and the eager path decides
+                gens = st.entries.get(sid)
         e = gens[-1] if gens else None
         if e is not None and e.done and e.err is None and e.fp == fp and e.kind == kind and (
                 e.name == name and e.prompt_version == version):
@@ -488,8 +520,35 @@ class Run:
             retry_failed: call again even if a final failure is recorded.
         """
         sid = str(next(self._n)) if key is None and self._plain else self._sid(key)
+        lazy = self._st.lazy
+        if lazy and (prompt_version is None or type(prompt_version) is str):
+            x = lazy.get(sid)
+            # the hot path of a re-execution: the step's one record, unfolded, compared
+            # with the call and its result decoded (a fresh object each time)
+            if x is not None and self._replays(x, name, args, kwargs, secret, prompt_version):
+                return self._loads(x[LAZY_RESULT])
         p = self._plan_call(sid, name, args, kwargs, prompt_version, secret, retry_failed)
         return self._drive(p, fn, args, kwargs, retry)
+
+    def _replays(self, x: Any, name: str, args: tuple, kwargs: dict, secret: bool,
+                 version: Any) -> bool:
+        """Whether the unfolded STEP record ``x`` replays ``step(name, *args, **kwargs)``:
+        _plan_step's test. Under the default serde, inputs whose bytes are the recorded
+        ``in`` need no fingerprint: the serde is faithful (the same bytes are the same
+        value, so the same canonical fingerprint, GUARANTEES 16.8), and the eager path
+        replays them too (``Values.matches`` of the recorded input). Any other call is
+        fingerprinted as ``_plan_call`` does; a False goes on there."""
+        if x[2] != "step" or x[3] != name or x[4] != version:
+            return False
+        recorded = x[LAZY_INPUTS]
+        if recorded is not None and self._values.default_serde:
+            try:
+                if self._dumps([list(args), kwargs]) == recorded:
+                    return True
+            except Exception:
+                return False        # _plan_call raises the SerializationError
+        return replays_as_asked(x, "step", name,
+                                self._inputs("step", name, args, kwargs, secret)[2], version)
 
     def _plan_call(self, sid: str, name: str, args: tuple, kwargs: dict, prompt_version: Any,
                    secret: bool, retry_failed: bool) -> Plan:

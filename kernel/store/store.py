@@ -658,18 +658,29 @@ class Store:
     def journal(self, run_id: str, *, start: int = 0) -> list[dict]:
         """The journal records of ``run_id`` in log order (read by LSN, no scan); from
         the ``start``-th on (a resume that needs only the newest records reads only them)."""
-        if type(start) is not int or start < 0:
-            raise ConfigError(f"start must be an int >= 0, got {start!r}")
         with self._current():
-            self._check_open()
-            lsns = self._index.ix.journals.get(run_id)
-            if start and lsns:
-                lsns = lsns[start:]
+            lsns = self._journal_lsns(run_id, start)
             if not lsns:
                 return []
             # one read of every record's head and one decode (not one binding call each)
             return [JournalHead.of(h, lsn).rec
                     for h, lsn in zip(heads_of(self._b.read_heads(lsns)), lsns)]
+
+    def journal_heads(self, run_id: str, *, start: int = 0) -> Any:
+        """The frame heads of :meth:`journal`'s records, undecoded: one msgpack array (a
+        bytes-like buffer) of ``[kind, id, record]`` lists, in one read (a replay decodes
+        only what it needs of them: durkv.runtime.journal.fold_lazy)."""
+        with self._current():
+            lsns = self._journal_lsns(run_id, start)
+            return self._b.read_heads(lsns) if lsns else b"\x90"
+
+    def _journal_lsns(self, run_id: str, start: int) -> Any:
+        """The LSNs of ``run_id``'s journal records from the ``start``-th on (under the lock)."""
+        if type(start) is not int or start < 0:
+            raise ConfigError(f"start must be an int >= 0, got {start!r}")
+        self._check_open()
+        lsns = self._index.ix.journals.get(run_id)
+        return lsns[start:] if start and lsns else lsns
 
     def journal_length(self, run_id: str) -> int:
         """How many journal records ``run_id`` has (O(1): a reader's staleness check)."""

@@ -1,0 +1,388 @@
+"""The lazy fold (journal.fold_lazy, what a Run opens with) against the eager one.
+
+A run's plain STEP records stay unfolded until their entry is asked for, and a replay
+compares its call with the record itself (issue 20: a long journal opens at the cost of
+reading it). These tests hold the two folds to the same answers: every entry of a
+journal with every kind of record, folded lazily from each prefix with the rest applied
+after, is the entry the eager fold builds; and a Run opened lazily replays, refuses and
+warns exactly as before.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgpack
+import pytest
+
+import durkv
+from durkv.runtime.inputs import ByRef
+from durkv.runtime.journal import CallState, RunState, apply, fold
+from durkv.runtime.journal import fold_lazy as fold_heads
+from durkv.runtime.records import RunRecord, StepRecord, WarnRecord
+
+def fold_lazy(run_id, records):
+    """fold_lazy of the heads a store would read for ``records`` (K_JOURNAL frames)."""
+    return fold_heads(run_id, msgpack.packb([[11, run_id, r] for r in records],
+                                            use_bin_type=True))
+
+
+BIG = ["m" * 300] * 6       # a list input over inputs.SMALL_INPUTS: journaled by items (`ir`)
+
+
+def model(x):
+    return {"said": x, "n": [1, 2]}
+
+
+def boom(x):
+    raise ValueError(f"bad {x}")
+
+
+@durkv.tool(name="send")
+def send(x, *, idempotency_key):
+    return [x, idempotency_key]
+
+
+def _flaky():
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        if len(calls) == 1:
+            raise ConnectionError("once")
+        return x
+    return f
+
+
+def _execute(run, drift="v1"):
+    run.step("plan", model, "a", prompt_version=drift)
+    try:
+        run.step("fails", boom, 1)
+    except ValueError:
+        pass
+    run.step("flaky", _flaky(), 2, retry=durkv.Retry(3, backoff=0.0))
+    run.tool(send, "hi")
+    run.now()
+    run.random()
+    run.step("keyed", model, "k", key="k1")
+    history = list(BIG)
+    for turn in range(3):
+        history = history + [f"turn {turn}"]
+        run.step("chat", model, history)
+    run.approve("ship", {"to": "prod"})
+    run.step("after", model, "z")
+
+
+def _journal(tmp_path):
+    """A run's records: two executions (an approval between them), a prompt drift that
+    warns, a failure retried as a new generation, inputs by reference."""
+    store = durkv.open(str(tmp_path / "s.durkv"))
+    with store.run("r", input={"q": 1}) as run:
+        _execute(run)
+    assert run.status == "waiting"
+    store.decide("r", run.interrupt.step_id, True, by="ann")
+    with store.run("r", input={"q": 1}) as run:
+        _execute(run, drift="v2")
+    with store.run("r", input={"q": 1}) as run:
+        run.step("plan", model, "a", prompt_version="v2")
+        with pytest.raises(ValueError):
+            run.step("fails", boom, 1, retry_failed=True)
+    return store, store.journal("r")
+
+
+def _same(a, b, path="entry"):
+    if isinstance(a, CallState):
+        assert type(b) is CallState, path
+        for s in CallState.__slots__:
+            _same(getattr(a, s), getattr(b, s), f"{path}.{s}")
+    elif isinstance(a, ByRef):
+        assert type(b) is ByRef, path
+        for s in ("shape", "k", "new"):
+            _same(getattr(a, s), getattr(b, s), f"{path}.{s}")
+        _same(a.base, b.base, f"{path}.base")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b and type(a) is type(b), (path, a, b)
+
+
+def _unfold_all(st: RunState) -> None:
+    for sid in list(st.lazy):
+        st.unfold(sid)
+
+
+def _assert_states_equal(eager: RunState, lazy: RunState) -> None:
+    for f in ("run_id", "fp", "input", "created", "status", "until", "status_step", "message",
+              "updated", "task_ids"):
+        assert getattr(eager, f) == getattr(lazy, f), f
+    assert lazy.calls == len(eager.order)
+    _unfold_all(lazy)
+    assert sorted(eager.entries) == sorted(lazy.entries)
+    for sid, gens in eager.entries.items():
+        _same(gens, lazy.entries[sid], f"entries[{sid!r}]")
+    assert sorted((e.step_id, e.gen) for e in eager.order) == sorted(
+        (e.step_id, e.gen) for e in lazy.order)
+
+
+def test_the_lazy_fold_of_every_prefix_then_the_rest_applied_is_the_eager_fold(tmp_path):
+    store, recs = _journal(tmp_path)
+    events = {r["e"] for r in recs}
+    assert {1, 2, 3, 4, 5, 6, 8, 9, 10} <= events, events   # every event a Run writes
+    assert any("ir" in r for r in recs) and any(r.get("g") for r in recs)
+    eager = fold("r", recs)
+    for k in range(len(recs) + 1):
+        lazy = fold_lazy("r", recs[:k])
+        for r in recs[k:]:
+            apply(lazy, r)
+        _assert_states_equal(eager, lazy)
+    store.close()
+
+
+def test_latest_and_find_fold_the_entry_they_are_asked_for(tmp_path):
+    store, recs = _journal(tmp_path)
+    eager, lazy = fold("r", recs), fold_lazy("r", recs)
+    assert "4" in lazy.lazy and "4" not in lazy.entries and lazy.out_of_order
+    _same(eager.latest("4"), lazy.latest("4"))
+    assert "4" not in lazy.lazy and lazy.find("4", 0) is lazy.latest("4")
+    assert "0" not in lazy.lazy         # its WARN record folded it
+    _same(eager.find("k1", 0), lazy.find("k1", 0))
+    assert "k1" not in lazy.lazy
+    assert lazy.latest("nope") is None and lazy.find("nope", 0) is None
+    assert not fold("r", recs).lazy and not fold("r", recs).out_of_order
+    store.close()
+
+
+def _model_calls():
+    calls = []
+
+    def m(x):
+        calls.append(x)
+        return {"said": x, "n": [1, 2]}
+    return m, calls
+
+
+def _record(tmp_path, n=50):
+    store = durkv.open(str(tmp_path / "s.durkv"))
+    m, _ = _model_calls()
+    with store.run("r") as run:
+        for i in range(n):
+            run.step("model", m, i, prompt_version="p1")
+        with pytest.raises(ValueError):
+            run.step("fails", boom, 7)
+    store.close()
+    return str(tmp_path / "s.durkv")
+
+
+def test_a_lazily_opened_run_replays_fresh_equal_values_without_calling(tmp_path):
+    path = _record(tmp_path)
+    m, calls = _model_calls()
+    with durkv.open(path) as store, store.run("r") as run:
+        # nothing folded at open but the failure (a record with `err` is never left lazy)
+        assert len(run._st.lazy) == 50 and list(run._st.entries) == ["50"]
+        first = run.step("model", m, 0, prompt_version="p1")
+        assert first == {"said": 0, "n": [1, 2]}
+        first["n"].append("mutated by the caller")
+        for i in range(1, 50):
+            assert run.step("model", m, i, prompt_version="p1") == {"said": i, "n": [1, 2]}
+        with pytest.raises(ValueError, match="bad 7"):     # the recorded failure's class
+            run.step("fails", boom, 7)
+        assert len(run._st.lazy) == 50      # a replay as asked folds nothing
+    assert calls == []
+    with durkv.open(path) as store, store.run("r") as run:     # a fresh object each time
+        assert run.step("model", m, 0, prompt_version="p1") == {"said": 0, "n": [1, 2]}
+        assert store.runs()[0].status == "running"
+    with durkv.open(path) as store:
+        entries = store.run("r").journal()
+        assert [e.step_id for e in entries][:3] == ["0", "1", "2"]
+        assert entries[0].result_receipt == {"said": 0, "n": [1, 2]}
+
+
+def test_the_same_key_twice_replays_a_fresh_object_each_time(tmp_path):
+    store = durkv.open(str(tmp_path / "s.durkv"))
+    m, calls = _model_calls()
+    with store.run("r") as run:
+        run.step("model", m, 1, key="once")
+    store.close()
+    with durkv.open(str(tmp_path / "s.durkv")) as store, store.run("r") as run:
+        a = run.step("model", m, 1, key="once")
+        a["said"] = "changed"
+        assert run.step("model", m, 1, key="once") == {"said": 1, "n": [1, 2]}
+    assert calls == [1]
+
+
+def test_conflicts_at_an_unfolded_record_are_detected_as_before(tmp_path):
+    path = _record(tmp_path)
+    m, calls = _model_calls()
+    with durkv.open(path) as store:
+        with pytest.raises(durkv.IdempotencyConflictError), store.run("r") as run:
+            run.step("model", m, 0, prompt_version="p1")
+            run.step("model", m, 999, prompt_version="p1")
+        with pytest.raises(durkv.NonDeterminismError), store.run("r") as run:
+            run.step("other", m, 0, prompt_version="p1")
+        with pytest.raises(durkv.VersionDriftError), store.run("r", on_drift="fail") as run:
+            run.step("model", m, 0, prompt_version="p2")
+    assert calls == []
+
+
+def test_a_prompt_drift_at_an_unfolded_record_warns_once_and_replays(tmp_path, caplog):
+    path = _record(tmp_path, n=3)
+    m, calls = _model_calls()
+    for _ in range(2):
+        with durkv.open(path) as store, store.run("r") as run:
+            with caplog.at_level(logging.WARNING, logger="durkv"):
+                assert run.step("model", m, 0, prompt_version="p2") == {"said": 0,
+                                                                        "n": [1, 2]}
+    with durkv.open(path) as store:
+        warns = [r for r in store.journal("r") if r["e"] == 9]
+        assert len(warns) == 1 and store.run("r").journal()[0].warnings
+    assert calls == []
+
+
+def test_a_new_step_after_a_lazy_replay_is_recorded_and_folded(tmp_path):
+    path = _record(tmp_path, n=5)
+    m, calls = _model_calls()
+    with durkv.open(path) as store, store.run("r") as run:
+        for i in range(5):
+            run.step("model", m, i, prompt_version="p1")
+        with pytest.raises(ValueError):
+            run.step("fails", boom, 7)
+        assert run.step("model", m, "new") == {"said": "new", "n": [1, 2]}
+    assert calls == ["new"]
+    with durkv.open(path) as store:
+        recs = store.journal("r")
+        eager, lazy = fold("r", recs), fold_lazy("r", recs)
+        _assert_states_equal(eager, lazy)
+
+
+def test_a_later_record_of_an_unfolded_step_folds_it_first():
+    # two outcomes of one generation (not written by a Run, but a fold must not reorder
+    # them): the second holds, lazily as eagerly, and one WARN lands on the entry
+    recs = [RunRecord(1.0).pack(),
+            StepRecord(2.0, "x", "step", "m", 5, result=b"\x01").pack(),
+            StepRecord(3.0, "x", "step", "m", 5, result=b"\x02").pack(),
+            WarnRecord(4.0, "x", 0, "drift").pack(),
+            StepRecord(5.0, "y", "step", "m", 6, result=b"\x03").pack()]
+    eager = fold("r", recs)
+    assert eager.latest("x").result == b"\x02"
+    for k in range(len(recs) + 1):
+        lazy = fold_lazy("r", recs[:k])
+        for r in recs[k:]:
+            apply(lazy, r)
+        _assert_states_equal(eager, lazy)
+
+
+# ---- durkv._journalscan against msgpack's own decode ------------------------------------
+
+def _plain(r):
+    """Whether fold_lazy may leave ``r`` unfolded (the rule of csrc/journalscan.c)."""
+    if type(r) is not dict or any(type(k) is not str for k in r) or r.get("e") != 2:
+        return False
+    if "ir" in r or r.get("err") is not None or type(r.get("s")) is not str:
+        return False
+    ok = {"k": (str,), "n": (str,), "pv": (str, type(None)), "fp": (int, type(None)),
+          "r": (bytes, type(None)), "in": (bytes, type(None)), "t": (int, float, type(None))}
+    return all(type(r[k]) in types for k, types in ok.items() if k in r) and (
+        type(r.get("e")) is int and type(r.get("e")) is not bool)
+
+
+HOSTILE = [
+    {"e": 2, "s": "a"},                                         # every default
+    {"e": 2, "s": "b", "fp": None, "k": "now", "n": "now", "pv": None, "r": None, "t": None},
+    {"e": 2, "s": "c", "fp": -5, "t": 3},                       # negative fixint, int t
+    {"e": 2, "s": "d", "fp": -200, "t": 1.5, "pv": "v" * 40},    # int16, str8
+    {"e": 2, "s": "e", "fp": -70000, "n": "x" * 300},            # int32, str16
+    {"e": 2, "s": "f", "fp": -(2 ** 40), "r": b"\x01" * 70000},  # int64, bin32
+    {"e": 2, "s": "g", "fp": 2 ** 64 - 1, "r": b"\x02" * 300},   # uint64, bin16
+    {"e": 2, "s": "h", "fp": 200, "err": None, "extra": {"x": [1, {"y": 2}]}},
+    {"e": 2, "s": "i", "pv": ["a", 1]},                          # a list version: folded
+    {"e": 2, "s": "j", "err": ["ValueError", "bad", None]},      # a failure: folded
+    {"e": 2, "s": "k", "ir": None},                              # inputs by reference
+    {"e": 2, "s": 7},                                            # a non-str step id
+    {"e": 2, "s": "l", "k": None},
+    {"e": 2, "s": "m", 3: "int key"},
+    {"e": 3, "s": "n"},
+    {"e": 2.0, "s": "o"},
+    {"e": True, "s": "p"},
+    {"e": 2, "s": "q", "fp": 1.5},
+    {"e": 2, "s": "r", "r": "text"},
+    {"e": 2, "s": "in", "in": b"\x92\x90\x80", "r": b"\xc0"},
+    {"e": 2, "s": "in2", "in": "text"},
+    {"e": 2, "s": "s", "t": "noon"},
+    {"s": "t"},
+    ["not", "a", "map"],
+    None,
+    {("e" * i): i for i in range(1, 20)} | {"e": 2, "s": "map16"},   # a map16 record
+    {"e": 2, "s": "ünï", "n": "名前", "k": "step"},
+]
+
+
+def test_the_scan_reads_every_plain_record_as_its_decode_and_keeps_the_rest_as_they_are():
+    from durkv._journalscan import scan
+    heads = [[11, "r", r] for r in HOSTILE] + [[20, ["r", "q"], HOSTILE[0], "later field"]]
+    buf = msgpack.packb(heads, use_bin_type=True)
+    steps, rest = scan(buf)
+    records = [h[2] for h in heads]
+    assert len(steps) == len(records)
+    want_rest = []
+    for x, r in zip(steps, records):
+        assert (x is not None) == _plain(r), r
+        if x is None:
+            want_rest.append(r)
+            continue
+        fields = (r.get("s"), r.get("fp", 0), r.get("k", "step"), r.get("n", ""), r.get("pv"),
+                  r.get("in"), r.get("r"), r.get("t"))
+        assert x[:8] == fields and [type(v) for v in x[:8]] == [type(v) for v in fields]
+        assert msgpack.unpackb(buf[x[8]:x[8] + x[9]], strict_map_key=False) == r
+    assert msgpack.unpackb(bytes(rest), strict_map_key=False) == want_rest
+    assert scan(b"\x90") == ([], bytearray(b"\xdd\0\0\0\0"))
+
+
+def test_heads_the_scan_cannot_read_raise_value_error():
+    from durkv._journalscan import scan
+    good = msgpack.packb([[11, "r", {"e": 2, "s": "a", "r": b"x" * 50}]], use_bin_type=True)
+    for bad in (b"", b"\x80", b"\x91\x92\x0b\xa1r", b"\x91\xc1", good[:-3], good + b"\x00",
+                msgpack.packb([[11, "r"]]), msgpack.packb([5]), b"\xdd\xff\xff\xff\xff"):
+        with pytest.raises(ValueError):
+            scan(bad)
+    bad_utf8 = good.replace(b"\xa1a", b"\xa1\xff")     # the step id's bytes: not UTF-8
+    steps, rest = scan(bad_utf8)
+    assert steps == [None] and len(rest) > 5            # left to the decode, which refuses it
+
+
+def test_a_journal_the_scan_refuses_is_folded_the_eager_way(tmp_path, monkeypatch):
+    path = _record(tmp_path, n=3)
+    import durkv.runtime.journal as journal
+
+    def refuse(heads):
+        raise ValueError("not readable")
+    monkeypatch.setattr(journal, "scan", refuse)
+    m, calls = _model_calls()
+    with durkv.open(path) as store, store.run("r") as run:
+        assert not run._st.lazy and len(run._st.entries) == 4
+        assert run.step("model", m, 0, prompt_version="p1") == {"said": 0, "n": [1, 2]}
+    assert calls == []
+
+
+def test_inputs_equal_by_bytes_or_by_fingerprint_replay_and_unencodable_ones_are_refused(tmp_path):
+    store = durkv.open(str(tmp_path / "s.durkv"))
+    m, calls = _model_calls()
+    with store.run("r") as run:
+        run.step("model", m, {"a": 1, "b": 2})
+        run.step("model", m, {"a": 1})
+        run.step("model", m, [1, 2], secret=True)
+    store.close()
+    with durkv.open(str(tmp_path / "s.durkv")) as store:
+        with store.run("r") as run:
+            assert run.step("model", m, {"b": 2, "a": 1})["said"] == {"a": 1, "b": 2}  # fp
+            assert run.step("model", m, {"a": 1})["said"] == {"a": 1}                  # bytes
+            assert run.step("model", m, [1, 2], secret=True)["said"] == [1, 2]    # no `in`
+        with pytest.raises(durkv.SerializationError), store.run("r") as run:
+            run.step("model", m, object())
+        with pytest.raises(durkv.IdempotencyConflictError), store.run("r") as run:
+            run.step("model", m, {"a": 1, "b": 3})
+        with pytest.raises(durkv.IdempotencyConflictError), store.run("r") as run:
+            run.step("model", m, {"a": 1, "b": 2})
+            run.step("model", m, {"a": 1.0})        # equal in Python, another value here
+    assert calls == [{"a": 1, "b": 2}, {"a": 1}, [1, 2]]
