@@ -62,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import ChainMap
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -70,6 +71,7 @@ from langchain_core.runnables import RunnableConfig
 
 try:
     from langgraph.checkpoint.base import (
+        EXCLUDED_METADATA_KEYS,
         WRITES_IDX_MAP,
         BaseCheckpointSaver,
         ChannelVersions,
@@ -80,7 +82,6 @@ try:
         PendingWrite,
         SerializerProtocol,
         _with_msgpack_allowlist,
-        get_checkpoint_metadata,
         writes_sort_key,
     )
 except ImportError as e:  # an older langgraph-checkpoint than the extra declares
@@ -144,6 +145,40 @@ def _check_checkpoint(checkpoint: Any, new_versions: Any) -> None:
     if type(new_versions) is not dict and not isinstance(new_versions, Mapping):
         raise ConfigError(f"new_versions must be a dict of channel versions, got "
                           f"{type(new_versions).__name__}")
+
+
+def _config_scalars(obj: Any) -> Any:
+    """``obj.items()`` of a config's ``metadata`` or ``configurable``. LangGraph passes a
+    ChainMap of one dict as ``metadata``: its own ``items()`` builds a dict in Python and
+    then looks every key up again through the maps; merging plain dicts in C gives the same
+    keys, order and values."""
+    if type(obj) is dict:
+        return obj.items()
+    if type(obj) is ChainMap:
+        maps = obj.maps
+        if len(maps) == 1 and type(maps[0]) is dict:
+            return maps[0].items()
+    return obj.items()
+
+
+def checkpoint_metadata(config: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict:
+    """LangGraph's ``get_checkpoint_metadata(config, metadata)``: the metadata with NULs
+    taken out of its strings, plus the scalars of the config's ``metadata`` and
+    ``configurable`` it does not hold (except LangGraph's own keys). The same rule, made
+    cheaper for a put (``tests/test_langgraph_metadata.py`` holds the two equal)."""
+    md = {k: v.replace("\u0000", "") if isinstance(v, str) else v
+          for k, v in metadata.items()}
+    for obj in (config.get("metadata"), config.get("configurable")):
+        if not obj:
+            continue
+        for key, v in _config_scalars(obj):
+            if key in md or key in EXCLUDED_METADATA_KEYS or key.startswith("__"):
+                continue
+            if isinstance(v, str):
+                md[key] = v.replace("\u0000", "")
+            elif isinstance(v, (int, bool, float)):
+                md[key] = v
+    return md
 
 
 def _thread_id(conf: Mapping[str, Any]) -> str:
@@ -335,7 +370,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         del record["channel_values"]
         record.pop("channel_versions", None)
         del record["id"]           # the frame head holds it (checkpoint_id): not twice
-        metadata = get_checkpoint_metadata(config, metadata)
+        metadata = checkpoint_metadata(config, metadata)
         versions = checkpoint["channel_versions"]
         parent_id = conf.get("checkpoint_id")
         # the channels whose version moved; the store takes every other value from the

@@ -80,6 +80,12 @@ def check_put(thread_id: Any, checkpoint_ns: Any, checkpoint_id: Any, parent_id:
 def check_writes(thread_id: Any, checkpoint_ns: Any, checkpoint_id: Any, task_id: Any,
                  writes: Any, task_path: Any) -> None:
     """The ids and the container of ``Store.put_writes`` (each write: :func:`check_write`)."""
+    if (type(writes) is list and type(thread_id) is str and type(checkpoint_ns) is str
+            and type(checkpoint_id) is str and type(task_id) is str and type(task_path) is str
+            and thread_id and checkpoint_id and task_id and thread_id.isascii()
+            and checkpoint_ns.isascii() and checkpoint_id.isascii() and task_id.isascii()
+            and task_path.isascii()):
+        return      # the common case (LangGraph's ids), in a few O(1) tests
     check_id("thread_id", thread_id)
     check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
     check_id("checkpoint_id", checkpoint_id)

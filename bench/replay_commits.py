@@ -1,0 +1,86 @@
+"""What DurkvSaver's two commit calls cost, without LangGraph's threads around them.
+
+    python bench/replay_commits.py [--n 500] [--rounds 5] [--mode async]
+
+Runs the agent loop of ``bench/test_bench_langgraph.py`` once on a recording saver, then
+replays the recorded ``put``/``put_writes`` arguments (the same objects, as LangGraph
+passes them) on one thread into fresh stores, ``--rounds`` times, and prints each call's
+thread CPU per superstep (min and median over the rounds). Thread CPU, not wall: on a
+shared machine it moves far less with the load (docs/BENCHMARKS.md, "Issue 20:
+DurkvSaver's commit path").
+
+Instructions, which do not move at all with the load:
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
+        python bench/replay_commits.py --n 200 --rounds 0    # then --rounds 2
+
+and (total of the second - total of the first) / (2 * 200) is the instructions of one
+superstep's two calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from durkv.cli.benchgraph import agent_graph, cfg
+from durkv.langgraph import DurkvSaver
+
+
+def record(root: Path, n: int, mode: str) -> list[tuple[str, tuple]]:
+    """The (method, arguments) of every put and put_writes of one N-superstep run."""
+    calls: list[tuple[str, tuple]] = []
+
+    class Recording(DurkvSaver):
+        def put(self, *args):
+            calls.append(("put", args))
+            return super().put(*args)
+
+        def put_writes(self, *args):
+            calls.append(("put_writes", args))
+            return super().put_writes(*args)
+
+    with Recording.open(str(root / "recorded.durkv")) as saver:
+        graph = agent_graph(n).compile(checkpointer=saver)
+        graph.invoke({"n": 0, "messages": []}, cfg("recorded", n), durability=mode)
+    return calls
+
+
+def replay(path: Path, calls: list[tuple[str, tuple]]) -> dict[str, float]:
+    """Thread CPU seconds spent in each method, replaying ``calls`` into a new store."""
+    spent = {"put": 0.0, "put_writes": 0.0}
+    with DurkvSaver.open(str(path)) as saver:
+        for name, args in calls:
+            method = getattr(saver, name)
+            t0 = time.thread_time()
+            method(*args)
+            spent[name] += time.thread_time() - t0
+    return spent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=500, help="supersteps of the recorded run")
+    ap.add_argument("--rounds", type=int, default=5, help="replays (0: record only)")
+    ap.add_argument("--mode", default="async", choices=("sync", "async"),
+                    help="LangGraph's durability= of the run (and of the replayed calls)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        calls = record(root, args.n, args.mode)
+        rounds = [replay(root / f"replay-{r}.durkv", calls) for r in range(args.rounds)]
+    if not rounds:
+        return
+    for name in ("put", "put_writes"):
+        per = [r[name] / args.n * 1e6 for r in rounds]
+        print(f"{name:11s} min {min(per):7.1f} us  median {statistics.median(per):7.1f} us "
+              f"a superstep ({args.rounds} replays of {args.n}, {args.mode})")
+    total = [(r["put"] + r["put_writes"]) / args.n * 1e6 for r in rounds]
+    print(f"{'both':11s} min {min(total):7.1f} us  median {statistics.median(total):7.1f} us")
+
+
+if __name__ == "__main__":
+    main()
