@@ -852,6 +852,35 @@ int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len
     return rc ? rc : (int64_t)lsn;
 }
 
+int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                       int durability, uint64_t expect)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    const uint8_t *b = (const uint8_t *)buf;
+    uint64_t lsn = 0;
+    pthread_mutex_lock(&log->mu);
+    /* dkv_write_begin's part: the section (WLOCK, and the catch-up if the lease lapsed) */
+    int rc = dkv__usable(log, 1);
+    if (!rc && log->shared)
+        rc = write_enter(log);
+    if (rc) {
+        pthread_mutex_unlock(&log->mu);
+        return rc;
+    }
+    /* the caller's view of the log is behind (another process appended): it takes those
+     * frames in before its own, so append nothing and end the section */
+    int moved = log->next_lsn != expect;
+    if (!moved)
+        rc = append_locked(log, type, &b, &len, 1, durability, &lsn);
+    /* dkv_write_end's part, also after a failed append (the section is released, as the
+     * caller's write_end would release it) */
+    int rc2 = log->shared ? write_end_locked(log, 0) : 0;
+    pthread_mutex_unlock(&log->mu);
+    if (rc || rc2)
+        return rc ? rc : rc2;
+    return moved ? DKV_EMOVED : (int64_t)lsn;
+}
+
 int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,
                       uint32_t n, int durability, uint64_t *first_lsn_out)
 {
