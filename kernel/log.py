@@ -427,19 +427,16 @@ class SegmentLog:
         hand-off, not three), for a caller that holds no write section; ``expect`` is the
         LSN the caller's view of the log says comes next. Returns the frame's LSN, or -1
         when the log, caught up with other processes' frames, is elsewhere: nothing was
-        appended, and the caller takes those frames in first (a section of its own)."""
-        h = self._h
-        if h is None:
-            self._handle()
-        if type(payload) is not bytes:
-            payload = bytes(memoryview(payload))
-        r = _append_one(h, frame_type, payload, len(payload),
-                        -1 if durability is None else _DURABILITY[durability], expect)
-        if r < 0:
-            if r == _MOVED:
-                return -1
-            raise _error(r, h, self.path, "append")
-        return r
+        appended, and the caller takes those frames in first (a section of its own).
+        ``payload`` is ``bytes`` (passed to C without a copy)."""
+        h = self._h if self._h is not None else self._handle()
+        pol = _DURABILITY[durability] if durability is not None else -1
+        r = _append_one(h, frame_type, payload, len(payload), pol, expect)
+        if r >= 0:
+            return r
+        if r == _MOVED:
+            return -1
+        raise _error(r, h, self.path, "append")
 
     def append_many(self, payloads: list[bytes], *, frame_type: int = FRAME_DATA,
                     durability: str | None = None) -> list[int]:
