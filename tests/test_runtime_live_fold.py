@@ -10,6 +10,7 @@ write, byte for byte, the journal the generator writes.
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import subprocess
 import sys
@@ -146,3 +147,35 @@ def test_a_call_without_retry_writes_the_journal_the_attempts_generator_writes(t
     generator = _journal_bytes(str(tmp_path / "b"), durkv.Retry(1))
     assert len(straight) >= 20
     assert straight == generator
+
+
+def test_new_steps_and_keyed_tools_under_async_journal_in_one_backend_call_each(tmp_path,
+                                                                                monkeypatch):
+    """The live hot path end to end (issue 20): under ``async`` on a local store, each
+    record of a new step, a keyed tool (intent and receipt) and an ``astep`` is appended
+    by one ``append_one`` call -- no write section of its own (write_begin), no waits."""
+    from durkv.backends.local import LocalBackend
+
+    calls = []
+    for name in ("write_begin", "append_one", "wait_durable", "wait_written"):
+        real = getattr(LocalBackend, name)
+        monkeypatch.setattr(LocalBackend, name, lambda self, *a, _n=name, _r=real, **k:
+                            calls.append(_n) or _r(self, *a, **k))
+    with durkv.open(str(tmp_path / "s.durkv"), durability="async") as store:
+        with store.run("r") as run:
+            run.step("warm", model, 0)      # the first record may catch the index up
+            calls.clear()
+            assert run.step("plan", model, 1) == MODEL_OUT
+            assert run.tool(effect, 2) == {"done": 2, "key": "r:2"}
+            assert calls == ["append_one"] * 3, calls
+
+        async def steps():
+            async with store.arun("a") as arun:
+                await arun.astep("warm", model, 0)
+                calls.clear()
+                await arun.astep("plan", model, 1)
+                await arun.atool(effect, 2)
+                assert calls == ["append_one"] * 3, calls
+        asyncio.run(steps())
+        # STEP, INTENT, RECEIPT, STATUS (finished: the run's end, in a section)
+        assert [r["e"] for r in store.journal("r")][-4:] == [2, 3, 4, 8]
