@@ -880,7 +880,7 @@ int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len
     pthread_mutex_unlock(&log->mu);
     if (rc || rc2)
         return rc ? rc : rc2;
-    return moved ? DKV_EMOVED : (int64_t)lsn;
+    return moved ? DKV_MOVED : (int64_t)lsn;
 }
 
 int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,

@@ -34,7 +34,10 @@
 #define DKV_ETOOBIG -11     /* a frame larger than the 1 GiB limit */
 #define DKV_ENOLSN -12      /* no such frame: lsn not in the log, lost to damage, not appended */
 #define DKV_EFORKED -13     /* the handle was opened by another process: this one is a fork */
-#define DKV_EMOVED -14      /* dkv_append_one: the log is not where the caller expected (no append) */
+
+/* not an error: dkv_append_one's answer when the log is not where the caller expected
+ * (nothing appended); negative so that it is never an LSN */
+#define DKV_MOVED -14
 
 /* durability policies */
 #define DKV_SYNC 0
@@ -150,7 +153,7 @@ int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len
  * section ends), for a caller that holds no section. `expect` is the LSN the caller's own
  * view of the log (its index) says comes next: when the caught-up log's next LSN is
  * another -- some process appended since that view was taken -- nothing is appended and
- * DKV_EMOVED is returned: the caller takes those frames in first (dkv_write_begin, its
+ * DKV_MOVED is returned: the caller takes those frames in first (dkv_write_begin, its
  * catch-up, dkv_append_lsn, dkv_write_end). Otherwise as dkv_append_lsn: the LSN, or a
  * DKV_E* code. The hot path of a run's journal record (one GIL hand-off, not three). */
 int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len,

@@ -142,7 +142,7 @@ def test_async_record_outside_a_section_is_one_backend_call(tmp_path, monkeypatc
 def test_async_records_of_two_writers_stay_in_log_order(tmp_path):
     """Two handles (as two processes) append to one run's journal in turn under async:
     each one's record after the other's must come after it in the index too -- the one
-    backend call appends nothing when the log moved past the index (DKV_EMOVED), and the
+    backend call appends nothing when the log moved past the index (DKV_MOVED), and the
     record goes through a write section that first takes the other's frames in."""
     path = str(tmp_path / "s.durkv")
     with durkv.open(path, durability="async") as a, durkv.open(path, durability="async") as b:
