@@ -80,6 +80,12 @@ class LocalBackend:
     def append(self, payload: bytes, durability: str | None = None) -> int:
         return self._log.append(payload, frame_type=self._commit, durability=durability)
 
+    def append_one(self, payload: bytes, expect: int, durability: str | None = None) -> int:
+        """A frame in a write section of its own, if the log's next LSN is ``expect``
+        (else -1, nothing appended): ``SegmentLog.append_one``."""
+        return self._log.append_one(payload, expect, frame_type=self._commit,
+                                    durability=durability)
+
     def flush(self) -> None:
         self._log.flush()
 

@@ -7,7 +7,7 @@ row and receipt row.
 
 | benchmark        | measures                                               | target                 |
 |------------------|--------------------------------------------------------|------------------------|
-| step-async       | run.step, async policy: median us per recorded step     | >= 2x SQLite NORMAL, <= 10 us |
+| step-async       | run.step, async policy: median us per recorded step     | >= 3x SQLite NORMAL (issue 20) |
 | replay           | re-executing a recorded run of N steps: steps/s          | >= 500,000 steps/s     |
 | tool-sync        | run.tool (intent + receipt), sync: tool calls/s          | >= 1.5x SQLite FULL    |
 | tool-vs-raw      | run.tool time vs one write+fdatasync (C baseline)        | <= 2.2x                |
@@ -111,7 +111,7 @@ def test_step_async_vs_sqlite_normal(benchmark, bench_root):
     us = med[0] * 1e6
     ratio = sq / med[0]
     record(benchmark, "run.step async vs SQLite NORMAL (steps/s)", ratio=ratio,
-           target=">= 2x and <= 10 us/step", ok=ratio >= 2 and us <= 10,
+           target=">= 3x", ok=ratio >= 3,
            us_per_step=round(us, 2), sqlite_us_per_step=round(sq * 1e6, 2), steps=N_STEPS)
 
 

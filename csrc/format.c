@@ -498,6 +498,7 @@ const char *dkv_strerror(int code)
     case DKV_ETOOBIG: return "frame too large";
     case DKV_ENOLSN: return "no such lsn";
     case DKV_EFORKED: return "the handle was opened by another process (this one is a fork)";
+    case DKV_MOVED: return "the log moved past the caller's view (nothing appended)";
     default: return "unknown error";
     }
 }

@@ -48,7 +48,6 @@ struct dkv_log {
     int shared;                 /* LOCK held shared: other processes may write (FORMAT.md §12) */
     int wheld, wdepth;          /* a thread of this process holds WLOCK (mu) */
     int lease;                  /* WLOCK kept between sections (no other process wants it) */
-    int wfresh;                 /* the running section took WLOCK itself (not from a lease) */
     uint64_t lease_ns;          /*   since the end of the last section (CLOCK_MONOTONIC) */
     dkv_wshm *shm;              /* WSHM mapped (shared writers), else NULL */
     pthread_t wowner;
@@ -86,7 +85,9 @@ struct dkv_log {
     int flusher_running, stop;
     uint64_t flush_want;        /* async appends up to here: the flusher syncs them (exit
                                  * spills alone are not synced: that policy promises nothing) */
-    int flusher_idle;           /* flusher waits for work: a write must wake it */
+    int flusher_idle;           /* flusher waits for work: a write must wake it; its kind: */
+#define FLUSHER_WAITS_FOR_WORK 1    /* untimed: a new lease must wake it too */
+#define FLUSHER_TIMES_LEASE 2       /* timed: it looks at the lease within LEASE_IDLE_NS */
     int spill_req;              /* exit policy: the flusher writes pend in the background */
     int has_damage;
     int cut;                    /* point_in_time cut the log at damage: refresh stays put */

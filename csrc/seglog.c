@@ -631,10 +631,8 @@ static int write_enter(dkv_log *log)
     if (log->lease) {
         /* WLOCK held since this process's last section: no one else wrote; no catch-up */
         log->lease = 0;
-        log->wfresh = 0;
         return 0;
     }
-    log->wfresh = 1;
     pthread_mutex_unlock(&log->mu);
     rc = dkv__wlock_take(log);
     pthread_mutex_lock(&log->mu);
@@ -700,8 +698,12 @@ static int write_exit(dkv_log *log)
          * §12, the lease); the flusher lets it go after LEASE_IDLE_NS without one */
         log->lease = 1;
         log->lease_ns = now;
-        if (log->wfresh && log->flusher_idle)
-            pthread_cond_signal(&log->flush_cv);    /* it times the lease from now */
+        /* the flusher times the lease from now: wake it if it waits for work alone (it
+         * looked while no lease was held -- e.g. while this section, which reused the
+         * last one's lease, held WLOCK -- and would otherwise keep it forever, making
+         * every other writer time out); in its timed wait it looks within LEASE_IDLE_NS */
+        if (log->flusher_idle == FLUSHER_WAITS_FOR_WORK)
+            pthread_cond_signal(&log->flush_cv);
     } else {
         /* a failed handle's unwritten frames were never acknowledged: releasing is safe */
         flock(log->wlock_fd, LOCK_UN);
@@ -852,6 +854,35 @@ int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len
     return rc ? rc : (int64_t)lsn;
 }
 
+int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                       int durability, uint64_t expect)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    const uint8_t *b = (const uint8_t *)buf;
+    uint64_t lsn = 0;
+    pthread_mutex_lock(&log->mu);
+    /* dkv_write_begin's part: the section (WLOCK, and the catch-up if the lease lapsed) */
+    int rc = dkv__usable(log, 1);
+    if (!rc && log->shared)
+        rc = write_enter(log);
+    if (rc) {
+        pthread_mutex_unlock(&log->mu);
+        return rc;
+    }
+    /* the caller's view of the log is behind (another process appended): it takes those
+     * frames in before its own, so append nothing and end the section */
+    int moved = log->next_lsn != expect;
+    if (!moved)
+        rc = append_locked(log, type, &b, &len, 1, durability, &lsn);
+    /* dkv_write_end's part, also after a failed append (the section is released, as the
+     * caller's write_end would release it) */
+    int rc2 = log->shared ? write_end_locked(log, 0) : 0;
+    pthread_mutex_unlock(&log->mu);
+    if (rc || rc2)
+        return rc ? rc : rc2;
+    return moved ? DKV_MOVED : (int64_t)lsn;
+}
+
 int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,
                       uint32_t n, int durability, uint64_t *first_lsn_out)
 {
@@ -962,7 +993,7 @@ void *dkv__flusher_main(void *arg)
         }
         lease_tick(log);
         if (log->failed || !flush_due(log)) {
-            log->flusher_idle = 1;
+            log->flusher_idle = log->lease ? FLUSHER_TIMES_LEASE : FLUSHER_WAITS_FOR_WORK;
             if (log->lease) {       /* look at the lease again within a millisecond */
                 struct timespec t = realtime_in(LEASE_IDLE_NS);
                 pthread_cond_timedwait(&log->flush_cv, &log->mu, &t);

@@ -35,6 +35,10 @@
 #define DKV_ENOLSN -12      /* no such frame: lsn not in the log, lost to damage, not appended */
 #define DKV_EFORKED -13     /* the handle was opened by another process: this one is a fork */
 
+/* not an error: dkv_append_one's answer when the log is not where the caller expected
+ * (nothing appended); negative so that it is never an LSN */
+#define DKV_MOVED -14
+
 /* durability policies */
 #define DKV_SYNC 0
 #define DKV_ASYNC 1
@@ -143,6 +147,17 @@ int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int
  * immutable byte string without a copy) and the LSN as the result: >= 0 is the frame's
  * LSN, < 0 a DKV_E* code. The hot path of the Python wrapper. */
 int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len, int durability);
+/* One frame in a write section of its own: dkv_write_begin, dkv_append_lsn and
+ * dkv_write_end in one call, under the same rules as the three (WLOCK taken, other
+ * processes' frames caught up with, the frame written under `durability` before the
+ * section ends), for a caller that holds no section. `expect` is the LSN the caller's own
+ * view of the log (its index) says comes next: when the caught-up log's next LSN is
+ * another -- some process appended since that view was taken -- nothing is appended and
+ * DKV_MOVED is returned: the caller takes those frames in first (dkv_write_begin, its
+ * catch-up, dkv_append_lsn, dkv_write_end). Otherwise as dkv_append_lsn: the LSN, or a
+ * DKV_E* code. The hot path of a run's journal record (one GIL hand-off, not three). */
+int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                       int durability, uint64_t expect);
 /* Append n frames as one group (one write, one fsync under sync); LSNs are first..first+n-1.
  * The n payloads are packed back to back in `data` (lens[i] bytes each). */
 int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,

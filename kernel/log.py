@@ -50,6 +50,8 @@ _from_buffer = ffi.from_buffer
 _new = ffi.new
 _buffer = ffi.buffer
 _append_lsn = lib.dkv_append_lsn
+_append_one = lib.dkv_append_one
+_MOVED = lib.DKV_MOVED
 _append_packed = lib.dkv_append_packed
 _read_alloc = lib.dkv_read_alloc
 _free = lib.dkv_free
@@ -418,6 +420,23 @@ class SegmentLog:
         if r < 0:
             raise _error(r, h, self.path, "append")
         return r
+
+    def append_one(self, payload: bytes, expect: int, *, frame_type: int = FRAME_DATA,
+                   durability: str | None = None) -> int:
+        """:meth:`write_begin`, :meth:`append`, :meth:`write_end` in one call (one GIL
+        hand-off, not three), for a caller that holds no write section; ``expect`` is the
+        LSN the caller's view of the log says comes next. Returns the frame's LSN, or -1
+        when the log, caught up with other processes' frames, is elsewhere: nothing was
+        appended, and the caller takes those frames in first (a section of its own).
+        ``payload`` is ``bytes`` (passed to C without a copy)."""
+        h = self._h if self._h is not None else self._handle()
+        pol = _DURABILITY[durability] if durability is not None else -1
+        r = _append_one(h, frame_type, payload, len(payload), pol, expect)
+        if r >= 0:
+            return r
+        if r == _MOVED:
+            return -1
+        raise _error(r, h, self.path, "append")
 
     def append_many(self, payloads: list[bytes], *, frame_type: int = FRAME_DATA,
                     durability: str | None = None) -> list[int]:

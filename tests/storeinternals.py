@@ -55,3 +55,9 @@ def crash_store(store: Store) -> None:
     """Abandon a store as a crash would: the backend released, no close-time snapshot."""
     store._closed = True
     store._b.close()
+
+
+def run_state_of(run: Any) -> Any:
+    """What a :class:`durkv.runtime.Run` holds of its journal, folded
+    (:class:`durkv.runtime.journal.RunState`): its entries, in call order and by step id."""
+    return run._st

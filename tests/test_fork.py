@@ -83,7 +83,8 @@ def test_c_handle_refuses_every_call_in_a_forked_child(tmp_path):
         try:
             lsn = lib.dkv_append_lsn(h, lib.DKV_FRAME_DATA, b"child", 5, -1)
             buf, ln, ty = ffi.new("uint8_t **"), ffi.new("uint32_t *"), ffi.new("uint8_t *")
-            calls = [lsn, lib.dkv_read_alloc(h, 0, buf, ln, ty), lib.dkv_flush(h),
+            calls = [lsn, lib.dkv_append_one(h, lib.DKV_FRAME_DATA, b"child", 5, -1, 1),
+                     lib.dkv_read_alloc(h, 0, buf, ln, ty), lib.dkv_flush(h),
                      lib.dkv_wait_durable(h, 0), lib.dkv_wait_written(h, 0)]
             if any(rc != lib.DKV_EFORKED for rc in calls):
                 code = 10

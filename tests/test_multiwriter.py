@@ -26,7 +26,7 @@ _CHILD = r"""
 import json, sys, threading
 import durkv
 path, k, m, n, seg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-s = durkv.open(path, segment_bytes=seg)
+s = durkv.open(path, segment_bytes=seg, durability=sys.argv[6])
 out = sys.stdout
 lock = threading.Lock()
 seen = {"len": -1, "lsn": -1}
@@ -60,17 +60,20 @@ say(done=k)
 """
 
 
-def _spawn(path, k, m, n, seg):
+def _spawn(path, k, m, n, seg, durability):
     return subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(k), str(m), str(n),
-                             str(seg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             str(seg), durability], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("seg", [64 << 20, 16384])       # one segment; many rolls
-def test_processes_and_threads_commit_to_one_store(tmp_path, seg):
+# one segment; many rolls; async: a record not waited for is appended in a section of its
+# own by one backend call, which appends nothing when another process moved the log
+@pytest.mark.parametrize("seg,durability", [(64 << 20, "sync"), (16384, "sync"),
+                                            (16384, "async")])
+def test_processes_and_threads_commit_to_one_store(tmp_path, seg, durability):
     path = tmp_path / "s.durkv"
     nproc, m, n = 4, 3, 60
-    procs = [_spawn(path, k, m, n, seg) for k in range(nproc)]
+    procs = [_spawn(path, k, m, n, seg, durability) for k in range(nproc)]
     acked: dict[str, list[int]] = {}
     cks: dict[str, list[int]] = {}
     for p in procs:
@@ -116,6 +119,24 @@ def test_a_second_handle_in_one_process_sees_and_extends_the_first(tmp_path):
         assert [w.value for w in a.get("t").writes] == ["first"]
         assert [w.value for w in b.get("t").writes] == ["first"]
     assert verify(path).ok
+
+
+def test_append_one_appends_nothing_when_another_writer_moved_the_log(tmp_path):
+    """``append_one``: begin + append + end in one call, only where the caller's view of
+    the log (``expect``) is the log, caught up with the other writers' frames."""
+    path = str(tmp_path / "log")
+    with SegmentLog.open(path, durability="async") as a, SegmentLog.open(path) as b:
+        assert a.append_one(b"a0", 0) == 0
+        assert b.append(b"b1") == 1
+        assert a.append_one(b"a?", 1) == -1      # b's frame is news to a's view: nothing
+        assert a.append_one(b"a2", 2) == 2       # after taking it in
+        assert a.append_one(b"a?", 7) == -1      # a view ahead of the log: nothing either
+        assert b.append(b"b3") == 3              # the section a's calls took is released
+    with SegmentLog.open(path, read_only=True) as r:
+        assert [p for _, p in r.scan()] == [b"a0", b"b1", b"a2", b"b3"]
+        with pytest.raises(durkv.ReadOnlyError):
+            r.append_one(b"x", 4)
+    assert verify(path, deep=True).ok
 
 
 def test_a_sync_commit_is_durable_when_another_writer_wrote_after_it(tmp_path):

@@ -16,6 +16,7 @@ import msgpack
 import pytest
 
 import durkv
+import durkv.log
 from durkv.backends.local import LocalBackend
 from durkv.backends.memory import MemoryBackend
 from durkv.payload import encode_commit
@@ -63,8 +64,11 @@ def test_journal_reads_by_lsn_without_a_scan(url, monkeypatch):
         assert len(calls) == 1 and len(calls[0]) == 50     # one batched read of b's records
 
 
-def test_snapshot_restores_journals(url):
-    with durkv.open(url, index_every=7) as s:
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_snapshot_restores_journals(url, durability):
+    # async: the records are appended in sections of their own (one backend call each),
+    # which hand the snapshot that falls due to a write section
+    with durkv.open(url, index_every=7, durability=durability) as s:
         _fill(s, "a", 40)
         _fill(s, "b", 3)
         last = index_of(s).index_lsn
@@ -117,6 +121,40 @@ def test_compaction_carries_journals(url):
         with durkv.open(url, index_every=every) as s:
             assert _steps(s, "a") == list(range(6)) and _steps(s, "z") == list(range(5))
             assert s.journal("gone") == []
+
+
+def test_async_record_outside_a_section_is_one_backend_call(tmp_path, monkeypatch):
+    """The hot path of a running agent (async, no section open): one ``append_one``
+    call in place of write_begin + append + write_end, and the record reads back."""
+    calls = []
+    for name in ("write_begin", "append", "append_one"):
+        real = getattr(LocalBackend, name)
+        monkeypatch.setattr(LocalBackend, name, lambda self, *a, _n=name, _r=real, **k:
+                            calls.append(_n) or _r(self, *a, **k))
+    with durkv.open(str(tmp_path / "s.durkv"), durability="async") as s:
+        s.append_journal("r", {"i": 0})      # the first catches the index up: any path
+        calls.clear()
+        _fill(s, "r", 5, start=1)
+        assert calls == ["append_one"] * 5
+        assert _steps(s, "r") == list(range(6))
+
+
+def test_async_records_of_two_writers_stay_in_log_order(tmp_path):
+    """Two handles (as two processes) append to one run's journal in turn under async:
+    each one's record after the other's must come after it in the index too -- the one
+    backend call appends nothing when the log moved past the index (DKV_MOVED), and the
+    record goes through a write section that first takes the other's frames in."""
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path, durability="async") as a, durkv.open(path, durability="async") as b:
+        for i in range(12):
+            (a if i % 3 else b).append_journal("r", {"i": i})
+            (b if i % 2 else a).append_journal(f"other{i % 2}", {"i": i})
+            assert _steps(a, "r") == _steps(b, "r") == list(range(i + 1))
+    with durkv.open(path, read_only=True) as s:
+        assert _steps(s, "r") == list(range(12))
+        lsns = list(index_of(s).ix.journals["r"])
+        assert lsns == sorted(lsns)
+    assert durkv.log.verify(path, deep=True).ok
 
 
 def test_bad_run_id_and_unencodable_record(url):

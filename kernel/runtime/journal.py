@@ -34,7 +34,8 @@ from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_
 
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
            "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "CallState", "RunState", "RunInfo", "fold", "apply",
-           "JournalEntry", "STATUSES", "bulk_load", "fold_lazy", "replays_as_asked", "Lazy"]
+           "apply_step", "JournalEntry", "STATUSES", "bulk_load", "fold_lazy",
+           "replays_as_asked", "Lazy"]
 
 STATUSES = ("running", "waiting", "sleeping", "in_doubt", "finished", "failed")
 
@@ -233,8 +234,12 @@ _FINAL = object()   # a fold that changed nothing: an answer after the first, wh
 # The folds of STEP, INTENT and RECEIPT (a replay reads one per call) unpack the record's
 # fields into names, in its type's order, rather than build the typed record.
 
-def _fold_step(st: RunState, r: dict) -> None:
-    t, sid, kind, name, fp, t0, gen, inputs, pv, tries, err, result, ir = step_values(r)
+def _fold_step(st: RunState, r: Any) -> None:
+    """Fold one STEP record: ``r`` is the map the log stores, or its fields in
+    :class:`StepRecord`'s order (:func:`apply_step`)."""
+    if type(r) is dict:
+        r = step_values(r)
+    t, sid, kind, name, fp, t0, gen, inputs, pv, tries, err, result, ir = r
     e = _entry(st, sid, gen, kind, name, fp, t0 or t)
     e.fp = fp
     e.inputs = inputs if ir is None else by_ref(ir, st.find)
@@ -244,6 +249,14 @@ def _fold_step(st: RunState, r: dict) -> None:
         e.tries = tries or []
         e.retry_count = len(e.tries)
     e.ended = t
+
+
+def apply_step(st: RunState, fields: tuple) -> None:
+    """:func:`apply` of a STEP record given as its fields in :class:`StepRecord`'s order:
+    a live run's own record, folded from the values it packed rather than from the map
+    read back -- by the one fold a re-open uses, so the live entries are the folded ones."""
+    _fold_step(st, fields)
+    st.updated = fields[0]
 
 
 def _fold_intent(st: RunState, r: dict) -> None:

@@ -50,7 +50,7 @@ from .aio import (
 )
 from .inputs import Encoded, InputRefs
 from .journal import (LAZY_INPUTS, LAZY_RESULT, STATUSES, CallState, JournalEntry, apply,
-                      bulk_load, fold, fold_lazy, replays_as_asked)
+                      apply_step, bulk_load, fold, fold_lazy, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord,
@@ -65,6 +65,7 @@ __all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "SAME_KEY", "SYNCED_
            "fingerprint", "check_not_driven"]
 
 log = logging.getLogger("durkv")
+pack_step = StepRecord.pack     # a STEP's map from its fields (a plain tuple in its order)
 
 DRIFT_POLICIES = ("warn", "fail", "rerun")
 MAX_INLINE_INPUTS = 64 << 10     # inputs larger than this are journaled by fingerprint only
@@ -345,6 +346,14 @@ class Run:
                               "as run:`")
 
     def _append(self, rec: dict, durable: bool = False) -> None:
+        self._write(rec, durable)
+        # no lock: concurrent callers (threads with key=, async tools) fold different
+        # entries, and each step of apply() is atomic under the GIL
+        apply(self._st, rec)
+        self._seen += 1
+
+    def _write(self, rec: dict, durable: bool = False) -> None:
+        """Journal ``rec``; the caller folds it (:meth:`_append`, or the fields it packed)."""
         owed = OWED.get()
         if owed is None:
             self.store.append_journal(self.run_id, rec, durable=durable)
@@ -352,10 +361,6 @@ class Run:
             lsn = self.store.append_journal(self.run_id, rec, durable=durable, defer=True)
             if durable or self.store.durability == "sync":
                 owed.append(lsn)
-        # no lock: concurrent callers (threads with key=, async tools) fold different
-        # entries, and each step of apply() is atomic under the GIL
-        apply(self._st, rec)
-        self._seen += 1
 
     def _status(self, status: str, step: str | None = None, msg: str | None = None,
                 until: float | None = None) -> None:
@@ -489,8 +494,13 @@ class Run:
         t = self._clock()
         tries, err, r = self._outcome_fields(p, result, exc, tries, "nothing was recorded "
                                              "and the step will run again: return plain data")
-        self._append(StepRecord(t, p.sid, p.kind, p.name, p.fp, p.t0, p.gen, p.inputs,
-                                p.version, tries, err, r, p.refs).pack())
+        # the record's fields, in StepRecord's order: packed into the map the log stores,
+        # and folded as they are (not read back from that map: one fold, journal.py)
+        fields = (t, p.sid, p.kind, p.name, p.fp, p.t0, p.gen, p.inputs, p.version, tries,
+                  err, r, p.refs)
+        self._write(pack_step(fields))
+        apply_step(self._st, fields)
+        self._seen += 1
         self._refs.recorded(p.sid, p.gen, p.kind, p.name, p.encoded, r)
 
     def _try(self, p: Plan, tries: list) -> None:
@@ -746,7 +756,28 @@ class Run:
             e = p.entry
             v = self._loads(e.result) if e.err is None else self._outcome(e)
             return v if p.spec is None else self._done(p, v)
+        if retry is None:
+            return self._once(p, fn, args, kwargs)
         return drive(self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
+
+    def _once(self, p: Plan, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        """:meth:`attempts` of a call without ``retry`` (one attempt), in this thread, in a
+        straight line rather than through its generator (the hot path of a live run): the
+        same records -- a tool's intent, the call, the record of its outcome."""
+        record = self._record_step if p.spec is None else self._receipt
+        if p.spec is not None:
+            self._intent(p)
+        tries = list(p.tries)
+        try:
+            value = fn(*args, **_kwargs_of(p, kwargs))
+        except Exception as e:
+            tries.append([err_type(e), str(e)])
+            exc = e
+        else:
+            record(p, value, None, tries)
+            return value if p.spec is None else self._done(p, value)
+        record(p, None, exc, tries)     # outside the except: as attempts(), no chaining
+        raise exc
 
     def compensate(self) -> list:
         """Run the undos of this run's completed tools that declared ``compensate=``,

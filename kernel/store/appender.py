@@ -14,7 +14,8 @@ records, index snapshots, compaction's copies -- reaches the backend through one
   committers share one write and one fsync (group commit);
 - :meth:`write` keeps the store's policy without its fdatasync: written to the OS
   (``sync``, ``async``) or buffered (``exit``) (index snapshots, journal records not owed
-  an fdatasync);
+  an fdatasync); :meth:`write_alone` the same in a write section of its own, one backend
+  call (a journal record appended outside any section);
 - :meth:`commit` keeps the store's policy before it returns, an fdatasync waited for under
   the lock (deletes, copies, prunes: rare);
 - :meth:`flush` makes every frame appended so far durable, whatever the policy
@@ -67,6 +68,19 @@ class Appender:
         self.next = -1
         lsn = self.backend.append(payload, "async" if d == "sync" else d)
         self.next = lsn + 1
+        return lsn
+
+    def write_alone(self, payload: bytes, expect: int) -> int:
+        """:meth:`write` in a write section of its own, for a caller under the store's lock
+        that holds none: the section's begin, the append and its end in one backend call
+        (``append_one``), provided the backend's log is where the caller's index stands
+        -- its next LSN is ``expect``. Returns the LSN, or -1: another process appended
+        since, nothing was appended (take those frames in, in a section, then write)."""
+        d = self.durability
+        self.next = -1
+        lsn = self.backend.append_one(payload, expect, "async" if d == "sync" else d)
+        if lsn >= 0:
+            self.next = lsn + 1
         return lsn
 
     def commit(self, payload: bytes) -> int:

@@ -421,19 +421,8 @@ class Writer:
     def append_journal(self, run_id: str, record: dict, wait: bool) -> int:
         """Append one journal record (a running agent's hot path); returns its LSN. A
         record to be ``wait``-ed for is only queued: the caller settles it as ``sync``."""
-        try:
-            hb = self._hpack.pack([K_JOURNAL, run_id, record])   # JournalHead's fields
-        except Exception as e:
-            raise SerializationError(f"cannot encode a journal record of run {run_id!r}: "
-                                     f"{e}", run_id=run_id) from e
-        payload = encode_record(hb)
+        payload = self._journal_payload(run_id, record)
         ap = self._ap
-        if len(payload) > ap.max_commit_bytes:
-            raise FrameTooLargeError(
-                f"a journal record of run {run_id!r} is {len(payload)} bytes, over "
-                f"max_commit_bytes={ap.max_commit_bytes}; keep big values elsewhere and "
-                "journal a reference, or raise max_commit_bytes", run_id=run_id,
-                size=len(payload))
         # A record to be waited for is only queued here: the caller's wait, outside the
         # lock, writes and fdatasyncs it with whatever other threads queued meanwhile --
         # one write and one fsync per group. (Written here, it waited for its own write,
@@ -443,3 +432,36 @@ class Writer:
         self._index.ix.add_journal(run_id, lsn)
         self._index.maybe_snapshot(lsn)
         return lsn
+
+    def append_journal_alone(self, run_id: str, record: dict) -> int:
+        """:meth:`append_journal` of a record not waited for, by a caller under the lock
+        that holds no write section: the record is appended in a section of its own, one
+        backend call (``Appender.write_alone``) where a section and an append were three.
+        Returns its LSN, or -1 when that does not hold -- another process appended since
+        the index's last look, or an index snapshot is due (it needs a section): nothing
+        was appended; the caller appends in a write section (:meth:`append_journal`)."""
+        payload = self._journal_payload(run_id, record)
+        index = self._index
+        pos = index.scan_pos
+        if index.index_every and pos - index.index_lsn >= index.index_every:
+            return -1
+        lsn = self._ap.write_alone(payload, pos)
+        if lsn >= 0:
+            index.scan_pos = lsn + 1    # as a section's end: the frame is this process's
+            index.ix.add_journal(run_id, lsn)
+        return lsn
+
+    def _journal_payload(self, run_id: str, record: dict) -> bytes:
+        try:
+            hb = self._hpack.pack([K_JOURNAL, run_id, record])   # JournalHead's fields
+        except Exception as e:
+            raise SerializationError(f"cannot encode a journal record of run {run_id!r}: "
+                                     f"{e}", run_id=run_id) from e
+        payload = encode_record(hb)
+        if len(payload) > self._ap.max_commit_bytes:
+            raise FrameTooLargeError(
+                f"a journal record of run {run_id!r} is {len(payload)} bytes, over "
+                f"max_commit_bytes={self._ap.max_commit_bytes}; keep big values elsewhere "
+                "and journal a reference, or raise max_commit_bytes", run_id=run_id,
+                size=len(payload))
+        return payload
