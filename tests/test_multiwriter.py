@@ -355,7 +355,9 @@ def test_a_lone_writer_keeps_wlock_between_commits_and_lets_it_go_when_idle(tmp_
         for i in range(50):
             log.append(b"frame %d" % i)
             held += not _wlock_free(path)       # right after the commit: the lease holds it
-        assert held >= 25
+        # without a lease it is 0; a loaded machine can pause this thread for over the
+        # 1 ms idle time between a commit and the look, so not every look sees it held
+        assert held >= 10, held
         deadline = time.monotonic() + 2
         while not _wlock_free(path):           # no commit for 1 ms: the flusher lets it go
             assert time.monotonic() < deadline, "the lease was never released"
