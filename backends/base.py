@@ -60,6 +60,11 @@ class ReadsByPayload:
 
     read: Callable[[int], bytes]
 
+    def payload_bytes(self, lsns: list[int]) -> int:
+        """The summed length of the payloads at ``lsns``."""
+        read = self.read
+        return sum(len(read(lsn)) for lsn in lsns)
+
     def read_heads(self, lsns: list[int]) -> bytes:
         """Each COMMIT payload's head (FORMAT.md section 5: ``head_len:u32`` then the
         head) in one msgpack array."""
@@ -111,6 +116,10 @@ class Backend(Protocol):
 
     def read(self, lsn: int) -> bytes:
         """The payload at ``lsn`` (``NotFoundError`` if there is none)."""
+
+    def payload_bytes(self, lsns: list[int]) -> int:
+        """The summed length of the payloads at ``lsns`` (a run's size in ``durkv runs``),
+        without reading them where the backend knows their sizes."""
 
     def read_heads(self, lsns: list[int]) -> Any:
         """The heads of the COMMIT payloads at ``lsns`` (FORMAT.md section 5), in that

@@ -104,6 +104,9 @@ class LocalBackend:
             if ftype == commit:
                 yield lsn, payload
 
+    def payload_bytes(self, lsns: list[int]) -> int:
+        return self._log.payload_bytes(lsns)
+
     def read_heads(self, lsns: list[int]) -> Any:
         return self._log.read_heads(lsns)
 

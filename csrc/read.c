@@ -273,6 +273,39 @@ static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scrat
     return 0;
 }
 
+/* See seglog.h. A frame's size is the distance to the next frame's offset (or to the
+ * segment's data end), exactly as locate() bounds a read; with a lost neighbour it is only
+ * a bound, so the count stops before that frame. */
+int dkv_payload_bytes(dkv_log *log, const uint64_t *lsns, size_t n, uint64_t *total,
+                     size_t *done)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    uint64_t sum = 0;
+    size_t k = 0;
+    pthread_mutex_lock(&log->mu);
+    int rc = dkv__usable(log, 0);
+    for (; !rc && k < n; k++) {
+        uint64_t lsn = lsns[k];
+        if (lsn < log->start_lsn || lsn >= log->next_lsn)
+            break;
+        seg_t *s = find_seg(log, lsn);
+        uint64_t i = lsn - s->base_lsn;
+        if (i >= s->count || (!s->index_loaded && dkv__load_index(log, s)) || !s->index[i])
+            break;
+        uint64_t next = s->data_end;
+        if (i + 1 < s->n_index) {
+            if (!s->index[i + 1])
+                break;
+            next = s->index[i + 1];
+        }
+        sum += next - s->index[i] - FRAME_HDR;
+    }
+    pthread_mutex_unlock(&log->mu);
+    *total = sum;
+    *done = k;
+    return rc;
+}
+
 /* The heads of n COMMIT frames, as one msgpack array: a run's journal read in one call
  * (Python decodes the array with one unpackb instead of n binding calls and n decodes).
  * Each frame is read and crc-checked as dkv_read_alloc does; a payload that is not a

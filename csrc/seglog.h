@@ -226,6 +226,13 @@ int dkv_read_alloc(dkv_log *log, uint64_t lsn, uint8_t **buf_out, uint32_t *len_
 int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_out,
                    size_t *len_out);
 
+/* The summed payload length of frames lsns[0..n), from the segments' frame offsets: no
+ * frame is read. *done: how many of lsns (a prefix) were counted; a frame whose size the
+ * offsets do not pin down (a neighbour lost to damage) stops the count there, and the
+ * caller reads the rest. */
+int dkv_payload_bytes(dkv_log *log, const uint64_t *lsns, size_t n, uint64_t *total,
+                     size_t *done);
+
 /* Seal the active segment and start a new one (new_start_lsn: 0 keeps start_lsn;
  * otherwise sets it, see FORMAT.md §7, and unlinks sealed segments below it). */
 int dkv_seal(dkv_log *log, uint64_t new_start_lsn);

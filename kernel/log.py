@@ -583,6 +583,20 @@ class SegmentLog:
         for lsn, _, p in self.scan_frames(from_lsn):
             yield lsn, p
 
+    def payload_bytes(self, lsns: list[int]) -> int:
+        """The summed payload length of the frames ``lsns``, from the segments' frame
+        offsets in one C call; frames whose size the offsets do not pin down (next to a
+        frame lost to damage) are read, as :meth:`read` does."""
+        h = self._handle()
+        want = array("Q", lsns)
+        total = _new("uint64_t *")
+        done = _new("size_t *")
+        rc = lib.dkv_payload_bytes(h, _from_buffer("uint64_t[]", want), len(want), total, done)
+        if rc:
+            raise _error(rc, h, self.path, "read")
+        n = done[0]
+        return total[0] + sum(len(self.read(lsn)) for lsn in lsns[n:])
+
     def read_heads(self, lsns: list[int]) -> Any:
         """The heads of the COMMIT frames ``lsns`` as one msgpack array (a bytes-like
         buffer), in one C call (each frame crc-checked as :meth:`read_frame` does)."""

@@ -252,6 +252,33 @@ def test_bad_length_in_middle_is_corruption(tmp_path):
     assert got == {i: p for i, p in enumerate(payloads) if i != 1}
 
 
+def test_payload_bytes_counts_what_reads_return_across_segments_and_pending_frames(log_dir):
+    sizes = [100, 1500, 3000, 0, 700, 2900, 50, 4000, 1, 9000, 300]
+    with open_log(log_dir, segment_bytes=4096, durability="exit") as log:
+        for i, s in enumerate(sizes):
+            log.append(lt.payload(i, s))        # exit: the newest frames are still queued
+        n = len(sizes)
+        everything = list(range(n))
+        assert log.payload_bytes(everything) == sum(sizes)
+        picked = [9, 0, 3, 3, 10]               # any order, repeats, the queued tail
+        assert log.payload_bytes(picked) == sum(len(log.read(i)) for i in picked)
+        assert log.payload_bytes([]) == 0
+        with pytest.raises(NotFoundError):
+            log.payload_bytes([0, n])           # as read(n) would
+    with open_log(log_dir, read_only=True) as log:     # sealed segments' offsets loaded lazily
+        assert log.payload_bytes(list(range(len(sizes)))[::-1]) == sum(sizes)
+
+
+def test_payload_bytes_reads_a_frame_whose_neighbour_was_lost(tmp_path):
+    src, payloads, seg = _tail_setup(tmp_path)
+    lt.set_bytes(seg.path, seg.frames[1].offset + 4, struct.pack("<I", 0x3FFFFFFF))
+    with open_log(src, recovery="salvage") as log:
+        kept = [i for i in range(len(payloads)) if i != 1]
+        assert log.payload_bytes(kept) == sum(len(payloads[i]) for i in kept)
+        with pytest.raises(NotFoundError):
+            log.payload_bytes([1])
+
+
 def test_bad_length_at_end_is_torn_tail(tmp_path):
     src, payloads, seg = _tail_setup(tmp_path)
     f = seg.frames[-1]

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from . import remote
-from .journal import E_DECISION, RunInfo, RunState, fold
+from .journal import E_DECISION, RunInfo, RunState, fold, fold_lazy
 from .records import DecisionRecord, ResolveRecord
 from .remote import check_answer
 from .repair import mark_damaged
@@ -31,18 +31,29 @@ def runs(store: Any) -> list[RunInfo]:
     """Every run with a journal and its status: ``running``, ``waiting`` (for approval,
     ``step`` says which), ``sleeping`` (``until``), ``in_doubt`` (``step``), ``finished``,
     ``failed`` (``message``)."""
-    return [_info(fold(rid, store.journal(rid))) for rid in store.journal_runs()]
+    return [_info(_state(store, rid)) for rid in store.journal_runs()]
 
 
 def run_info(store: Any, run_id: str) -> RunInfo | None:
     """One run as :func:`runs` lists it (its journal alone is read); None: no journal."""
-    records = store.journal(run_id)
-    return _info(fold(run_id, records)) if records else None
+    return _info(_state(store, run_id)) if store.journal_length(run_id) else None
+
+
+def _state(store: Any, run_id: str) -> RunState:
+    """``run_id``'s journal folded lazily -- its plain STEP records counted and dated but
+    not decoded, as a re-execution opens it (GUARANTEES 16.11: the answers are the eager
+    fold's) -- or eagerly when its heads do not read that way (the eager read names what
+    is wrong with them). A listing of long runs then costs a scan, not a decode of every
+    record."""
+    try:
+        return fold_lazy(run_id, store.journal_heads(run_id))
+    except ValueError:
+        return fold(run_id, store.journal(run_id))
 
 
 def _info(st: RunState) -> RunInfo:
     return RunInfo(st.run_id, st.status or "running", st.until, st.status_step,
-                   len(st.order), st.message, st.created, st.updated)
+                   st.calls, st.message, st.created, st.updated)
 
 
 def overview(store: Any, status: str | None = None) -> list[dict]:
@@ -55,7 +66,7 @@ def overview(store: Any, status: str | None = None) -> list[dict]:
     process driving it now (a ``store.run``/``durkv.Graph`` run, or a LangGraph thread),
     else None: a ``running`` run without a driver stopped mid-run and resumes when it is
     run again."""
-    states = [fold(rid, store.journal(rid)) for rid in store.journal_runs()]
+    states = [_state(store, rid) for rid in store.journal_runs()]
     out = []
     for st, info in zip(states, mark_damaged(store, [_info(st) for st in states])):
         if status is not None and info.status != status:

@@ -651,12 +651,13 @@ class Store:
 
     def journal_bytes(self, run_id: str) -> int:
         """The bytes of the run's journal frames in the log (each frame's payload and its
-        24-byte frame header, FORMAT.md 3): what its records cost on disk. Reads each
-        frame once: O(the run's records). (``s3://``: what they take in a segment.)"""
+        24-byte frame header, FORMAT.md 3): what its records cost on disk. A local store
+        counts them from its segments' frame offsets; others read each frame once.
+        (``s3://``: what they take in a segment.)"""
         with self._current():
             self._check_open()
             lsns = self._index.ix.journals.get(run_id) or ()
-            return sum(FRAME_HEADER_BYTES + len(self._b.read(lsn)) for lsn in lsns)
+            return FRAME_HEADER_BYTES * len(lsns) + self._b.payload_bytes(lsns)
 
     def wait_journal(self, lsn: int) -> None:
         """Block until journal record ``lsn`` (and all before it) is fdatasync'd: the wait
