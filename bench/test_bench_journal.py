@@ -29,6 +29,7 @@ import pytest
 from benchlib import QUICK, record
 
 import durkv
+from durkv.log import fdatasync_count
 
 N_STEPS = 10_000 if QUICK else 100_000
 N_TOOLS = 100 if QUICK else 300
@@ -165,10 +166,12 @@ def test_tool_sync_vs_sqlite_full(benchmark, bench_root):
     sq = (time.perf_counter() - t0) / N_TOOLS
     db.close()
     with durkv.open(str(bench_root / "tools.durkv"), durability="sync") as store:
+        syncs = fdatasync_count()
         t = _tool_rounds(benchmark, store)
+        syncs = (fdatasync_count() - syncs) / (3 * N_TOOLS)    # the flusher's included
     record(benchmark, "run.tool sync vs SQLite FULL (calls/s)", ratio=sq / t,
            target=">= 1.5x", ok=sq / t >= 1.5, calls_per_s=round(1 / t),
-           sqlite_calls_per_s=round(1 / sq))
+           sqlite_calls_per_s=round(1 / sq), fdatasyncs_per_call=round(syncs, 2))
 
 
 @pytest.mark.benchmark(group="journal-tool-raw")

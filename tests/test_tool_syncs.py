@@ -133,14 +133,49 @@ def test_many_keyed_tool_calls_under_async_take_no_commit_fdatasync(tmp_path):
 
 
 @pytest.mark.parametrize("verb", ["tool", "atool"])
-def test_a_keyed_tool_under_sync_is_durable_before_the_call_and_the_return(tmp_path, verb):
+def test_a_keyed_tool_under_sync_calls_once_all_before_its_intent_is_durable(tmp_path, verb):
+    """Under ``sync`` the records before a keyed tool's intent are fdatasync'd before the
+    call (here they already were: each waited), the intent is only written (a second
+    handle reads it: a kill keeps it), and the receipt is fdatasync'd before the return --
+    one commit fdatasync a call, where the intent's own made two."""
+    path = str(tmp_path / "s")
     with _open(tmp_path, "sync") as s:
         log = backend_of(s)._log
         seen = []
-        receipt, durable_after = _call(
-            s, verb, False, lambda: seen.append((_newest_lsn(s, "r"), log.durable_lsn)))
+
+        def inside():
+            intent = _newest_lsn(s, "r")
+            with durkv.open(path, read_only=True) as r:      # what a kill would leave
+                seen.append((intent, log.durable_lsn, log.commit_syncs,
+                             [rec["e"] for rec in r.journal("r")]))
+        syncs = log.commit_syncs
+        receipt, durable_after = _call(s, verb, False, inside)
+        (intent, durable_inside, syncs_inside, written), = seen
+        assert written[-1] == 3, "the intent was not written before the call"    # INTENT
+        assert durable_inside == intent, (
+            f"inside the call: durable below {durable_inside}, intent at {intent} (the "
+            "records before it must be durable, the intent need not)")
+        assert durable_after > receipt
+        assert syncs_inside - syncs == 1        # the RUN record's (sync), not the intent's
+        assert log.commit_syncs - syncs_inside == 2   # the receipt's, the final STATUS's
+
+
+@pytest.mark.parametrize("verb", ["tool", "atool"])
+def test_a_keyed_tool_under_sync_waits_for_records_before_its_intent_not_yet_durable(
+        tmp_path, verb):
+    """A record appended without a wait (here one from another run, as an async store
+    under a LangGraph `sync` invocation leaves its steps) is fdatasync'd before the call:
+    the prefix the re-execution replays is durable before the tool runs."""
+    with _open(tmp_path, "sync") as s:
+        log = backend_of(s)._log
+        with s.run("other") as run:
+            run.step("model", lambda: 1)
+        other = s.append_journal("other", {"e": 99, "t": 0.0}, written=True)
+        assert log.durable_lsn <= other     # written, not fdatasync'd (the flusher sleeps)
+        seen = []
+        _call(s, verb, False, lambda: seen.append((_newest_lsn(s, "r"), log.durable_lsn)))
         (intent, durable_inside), = seen
-        assert durable_inside > intent and durable_after > receipt
+        assert other < intent and durable_inside == intent
 
 
 @pytest.mark.parametrize("durability", ["sync", "async"])
@@ -187,7 +222,8 @@ class _Log(TypedDict):
 def test_a_langgraph_tool_follows_the_invocations_durability(tmp_path, mode, verb):
     """``DurkvSaver.open(url)`` opens its store ``async`` and fdatasyncs the checkpoints of
     a ``durability="sync"`` invocation: that invocation's keyed tools are fdatasync'd too
-    (intent before the call, receipt before the return); an ``async`` one's are written."""
+    (what precedes the intent before the call, the receipt before the return); an
+    ``async`` one's are written."""
     pytest.importorskip("langgraph")
     from langgraph.graph import END, START, StateGraph
 
@@ -230,7 +266,7 @@ def test_a_langgraph_tool_follows_the_invocations_durability(tmp_path, mode, ver
         (intent, durable_inside), = seen
         receipt, durable_after = out["log"][1]
         assert [r["e"] for r in s.journal("t")] == [1, 3, 4]      # RUN, INTENT, RECEIPT
-        if mode == "sync":
-            assert durable_inside > intent and durable_after > receipt
+        if mode == "sync":     # all before the intent durable before the call (16.9)
+            assert durable_inside >= intent and durable_after > receipt
         else:
             assert durable_inside <= intent and durable_after <= receipt

@@ -86,7 +86,7 @@ class Plan:
         self.tries: tuple | list = ()    # failed attempts already journaled (the budget used)
         self.refs: list | None = None    # `ir`: the inputs by reference (runtime/inputs.py)
         self.encoded: Any = None         # its inputs as encoded (inputs.Encoded), to refer to
-        self.synced = False     # a tool's intent and receipt get an fdatasync of their own
+        self.synced = False     # a tool synced as under `sync` whatever the policy (16.9)
 
     @classmethod
     def replay_of(cls, e: CallState | Recorded) -> "Plan":

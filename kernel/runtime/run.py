@@ -77,7 +77,7 @@ SAME_KEY = "same key"
 
 # True around a tool call whose caller's commits are fdatasync'd whatever the store's
 # policy (durkv.langgraph in an invocation whose checkpoints are: durability="sync"): the
-# tool's intent and receipt get an fdatasync of their own too (docs/GUARANTEES.md 16.9)
+# tool's records are synced as under `sync` (docs/GUARANTEES.md 16.9)
 SYNCED_TOOLS: ContextVar[bool] = ContextVar("durkv_synced_tools", default=False)
 
 # runs open in this process, per store (a second driver gets RunBusyError)
@@ -345,16 +345,25 @@ class Run:
             raise ConfigError(f"run {self.run_id!r} is not open; use `with store.run(...) "
                               "as run:`")
 
-    def _append(self, rec: dict, durable: bool = False) -> None:
-        self._write(rec, durable)
+    def _append(self, rec: dict, durable: bool = False, prior: bool = False) -> None:
+        self._write(rec, durable, prior)
         # no lock: concurrent callers (threads with key=, async tools) fold different
         # entries, and each step of apply() is atomic under the GIL
         apply(self._st, rec)
         self._seen += 1
 
-    def _write(self, rec: dict, durable: bool = False) -> None:
-        """Journal ``rec``; the caller folds it (:meth:`_append`, or the fields it packed)."""
+    def _write(self, rec: dict, durable: bool = False, prior: bool = False) -> None:
+        """Journal ``rec``; the caller folds it (:meth:`_append`, or the fields it packed).
+        ``prior``: ``rec`` is only written, and every record before it is fdatasync'd before
+        this returns (or owed, for an async verb) -- a keyed tool's intent under ``sync``."""
         owed = OWED.get()
+        if prior:
+            lsn = self.store.append_journal(self.run_id, rec, written=True)
+            if lsn > 0 and owed is None:
+                self.store.wait_journal(lsn - 1)
+            elif lsn > 0:
+                owed.append(lsn - 1)
+            return
         if owed is None:
             self.store.append_journal(self.run_id, rec, durable=durable)
         else:       # an async verb: its coroutine waits for the fsync in a worker thread
@@ -663,13 +672,18 @@ class Run:
         # a repair may have cut this call's records: held until the operator's word
         held = self._repair is not None and self._repair.doubt(
             p.sid, p.gen, p.key, p.name, self._st.latest(p.sid))
-        self._append(IntentRecord(
-            t, p.sid, p.name, p.fp, p.key, p.rc, p.gen, p.inputs, p.version,
-            p.spec is not None and p.spec.at_most_once, p.comp_of,
-            self._repair.ids[0] if held else None, p.refs).pack(),   # cut: no call follows
-            # a keyed tool's: its own fdatasync only where the policy would not keep it
-            # through a process kill (docs/GUARANTEES.md 16.9)
-            durable=bool(held) or p.synced or not self._kill_safe)
+        at_most_once = p.spec is not None and p.spec.at_most_once
+        rec = IntentRecord(t, p.sid, p.name, p.fp, p.key, p.rc, p.gen, p.inputs, p.version,
+                           at_most_once, p.comp_of, self._repair.ids[0] if held else None,
+                           p.refs).pack()       # cut: no call follows
+        # docs/GUARANTEES.md 16.9: an at-most-once tool's intent gets its own fdatasync, and
+        # a keyed tool's where the policy would not keep it through a process kill; under
+        # `sync` a keyed tool's intent is only written, after every record before it is
+        # durable (it mostly is: each waited) -- a lost intent is the same call again, with
+        # the same key and the inputs those records replay
+        own = bool(held) or at_most_once or not self._kill_safe
+        self._append(rec, durable=own,
+                     prior=not own and (p.synced or self.store.durability == "sync"))
         self._refs.recorded(p.sid, p.gen, "tool", p.name, p.encoded, None)
         if held:
             log.error("durkv: in-doubt step: %s", held)

@@ -600,7 +600,7 @@ class Store:
     # -- run journals (the records of durkv.runtime; docs/FORMAT.md section 5a) -------------
 
     def append_journal(self, run_id: str, record: dict, *, durable: bool = False,
-                       defer: bool = False) -> int:
+                       defer: bool = False, written: bool = False) -> int:
         """Append one journal record of ``run_id``; return its LSN.
 
         ``record`` is a msgpack-able dict (user values already serde bytes). With
@@ -608,10 +608,13 @@ class Store:
         policy (concurrent callers share one fsync); otherwise the store's policy applies.
         ``defer=True``: a record owed an fdatasync is only queued; the caller then calls
         :meth:`wait_journal` with the LSN (an async verb, in a worker thread).
+        ``written=True``: whatever the policy, the record is appended as ``async`` appends
+        it (no wait for its fdatasync; the caller waits for what it needs: a keyed tool's
+        intent under ``sync``, docs/GUARANTEES.md 16.9).
         """
         if type(run_id) is not str or not run_id:
             check_id("run_id", run_id)
-        wait = durable or self.durability == "sync"
+        wait = not written and (durable or self.durability == "sync")
         if not wait and self._shared:
             # the hot path of a running agent: a record no one waits for, by a thread in no
             # write section, is appended in a section of its own in one backend call
