@@ -8,6 +8,7 @@
  * from the record's fields in one pass:
  *
  *   journal_payload(kind, run_id, fields, e, keys, keep) -> bytes | None
+ *   journal_payload(kind, run_id, map) -> bytes | None     (a record given as its map)
  *
  * fields: the record as a tuple (a NamedTuple of durkv.runtime.records); e: its event;
  * keys: each field's key on disk; keep: when a field is written -- 0 always, 1 unless None,
@@ -275,26 +276,41 @@ static int pack_map(buf_t *b, PyObject *fields, long e, PyObject *keys, PyObject
 static PyObject *journal_payload(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "journal_payload(kind, run_id, fields, e, keys, keep) takes 6 arguments");
+    if (nargs != 6 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "journal_payload(kind, run_id, fields, e, keys, keep) "
+                        "or journal_payload(kind, run_id, map) takes 6 or 3 arguments");
         return NULL;
     }
-    PyObject *kind = args[0], *run_id = args[1], *fields = args[2], *keys = args[4],
-             *keep = args[5];
-    if (!PyLong_CheckExact(kind) || !PyUnicode_CheckExact(run_id) || !PyTuple_Check(fields)
-            || !PyTuple_CheckExact(keys) || !PyTuple_CheckExact(keep)) {
-        PyErr_SetString(PyExc_TypeError, "journal_payload(int, str, tuple, int, tuple, tuple)");
+    PyObject *kind = args[0], *run_id = args[1], *fields = args[2];
+    PyObject *keys = NULL, *keep = NULL;
+    long e = 0;
+    if (!PyLong_CheckExact(kind) || !PyUnicode_CheckExact(run_id)) {
+        PyErr_SetString(PyExc_TypeError, "journal_payload(int, str, ...)");
         return NULL;
     }
-    Py_ssize_t n = PyTuple_GET_SIZE(fields);
-    if (PyTuple_GET_SIZE(keys) != n || PyTuple_GET_SIZE(keep) != n) {
-        PyErr_SetString(PyExc_ValueError, "journal_payload: fields, keys and keep differ in length");
-        return NULL;
+    if (nargs == 3) {       /* a record given as its map: packed as msgpack packs a dict */
+        if (!PyDict_CheckExact(fields)) {
+            PyErr_SetString(PyExc_TypeError, "journal_payload(kind, run_id, map): a dict");
+            return NULL;
+        }
+    } else {
+        keys = args[4];
+        keep = args[5];
+        if (!PyTuple_Check(fields) || !PyTuple_CheckExact(keys) || !PyTuple_CheckExact(keep)) {
+            PyErr_SetString(PyExc_TypeError,
+                            "journal_payload(int, str, tuple, int, tuple, tuple)");
+            return NULL;
+        }
+        Py_ssize_t n = PyTuple_GET_SIZE(fields);
+        if (PyTuple_GET_SIZE(keys) != n || PyTuple_GET_SIZE(keep) != n) {
+            PyErr_SetString(PyExc_ValueError,
+                            "journal_payload: fields, keys and keep differ in length");
+            return NULL;
+        }
+        e = PyLong_AsLong(args[3]);
+        if (e == -1 && PyErr_Occurred())
+            return NULL;
     }
-    long e = PyLong_AsLong(args[3]);
-    if (e == -1 && PyErr_Occurred())
-        return NULL;
     buf_t b;
     b.p = b.small;
     b.cap = sizeof b.small;
@@ -306,7 +322,7 @@ static PyObject *journal_payload(PyObject *self, PyObject *const *args, Py_ssize
     if (!r)
         r = put_str(&b, run_id);
     if (!r)
-        r = pack_map(&b, fields, e, keys, keep);
+        r = keys == NULL ? pack(&b, fields, 1) : pack_map(&b, fields, e, keys, keep);
     PyObject *out = NULL;
     if (!r && b.n - 4 > 0xffffffffu)
         r = FALLBACK;
@@ -328,8 +344,8 @@ static PyObject *journal_payload(PyObject *self, PyObject *const *args, Py_ssize
 
 static PyMethodDef methods[] = {
     {"journal_payload", (PyCFunction)(void (*)(void))journal_payload, METH_FASTCALL,
-     "journal_payload(kind, run_id, fields, e, keys, keep) -> bytes | None: a journal "
-     "record's COMMIT payload (None: a value for the Python path)."},
+     "journal_payload(kind, run_id, fields, e, keys, keep) or (kind, run_id, map) -> "
+     "bytes | None: a journal record's COMMIT payload (None: a value for the Python path)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -34,9 +34,11 @@ def c_payload(run_id, rec):
 
 
 def same(run_id, rec):
+    """The typed record and its map both pack in C to the Python path's bytes."""
     got = c_payload(run_id, rec)
     assert got is not None, rec
     assert got == python_payload(run_id, rec), rec
+    assert journal_payload(K_JOURNAL, run_id, rec.pack()) == got, rec
 
 
 INTS = [0, 1, 31, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, 2**63,
@@ -92,7 +94,9 @@ def test_every_record_type():
     {1: object()},                   # a value msgpack refuses
 ])
 def test_what_it_does_not_pack_is_left_to_the_python_path(odd):
-    assert c_payload("r", StepRecord(1.0, "0", prompt_version=odd)) is None
+    rec = StepRecord(1.0, "0", prompt_version=odd)
+    assert c_payload("r", rec) is None
+    assert journal_payload(K_JOURNAL, "r", rec.pack()) is None
 
 
 def test_too_deep_is_left_to_the_python_path():
@@ -117,6 +121,10 @@ def test_bad_arguments_raise():
                         StepRecord.KEEP)
     with pytest.raises(ValueError):
         journal_payload(K_JOURNAL, "r", (1.0,), 2, StepRecord.KEYS, StepRecord.KEEP)
+    with pytest.raises(TypeError):
+        journal_payload(K_JOURNAL, "r", [1.0])     # a map is a dict
+    with pytest.raises(TypeError):
+        journal_payload(K_JOURNAL, "r")
 
 
 plain = st.recursive(
@@ -145,6 +153,14 @@ def test_any_step_record(run_id, sid, name, fp, t, gen, inputs, version, tries, 
         assert got is None      # the Python path raises: so does the store (below)
         return
     assert got == want      # st.text() makes no lone surrogate: C packs every one of these
+    assert journal_payload(K_JOURNAL, run_id, rec.pack()) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(rec=st.dictionaries(st.text(max_size=6), plain, max_size=8))
+def test_any_map(rec):
+    got = journal_payload(K_JOURNAL, "r", rec)
+    assert got == encode_record(_packer.pack([K_JOURNAL, "r", rec]))
 
 
 def test_the_store_appends_a_typed_record_as_its_map(tmp_path):
@@ -155,8 +171,10 @@ def test_the_store_appends_a_typed_record_as_its_map(tmp_path):
                 StepRecord(3.0, "2", err=["E", "m", b""], tries=[["E", "m"]])]
         for r in recs:
             s.append_journal("run", r)
+            s.append_journal("run", r.pack())
         assert s.journal("run") == [msgpack.unpackb(msgpack.packb(r.pack()))
-                                    for r in recs]
-        with pytest.raises(SerializationError):
-            s.append_journal("run", StepRecord(4.0, "\ud800"))
-        assert len(s.journal("run")) == 3
+                                    for r in recs for _ in (0, 1)]
+        for bad in (StepRecord(4.0, "\ud800"), {"e": 2, "s": "\ud800"}):
+            with pytest.raises(SerializationError):
+                s.append_journal("run", bad)
+        assert len(s.journal("run")) == 6

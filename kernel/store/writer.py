@@ -455,11 +455,12 @@ class Writer:
     def _journal_payload(self, run_id: str, record: Any) -> bytes:
         """The COMMIT payload of a journal record: ``record`` is its map, or a typed record
         (a tuple whose type has ``E``, ``KEYS``, ``KEEP`` and ``pack()``:
-        durkv.runtime.records), whose payload csrc/recpack.c packs from the fields in one
-        call -- the bytes of the map ``record.pack()`` packed here (tests/test_recpack.py).
-        A value it does not pack (a subclass, an int out of range...) takes this path."""
-        payload = None
-        if type(record) is not dict:
+        durkv.runtime.records), packed from its fields. csrc/recpack.c packs either in one
+        call, the bytes msgpack's packing of the map gives here (tests/test_recpack.py); a
+        value it leaves alone (a subclass, an int out of range...) takes this path."""
+        if type(record) is dict:
+            payload = journal_payload(K_JOURNAL, run_id, record)
+        else:
             cls = type(record)
             payload = journal_payload(K_JOURNAL, run_id, record, cls.E, cls.KEYS, cls.KEEP)
             if payload is None:
