@@ -32,6 +32,8 @@
 #define MAX_DEPTH 500       /* msgpack-python refuses deeper than 511 */
 #define FALLBACK 1          /* pack() results: 0 ok, FALLBACK, -1 a Python error set */
 
+static PyObject *small[3];  /* the ints 0, 1, 2 (CPython's cached objects): KEEP's rules */
+
 typedef struct {
     char *p;
     size_t n, cap;
@@ -60,33 +62,48 @@ static int grow(buf_t *b, size_t more)
     return 0;
 }
 
+/* room for n more bytes: the one capacity check of each value's writes */
+static inline int room(buf_t *b, size_t n)
+{
+    return b->n + n <= b->cap ? 0 : grow(b, n);
+}
+
 static inline int put(buf_t *b, const void *src, size_t n)
 {
-    if (b->n + n > b->cap && grow(b, n) < 0)
+    if (room(b, n) < 0)
         return -1;
     memcpy(b->p + b->n, src, n);
     b->n += n;
     return 0;
 }
 
+static inline int put1(buf_t *b, uint8_t c)
+{
+    if (room(b, 1) < 0)
+        return -1;
+    b->p[b->n++] = (char)c;
+    return 0;
+}
+
 /* a type byte then an n-byte big-endian number */
 static inline int put_be(buf_t *b, uint8_t type, uint64_t v, int n)
 {
-    uint8_t out[9];
-    out[0] = type;
+    if (room(b, 9) < 0)
+        return -1;
+    uint8_t *w = (uint8_t *)b->p + b->n;
+    w[0] = type;
     for (int i = n; i >= 1; i--, v >>= 8)
-        out[i] = (uint8_t)(v & 0xff);
-    return put(b, out, (size_t)n + 1);
+        w[i] = (uint8_t)(v & 0xff);
+    b->n += (size_t)n + 1;
+    return 0;
 }
 
 /* the header of a str/bin/array/map of n (fix: the fix form's base byte and limit, 0 none) */
-static int put_len(buf_t *b, size_t n, uint8_t fix, size_t fixmax, uint8_t t8, uint8_t t16,
-                   uint8_t t32)
+static inline int put_len(buf_t *b, size_t n, uint8_t fix, size_t fixmax, uint8_t t8,
+                          uint8_t t16, uint8_t t32)
 {
-    if (fix && n <= fixmax) {
-        uint8_t c = (uint8_t)(fix | n);
-        return put(b, &c, 1);
-    }
+    if (fix && n <= fixmax)
+        return put1(b, (uint8_t)(fix | n));
     if (t8 && n <= 0xff)
         return put_be(b, t8, n, 1);
     if (n <= 0xffff)
@@ -96,6 +113,8 @@ static int put_len(buf_t *b, size_t n, uint8_t fix, size_t fixmax, uint8_t t8, u
 
 static int put_int(buf_t *b, PyObject *o)
 {
+    if (o == small[0] || o == small[1] || o == small[2])    /* gen 0, E_STEP... */
+        return put1(b, (uint8_t)(o == small[0] ? 0 : o == small[1] ? 1 : 2));
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (v == -1 && PyErr_Occurred())
@@ -111,10 +130,8 @@ static int put_int(buf_t *b, PyObject *o)
         return put_be(b, 0xcf, u, 8);
     }
     if (v >= 0) {
-        if (v < 0x80) {
-            uint8_t c = (uint8_t)v;
-            return put(b, &c, 1);
-        }
+        if (v < 0x80)
+            return put1(b, (uint8_t)v);
         if (v <= 0xff)
             return put_be(b, 0xcc, (uint64_t)v, 1);
         if (v <= 0xffff)
@@ -123,10 +140,8 @@ static int put_int(buf_t *b, PyObject *o)
             return put_be(b, 0xce, (uint64_t)v, 4);
         return put_be(b, 0xcf, (uint64_t)v, 8);
     }
-    if (v >= -32) {
-        uint8_t c = (uint8_t)(int8_t)v;
-        return put(b, &c, 1);
-    }
+    if (v >= -32)
+        return put1(b, (uint8_t)(int8_t)v);
     if (v >= -128)
         return put_be(b, 0xd0, (uint64_t)v, 1);
     if (v >= -32768)
@@ -139,7 +154,13 @@ static int put_int(buf_t *b, PyObject *o)
 static int put_str(buf_t *b, PyObject *o)
 {
     Py_ssize_t n;
-    const char *s = PyUnicode_AsUTF8AndSize(o, &n);
+    const char *s;
+    if (PyUnicode_IS_COMPACT_ASCII(o)) {   /* keys, step ids, names: ASCII is its UTF-8 */
+        n = PyUnicode_GET_LENGTH(o);
+        s = (const char *)PyUnicode_DATA(o);
+    } else {
+        s = PyUnicode_AsUTF8AndSize(o, &n);
+    }
     if (s == NULL) {
         PyErr_Clear();      /* a lone surrogate: msgpack's own error, on the Python path */
         return FALLBACK;
@@ -155,14 +176,10 @@ static int pack(buf_t *b, PyObject *o, int depth)
 {
     if (depth > MAX_DEPTH)
         return FALLBACK;
-    if (o == Py_None) {
-        uint8_t c = 0xc0;
-        return put(b, &c, 1);
-    }
-    if (o == Py_True || o == Py_False) {
-        uint8_t c = o == Py_True ? 0xc3 : 0xc2;
-        return put(b, &c, 1);
-    }
+    if (o == Py_None)
+        return put1(b, 0xc0);
+    if (o == Py_True || o == Py_False)
+        return put1(b, o == Py_True ? 0xc3 : 0xc2);
     if (PyLong_CheckExact(o))
         return put_int(b, o);
     if (PyUnicode_CheckExact(o))
@@ -224,8 +241,8 @@ static int pack_map(buf_t *b, PyObject *fields, long e, PyObject *keys, PyObject
     if (n > 64)
         return FALLBACK;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyTuple_GET_ITEM(fields, i);
-        long rule = PyLong_AsLong(PyTuple_GET_ITEM(keep, i));
+        PyObject *v = PyTuple_GET_ITEM(fields, i), *k = PyTuple_GET_ITEM(keep, i);
+        long rule = k == small[0] ? 0 : k == small[1] ? 1 : k == small[2] ? 2 : PyLong_AsLong(k);
         int yes;
         if (rule == -1 && PyErr_Occurred())
             return -1;
@@ -255,11 +272,9 @@ static int pack_map(buf_t *b, PyObject *fields, long e, PyObject *keys, PyObject
     uint8_t ekey[2] = {0xa1, 'e'};
     if (put(b, ekey, 2) < 0)
         return -1;
-    PyObject *eo = PyLong_FromLong(e);
-    if (eo == NULL)
-        return -1;
-    int r = put_int(b, eo);
-    Py_DECREF(eo);
+    if (e < 0 || e > 0x7f)      /* an event is a positive fixint (FORMAT.md 5a) */
+        return FALLBACK;
+    int r = put1(b, (uint8_t)e);
     for (Py_ssize_t i = 0; !r && i < n; i++) {
         if (!kept[i])
             continue;
@@ -315,8 +330,7 @@ static PyObject *journal_payload(PyObject *self, PyObject *const *args, Py_ssize
     b.p = b.small;
     b.cap = sizeof b.small;
     b.n = 4;                            /* head_len, set below */
-    uint8_t arr = 0x93;                 /* [kind, run_id, map] */
-    int r = put(&b, &arr, 1);
+    int r = put1(&b, 0x93);             /* [kind, run_id, map] */
     if (!r)
         r = put_int(&b, kind);
     if (!r)
@@ -355,4 +369,10 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__recpack(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__recpack(void)
+{
+    for (long i = 0; i < 3; i++)
+        if ((small[i] = PyLong_FromLong(i)) == NULL)    /* kept: the module's for good */
+            return NULL;
+    return PyModule_Create(&module);
+}
