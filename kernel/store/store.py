@@ -616,7 +616,8 @@ class Store:
         """
         if type(run_id) is not str or not run_id:
             check_id("run_id", run_id)
-        wait = not written and (durable or self.durability == "sync")
+        # the policy from the appender, not through the property (a Python frame a record)
+        wait = not written and (durable or self._appender.durability == "sync")
         if not wait and self._shared:
             # the hot path of a running agent: a record no one waits for, by a thread in no
             # write section, is appended in a section of its own in one backend call
