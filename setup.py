@@ -2,7 +2,7 @@
 
 Metadata lives in pyproject.toml; this file exists for the package-dir mapping,
 ``cffi_modules`` (cffi's setuptools hook) and the small CPython extensions
-``durkv._listprefix`` and ``durkv._journalscan``, which pyproject.toml cannot express.
+``durkv._listprefix``, ``durkv._journalscan`` and ``durkv._recpack``, which pyproject.toml cannot express.
 """
 
 import sys
@@ -23,6 +23,8 @@ setup(
     ext_modules=[Extension("durkv._listprefix", ["csrc/listprefix.c"],
                            extra_compile_args=COMPILE_ARGS),
                  Extension("durkv._journalscan", ["csrc/journalscan.c"],
+                           extra_compile_args=COMPILE_ARGS),
+                 Extension("durkv._recpack", ["csrc/recpack.c"],
                            extra_compile_args=COMPILE_ARGS)],
     zip_safe=False,
 )

@@ -103,17 +103,23 @@ def test_step_async_vs_sqlite_normal(benchmark, bench_root):
     store = durkv.open(str(bench_root / "steps.durkv"), durability="async")
     rounds = iter(range(1000))
     med = []
+    means = []
 
     def one():
-        med.append(statistics.median(_durkv_steps(store, f"r{next(rounds)}", N_STEPS)))
+        times = _durkv_steps(store, f"r{next(rounds)}", N_STEPS)
+        med.append(statistics.median(times))
+        means.append(statistics.fmean(times))
 
     benchmark.pedantic(one, rounds=1, iterations=1)
     store.close()
     us = med[0] * 1e6
     ratio = sq / med[0]
+    # the mean counts what the median leaves out: the cyclic GC's passes over the live
+    # run's entries (two tracked objects a step), which grow with N
     record(benchmark, "run.step async vs SQLite NORMAL (steps/s)", ratio=ratio,
            target=">= 3x", ok=ratio >= 3,
-           us_per_step=round(us, 2), sqlite_us_per_step=round(sq * 1e6, 2), steps=N_STEPS)
+           us_per_step=round(us, 2), sqlite_us_per_step=round(sq * 1e6, 2), steps=N_STEPS,
+           mean_us_per_step=round(means[0] * 1e6, 2))
 
 
 @pytest.mark.benchmark(group="journal-replay")

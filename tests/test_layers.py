@@ -12,8 +12,8 @@ each import of a durkv module is checked against three rules:
    so the import graph has no cycle at all: a lazy import may load an optional or
    costly module on use, but never hides a cycle.
 2. **No private name crosses a module line:** no ``from durkv.x import _name``.
-   The compiled modules ``durkv._seglog``, ``durkv._listprefix`` and
-   ``durkv._journalscan`` are imported by
+   The compiled modules ``durkv._seglog``, ``durkv._listprefix``,
+   ``durkv._journalscan`` and ``durkv._recpack`` are imported by
    the one module that wraps each (:data:`WRAPPERS`).
 3. **Every module has a rank:** a new module (``kernel/runtime/``, ``backends/s3/``)
    fails this test until it is placed in :data:`RANKS`, in the layer it belongs to.
@@ -72,6 +72,7 @@ RANKS = {
     "durkv.store.drivers": 30,      # one driver per run/thread across processes (flock)
     "durkv.store.replay": 32,       # the index as the log builds it, snapshots
     "durkv.store.delta": 33,        # channel encoding, a lane's newest state
+    "durkv._recpack": 33.5,         # compiled (CPython extension): a journal record's payload
     "durkv.store.reads": 34,        # get
     "durkv.store.writer": 34,       # put, put_writes, journal records
     "durkv.store.history": 35,      # newest-first streams
@@ -132,7 +133,8 @@ RANKS = {
 
 # compiled module -> the one module that wraps it
 WRAPPERS = {"durkv._seglog": "durkv.log", "durkv._listprefix": "durkv.store.delta",
-            "durkv._journalscan": "durkv.runtime.journal"}
+            "durkv._journalscan": "durkv.runtime.journal",
+            "durkv._recpack": "durkv.store.writer"}
 
 # Known violations: (importer, imported module, name) triples allowed one by one, each
 # with the reason it must stay. The store restructuring (issue 8 item 1) removed the last
@@ -382,7 +384,7 @@ LAYER_OF = (  # module prefix -> layer (first match); README names the layers to
     ("durkv.store", "store"), ("durkv.serde", "store"), ("durkv._listprefix", "store"),
     ("durkv.backends", "backends"), ("durkv.log", "log"), ("durkv.payload", "log"),
     ("durkv.repairnotes", "log"), ("durkv._seglog", "log"), ("durkv.errors", "errors"),
-    ("durkv._journalscan", "runtime"),
+    ("durkv._journalscan", "runtime"), ("durkv._recpack", "store"),
     ("durkv.durability", "errors"), ("durkv.fsync", "errors"),
 )
 

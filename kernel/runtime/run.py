@@ -65,7 +65,8 @@ __all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "SAME_KEY", "SYNCED_
            "fingerprint", "check_not_driven"]
 
 log = logging.getLogger("durkv")
-pack_step = StepRecord.pack     # a STEP's map from its fields (a plain tuple in its order)
+# a STEP record from its fields in StepRecord's order, without NamedTuple's Python __new__
+_new_record = tuple.__new__
 
 DRIFT_POLICIES = ("warn", "fail", "rerun")
 MAX_INLINE_INPUTS = 64 << 10     # inputs larger than this are journaled by fingerprint only
@@ -352,8 +353,9 @@ class Run:
         apply(self._st, rec)
         self._seen += 1
 
-    def _write(self, rec: dict, durable: bool = False, prior: bool = False) -> None:
-        """Journal ``rec``; the caller folds it (:meth:`_append`, or the fields it packed).
+    def _write(self, rec: Any, durable: bool = False, prior: bool = False) -> None:
+        """Journal ``rec`` (a map, or a typed record: Store.append_journal); the caller folds
+        it (:meth:`_append`, or the fields it packed).
         ``prior``: ``rec`` is only written, and every record before it is fdatasync'd before
         this returns (or owed, for an async verb) -- a keyed tool's intent under ``sync``."""
         owed = OWED.get()
@@ -503,12 +505,12 @@ class Run:
         t = self._clock()
         tries, err, r = self._outcome_fields(p, result, exc, tries, "nothing was recorded "
                                              "and the step will run again: return plain data")
-        # the record's fields, in StepRecord's order: packed into the map the log stores,
-        # and folded as they are (not read back from that map: one fold, journal.py)
-        fields = (t, p.sid, p.kind, p.name, p.fp, p.t0, p.gen, p.inputs, p.version, tries,
-                  err, r, p.refs)
-        self._write(pack_step(fields))
-        apply_step(self._st, fields)
+        # the typed record: the store packs its frame from the fields (csrc/recpack.c), and
+        # they are folded as they are (not read back from a map: one fold, journal.py)
+        rec = _new_record(StepRecord, (t, p.sid, p.kind, p.name, p.fp, p.t0, p.gen, p.inputs,
+                                       p.version, tries, err, r, p.refs))
+        self._write(rec)
+        apply_step(self._st, rec)
         self._seen += 1
         self._refs.recorded(p.sid, p.gen, p.kind, p.name, p.encoded, r)
 

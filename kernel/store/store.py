@@ -599,11 +599,13 @@ class Store:
 
     # -- run journals (the records of durkv.runtime; docs/FORMAT.md section 5a) -------------
 
-    def append_journal(self, run_id: str, record: dict, *, durable: bool = False,
+    def append_journal(self, run_id: str, record: Any, *, durable: bool = False,
                        defer: bool = False, written: bool = False) -> int:
         """Append one journal record of ``run_id``; return its LSN.
 
-        ``record`` is a msgpack-able dict (user values already serde bytes). With
+        ``record`` is a msgpack-able dict (user values already serde bytes), or a typed
+        record whose type gives its map (durkv.runtime.records: ``E``, ``KEYS``, ``KEEP``,
+        ``pack()``; its frame is packed in C from the fields, csrc/recpack.c). With
         ``durable=True`` it is fdatasync'd before this returns whatever the store's
         policy (concurrent callers share one fsync); otherwise the store's policy applies.
         ``defer=True``: a record owed an fdatasync is only queued; the caller then calls
@@ -614,7 +616,8 @@ class Store:
         """
         if type(run_id) is not str or not run_id:
             check_id("run_id", run_id)
-        wait = not written and (durable or self.durability == "sync")
+        # the policy from the appender, not through the property (a Python frame a record)
+        wait = not written and (durable or self._appender.durability == "sync")
         if not wait and self._shared:
             # the hot path of a running agent: a record no one waits for, by a thread in no
             # write section, is appended in a section of its own in one backend call

@@ -23,6 +23,7 @@ import msgpack
 import xxhash
 
 from ..durability import STRENGTH
+from .._recpack import journal_payload
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from ..payload import F_ZSTD, FULL, Codec, encode_commit, encode_record
 from .appender import Appender
@@ -418,7 +419,7 @@ class Writer:
 
     # -- run journals ------------------------------------------------------------------------
 
-    def append_journal(self, run_id: str, record: dict, wait: bool) -> int:
+    def append_journal(self, run_id: str, record: Any, wait: bool) -> int:
         """Append one journal record (a running agent's hot path); returns its LSN. A
         record to be ``wait``-ed for is only queued: the caller settles it as ``sync``."""
         payload = self._journal_payload(run_id, record)
@@ -433,7 +434,7 @@ class Writer:
         self._index.maybe_snapshot(lsn)
         return lsn
 
-    def append_journal_alone(self, run_id: str, record: dict) -> int:
+    def append_journal_alone(self, run_id: str, record: Any) -> int:
         """:meth:`append_journal` of a record not waited for, by a caller under the lock
         that holds no write section: the record is appended in a section of its own, one
         backend call (``Appender.write_alone``) where a section and an append were three.
@@ -451,13 +452,26 @@ class Writer:
             index.ix.add_journal(run_id, lsn)
         return lsn
 
-    def _journal_payload(self, run_id: str, record: dict) -> bytes:
-        try:
-            hb = self._hpack.pack([K_JOURNAL, run_id, record])   # JournalHead's fields
-        except Exception as e:
-            raise SerializationError(f"cannot encode a journal record of run {run_id!r}: "
-                                     f"{e}", run_id=run_id) from e
-        payload = encode_record(hb)
+    def _journal_payload(self, run_id: str, record: Any) -> bytes:
+        """The COMMIT payload of a journal record: ``record`` is its map, or a typed record
+        (a tuple whose type has ``E``, ``KEYS``, ``KEEP`` and ``pack()``:
+        durkv.runtime.records), packed from its fields. csrc/recpack.c packs either in one
+        call, the bytes msgpack's packing of the map gives here (tests/test_recpack.py); a
+        value it leaves alone (a subclass, an int out of range...) takes this path."""
+        if type(record) is dict:
+            payload = journal_payload(K_JOURNAL, run_id, record)
+        else:
+            cls = type(record)
+            payload = journal_payload(K_JOURNAL, run_id, record, cls.E, cls.KEYS, cls.KEEP)
+            if payload is None:
+                record = record.pack()
+        if payload is None:
+            try:
+                hb = self._hpack.pack([K_JOURNAL, run_id, record])   # JournalHead's fields
+            except Exception as e:
+                raise SerializationError(f"cannot encode a journal record of run "
+                                         f"{run_id!r}: {e}", run_id=run_id) from e
+            payload = encode_record(hb)
         if len(payload) > self._ap.max_commit_bytes:
             raise FrameTooLargeError(
                 f"a journal record of run {run_id!r} is {len(payload)} bytes, over "
