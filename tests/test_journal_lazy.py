@@ -318,37 +318,54 @@ HOSTILE = [
 ]
 
 
-def test_the_scan_reads_every_plain_record_as_its_decode_and_keeps_the_rest_as_they_are():
-    from durkv._journalscan import scan
+def test_the_index_reads_every_plain_record_as_its_decode_and_keeps_the_rest_as_they_are():
+    from durkv._journalscan import index
     heads = [[11, "r", r] for r in HOSTILE] + [[20, ["r", "q"], HOSTILE[0], "later field"]]
     buf = msgpack.packb(heads, use_bin_type=True)
-    steps, rest = scan(buf)
+    lazy, rest, where, last = index(buf)
     records = [h[2] for h in heads]
-    assert len(steps) == len(records)
-    want_rest = []
-    for x, r in zip(steps, records):
-        assert (x is not None) == _plain(r), r
-        if x is None:
+    seen, want_lazy, want_rest, want_where = set(), [], [], []
+    for i, r in enumerate(records):
+        sid = r.get("s") if type(r) is dict else None
+        if _plain(r) and sid not in seen:       # the first record of its step id
+            want_lazy.append((i, sid))
+            x = lazy.get(sid)
+            fields = (sid, r.get("fp", 0), r.get("k", "step"), r.get("n", ""), r.get("pv"),
+                      r.get("in"), r.get("r"), r.get("t"))
+            assert x[:8] == fields and [type(v) for v in x[:8]] == [type(v) for v in fields]
+            assert msgpack.unpackb(buf[x[8]:x[8] + x[9]], strict_map_key=False) == r
+            assert sid in lazy
+        else:
             want_rest.append(r)
-            continue
-        fields = (r.get("s"), r.get("fp", 0), r.get("k", "step"), r.get("n", ""), r.get("pv"),
-                  r.get("in"), r.get("r"), r.get("t"))
-        assert x[:8] == fields and [type(v) for v in x[:8]] == [type(v) for v in fields]
-        assert msgpack.unpackb(buf[x[8]:x[8] + x[9]], strict_map_key=False) == r
+            want_where.append(i)
+        if type(sid) is str:
+            seen.add(sid)
+    assert list(lazy) == [sid for _, sid in want_lazy] and len(lazy) == len(want_lazy)
     assert msgpack.unpackb(bytes(rest), strict_map_key=False) == want_rest
-    assert scan(b"\x90") == ([], bytearray(b"\xdd\0\0\0\0"))
+    assert where == want_where and where[-1] == len(records) - 1   # "a" again: not lazy
+    assert last == (want_lazy[-1][0], records[want_lazy[-1][0]].get("t"))
+    assert "m" not in lazy and 7 not in lazy and lazy.get("nope", 5) == 5
+    lazy.limit = 4                      # the records before position 4 only
+    assert list(lazy) == ["a", "b", "c", "d"] and len(lazy) == 4 and "e" not in lazy
+    assert lazy.get("e") is None and lazy.pop("e", None) is None
+    lazy.limit = len(records)
+    assert lazy.pop("e")[0] == "e" and "e" not in lazy and len(lazy) == len(want_lazy) - 1
+    with pytest.raises(KeyError):
+        lazy.pop("e")
+    empty, rest, where, last = index(b"\x90")
+    assert (len(empty), rest, where, last) == (0, bytearray(b"\xdd\0\0\0\0"), [], None)
 
 
-def test_heads_the_scan_cannot_read_raise_value_error():
-    from durkv._journalscan import scan
+def test_heads_the_index_cannot_read_raise_value_error():
+    from durkv._journalscan import index
     good = msgpack.packb([[11, "r", {"e": 2, "s": "a", "r": b"x" * 50}]], use_bin_type=True)
     for bad in (b"", b"\x80", b"\x91\x92\x0b\xa1r", b"\x91\xc1", good[:-3], good + b"\x00",
                 msgpack.packb([[11, "r"]]), msgpack.packb([5]), b"\xdd\xff\xff\xff\xff"):
         with pytest.raises(ValueError):
-            scan(bad)
+            index(bad)
     bad_utf8 = good.replace(b"\xa1a", b"\xa1\xff")     # the step id's bytes: not UTF-8
-    steps, rest = scan(bad_utf8)
-    assert steps == [None] and len(rest) > 5            # left to the decode, which refuses it
+    lazy, rest, where, last = index(bad_utf8)
+    assert len(lazy) == 0 and where == [0] and last is None    # left to the decode
 
 
 def test_a_journal_the_scan_refuses_is_folded_the_eager_way(tmp_path, monkeypatch):
@@ -357,7 +374,7 @@ def test_a_journal_the_scan_refuses_is_folded_the_eager_way(tmp_path, monkeypatc
 
     def refuse(heads):
         raise ValueError("not readable")
-    monkeypatch.setattr(journal, "scan", refuse)
+    monkeypatch.setattr(journal, "index", refuse)
     m, calls = _model_calls()
     with durkv.open(path) as store, store.run("r") as run:
         assert not run._st.lazy and len(run._st.entries) == 4
