@@ -10,21 +10,38 @@ warns exactly as before.
 
 from __future__ import annotations
 
+import collections
+import datetime
+import enum
+import functools
 import logging
+import math
 
 import msgpack
 import pytest
 
 import durkv
-from durkv.runtime.inputs import ByRef
-from durkv.runtime.journal import CallState, RunState, apply, fold
+from durkv.runtime.inputs import ByRef, Unreadable
+from durkv.runtime.journal import MISS, CallState, RunState, apply, fold
 from durkv.runtime.journal import fold_lazy as fold_heads
-from durkv.runtime.records import RunRecord, StepRecord, WarnRecord
+from durkv.runtime.records import RunRecord, StatusRecord, StepRecord, WarnRecord
 
 def fold_lazy(run_id, records):
     """fold_lazy of the heads a store would read for ``records`` (K_JOURNAL frames)."""
     return fold_heads(run_id, msgpack.packb([[11, run_id, r] for r in records],
                                             use_bin_type=True))
+
+
+class _Colour(enum.Enum):
+    RED = 1
+
+
+class _IntSub(int):
+    pass
+
+
+class _StrSub(str):
+    pass
 
 
 BIG = ["m" * 300] * 6       # a list input over inputs.SMALL_INPUTS: journaled by items (`ir`)
@@ -403,3 +420,140 @@ def test_inputs_equal_by_bytes_or_by_fingerprint_replay_and_unencodable_ones_are
             run.step("model", m, {"a": 1, "b": 2})
             run.step("model", m, {"a": 1.0})        # equal in Python, another value here
     assert calls == [{"a": 1, "b": 2}, {"a": 1}, [1, 2]]
+
+
+# ---- Index.replay: a replayed step in one C call, against the serde ---------------------
+
+NATIVE = [None, True, False, 0, 1, -1, 31, 32, 127, 128, 255, 256, 65535, 65536, 2**32 - 1,
+          2**32, 2**63 - 1, 2**63, 2**64 - 1, -32, -33, -128, -129, -32768, -32769, -2**31,
+          -2**31 - 1, -2**63, 0.0, -0.0, 1.5, float("inf"), float("nan"), "", "a" * 31,
+          "a" * 32, "a" * 255, "a" * 256, "a" * 65535, "a" * 65536, "ünï", "名前 🙂", b"",
+          b"x" * 255, b"x" * 256, b"x" * 65536, [], [1] * 15, [1] * 16, [None] * 65536, {},
+          {str(i): i for i in range(15)}, {str(i): i for i in range(16)},
+          {1: "int key", None: 2, b"b": 3, 1.5: 4, False: 5, -7: [{}]},
+          {"a": [{"b": [None, True, 2.5, b"\xc4"]}], "c": {"d": "e" * 40}}]
+OTHER = [2**64, -2**63 - 1, (1, 2), [1, (2,)], {3}, frozenset([4]), bytearray(b"ab"),
+         datetime.datetime(2026, 12, 3, 18, 0, tzinfo=datetime.timezone.utc),
+         collections.OrderedDict(a=1), {"k": {"x"}}, _Colour.RED,
+         functools.reduce(lambda a, _: [a], range(70), 1)]     # deeper than replay() packs
+
+
+def _index_of(records):
+    from durkv._journalscan import index
+    return index(msgpack.packb([[11, "r", r] for r in records], use_bin_type=True))[0]
+
+
+def _step(sid, args, kwargs, result, name="m", pv=None, serde=durkv.serde.default_serde):
+    r = {"e": 2, "t": 1.0, "s": sid, "k": "step", "n": name, "fp": 1,
+         "in": serde.dumps([list(args), kwargs]), "r": serde.dumps(result)}
+    return r | ({} if pv is None else {"pv": pv})
+
+
+def _same_value(a, b):
+    if isinstance(a, float) and math.isnan(a):
+        assert type(b) is float and math.isnan(b)
+    else:
+        _same(a, b, "value")
+
+
+def test_replay_packs_a_call_as_the_default_serde_does_and_decodes_as_it_does():
+    serde = durkv.serde.default_serde
+    values = NATIVE + OTHER
+    lazy = _index_of([_step(str(i), (v, i), {"k": v}, v) for i, v in enumerate(values)])
+    for i, v in enumerate(values):
+        got = lazy.replay(str(i), "m", (v, i), {"k": v}, None, serde.loads)
+        if i >= len(NATIVE):        # not packed here: the Python path decides
+            assert got is MISS, v
+            continue
+        _same_value(serde.loads(serde.dumps(v)), got)
+        again = lazy.replay(str(i), "m", (v, i), {"k": v}, None, serde.loads)
+        if type(v) in (list, dict):
+            assert again is not got        # a fresh object every time
+    for i, v in enumerate(NATIVE):     # a call whose bytes differ: never replayed here
+        for w in (NATIVE[(i + 1) % len(NATIVE)], [v], {"v": v}):
+            assert lazy.replay(str(i), "m", (w, i), {"k": v}, None, serde.loads) is MISS
+        assert lazy.replay(str(i), "m", (v, i), {"k": v, "x": 1}, None, serde.loads) is MISS
+        assert lazy.replay(str(i), "m", (v,), {"k": v}, None, serde.loads) is MISS
+    at = NATIVE.index(128)          # subclasses the serde refuses are not their base here
+    assert lazy.replay(str(at), "m", (_IntSub(128), at), {"k": 128}, None, serde.loads) is MISS
+    at = NATIVE.index("")
+    assert lazy.replay(str(at), "m", ("", at), {_StrSub("k"): ""}, None, serde.loads) is MISS
+
+
+def test_replay_answers_miss_for_anything_but_the_record_as_asked():
+    loads = durkv.serde.default_serde.loads
+    lazy = _index_of([_step("0", (1,), {}, {"a": 1}, pv="v1"),
+                      {"e": 2, "s": "1", "n": "m", "in": b"\x92\x91\x01\x80"},   # no result
+                      {"e": 2, "s": "2", "n": "m", "r": b"\x01"},                # no inputs
+                      {"e": 2, "s": "3", "k": "tool", "n": "m", "in": b"\x92\x91\x01\x80",
+                       "r": b"\x01"}])
+    assert lazy.replay("0", "m", (1,), {}, "v1", loads) == {"a": 1}
+    for sid, name, args, kwargs, version in [("0", "m", (1,), {}, None), ("0", "m", (1,), {}, "v2"),
+                                             ("0", "n", (1,), {}, "v1"), ("9", "m", (1,), {}, "v1"),
+                                             (0, "m", (1,), {}, "v1"), ("1", "m", (1,), {}, None),
+                                             ("2", "m", (1,), {}, None), ("3", "m", (1,), {}, None),
+                                             ("0", "m", [1], {}, "v1"), ("0", _StrSub("m"), (1,),
+                                                                         {}, "v1")]:
+        assert lazy.replay(sid, name, args, kwargs, version, loads) is MISS
+    lazy.limit = 0          # a record at or after the limit is not there
+    assert lazy.replay("0", "m", (1,), {}, "v1", loads) is MISS
+
+
+def test_replay_decodes_what_only_the_serde_reads_with_the_serde():
+    serde = durkv.serde.default_serde
+    results = [(1, [2, {3}]), {"when": datetime.date(2026, 1, 2), "ids": frozenset([1])},
+               collections.OrderedDict(b=1, a=2), [1, (2, 3)], 2**70, _Colour.RED]
+    lazy = _index_of([_step(str(i), (), {}, v) for i, v in enumerate(results)])
+    for i, v in enumerate(results):
+        _same(serde.loads(serde.dumps(v)), lazy.replay(str(i), "m", (), {}, None, serde.loads))
+    # bytes the serde refuses are refused as the serde refuses them
+    for i, bad in enumerate([b"\x01\x02", b"\xa1\xff", b"\x81\x91\x01\x02", b"\x92\x01",
+                             b"\xc1", b"\xd6\xff\x00\x00\x00\x01"]):
+        rec = _step("b", (), {}, None) | {"r": bad}
+        lazy = _index_of([rec])
+        try:
+            want = serde.loads(bad)
+        except Exception as e:
+            with pytest.raises(type(e)):
+                lazy.replay("b", "m", (), {}, None, serde.loads)
+        else:
+            assert lazy.replay("b", "m", (), {}, None, serde.loads) == want
+
+
+def test_an_ir_before_a_lazy_record_links_to_the_journal_as_it_stood_at_it():
+    # hostile order (a Run never writes it): "a" refers to "b", whose record comes later;
+    # the eager fold finds nothing there, and so must the lazy one
+    recs = [RunRecord(1.0).pack(),
+            {"e": 2, "t": 2.0, "s": "a", "k": "step", "n": "m", "fp": 1,
+             "ir": [[1], ["b", 0, 1], []], "r": b"\x01"},
+            StepRecord(3.0, "b", "step", "m", 2, inputs=b"\x92\x91\x01\x80",
+                       result=b"\x02").pack(),
+            WarnRecord(4.0, "zz", 0, "nothing there").pack()]
+    eager, lazy = fold("r", recs), fold_lazy("r", recs)
+    assert "b" in lazy.lazy and eager.updated == lazy.updated == 4.0
+    base_e, base_l = eager.latest("a").inputs.base, lazy.latest("a").inputs.base
+    assert type(base_e) is type(base_l) is Unreadable and str(base_e) == str(base_l)
+    for last_t, order in ((5.0, [0, 2, 1]), (2.0, [0, 1, 2])):
+        recs2 = [recs[0], StatusRecord(last_t, "running").pack(),
+                 StepRecord(2.0, "x", "step", "m", 2, result=b"\x03").pack()]
+        recs2 = [recs2[i] for i in order]
+        assert fold("r", recs2).updated == fold_lazy("r", recs2).updated
+
+
+def test_a_run_replays_calls_and_results_only_the_serde_packs_fresh_and_as_recorded(tmp_path):
+    store = durkv.open(str(tmp_path / "s.durkv"))
+    calls = []
+
+    def m(*args, **kwargs):
+        calls.append(args)
+        return {"args": args, "kw": kwargs, "set": {1, 2}}
+
+    with store.run("r") as run:
+        first = run.step("m", m, (1, 2), {3}, when=datetime.date(2026, 1, 2))
+        run.step("m", m, 2**70, x=[(1,)])
+    store.close()
+    with durkv.open(str(tmp_path / "s.durkv")) as store, store.run("r") as run:
+        again = run.step("m", m, (1, 2), {3}, when=datetime.date(2026, 1, 2))
+        _same(first, again)
+        assert run.step("m", m, 2**70, x=[(1,)])["kw"] == {"x": [(1,)]}
+    assert len(calls) == 2
