@@ -323,11 +323,16 @@ typedef struct {
 } entry_t;
 
 typedef struct {
+    uint32_t at, tag;           /* entry index + 1 (0: empty), the hash's high half */
+} slot_t;
+
+typedef struct {
     PyObject_HEAD
     Py_buffer view;
     entry_t *e;
     Py_ssize_t n, live, limit;
-    uint32_t *slots;            /* open addressing: entry index + 1, 0 empty */
+    Py_ssize_t hint;            /* the entry after the last one replayed: a replay goes in order */
+    slot_t *slots;              /* open addressing */
     size_t mask;
 } Index;
 
@@ -338,19 +343,23 @@ static uint64_t fnv(const char *s, Py_ssize_t n)
     uint64_t h = 1469598103934665603ULL;
     for (Py_ssize_t i = 0; i < n; i++)
         h = (h ^ (uint8_t)s[i]) * 1099511628211ULL;
-    return h;
+    h ^= h >> 33;               /* FNV's low bits mix only the bytes' low bits: spread them */
+    h *= 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 33);
 }
 
 /* The entry of the step id s[0:n] (any state), or NULL. */
 static entry_t *lookup(const Index *ix, const char *s, Py_ssize_t n)
 {
-    if (ix->slots == NULL)
-        return NULL;
-    for (size_t i = fnv(s, n) & ix->mask;; i = (i + 1) & ix->mask) {
-        uint32_t k = ix->slots[i];
-        if (k == 0)
+    uint64_t h = fnv(s, n);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (size_t i = h & ix->mask;; i = (i + 1) & ix->mask) {
+        const slot_t *sl = &ix->slots[i];
+        if (sl->at == 0)
             return NULL;
-        entry_t *e = &ix->e[k - 1];
+        if (sl->tag != tag)     /* most probes end here, without touching the entry */
+            continue;
+        entry_t *e = &ix->e[sl->at - 1];
         if (e->sidn == n && memcmp(e->sid, s, (size_t)n) == 0)
             return e;
     }
@@ -359,24 +368,36 @@ static entry_t *lookup(const Index *ix, const char *s, Py_ssize_t n)
 static void insert(Index *ix, Py_ssize_t at)
 {
     entry_t *e = &ix->e[at];
-    size_t i = fnv(e->sid, e->sidn) & ix->mask;
-    while (ix->slots[i])
+    uint64_t h = fnv(e->sid, e->sidn);
+    size_t i = h & ix->mask;
+    while (ix->slots[i].at)
         i = (i + 1) & ix->mask;
-    ix->slots[i] = (uint32_t)(at + 1);
+    ix->slots[i].at = (uint32_t)(at + 1);
+    ix->slots[i].tag = (uint32_t)(h >> 32);
 }
 
-/* The lazy entry of `key` visible below `limit`, or NULL (no exception set). */
-static entry_t *lazy_of(const Index *ix, PyObject *key)
+/* The lazy entry of `key` visible below `limit`, or NULL (no exception set). `key` is a
+ * step id, or (replay) an int whose str() is one: no str made for an automatic id. */
+static entry_t *lazy_of(const Index *ix, PyObject *key, int numbers)
 {
-    if (!PyUnicode_CheckExact(key))
-        return NULL;
+    char num[24];
     Py_ssize_t n;
-    const char *s = PyUnicode_AsUTF8AndSize(key, &n);
-    if (s == NULL) {
-        PyErr_Clear();
+    const char *s = num;
+    if (numbers && PyLong_CheckExact(key)) {
+        long long v = PyLong_AsLongLong(key);
+        if (v == -1 && PyErr_Occurred())
+            return PyErr_Clear(), NULL;
+        n = snprintf(num, sizeof num, "%lld", v);
+    } else if (PyUnicode_CheckExact(key)) {
+        s = PyUnicode_AsUTF8AndSize(key, &n);
+        if (s == NULL)
+            return PyErr_Clear(), NULL;
+    } else
         return NULL;
-    }
-    entry_t *e = lookup(ix, s, n);
+    entry_t *e = ix->hint < ix->n ? &ix->e[ix->hint] : NULL;
+    if (e == NULL || e->state != LAZY || e->sidn != n       /* LAZY: its step id's one */
+            || memcmp(e->sid, s, (size_t)n) != 0)
+        e = lookup(ix, s, n);
     return e != NULL && e->state == LAZY && e->pos < ix->limit ? e : NULL;
 }
 
@@ -500,7 +521,7 @@ static int build(Index *ix, PyObject *rest, PyObject *where, Py_ssize_t *last)
     while (cap < 2 * n + 2)
         cap <<= 1;
     ix->e = PyMem_Calloc(n ? n : 1, sizeof(entry_t));
-    ix->slots = PyMem_Calloc(cap, sizeof(uint32_t));
+    ix->slots = PyMem_Calloc(cap, sizeof(slot_t));
     ix->mask = cap - 1;
     if (ix->e == NULL || ix->slots == NULL) {
         PyErr_NoMemory();
@@ -523,7 +544,8 @@ static PyObject *index_heads(PyObject *self, PyObject *arg)
     Index *ix = PyObject_New(Index, &IndexType);
     if (ix == NULL)
         return NULL;
-    ix->e = NULL, ix->slots = NULL, ix->n = ix->live = 0, ix->limit = PY_SSIZE_T_MAX;
+    ix->e = NULL, ix->slots = NULL, ix->n = ix->live = ix->hint = 0;
+    ix->limit = PY_SSIZE_T_MAX;
     ix->view.obj = NULL;
     if (PyObject_GetBuffer(arg, &ix->view, PyBUF_SIMPLE) < 0) {
         ix->view.obj = NULL;
@@ -578,14 +600,14 @@ static Py_ssize_t index_len(Index *ix)
 
 static int index_contains(Index *ix, PyObject *key)
 {
-    return lazy_of(ix, key) != NULL;
+    return lazy_of(ix, key, 0) != NULL;
 }
 
 static PyObject *index_get(Index *ix, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 1 || nargs > 2)
         return PyErr_Format(PyExc_TypeError, "get(sid[, default])");
-    entry_t *e = lazy_of(ix, args[0]);
+    entry_t *e = lazy_of(ix, args[0], 0);
     if (e == NULL)
         return Py_NewRef(nargs == 2 ? args[1] : Py_None);
     return lazy_tuple(ix, e);
@@ -595,7 +617,7 @@ static PyObject *index_pop(Index *ix, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 1 || nargs > 2)
         return PyErr_Format(PyExc_TypeError, "pop(sid[, default])");
-    entry_t *e = lazy_of(ix, args[0]);
+    entry_t *e = lazy_of(ix, args[0], 0);
     if (e == NULL) {
         if (nargs == 2)
             return Py_NewRef(args[1]);
@@ -783,6 +805,29 @@ static int same_inputs(const uint8_t *in, const uint8_t *end, PyObject *args, Py
            && put_obj(&r, kwargs, 1) == 1 && r.p == r.end;
 }
 
+/* PyUnicode_InternInPlace(&k), with the last short keys kept: a replay decodes the same
+ * few keys again and again, and the interned table's lookup was a tenth of its time. */
+static PyObject *key_cache[64];
+
+static PyObject *interned(PyObject *k)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(k);
+    if (!PyUnicode_IS_ASCII(k) || n > 32) {
+        PyUnicode_InternInPlace(&k);
+        return k;
+    }
+    const char *s = (const char *)PyUnicode_DATA(k);
+    PyObject **slot = &key_cache[fnv(s, n) & 63];
+    if (*slot != NULL && PyUnicode_GET_LENGTH(*slot) == n
+            && memcmp(PyUnicode_DATA(*slot), s, (size_t)n) == 0) {
+        Py_DECREF(k);
+        return Py_NewRef(*slot);
+    }
+    PyUnicode_InternInPlace(&k);
+    Py_XSETREF(*slot, Py_NewRef(k));
+    return k;
+}
+
 /* The object msgpack.unpackb(raw=False, strict_map_key=False) gives the value at c->p,
  * for the native types; NULL (no exception set) for anything else -- an extension type,
  * an error msgpack would raise --: the caller asks the serde. */
@@ -831,7 +876,7 @@ static PyObject *decode(cur_t *c, int depth)
         PyObject *k = decode(c, depth + 1);
         PyObject *x = k == NULL ? NULL : decode(c, depth + 1);
         if (k != NULL && PyUnicode_CheckExact(k))
-            PyUnicode_InternInPlace(&k);        /* as msgpack does its map keys */
+            k = interned(k);                    /* as msgpack does its map keys */
         if (x == NULL || PyDict_SetItem(d, k, x) < 0) {
             PyErr_Clear();
             Py_CLEAR(d);
@@ -867,7 +912,7 @@ static PyObject *index_replay(Index *ix, PyObject *const *args, Py_ssize_t nargs
 {
     if (nargs != 6)
         return PyErr_Format(PyExc_TypeError, "replay(sid, name, args, kwargs, version, loads)");
-    entry_t *e = lazy_of(ix, args[0]);
+    entry_t *e = lazy_of(ix, args[0], 1);
     const uint8_t *end = (const uint8_t *)ix->view.buf + ix->view.len;
     Py_ssize_t n;
     const char *name = PyUnicode_CheckExact(args[1]) ? PyUnicode_AsUTF8AndSize(args[1], &n)
@@ -881,6 +926,7 @@ static PyObject *index_replay(Index *ix, PyObject *const *args, Py_ssize_t nargs
     if (!field_is(f->k, end, "step", "step", 4) || !field_is(f->n, end, "", name, (size_t)n)
             || !same_version(f->pv, end, args[4]) || !same_inputs(f->in, end, args[2], args[3]))
         return Py_NewRef(MISS);
+    ix->hint = e - ix->e + 1;
     return result_of(f->r, end, args[5]);
 }
 

@@ -490,11 +490,16 @@ def test_replay_answers_miss_for_anything_but_the_record_as_asked():
     assert lazy.replay("0", "m", (1,), {}, "v1", loads) == {"a": 1}
     for sid, name, args, kwargs, version in [("0", "m", (1,), {}, None), ("0", "m", (1,), {}, "v2"),
                                              ("0", "n", (1,), {}, "v1"), ("9", "m", (1,), {}, "v1"),
-                                             (0, "m", (1,), {}, "v1"), ("1", "m", (1,), {}, None),
+                                             (0.0, "m", (1,), {}, "v1"), ("1", "m", (1,), {}, None),
                                              ("2", "m", (1,), {}, None), ("3", "m", (1,), {}, None),
                                              ("0", "m", [1], {}, "v1"), ("0", _StrSub("m"), (1,),
                                                                          {}, "v1")]:
         assert lazy.replay(sid, name, args, kwargs, version, loads) is MISS
+    # an automatic step id may come as its number (Run.step makes no str for it); the
+    # mapping side takes step ids only, as a dict of them would
+    assert lazy.replay(0, "m", (1,), {}, "v1", loads) == {"a": 1}
+    assert lazy.replay(2**70, "m", (1,), {}, "v1", loads) is MISS
+    assert 0 not in lazy and lazy.get(0) is None and lazy.pop(0, None) is None
     lazy.limit = 0          # a record at or after the limit is not there
     assert lazy.replay("0", "m", (1,), {}, "v1", loads) is MISS
 
