@@ -333,24 +333,51 @@ typedef struct {
     Py_ssize_t n, live, limit;
     Py_ssize_t hint;            /* the entry after the last one replayed: a replay goes in order */
     slot_t *slots;              /* open addressing */
+    uint32_t *dense;            /* entry index + 1 by automatic step id (dense_at) */
+    uint64_t ndense;
     size_t mask;
 } Index;
 
 static PyObject *MISS;
+
+static uint64_t mix(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 33);
+}
 
 static uint64_t fnv(const char *s, Py_ssize_t n)
 {
     uint64_t h = 1469598103934665603ULL;
     for (Py_ssize_t i = 0; i < n; i++)
         h = (h ^ (uint8_t)s[i]) * 1099511628211ULL;
-    h ^= h >> 33;               /* FNV's low bits mix only the bytes' low bits: spread them */
-    h *= 0xff51afd7ed558ccdULL;
-    return h ^ (h >> 33);
+    return mix(h);              /* FNV's low bits mix only the bytes' low bits: spread them */
+}
+
+/* An automatic step id's number: decimal digits in canonical form (no leading zero), below
+ * the dense table's size. Such ids (most of a run's) are found in ix->dense by number:
+ * in log order, the build and a replay walk it in order instead of missing the cache at
+ * every record as a hash would. */
+static int dense_at(const Index *ix, const char *s, Py_ssize_t n, uint64_t *v)
+{
+    if (n < 1 || n > 18 || (s[0] == '0' && n > 1))
+        return 0;
+    *v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+        *v = *v * 10 + (uint64_t)(s[i] - '0');
+    }
+    return *v < ix->ndense;
 }
 
 /* The entry of the step id s[0:n] (any state), or NULL. */
 static entry_t *lookup(const Index *ix, const char *s, Py_ssize_t n)
 {
+    uint64_t v;
+    if (dense_at(ix, s, n, &v))
+        return ix->dense[v] ? &ix->e[ix->dense[v] - 1] : NULL;
     uint64_t h = fnv(s, n);
     uint32_t tag = (uint32_t)(h >> 32);
     for (size_t i = h & ix->mask;; i = (i + 1) & ix->mask) {
@@ -365,15 +392,29 @@ static entry_t *lookup(const Index *ix, const char *s, Py_ssize_t n)
     }
 }
 
-static void insert(Index *ix, Py_ssize_t at)
+/* The entry of ix->e[at]'s step id already in the tables, or NULL: then ix->e[at] is. */
+static entry_t *find_or_add(Index *ix, Py_ssize_t at)
 {
     entry_t *e = &ix->e[at];
+    uint64_t v;
+    if (dense_at(ix, e->sid, e->sidn, &v)) {
+        if (ix->dense[v])
+            return &ix->e[ix->dense[v] - 1];
+        ix->dense[v] = (uint32_t)(at + 1);
+        return NULL;
+    }
     uint64_t h = fnv(e->sid, e->sidn);
-    size_t i = h & ix->mask;
-    while (ix->slots[i].at)
-        i = (i + 1) & ix->mask;
-    ix->slots[i].at = (uint32_t)(at + 1);
-    ix->slots[i].tag = (uint32_t)(h >> 32);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (size_t i = h & ix->mask;; i = (i + 1) & ix->mask) {
+        slot_t *sl = &ix->slots[i];
+        if (sl->at == 0) {
+            sl->at = (uint32_t)(at + 1), sl->tag = tag;
+            return NULL;
+        }
+        entry_t *o = &ix->e[sl->at - 1];
+        if (sl->tag == tag && o->sidn == e->sidn && memcmp(o->sid, e->sid, (size_t)e->sidn) == 0)
+            return o;
+    }
 }
 
 /* The lazy entry of `key` visible below `limit`, or NULL (no exception set). `key` is a
@@ -382,12 +423,20 @@ static entry_t *lazy_of(const Index *ix, PyObject *key, int numbers)
 {
     char num[24];
     Py_ssize_t n;
-    const char *s = num;
+    const char *s;
     if (numbers && PyLong_CheckExact(key)) {
         long long v = PyLong_AsLongLong(key);
         if (v == -1 && PyErr_Occurred())
             return PyErr_Clear(), NULL;
-        n = snprintf(num, sizeof num, "%lld", v);
+        char *p = num + sizeof num;     /* str(v), right to left */
+        unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+        do
+            *--p = (char)('0' + u % 10);
+        while (u /= 10);
+        if (v < 0)
+            *--p = '-';
+        s = p;
+        n = num + sizeof num - p;
     } else if (PyUnicode_CheckExact(key)) {
         s = PyUnicode_AsUTF8AndSize(key, &n);
         if (s == NULL)
@@ -481,17 +530,13 @@ static int sort_head(Index *ix, Py_ssize_t i, PyObject *rest, PyObject *where,
                      Py_ssize_t *last)
 {
     entry_t *e = &ix->e[i];
-    entry_t *seen = e->sid != NULL ? lookup(ix, e->sid, e->sidn) : NULL;
-    if (e->f.plain && seen == NULL) {
-        e->state = LAZY;
-        insert(ix, i);
-        ix->live++;
-        *last = i;
-        return 0;
-    }
-    if (e->sid != NULL && seen == NULL) {
-        e->state = SEEN;
-        insert(ix, i);
+    if (e->sid != NULL && find_or_add(ix, i) == NULL) {     /* its step id's first record */
+        e->state = e->f.plain ? LAZY : SEEN;
+        if (e->state == LAZY) {
+            ix->live++;
+            *last = i;
+            return 0;
+        }
     }
     Py_ssize_t at = PyByteArray_GET_SIZE(rest);
     if (PyByteArray_Resize(rest, at + e->len) < 0)
@@ -523,7 +568,9 @@ static int build(Index *ix, PyObject *rest, PyObject *where, Py_ssize_t *last)
     ix->e = PyMem_Calloc(n ? n : 1, sizeof(entry_t));
     ix->slots = PyMem_Calloc(cap, sizeof(slot_t));
     ix->mask = cap - 1;
-    if (ix->e == NULL || ix->slots == NULL) {
+    ix->ndense = n + 64;
+    ix->dense = PyMem_Calloc(ix->ndense, sizeof(uint32_t));
+    if (ix->e == NULL || ix->slots == NULL || ix->dense == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -544,7 +591,7 @@ static PyObject *index_heads(PyObject *self, PyObject *arg)
     Index *ix = PyObject_New(Index, &IndexType);
     if (ix == NULL)
         return NULL;
-    ix->e = NULL, ix->slots = NULL, ix->n = ix->live = ix->hint = 0;
+    ix->e = NULL, ix->slots = NULL, ix->dense = NULL, ix->ndense = 0, ix->n = ix->live = ix->hint = 0;
     ix->limit = PY_SSIZE_T_MAX;
     ix->view.obj = NULL;
     if (PyObject_GetBuffer(arg, &ix->view, PyBUF_SIMPLE) < 0) {
@@ -583,6 +630,7 @@ static void index_dealloc(Index *ix)
 {
     PyMem_Free(ix->e);
     PyMem_Free(ix->slots);
+    PyMem_Free(ix->dense);
     if (ix->view.obj != NULL)
         PyBuffer_Release(&ix->view);
     PyObject_Free(ix);

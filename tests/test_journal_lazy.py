@@ -562,3 +562,19 @@ def test_a_run_replays_calls_and_results_only_the_serde_packs_fresh_and_as_recor
         _same(first, again)
         assert run.step("m", m, 2**70, x=[(1,)])["kw"] == {"x": [(1,)]}
     assert len(calls) == 2
+
+
+def test_step_ids_that_look_like_numbers_are_each_their_own():
+    # an automatic step id is found by its number, any other by hash: "007" is not "7"
+    loads = durkv.serde.default_serde.loads
+    sids = ["7", "007", "00", "0", "-1", str(10**17), str(10**19), "1e3", "٣", "12/3", ""]
+    recs = [_step(sid, (), {}, i) for i, sid in enumerate(sids)]
+    recs += [_step("7", (), {}, "again"), _step(str(10**19), (), {}, "again")]
+    lazy = _index_of(recs)
+    assert list(lazy) == sids and len(lazy) == len(sids)
+    for i, sid in enumerate(sids):
+        assert lazy.get(sid)[0] == sid and lazy.replay(sid, "m", (), {}, None, loads) == i
+    for number in (7, 0, -1, 10**17):
+        assert lazy.replay(number, "m", (), {}, None, loads) == sids.index(str(number))
+    assert lazy.replay(8, "m", (), {}, None, loads) is MISS and "8" not in lazy
+    assert lazy.replay(10**19, "m", (), {}, None, loads) is MISS     # past 64 bits: by str
