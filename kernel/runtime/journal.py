@@ -8,12 +8,13 @@ store access, no clock.
 
 :func:`fold` builds every entry from the decoded records. :func:`fold_lazy` (what a
 :class:`durkv.Run` opens with) reads the records' undecoded heads (``Store.journal_heads``)
-with ``durkv._journalscan`` (csrc/journalscan.c): a plain STEP record -- the first record
-of its step id, without ``ir`` -- is kept as the few fields a replay compares (a
-:data:`Lazy` tuple) in :attr:`RunState.lazy`, and decoded and folded into its entry only
-when the entry is first asked for (``latest``, ``find``, or another record of that step
-id). A replay compares its call with those fields and decodes the recorded result
-(``Run.step``, ``Run._plan_step``): a long journal opens at the cost of reading it.
+with ``durkv._journalscan.index`` (csrc/journalscan.c): a plain STEP record -- the first
+record of its step id, without ``ir`` -- stays in the heads, indexed by step id in
+:attr:`RunState.lazy` (its fields as a :data:`Lazy` tuple when asked), and is decoded and
+folded into its entry only when the entry is first asked for (``latest``, ``find``, or
+another record of that step id). A replay compares its call with the record and decodes
+the recorded result in one C call (``Index.replay`` from ``Run.step``; ``Run._plan_step``
+for the other verbs): a long journal opens at the cost of reading it.
 """
 
 from __future__ import annotations
