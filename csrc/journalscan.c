@@ -332,6 +332,7 @@ typedef struct {
     entry_t *e;
     Py_ssize_t n, live, limit;
     Py_ssize_t hint;            /* the entry after the last one replayed: a replay goes in order */
+    Py_ssize_t first;           /* no lazy entry before this one (index_bool) */
     slot_t *slots;              /* open addressing */
     uint32_t *dense;            /* entry index + 1 by automatic step id (dense_at) */
     uint64_t ndense;
@@ -591,7 +592,8 @@ static PyObject *index_heads(PyObject *self, PyObject *arg)
     Index *ix = PyObject_New(Index, &IndexType);
     if (ix == NULL)
         return NULL;
-    ix->e = NULL, ix->slots = NULL, ix->dense = NULL, ix->ndense = 0, ix->n = ix->live = ix->hint = 0;
+    ix->e = NULL, ix->slots = NULL, ix->dense = NULL, ix->ndense = 0;
+    ix->n = ix->live = ix->hint = ix->first = 0;
     ix->limit = PY_SSIZE_T_MAX;
     ix->view.obj = NULL;
     if (PyObject_GetBuffer(arg, &ix->view, PyBUF_SIMPLE) < 0) {
@@ -636,6 +638,7 @@ static void index_dealloc(Index *ix)
     PyObject_Free(ix);
 }
 
+/* O(records) under a limit: only a fold sets one, and it asks for truth (index_bool). */
 static Py_ssize_t index_len(Index *ix)
 {
     if (ix->limit == PY_SSIZE_T_MAX)
@@ -644,6 +647,15 @@ static Py_ssize_t index_len(Index *ix)
     for (Py_ssize_t i = 0; i < ix->n && i < ix->limit; i++)
         n += ix->e[i].state == LAZY;
     return n;
+}
+
+/* Truth: any lazy record before the limit. O(1) amortized (a fold asks before every
+ * record it applies): `first` only moves on, past records folded or not lazy. */
+static int index_bool(Index *ix)
+{
+    while (ix->first < ix->n && ix->e[ix->first].state != LAZY)
+        ix->first++;
+    return ix->first < ix->n && ix->first < ix->limit;
 }
 
 static int index_contains(Index *ix, PyObject *key)
@@ -996,6 +1008,7 @@ static PyMemberDef index_members[] = {
 
 static PySequenceMethods index_seq = {.sq_contains = (objobjproc)index_contains};
 static PyMappingMethods index_map = {.mp_length = (lenfunc)index_len};
+static PyNumberMethods index_number = {.nb_bool = (inquiry)index_bool};
 
 static PyTypeObject IndexType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -1004,6 +1017,7 @@ static PyTypeObject IndexType = {
     .tp_dealloc = (destructor)index_dealloc,
     .tp_as_sequence = &index_seq,
     .tp_as_mapping = &index_map,
+    .tp_as_number = &index_number,
     .tp_iter = (getiterfunc)index_iter,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A run's plain STEP records by step id, unfolded (see index()).",

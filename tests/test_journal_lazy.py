@@ -362,13 +362,18 @@ def test_the_index_reads_every_plain_record_as_its_decode_and_keeps_the_rest_as_
     assert where == want_where and where[-1] == len(records) - 1   # "a" again: not lazy
     assert last == (want_lazy[-1][0], records[want_lazy[-1][0]].get("t"))
     assert "m" not in lazy and 7 not in lazy and lazy.get("nope", 5) == 5
+    lazy.limit = 0
+    assert not lazy and len(lazy) == 0 and list(lazy) == []
     lazy.limit = 4                      # the records before position 4 only
-    assert list(lazy) == ["a", "b", "c", "d"] and len(lazy) == 4 and "e" not in lazy
+    assert list(lazy) == ["a", "b", "c", "d"] and len(lazy) == 4 and "e" not in lazy and lazy
     assert lazy.get("e") is None and lazy.pop("e", None) is None
     lazy.limit = len(records)
     assert lazy.pop("e")[0] == "e" and "e" not in lazy and len(lazy) == len(want_lazy) - 1
     with pytest.raises(KeyError):
         lazy.pop("e")
+    for sid in list(lazy):
+        lazy.pop(sid)
+    assert not lazy and len(lazy) == 0
     empty, rest, where, last = index(b"\x90")
     assert (len(empty), rest, where, last) == (0, bytearray(b"\xdd\0\0\0\0"), [], None)
 
