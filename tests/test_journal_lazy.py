@@ -583,3 +583,22 @@ def test_step_ids_that_look_like_numbers_are_each_their_own():
         assert lazy.replay(number, "m", (), {}, None, loads) == sids.index(str(number))
     assert lazy.replay(8, "m", (), {}, None, loads) is MISS and "8" not in lazy
     assert lazy.replay(10**19, "m", (), {}, None, loads) is MISS     # past 64 bits: by str
+
+
+def test_the_heads_of_a_run_across_segments_and_between_another_runs_read_whole(tmp_path):
+    # dkv_read_heads sizes its buffer from the segment index: spans across segments,
+    # records of another run between, records still pending -- every head, in order
+    store = durkv.open(str(tmp_path / "s.durkv"), segment_bytes=1 << 16, durability="async")
+    m, _ = _model_calls()
+    with store.run("a") as a, store.run("b") as b:
+        for i in range(300):
+            a.step("model", m, "x" * (i % 7) * 40)
+            if i % 3 == 0:
+                b.step("model", m, i)
+        heads = msgpack.unpackb(bytes(store.journal_heads("a")), strict_map_key=False)
+        assert [h[2] for h in heads] == store.journal("a")
+    store.close()
+    with durkv.open(str(tmp_path / "s.durkv")) as store:
+        heads = msgpack.unpackb(bytes(store.journal_heads("a")), strict_map_key=False)
+        assert [h[2] for h in heads] == store.journal("a") and len(heads) >= 302
+        assert len(store.journal_heads("b", start=50)) > 5
