@@ -24,7 +24,9 @@
  *
  * "Plain" is conservative: e == 2, s a str, k/n str or missing, pv nil/str/missing, err
  * nil or missing, no ir, in and r bin/nil/missing, fp an int/nil/missing, t a number/nil/
- * missing, every key a str, every str valid UTF-8. Anything else goes to `rest` (decoded
+ * missing, every key a str, and nothing in the map msgpack's decode could refuse or turn
+ * into more than plain data (every str valid UTF-8, no extension type, no array or map as
+ * a key): its decode at an unfold cannot fail. Anything else goes to `rest` (decoded
  * and folded as before), so the rule only decides what may stay unfolded, never what a
  * record means (kernel/runtime/journal.py: fold_lazy). A buffer that is not such an array
  * raises ValueError: the caller reads the journal the eager way, which names the bad frame.
@@ -103,8 +105,12 @@ static int header(const cur_t *c, size_t *hdr, uint64_t *len)
     return kind;
 }
 
-/* Skip one object (depth-limited); 0 ok, -1 malformed. */
-static int skip(cur_t *c, int depth)
+static int utf8_valid(const uint8_t *s, size_t n);
+
+/* Skip one object (depth-limited); 0 ok, -1 malformed. With `odd`, set *odd when msgpack's
+ * decode of it could fail or build more than plain data: a str that is not UTF-8, an
+ * extension type (a bad timestamp raises), an array or map as a map key (unhashable). */
+static int skip(cur_t *c, int depth, int *odd)
 {
     size_t hdr;
     uint64_t len;
@@ -114,15 +120,22 @@ static int skip(cur_t *c, int depth)
     c->p += hdr;
     if (kind == 'a' || kind == 'm') {
         uint64_t n = kind == 'm' ? 2 * len : len;
-        for (uint64_t i = 0; i < n; i++)
-            if (skip(c, depth + 1))
+        for (uint64_t i = 0; i < n; i++) {
+            uint8_t b = need(c, 1) ? c->p[0] : 0;
+            if (odd != NULL && kind == 'm' && i % 2 == 0       /* a key: array or map? */
+                    && ((b >= 0x80 && b <= 0x9f) || (b >= 0xdc && b <= 0xdf)))
+                *odd = 1;
+            if (skip(c, depth + 1, odd))
                 return -1;
+        }
         return 0;
     }
     if (kind == 'o')
         return 0;
     if ((uint64_t)(c->end - c->p) < len)
         return -1;
+    if (odd != NULL && (kind == 'x' || (kind == 's' && !utf8_valid(c->p, (size_t)len))))
+        *odd = 1;
     c->p += len;
     return 0;
 }
@@ -186,7 +199,7 @@ static int read_record(cur_t *c, fields_t *f)
     f->plain = 1;
     if (header(c, &hdr, &len) != 'm') {
         f->plain = 0;
-        return skip(c, 0);
+        return skip(c, 0, NULL);
     }
     c->p += hdr;
     for (uint64_t i = 0; i < len; i++) {
@@ -195,12 +208,14 @@ static int read_record(cur_t *c, fields_t *f)
         if (!str_at(c, &key, &kn)) {
             f->plain = 0;                       /* a key that is not a str */
             key = NULL;
-            if (skip(c, 1))
+            if (skip(c, 1, NULL))
                 return -1;
         }
         const uint8_t *v = c->p;
-        if (!need(c, 1) || skip(c, 1))
+        int odd = 0;
+        if (!need(c, 1) || skip(c, 1, &odd))
             return -1;
+        f->plain &= !odd && (key == NULL || utf8_valid((const uint8_t *)key, kn));
         if (key != NULL)        /* read on past an odd key: `s` counts for every record */
             field(f, key, kn, v);
     }
@@ -451,23 +466,14 @@ static entry_t *lazy_of(const Index *ix, PyObject *key, int numbers)
     return e != NULL && e->state == LAZY && e->pos < ix->limit ? e : NULL;
 }
 
-/* The string at v (a msgpack str header) is valid UTF-8: the step's fields decode. */
-static int utf8_ok(const uint8_t *v, const uint8_t *end)
+/* s[0:n] is UTF-8 Python decodes (ASCII at once; anything else: asked). */
+static int utf8_valid(const uint8_t *s, size_t n)
 {
-    cur_t c = {v, end};
-    const char *s;
-    size_t n;
-    if (v == NULL || (!(v[0] >= 0xa0 && v[0] <= 0xbf) && !(v[0] >= 0xd9 && v[0] <= 0xdb)))
-        return 1;
-    if (!str_at(&c, &s, &n))
-        return 0;
     for (size_t i = 0; i < n; i++)
-        if ((uint8_t)s[i] >= 0x80) {
-            PyObject *o = PyUnicode_DecodeUTF8(s, (Py_ssize_t)n, NULL);
-            if (o == NULL) {
-                PyErr_Clear();
-                return 0;
-            }
+        if (s[i] >= 0x80) {
+            PyObject *o = PyUnicode_DecodeUTF8((const char *)s, (Py_ssize_t)n, NULL);
+            if (o == NULL)
+                return PyErr_Clear(), 0;
             Py_DECREF(o);
             return 1;
         }
@@ -503,7 +509,7 @@ static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
     if (header(c, &hdr, &m) != 'a' || m < 3)
         return bad(i, "not a list of 3 or more"), -1;
     c->p += hdr;
-    if (skip(c, 1) || skip(c, 1))
+    if (skip(c, 1, NULL) || skip(c, 1, NULL))
         return bad(i, "malformed"), -1;
     e->rec = c->p;
     if (read_record(c, &e->f))
@@ -511,7 +517,7 @@ static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
     e->len = c->p - e->rec;
     e->pos = i;
     for (uint64_t j = 3; j < m; j++)       /* a later version's longer head */
-        if (skip(c, 1))
+        if (skip(c, 1, NULL))
             return bad(i, "malformed"), -1;
     if (e->f.s != NULL) {
         cur_t sc = {e->f.s, c->end};
@@ -520,9 +526,6 @@ static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
             e->sid = NULL, e->f.plain = 0;
         e->sidn = (Py_ssize_t)sn;
     }
-    const fields_t *f = &e->f;
-    e->f.plain &= utf8_ok(f->s, c->end) && utf8_ok(f->k, c->end) && utf8_ok(f->n, c->end)
-                  && utf8_ok(f->pv, c->end);
     return 0;
 }
 

@@ -602,3 +602,57 @@ def test_the_heads_of_a_run_across_segments_and_between_another_runs_read_whole(
         heads = msgpack.unpackb(bytes(store.journal_heads("a")), strict_map_key=False)
         assert [h[2] for h in heads] == store.journal("a") and len(heads) >= 302
         assert len(store.journal_heads("b", start=50)) > 5
+
+
+def test_garbled_heads_are_refused_or_read_as_their_decode():
+    # bytes changed, cut or inserted anywhere: the index raises ValueError, or each record
+    # it keeps is what msgpack decodes at its place, and a replay decodes as the serde does
+    import random
+
+    from durkv._journalscan import index
+    serde = durkv.serde.default_serde
+    recs = [_step(str(i), (i,), {}, {"a": [i, "x" * i]}, pv=None if i % 2 else "v")
+            for i in range(8)] + [StatusRecord(2.0, "running", "3").pack()]
+    buf = msgpack.packb([[11, "r", r] for r in recs], use_bin_type=True)
+    rnd = random.Random(20)
+    for _ in range(1500):
+        b = bytearray(buf)
+        p = rnd.randrange(len(b))
+        b[p:p + rnd.randint(0, 3)] = bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 3)))
+        try:
+            lazy, _rest, _where, _last = index(bytes(b))
+        except ValueError:
+            continue
+        for sid in list(lazy):
+            x = lazy.get(sid)
+            r = msgpack.unpackb(bytes(b[x[8]:x[8] + x[9]]), strict_map_key=False)
+            assert r["s"] == sid and r.get("r") == x[6] and r.get("in") == x[5]
+            args = (int(sid),) if sid.isascii() and sid.isdigit() else (0,)
+            if x[6] is None:        # no result: not replayed here
+                assert lazy.replay(sid, "m", args, {}, r.get("pv"), serde.loads) is MISS
+                continue
+            try:
+                want = serde.loads(x[6])
+            except Exception as e:
+                with pytest.raises(type(e)):
+                    lazy.replay(sid, "m", args, {}, r.get("pv"), serde.loads)
+                continue
+            got = lazy.replay(sid, "m", args, {}, r.get("pv"), serde.loads)
+            assert got is MISS or got == want
+
+
+def test_a_record_whose_decode_could_fail_is_never_left_lazy():
+    # an unfold decodes the record: whatever msgpack could refuse in it (a str that is not
+    # UTF-8, an extension type such as a bad timestamp, a list as a map key) is folded at
+    # open instead, where the eager path refuses it as it always did
+    from durkv._journalscan import index
+    good = {"e": 2, "s": "u", "x": "Z", "r": b"\x01"}
+    for rec in (msgpack.packb(good).replace(b"\xa1Z", b"\xa1\xff"),
+                msgpack.packb(good | {"x": msgpack.ExtType(5, b"q")}),
+                msgpack.packb(good).replace(b"\xa1Z", b"\xd7\xff" + b"\xff" * 8),  # a timestamp
+                msgpack.packb(good | {"x": {(1,): 2}}),
+                msgpack.packb(good).replace(b"\xa1x", b"\xa1\xfe")):
+        lazy, _rest, where, last = index(b"\x91\x93\x0b\xa1r" + rec)
+        assert len(lazy) == 0 and where == [0] and last is None
+    lazy, _rest, where, _last = index(b"\x91\x93\x0b\xa1r" + msgpack.packb(good))
+    assert list(lazy) == ["u"] and where == []
