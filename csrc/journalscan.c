@@ -1,29 +1,47 @@
-/* durkv._journalscan: a run's journal records read for a replay, without decoding them all.
+/* durkv._journalscan: a run's journal read for a replay, without a Python object a record.
  *
  * Store.journal_heads() answers one msgpack array of frame heads [kind, id, record]
  * (docs/FORMAT.md 5a: the record is a map with short keys). A replay needs, of each
- * plain STEP record, only what it compares the call with (fingerprint, kind, name,
- * prompt version) and the result's bytes; msgpack's decode of every record into a dict
- * (~2 us a record: ten keys, two floats, the inputs' and result's bytes) was most of the
- * cost of opening a long run. scan() walks the array once and returns:
+ * plain STEP record, only what it compares the call with (kind, name, prompt version,
+ * the inputs' bytes) and the result's bytes; decoding every record, or even building a
+ * tuple of those fields for each, was most of the cost of re-executing a long run.
  *
- *   steps: one item per head, in log order: for a plain STEP record the tuple
- *          (sid, fp, kind, name, prompt_version, inputs, result, t, offset, length) -- each
- *          field as msgpack would decode it, with the default the fold gives a missing key
- *          (fp 0, kind "step", name "", the others None), and the
- *          record map's bytes at buf[offset:offset + length]; None for any other record;
- *   rest:  the records of the Nones, in order, as one msgpack array (bytes) for one
- *          decode.
+ * index(heads) walks the array once and returns (lazy, rest, where, last):
+ *
+ *   lazy:  an Index of the plain STEP records, by step id: the first record of its step
+ *          id (no earlier record of any kind names that id in `s`), kept as pointers into
+ *          `heads` -- no Python object until asked. Its mapping side (len, `in`, get, pop,
+ *          iteration in log order) answers a Lazy tuple (sid, fp, kind, name,
+ *          prompt_version, inputs, result, t, offset, length): each field as msgpack would
+ *          decode it, a missing key as the fold defaults it (fp 0, kind "step", name "",
+ *          the others None), the record map's bytes at heads[offset:offset + length].
+ *          `limit`: records at or after that log position are not there (a fold applying
+ *          the rest in log order sees only the lazy records before the one it applies).
+ *          replay(): below.
+ *   rest:  every other record, in order, as one msgpack array (bytes) for one decode;
+ *   where: each rest record's position in the log (a list of int);
+ *   last:  (position, t) of the last lazy record, or None.
  *
  * "Plain" is conservative: e == 2, s a str, k/n str or missing, pv nil/str/missing, err
  * nil or missing, no ir, in and r bin/nil/missing, fp an int/nil/missing, t a number/nil/
- * missing, every key a str. Anything else is a None (decoded and folded as before), so
- * the rule only decides what may stay unfolded, never what a record means
- * (kernel/runtime/journal.py: fold_lazy). A buffer that is not such an array raises
- * ValueError: the caller reads the journal the eager way, which names the bad frame.
+ * missing, every key a str, and nothing in the map msgpack's decode could refuse or turn
+ * into more than plain data (every str valid UTF-8, no extension type, no array or map as
+ * a key): its decode at an unfold cannot fail. Anything else goes to `rest` (decoded
+ * and folded as before), so the rule only decides what may stay unfolded, never what a
+ * record means (kernel/runtime/journal.py: fold_lazy). A buffer that is not such an array
+ * raises ValueError: the caller reads the journal the eager way, which names the bad frame.
+ *
+ * Index.replay(sid, name, args, kwargs, version, loads) is a replayed run.step in one call:
+ * when the step's lazy record is kind "step", `name`, `version` (None or a str), and its
+ * `in` is byte for byte what the default serde packs [list(args), kwargs] to, it returns
+ * the recorded result decoded fresh -- by msgpack's rules for the native types (nil, bool,
+ * int, float, str, bin, array, map: what serde.loads gives for them), by `loads` for
+ * anything else (extension types). Any other case answers MISS, and the caller decides as
+ * before (a fingerprint compare, a fold): MISS never means "not recorded as asked".
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "structmember.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -87,8 +105,12 @@ static int header(const cur_t *c, size_t *hdr, uint64_t *len)
     return kind;
 }
 
-/* Skip one object (depth-limited); 0 ok, -1 malformed. */
-static int skip(cur_t *c, int depth)
+static int utf8_valid(const uint8_t *s, size_t n);
+
+/* Skip one object (depth-limited); 0 ok, -1 malformed. With `odd`, set *odd when msgpack's
+ * decode of it could fail or build more than plain data: a str that is not UTF-8, an
+ * extension type (a bad timestamp raises), an array or map as a map key (unhashable). */
+static int skip(cur_t *c, int depth, int *odd)
 {
     size_t hdr;
     uint64_t len;
@@ -98,15 +120,22 @@ static int skip(cur_t *c, int depth)
     c->p += hdr;
     if (kind == 'a' || kind == 'm') {
         uint64_t n = kind == 'm' ? 2 * len : len;
-        for (uint64_t i = 0; i < n; i++)
-            if (skip(c, depth + 1))
+        for (uint64_t i = 0; i < n; i++) {
+            uint8_t b = need(c, 1) ? c->p[0] : 0;
+            if (odd != NULL && kind == 'm' && i % 2 == 0       /* a key: array or map? */
+                    && ((b >= 0x80 && b <= 0x9f) || (b >= 0xdc && b <= 0xdf)))
+                *odd = 1;
+            if (skip(c, depth + 1, odd))
                 return -1;
+        }
         return 0;
     }
     if (kind == 'o')
         return 0;
     if ((uint64_t)(c->end - c->p) < len)
         return -1;
+    if (odd != NULL && (kind == 'x' || (kind == 's' && !utf8_valid(c->p, (size_t)len))))
+        *odd = 1;
     c->p += len;
     return 0;
 }
@@ -170,7 +199,7 @@ static int read_record(cur_t *c, fields_t *f)
     f->plain = 1;
     if (header(c, &hdr, &len) != 'm') {
         f->plain = 0;
-        return skip(c, 0);
+        return skip(c, 0, NULL);
     }
     c->p += hdr;
     for (uint64_t i = 0; i < len; i++) {
@@ -178,13 +207,16 @@ static int read_record(cur_t *c, fields_t *f)
         size_t kn = 0;
         if (!str_at(c, &key, &kn)) {
             f->plain = 0;                       /* a key that is not a str */
-            if (skip(c, 1))
+            key = NULL;
+            if (skip(c, 1, NULL))
                 return -1;
         }
         const uint8_t *v = c->p;
-        if (!need(c, 1) || skip(c, 1))
+        int odd = 0;
+        if (!need(c, 1) || skip(c, 1, &odd))
             return -1;
-        if (f->plain)
+        f->plain &= !odd && (key == NULL || utf8_valid((const uint8_t *)key, kn));
+        if (key != NULL)        /* read on past an odd key: `s` counts for every record */
             field(f, key, kn, v);
     }
     f->plain &= f->e_is_step && f->s != NULL;
@@ -291,120 +323,714 @@ static PyObject *step_tuple(const fields_t *f, const uint8_t *end, Py_ssize_t of
     return t;
 }
 
+
+/* ---- the index ----------------------------------------------------------------------- */
+
+enum { LAZY = 1, SEEN = 2, POPPED = 3 };    /* SEEN: named by a record in `rest` */
+
+typedef struct {
+    fields_t f;
+    const uint8_t *rec;
+    Py_ssize_t len, pos;
+    const char *sid;
+    Py_ssize_t sidn;
+    int state;
+} entry_t;
+
+typedef struct {
+    uint32_t at, tag;           /* entry index + 1 (0: empty), the hash's high half */
+} slot_t;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    entry_t *e;
+    Py_ssize_t n, live, limit;
+    Py_ssize_t hint;            /* the entry after the last one replayed: a replay goes in order */
+    Py_ssize_t first;           /* no lazy entry before this one (index_bool) */
+    slot_t *slots;              /* open addressing */
+    uint32_t *dense;            /* entry index + 1 by automatic step id (dense_at) */
+    uint64_t ndense;
+    size_t mask;
+} Index;
+
+static PyObject *MISS;
+
+static uint64_t mix(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 33);
+}
+
+static uint64_t fnv(const char *s, Py_ssize_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 1099511628211ULL;
+    return mix(h);              /* FNV's low bits mix only the bytes' low bits: spread them */
+}
+
+/* An automatic step id's number: decimal digits in canonical form (no leading zero), below
+ * the dense table's size. Such ids (most of a run's) are found in ix->dense by number:
+ * in log order, the build and a replay walk it in order instead of missing the cache at
+ * every record as a hash would. */
+static int dense_at(const Index *ix, const char *s, Py_ssize_t n, uint64_t *v)
+{
+    if (n < 1 || n > 18 || (s[0] == '0' && n > 1))
+        return 0;
+    *v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+        *v = *v * 10 + (uint64_t)(s[i] - '0');
+    }
+    return *v < ix->ndense;
+}
+
+/* The entry of the step id s[0:n] (any state), or NULL. */
+static entry_t *lookup(const Index *ix, const char *s, Py_ssize_t n)
+{
+    uint64_t v;
+    if (dense_at(ix, s, n, &v))
+        return ix->dense[v] ? &ix->e[ix->dense[v] - 1] : NULL;
+    uint64_t h = fnv(s, n);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (size_t i = h & ix->mask;; i = (i + 1) & ix->mask) {
+        const slot_t *sl = &ix->slots[i];
+        if (sl->at == 0)
+            return NULL;
+        if (sl->tag != tag)     /* most probes end here, without touching the entry */
+            continue;
+        entry_t *e = &ix->e[sl->at - 1];
+        if (e->sidn == n && memcmp(e->sid, s, (size_t)n) == 0)
+            return e;
+    }
+}
+
+/* The entry of ix->e[at]'s step id already in the tables, or NULL: then ix->e[at] is. */
+static entry_t *find_or_add(Index *ix, Py_ssize_t at)
+{
+    entry_t *e = &ix->e[at];
+    uint64_t v;
+    if (dense_at(ix, e->sid, e->sidn, &v)) {
+        if (ix->dense[v])
+            return &ix->e[ix->dense[v] - 1];
+        ix->dense[v] = (uint32_t)(at + 1);
+        return NULL;
+    }
+    uint64_t h = fnv(e->sid, e->sidn);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (size_t i = h & ix->mask;; i = (i + 1) & ix->mask) {
+        slot_t *sl = &ix->slots[i];
+        if (sl->at == 0) {
+            sl->at = (uint32_t)(at + 1), sl->tag = tag;
+            return NULL;
+        }
+        entry_t *o = &ix->e[sl->at - 1];
+        if (sl->tag == tag && o->sidn == e->sidn && memcmp(o->sid, e->sid, (size_t)e->sidn) == 0)
+            return o;
+    }
+}
+
+/* The lazy entry of `key` visible below `limit`, or NULL (no exception set). `key` is a
+ * step id, or (replay) an int whose str() is one: no str made for an automatic id. */
+static entry_t *lazy_of(const Index *ix, PyObject *key, int numbers)
+{
+    char num[24];
+    Py_ssize_t n;
+    const char *s;
+    if (numbers && PyLong_CheckExact(key)) {
+        long long v = PyLong_AsLongLong(key);
+        if (v == -1 && PyErr_Occurred())
+            return PyErr_Clear(), NULL;
+        char *p = num + sizeof num;     /* str(v), right to left */
+        unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+        do
+            *--p = (char)('0' + u % 10);
+        while (u /= 10);
+        if (v < 0)
+            *--p = '-';
+        s = p;
+        n = num + sizeof num - p;
+    } else if (PyUnicode_CheckExact(key)) {
+        s = PyUnicode_AsUTF8AndSize(key, &n);
+        if (s == NULL)
+            return PyErr_Clear(), NULL;
+    } else
+        return NULL;
+    entry_t *e = ix->hint < ix->n ? &ix->e[ix->hint] : NULL;
+    if (e == NULL || e->state != LAZY || e->sidn != n       /* LAZY: its step id's one */
+            || memcmp(e->sid, s, (size_t)n) != 0)
+        e = lookup(ix, s, n);
+    return e != NULL && e->state == LAZY && e->pos < ix->limit ? e : NULL;
+}
+
+/* s[0:n] is UTF-8 Python decodes (ASCII at once; anything else: asked). */
+static int utf8_valid(const uint8_t *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] >= 0x80) {
+            PyObject *o = PyUnicode_DecodeUTF8((const char *)s, (Py_ssize_t)n, NULL);
+            if (o == NULL)
+                return PyErr_Clear(), 0;
+            Py_DECREF(o);
+            return 1;
+        }
+    return 1;
+}
+
+static PyObject *lazy_tuple(const Index *ix, const entry_t *e)
+{
+    PyObject *defaults[2] = {PyUnicode_FromString("step"), PyUnicode_FromString("")};
+    PyObject *last[2] = {NULL, NULL}, *t = NULL;
+    if (defaults[0] != NULL && defaults[1] != NULL)
+        t = step_tuple(&e->f, (const uint8_t *)ix->view.buf + ix->view.len,
+                       e->rec - (const uint8_t *)ix->view.buf, e->len, defaults, last);
+    Py_XDECREF(defaults[0]);
+    Py_XDECREF(defaults[1]);
+    Py_XDECREF(last[0]);
+    Py_XDECREF(last[1]);
+    return t;
+}
+
 static PyObject *bad(Py_ssize_t i, const char *why)
 {
     PyErr_Format(PyExc_ValueError, "journal head %zd: %s", i, why);
     return NULL;
 }
 
-/* Walk the heads; append each plain STEP record's tuple (or None) to `steps` and the other
- * records' bytes to `rest` (`*nrest` of them). */
-static PyObject *walk(cur_t *c, const uint8_t *start, uint64_t n, PyObject *steps,
-                      PyObject *rest, uint32_t *nrest)
+/* Read the record of head i at c->p into ix->e[i] (its fields, state 0). */
+static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
 {
-    PyObject *defaults[2] = {PyUnicode_FromString("step"), PyUnicode_FromString("")};
-    PyObject *last[2] = {NULL, NULL};
-    PyObject *out = NULL;
-    if (defaults[0] == NULL || defaults[1] == NULL)
-        goto done;
-    for (uint64_t i = 0; i < n; i++) {
-        size_t hdr;
-        uint64_t m;
-        if (header(c, &hdr, &m) != 'a' || m < 3) {
-            bad((Py_ssize_t)i, "not a list of 3 or more");
-            goto done;
-        }
-        c->p += hdr;
-        if (skip(c, 1) || skip(c, 1)) {
-            bad((Py_ssize_t)i, "malformed");
-            goto done;
-        }
-        const uint8_t *rec = c->p;
-        fields_t f;
-        if (read_record(c, &f)) {
-            bad((Py_ssize_t)i, "malformed record");
-            goto done;
-        }
-        Py_ssize_t off = rec - start, len = c->p - rec;
-        PyObject *item = NULL;
-        if (f.plain) {
-            item = step_tuple(&f, c->end, off, len, defaults, last);
-            if (item == NULL) {             /* e.g. a str that is not UTF-8: folded as before */
-                PyErr_Clear();
-                f.plain = 0;
-            }
-        }
-        if (!f.plain) {
-            item = Py_NewRef(Py_None);
-            Py_ssize_t at = PyByteArray_GET_SIZE(rest);
-            if (PyByteArray_Resize(rest, at + len) < 0) {
-                Py_DECREF(item);
-                goto done;
-            }
-            memcpy(PyByteArray_AS_STRING(rest) + at, rec, (size_t)len);
-            (*nrest)++;
-        }
-        int err = PyList_Append(steps, item);
-        Py_DECREF(item);
-        if (err)
-            goto done;
-        for (uint64_t j = 3; j < m; j++)       /* a later version's longer head */
-            if (skip(c, 1)) {
-                bad((Py_ssize_t)i, "malformed");
-                goto done;
-            }
+    size_t hdr;
+    uint64_t m;
+    entry_t *e = &ix->e[i];
+    if (header(c, &hdr, &m) != 'a' || m < 3)
+        return bad(i, "not a list of 3 or more"), -1;
+    c->p += hdr;
+    if (skip(c, 1, NULL) || skip(c, 1, NULL))
+        return bad(i, "malformed"), -1;
+    e->rec = c->p;
+    if (read_record(c, &e->f))
+        return bad(i, "malformed record"), -1;
+    e->len = c->p - e->rec;
+    e->pos = i;
+    for (uint64_t j = 3; j < m; j++)       /* a later version's longer head */
+        if (skip(c, 1, NULL))
+            return bad(i, "malformed"), -1;
+    if (e->f.s != NULL) {
+        cur_t sc = {e->f.s, c->end};
+        size_t sn = 0;
+        if (!str_at(&sc, &e->sid, &sn))
+            e->sid = NULL, e->f.plain = 0;
+        e->sidn = (Py_ssize_t)sn;
     }
-    out = Py_None;
-done:
-    Py_XDECREF(defaults[0]);
-    Py_XDECREF(defaults[1]);
-    Py_XDECREF(last[0]);
-    Py_XDECREF(last[1]);
-    return out;
+    return 0;
 }
 
-/* scan(buf) -> (steps, rest): see the top of this file. */
-static PyObject *scan(PyObject *self, PyObject *arg)
+/* Sort head i: lazy (the first plain record of its step id), or into `rest`. */
+static int sort_head(Index *ix, Py_ssize_t i, PyObject *rest, PyObject *where,
+                     Py_ssize_t *last)
 {
-    (void)self;
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    const uint8_t *start = view.buf;
-    cur_t c = {start, start + view.len};
-    PyObject *steps = NULL, *rest = NULL, *result = NULL;
+    entry_t *e = &ix->e[i];
+    if (e->sid != NULL && find_or_add(ix, i) == NULL) {     /* its step id's first record */
+        e->state = e->f.plain ? LAZY : SEEN;
+        if (e->state == LAZY) {
+            ix->live++;
+            *last = i;
+            return 0;
+        }
+    }
+    Py_ssize_t at = PyByteArray_GET_SIZE(rest);
+    if (PyByteArray_Resize(rest, at + e->len) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(rest) + at, e->rec, (size_t)e->len);
+    PyObject *p = PyLong_FromSsize_t(i);
+    int err = p == NULL || PyList_Append(where, p);
+    Py_XDECREF(p);
+    return err ? -1 : 0;
+}
+
+static PyTypeObject IndexType;
+
+static int build(Index *ix, PyObject *rest, PyObject *where, Py_ssize_t *last)
+{
+    const uint8_t *start = ix->view.buf;
+    cur_t c = {start, start + ix->view.len};
     size_t hdr;
     uint64_t n;
-    uint32_t nrest = 0;
-    if (header(&c, &hdr, &n) != 'a' || n > (uint64_t)view.len) {
+    if (header(&c, &hdr, &n) != 'a' || n > (uint64_t)ix->view.len || n >= UINT32_MAX) {
         bad(-1, "the heads are not a msgpack array");
-        goto done;
+        return -1;
     }
     c.p += hdr;
-    steps = PyList_New(0);
-    rest = PyByteArray_FromStringAndSize("\xdd\0\0\0\0", 5);   /* array32, count below */
-    if (steps == NULL || rest == NULL)
-        goto done;
-    if (walk(&c, start, n, steps, rest, &nrest) == NULL)
-        goto done;
+    ix->n = (Py_ssize_t)n;
+    size_t cap = 8;
+    while (cap < 2 * n + 2)
+        cap <<= 1;
+    ix->e = PyMem_Calloc(n ? n : 1, sizeof(entry_t));
+    ix->slots = PyMem_Calloc(cap, sizeof(slot_t));
+    ix->mask = cap - 1;
+    ix->ndense = n + 64;
+    ix->dense = PyMem_Calloc(ix->ndense, sizeof(uint32_t));
+    if (ix->e == NULL || ix->slots == NULL || ix->dense == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++)
+        if (read_head(ix, &c, i) || sort_head(ix, i, rest, where, last))
+            return -1;
     if (c.p != c.end) {
         bad(-1, "bytes after the heads");
-        goto done;
+        return -1;
     }
+    return 0;
+}
+
+/* index(heads) -> (lazy, rest, where, last): see the top of this file. */
+static PyObject *index_heads(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Index *ix = PyObject_New(Index, &IndexType);
+    if (ix == NULL)
+        return NULL;
+    ix->e = NULL, ix->slots = NULL, ix->dense = NULL, ix->ndense = 0;
+    ix->n = ix->live = ix->hint = ix->first = 0;
+    ix->limit = PY_SSIZE_T_MAX;
+    ix->view.obj = NULL;
+    if (PyObject_GetBuffer(arg, &ix->view, PyBUF_SIMPLE) < 0) {
+        ix->view.obj = NULL;
+        Py_DECREF(ix);
+        return NULL;
+    }
+    PyObject *rest = PyByteArray_FromStringAndSize("\xdd\0\0\0\0", 5);  /* array32 */
+    PyObject *where = PyList_New(0), *result = NULL;
+    Py_ssize_t last = -1;
+    if (rest == NULL || where == NULL || build(ix, rest, where, &last))
+        goto done;
+    Py_ssize_t nrest = PyList_GET_SIZE(where);
     uint8_t *h = (uint8_t *)PyByteArray_AS_STRING(rest) + 1;
     h[0] = (uint8_t)(nrest >> 24), h[1] = (uint8_t)(nrest >> 16);
     h[2] = (uint8_t)(nrest >> 8), h[3] = (uint8_t)nrest;
-    result = PyTuple_Pack(2, steps, rest);
+    PyObject *lastv = Py_None;
+    if (last >= 0) {
+        const entry_t *e = &ix->e[last];
+        PyObject *t = field_value(e->f.t, (const uint8_t *)ix->view.buf + ix->view.len,
+                                  Py_None, NULL);
+        lastv = t == NULL ? NULL : Py_BuildValue("(nN)", last, t);
+        if (lastv == NULL)
+            goto done;
+    } else
+        Py_INCREF(lastv);
+    result = Py_BuildValue("(OOON)", ix, rest, where, lastv);
 done:
-    Py_XDECREF(steps);
     Py_XDECREF(rest);
-    PyBuffer_Release(&view);
+    Py_XDECREF(where);
+    Py_DECREF(ix);
     return result;
 }
 
+static void index_dealloc(Index *ix)
+{
+    PyMem_Free(ix->e);
+    PyMem_Free(ix->slots);
+    PyMem_Free(ix->dense);
+    if (ix->view.obj != NULL)
+        PyBuffer_Release(&ix->view);
+    PyObject_Free(ix);
+}
+
+/* O(records) under a limit: only a fold sets one, and it asks for truth (index_bool). */
+static Py_ssize_t index_len(Index *ix)
+{
+    if (ix->limit == PY_SSIZE_T_MAX)
+        return ix->live;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < ix->n && i < ix->limit; i++)
+        n += ix->e[i].state == LAZY;
+    return n;
+}
+
+/* Truth: any lazy record before the limit. O(1) amortized (a fold asks before every
+ * record it applies): `first` only moves on, past records folded or not lazy. */
+static int index_bool(Index *ix)
+{
+    while (ix->first < ix->n && ix->e[ix->first].state != LAZY)
+        ix->first++;
+    return ix->first < ix->n && ix->first < ix->limit;
+}
+
+static int index_contains(Index *ix, PyObject *key)
+{
+    return lazy_of(ix, key, 0) != NULL;
+}
+
+static PyObject *index_get(Index *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2)
+        return PyErr_Format(PyExc_TypeError, "get(sid[, default])");
+    entry_t *e = lazy_of(ix, args[0], 0);
+    if (e == NULL)
+        return Py_NewRef(nargs == 2 ? args[1] : Py_None);
+    return lazy_tuple(ix, e);
+}
+
+static PyObject *index_pop(Index *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2)
+        return PyErr_Format(PyExc_TypeError, "pop(sid[, default])");
+    entry_t *e = lazy_of(ix, args[0], 0);
+    if (e == NULL) {
+        if (nargs == 2)
+            return Py_NewRef(args[1]);
+        PyErr_SetObject(PyExc_KeyError, args[0]);
+        return NULL;
+    }
+    PyObject *t = lazy_tuple(ix, e);
+    if (t != NULL)
+        e->state = POPPED, ix->live--;
+    return t;
+}
+
+static PyObject *index_iter(Index *ix)
+{
+    PyObject *sids = PyList_New(0);
+    const uint8_t *end = (const uint8_t *)ix->view.buf + ix->view.len;
+    for (Py_ssize_t i = 0; sids != NULL && i < ix->n && i < ix->limit; i++) {
+        if (ix->e[i].state != LAZY)
+            continue;
+        PyObject *s = value(ix->e[i].f.s, end);
+        if (s == NULL || PyList_Append(sids, s))
+            Py_CLEAR(sids);
+        Py_XDECREF(s);
+    }
+    if (sids == NULL)
+        return NULL;
+    PyObject *it = PyObject_GetIter(sids);
+    Py_DECREF(sids);
+    return it;
+}
+
+/* ---- a replayed call: compare with the default serde's bytes, decode the result ------ */
+
+/* The bytes msgpack's Packer(use_bin_type=True, strict_types=True) gives a value, compared
+ * as they are produced with the recorded ones at c->p: 1 equal so far, 0 not, -1 a value
+ * this does not pack (another type: the serde's extension types decide). */
+static int put(cur_t *c, const uint8_t *b, size_t n)
+{
+    if (!need(c, n) || memcmp(c->p, b, n) != 0)
+        return 0;
+    c->p += n;
+    return 1;
+}
+
+static int put_head(cur_t *c, uint8_t small, uint8_t b8, uint8_t b16, uint8_t b32,
+                    uint64_t n, int fix_max)
+{
+    uint8_t h[5];
+    if ((int64_t)n <= fix_max && small)
+        return h[0] = (uint8_t)(small | n), put(c, h, 1);
+    if (b8 && n < 256)
+        return h[0] = b8, h[1] = (uint8_t)n, put(c, h, 2);
+    if (n < 65536)
+        return h[0] = b16, h[1] = (uint8_t)(n >> 8), h[2] = (uint8_t)n, put(c, h, 3);
+    h[0] = b32, h[1] = (uint8_t)(n >> 24), h[2] = (uint8_t)(n >> 16);
+    h[3] = (uint8_t)(n >> 8), h[4] = (uint8_t)n;
+    return n <= UINT32_MAX ? put(c, h, 5) : -1;
+}
+
+static int put_be(cur_t *c, uint8_t tag, uint64_t v, int w)
+{
+    uint8_t h[9];
+    h[0] = tag;
+    for (int i = 0; i < w; i++)
+        h[1 + i] = (uint8_t)(v >> (8 * (w - 1 - i)));
+    return put(c, h, 1 + (size_t)w);
+}
+
+static int put_int(cur_t *c, PyObject *o)
+{
+    int overflow;
+    long long d = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(o);
+        if (u == (unsigned long long)-1 && PyErr_Occurred())
+            return PyErr_Clear(), -1;      /* beyond 64 bits: the bigint extension */
+        return put_be(c, 0xcf, u, 8);
+    }
+    if (overflow < 0 || (d == -1 && PyErr_Occurred()))
+        return PyErr_Clear(), -1;
+    uint8_t b = (uint8_t)d;
+    if (d >= -32 && d < 128)
+        return put(c, &b, 1);
+    if (d < 0)
+        return d >= -128 ? put_be(c, 0xd0, (uint64_t)d, 1)
+             : d >= -32768 ? put_be(c, 0xd1, (uint64_t)d, 2)
+             : d >= -2147483648LL ? put_be(c, 0xd2, (uint64_t)d, 4)
+             : put_be(c, 0xd3, (uint64_t)d, 8);
+    return d < 256 ? put_be(c, 0xcc, (uint64_t)d, 1)
+         : d < 65536 ? put_be(c, 0xcd, (uint64_t)d, 2)
+         : d <= 0xffffffffLL ? put_be(c, 0xce, (uint64_t)d, 4)
+         : put_be(c, 0xcf, (uint64_t)d, 8);
+}
+
+static int put_obj(cur_t *c, PyObject *o, int depth);
+
+static int put_seq(cur_t *c, PyObject *const *items, Py_ssize_t n, int depth)
+{
+    int r = put_head(c, 0x90, 0, 0xdc, 0xdd, (uint64_t)n, 15);
+    for (Py_ssize_t i = 0; r == 1 && i < n; i++)
+        r = put_obj(c, items[i], depth + 1);
+    return r;
+}
+
+static int put_obj(cur_t *c, PyObject *o, int depth)
+{
+    uint8_t b;
+    if (depth > 64)
+        return -1;
+    if (o == Py_None)
+        return b = 0xc0, put(c, &b, 1);
+    if (o == Py_True || o == Py_False)
+        return b = o == Py_True ? 0xc3 : 0xc2, put(c, &b, 1);
+    if (PyLong_CheckExact(o))
+        return put_int(c, o);
+    if (PyFloat_CheckExact(o)) {
+        double d = PyFloat_AS_DOUBLE(o);
+        uint64_t u;
+        memcpy(&u, &d, sizeof u);
+        return put_be(c, 0xcb, u, 8);
+    }
+    if (PyUnicode_CheckExact(o)) {
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(o, &n);
+        if (s == NULL)
+            return PyErr_Clear(), -1;
+        int r = put_head(c, 0xa0, 0xd9, 0xda, 0xdb, (uint64_t)n, 31);
+        return r == 1 ? put(c, (const uint8_t *)s, (size_t)n) : r;
+    }
+    if (PyBytes_CheckExact(o)) {
+        Py_ssize_t n = PyBytes_GET_SIZE(o);
+        int r = put_head(c, 0, 0xc4, 0xc5, 0xc6, (uint64_t)n, -1);
+        return r == 1 ? put(c, (const uint8_t *)PyBytes_AS_STRING(o), (size_t)n) : r;
+    }
+    if (PyList_CheckExact(o))
+        return put_seq(c, PySequence_Fast_ITEMS(o), PyList_GET_SIZE(o), depth);
+    if (PyDict_CheckExact(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        int r = put_head(c, 0x80, 0, 0xde, 0xdf, (uint64_t)PyDict_GET_SIZE(o), 15);
+        while (r == 1 && PyDict_Next(o, &pos, &k, &v))
+            if ((r = put_obj(c, k, depth + 1)) == 1)
+                r = put_obj(c, v, depth + 1);
+        return r;
+    }
+    return -1;
+}
+
+/* The recorded field at v (a str header, or NULL: `dflt`) is the text u[0:n]. */
+static int field_is(const uint8_t *v, const uint8_t *end, const char *dflt, const char *u,
+                    size_t n)
+{
+    if (v == NULL)
+        return strlen(dflt) == n && memcmp(u, dflt, n) == 0;
+    cur_t c = {v, end};
+    const char *r;
+    size_t rn;
+    return str_at(&c, &r, &rn) && rn == n && memcmp(r, u, n) == 0;
+}
+
+/* The call's version is the recorded `pv` (nil or missing: None). */
+static int same_version(const uint8_t *pv, const uint8_t *end, PyObject *version)
+{
+    if (version == Py_None)
+        return pv == NULL || pv[0] == 0xc0;
+    Py_ssize_t n;
+    const char *u = PyUnicode_CheckExact(version) ? PyUnicode_AsUTF8AndSize(version, &n) : NULL;
+    if (u == NULL)
+        return PyErr_Clear(), 0;
+    return pv != NULL && pv[0] != 0xc0 && field_is(pv, end, "", u, (size_t)n);
+}
+
+/* The recorded `in` (a bin) is what the default serde packs [list(args), kwargs] to. */
+static int same_inputs(const uint8_t *in, const uint8_t *end, PyObject *args, PyObject *kwargs)
+{
+    cur_t c = {in, end};
+    size_t hdr;
+    uint64_t len;
+    if (in == NULL || header(&c, &hdr, &len) != 'b' || (uint64_t)(end - in) - hdr < len)
+        return 0;
+    cur_t r = {in + hdr, in + hdr + len};
+    uint8_t pair = 0x92;
+    return put(&r, &pair, 1) == 1
+           && put_seq(&r, PySequence_Fast_ITEMS(args), PyTuple_GET_SIZE(args), 0) == 1
+           && put_obj(&r, kwargs, 1) == 1 && r.p == r.end;
+}
+
+/* PyUnicode_InternInPlace(&k), with the last short keys kept: a replay decodes the same
+ * few keys again and again, and the interned table's lookup was a tenth of its time. */
+static PyObject *key_cache[64];
+
+static PyObject *interned(PyObject *k)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(k);
+    if (!PyUnicode_IS_ASCII(k) || n > 32) {
+        PyUnicode_InternInPlace(&k);
+        return k;
+    }
+    const char *s = (const char *)PyUnicode_DATA(k);
+    PyObject **slot = &key_cache[fnv(s, n) & 63];
+    if (*slot != NULL && PyUnicode_GET_LENGTH(*slot) == n
+            && memcmp(PyUnicode_DATA(*slot), s, (size_t)n) == 0) {
+        Py_DECREF(k);
+        return Py_NewRef(*slot);
+    }
+    PyUnicode_InternInPlace(&k);
+    Py_XSETREF(*slot, Py_NewRef(k));
+    return k;
+}
+
+/* The object msgpack.unpackb(raw=False, strict_map_key=False) gives the value at c->p,
+ * for the native types; NULL (no exception set) for anything else -- an extension type,
+ * an error msgpack would raise --: the caller asks the serde. */
+static PyObject *decode(cur_t *c, int depth)
+{
+    size_t hdr;
+    uint64_t len;
+    int kind = header(c, &hdr, &len);
+    if (!kind || kind == 'x' || depth > 64 || !need(c, hdr))
+        return NULL;
+    const uint8_t *v = c->p;
+    if (kind == 'o') {
+        c->p += hdr;
+        if (v[0] == 0xc2 || v[0] == 0xc3)
+            return Py_NewRef(v[0] == 0xc3 ? Py_True : Py_False);
+        PyObject *o = value(v, c->end);
+        if (o == NULL)
+            PyErr_Clear();
+        return o;
+    }
+    if (kind == 's' || kind == 'b') {
+        if ((uint64_t)(c->end - v) - hdr < len)
+            return NULL;
+        c->p += hdr + len;
+        PyObject *o = value(v, c->end);
+        if (o == NULL)
+            PyErr_Clear();
+        return o;
+    }
+    c->p += hdr;
+    if (len > (uint64_t)(c->end - c->p))    /* each item takes a byte at least */
+        return NULL;
+    if (kind == 'a') {
+        PyObject *l = PyList_New((Py_ssize_t)len);
+        for (uint64_t i = 0; l != NULL && i < len; i++) {
+            PyObject *x = decode(c, depth + 1);
+            if (x == NULL)
+                Py_CLEAR(l);
+            else
+                PyList_SET_ITEM(l, (Py_ssize_t)i, x);
+        }
+        return l;
+    }
+    PyObject *d = _PyDict_NewPresized((Py_ssize_t)len);
+    for (uint64_t i = 0; d != NULL && i < len; i++) {
+        PyObject *k = decode(c, depth + 1);
+        PyObject *x = k == NULL ? NULL : decode(c, depth + 1);
+        if (k != NULL && PyUnicode_CheckExact(k))
+            k = interned(k);                    /* as msgpack does its map keys */
+        if (x == NULL || PyDict_SetItem(d, k, x) < 0) {
+            PyErr_Clear();
+            Py_CLEAR(d);
+        }
+        Py_XDECREF(k);
+        Py_XDECREF(x);
+    }
+    return d;
+}
+
+static PyObject *result_of(const uint8_t *v, const uint8_t *end, PyObject *loads)
+{
+    cur_t c = {v, end};
+    size_t hdr;
+    uint64_t len;
+    if (header(&c, &hdr, &len) != 'b' || (uint64_t)(end - v) - hdr < len)
+        return NULL;
+    cur_t r = {v + hdr, v + hdr + len};
+    PyObject *o = decode(&r, 0);
+    if (o != NULL && r.p == r.end)
+        return o;
+    Py_XDECREF(o);              /* trailing bytes, an extension type...: the serde's own */
+    PyObject *b = PyBytes_FromStringAndSize((const char *)v + hdr, (Py_ssize_t)len);
+    if (b == NULL)
+        return NULL;
+    o = PyObject_CallOneArg(loads, b);
+    Py_DECREF(b);
+    return o;
+}
+
+/* replay(sid, name, args, kwargs, version, loads): see the top of this file. */
+static PyObject *index_replay(Index *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6)
+        return PyErr_Format(PyExc_TypeError, "replay(sid, name, args, kwargs, version, loads)");
+    entry_t *e = lazy_of(ix, args[0], 1);
+    const uint8_t *end = (const uint8_t *)ix->view.buf + ix->view.len;
+    Py_ssize_t n;
+    const char *name = PyUnicode_CheckExact(args[1]) ? PyUnicode_AsUTF8AndSize(args[1], &n)
+                                                      : NULL;
+    if (name == NULL)
+        PyErr_Clear();
+    if (e == NULL || name == NULL || !PyTuple_CheckExact(args[2])
+            || !PyDict_CheckExact(args[3]) || e->f.r == NULL || e->f.r[0] == 0xc0)
+        return Py_NewRef(MISS);
+    const fields_t *f = &e->f;
+    if (!field_is(f->k, end, "step", "step", 4) || !field_is(f->n, end, "", name, (size_t)n)
+            || !same_version(f->pv, end, args[4]) || !same_inputs(f->in, end, args[2], args[3]))
+        return Py_NewRef(MISS);
+    ix->hint = e - ix->e + 1;
+    return result_of(f->r, end, args[5]);
+}
+
+static PyMethodDef index_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))index_get, METH_FASTCALL,
+     "get(sid[, default]): the Lazy tuple of a step id's unfolded record."},
+    {"pop", (PyCFunction)(void (*)(void))index_pop, METH_FASTCALL,
+     "pop(sid[, default]): get, and the record is no longer unfolded here."},
+    {"replay", (PyCFunction)(void (*)(void))index_replay, METH_FASTCALL,
+     "replay(sid, name, args, kwargs, version, loads): the recorded result, or MISS."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef index_members[] = {
+    {"limit", T_PYSSIZET, offsetof(Index, limit), 0,
+     "records at or after this log position are not in the index"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PySequenceMethods index_seq = {.sq_contains = (objobjproc)index_contains};
+static PyMappingMethods index_map = {.mp_length = (lenfunc)index_len};
+static PyNumberMethods index_number = {.nb_bool = (inquiry)index_bool};
+
+static PyTypeObject IndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "durkv._journalscan.Index",
+    .tp_basicsize = sizeof(Index),
+    .tp_dealloc = (destructor)index_dealloc,
+    .tp_as_sequence = &index_seq,
+    .tp_as_mapping = &index_map,
+    .tp_as_number = &index_number,
+    .tp_iter = (getiterfunc)index_iter,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A run's plain STEP records by step id, unfolded (see index()).",
+    .tp_methods = index_methods,
+    .tp_members = index_members,
+};
+
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_O,
-     "scan(heads) -> (steps, rest): a run's journal heads, plain STEP records as tuples."},
+    {"index", index_heads, METH_O,
+     "index(heads) -> (lazy, rest, where, last): a run's journal heads, read for a replay."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -414,4 +1040,18 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__journalscan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__journalscan(void)
+{
+    if (PyType_Ready(&IndexType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    MISS = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+    if (MISS == NULL || PyModule_AddObjectRef(m, "MISS", MISS) < 0
+            || PyModule_AddObjectRef(m, "Index", (PyObject *)&IndexType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

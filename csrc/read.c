@@ -306,6 +306,27 @@ int dkv_payload_bytes(dkv_log *log, const uint64_t *lsns, size_t n, uint64_t *to
     return rc;
 }
 
+/* Bytes enough for the heads of the n frames lsns, or near: their frames' bytes where the
+ * segment index knows them (a run's records are mostly neighbours: one span each), 64 a
+ * frame elsewhere. Sized once, the heads buffer is not grown (and copied) ~log2(n) times. */
+static size_t heads_bound(dkv_log *log, const uint64_t *lsns, size_t n)
+{
+    size_t bound = 64;
+    pthread_mutex_lock(&log->mu);
+    for (size_t i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && lsns[j] == lsns[j - 1] + 1;)
+            j++;
+        seg_t *s = log->nsegs && lsns[i] >= log->start_lsn ? find_seg(log, lsns[i]) : NULL;
+        uint64_t k0 = s ? lsns[i] - s->base_lsn : 0, k1 = s ? lsns[j - 1] - s->base_lsn + 1 : 0;
+        if (s && s->index_loaded && k1 < s->n_index && s->index[k0] && s->index[k1] > s->index[k0])
+            bound += (size_t)(s->index[k1] - s->index[k0]);
+        else
+            bound += 64 * (j - i);
+    }
+    pthread_mutex_unlock(&log->mu);
+    return bound;
+}
+
 /* The heads of n COMMIT frames, as one msgpack array: a run's journal read in one call
  * (Python decodes the array with one unpackb instead of n binding calls and n decodes).
  * Each frame is read and crc-checked as dkv_read_alloc does; a payload that is not a
@@ -316,7 +337,7 @@ int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_o
     DKV_OWNED(log, DKV_EFORKED);
     if (n > UINT32_MAX)
         return DKV_EINVAL;
-    size_t cap = 64 + n * 64, len = 5;
+    size_t cap = heads_bound(log, lsns, n), len = 5;
     uint8_t *out = malloc(cap);
     if (!out)
         return DKV_ENOMEM;

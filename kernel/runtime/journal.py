@@ -8,24 +8,26 @@ store access, no clock.
 
 :func:`fold` builds every entry from the decoded records. :func:`fold_lazy` (what a
 :class:`durkv.Run` opens with) reads the records' undecoded heads (``Store.journal_heads``)
-with ``durkv._journalscan`` (csrc/journalscan.c): a plain STEP record -- the first record
-of its step id, without ``ir`` -- is kept as the few fields a replay compares (a
-:data:`Lazy` tuple) in :attr:`RunState.lazy`, and decoded and folded into its entry only
-when the entry is first asked for (``latest``, ``find``, or another record of that step
-id). A replay compares its call with those fields and decodes the recorded result
-(``Run.step``, ``Run._plan_step``): a long journal opens at the cost of reading it.
+with ``durkv._journalscan.index`` (csrc/journalscan.c): a plain STEP record -- the first
+record of its step id, without ``ir`` -- stays in the heads, indexed by step id in
+:attr:`RunState.lazy` (its fields as a :data:`Lazy` tuple when asked), and is decoded and
+folded into its entry only when the entry is first asked for (``latest``, ``find``, or
+another record of that step id). A replay compares its call with the record and decodes
+the recorded result in one C call (``Index.replay`` from ``Run.step``; ``Run._plan_step``
+for the other verbs): a long journal opens at the cost of reading it.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import msgpack
 
-from .._journalscan import scan
+from .._journalscan import MISS, index
 from .inputs import by_ref
 from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_RUN, E_STATUS,
                       E_STEP, E_TRY, E_WARN, ApprovalRecord, DecisionRecord, IntentRecord,
@@ -35,7 +37,7 @@ from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
            "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "CallState", "RunState", "RunInfo", "fold", "apply",
            "apply_step", "JournalEntry", "STATUSES", "bulk_load", "fold_lazy",
-           "replays_as_asked", "Lazy"]
+           "replays_as_asked", "Lazy", "MISS"]
 
 STATUSES = ("running", "waiting", "sleeping", "in_doubt", "finished", "failed")
 
@@ -94,8 +96,9 @@ class RunState:
     updated: float | None = None
     task_ids: bool = False      # step ids of asyncio tasks are scoped by task (RUN "tid")
     # fold_lazy: step id -> its one STEP record, not folded yet (no entry in `entries` or
-    # `order`); `order` is in log order only for a state with none (fold)
-    lazy: dict[str, "Lazy"] = field(default_factory=dict)
+    # `order`): a durkv._journalscan.Index (a dict's get/pop/in/len, and Index.replay);
+    # `order` is in log order only for a state with none (fold)
+    lazy: Any = field(default_factory=dict)
     heads: Any = None       # fold_lazy: the heads read, which hold the lazy records' bytes
     out_of_order: bool = False  # fold_lazy left records unfolded: `order` is not in log order
 
@@ -196,21 +199,27 @@ def fold_lazy(run_id: str, heads: Any) -> RunState:
     as they stand at it) in ``lazy`` unfolded: the state answers ``latest``/``find`` and
     every later :func:`apply` exactly as ``fold``'s. Heads that do not read as such raise
     ValueError (the eager read, ``Store.journal``, names what is wrong)."""
-    steps, rest = scan(heads)
+    lazy, rest, where, last = index(heads)
     st = RunState(run_id)
-    st.heads = heads
-    others = iter(_unpackb(rest))
-    lazy, entries = st.lazy, st.entries
-    for x in steps:
-        if x is None:
-            apply(st, next(others))
-        elif x[0] in entries or x[0] in lazy:
-            apply(st, st.record(x))
-        else:
-            lazy[x[0]] = x
-            st.updated = x[LAZY_T]
-            st.out_of_order = True
+    st.heads, st.lazy = heads, lazy
+    others = _unpackb(rest)
+    # the others in log order, each seeing only the lazy records before it (an `ir` links
+    # to entries as they stand at its record); `updated` is the t of the last record
+    # that sets it, which is the last lazy record's if nothing after it does
+    at = -1 if last is None else last[0]
+    for pos, r in zip(where, others):
+        if 0 <= at < pos:
+            st.updated, at = last[1], -1
+        lazy.limit = pos
+        apply(st, r)
+    lazy.limit = _ALL
+    if at >= 0:
+        st.updated = last[1]
+    st.out_of_order = last is not None
     return st
+
+
+_ALL = sys.maxsize      # an Index's limit when every record is read: all of them count
 
 
 def replays_as_asked(x: Lazy, kind: str, name: str, fp: int | None, version: Any) -> bool:

@@ -49,7 +49,7 @@ from .aio import (
     settled, unscope_tasks,
 )
 from .inputs import Encoded, InputRefs
-from .journal import (LAZY_INPUTS, LAZY_RESULT, STATUSES, CallState, JournalEntry, apply,
+from .journal import (LAZY_INPUTS, LAZY_RESULT, MISS, STATUSES, CallState, JournalEntry, apply,
                       apply_step, bulk_load, fold, fold_lazy, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
@@ -540,14 +540,21 @@ class Run:
             secret: journal only the inputs' fingerprint, not the inputs.
             retry_failed: call again even if a final failure is recorded.
         """
-        sid = str(next(self._n)) if key is None and self._plain else self._sid(key)
+        # the automatic step id as its number (str() of it only when it is needed)
+        n = next(self._n) if key is None and self._plain else self._sid(key)
         lazy = self._st.lazy
-        if lazy and (prompt_version is None or type(prompt_version) is str):
-            x = lazy.get(sid)
+        if lazy:
             # the hot path of a re-execution: the step's one record, unfolded, compared
-            # with the call and its result decoded (a fresh object each time)
+            # with the call by the default serde's bytes and its result decoded (a fresh
+            # object each time), in one C call (a lazy state is the default serde's: _fold)
+            r = lazy.replay(n, name, args, kwargs, prompt_version, self._loads)
+            if r is not MISS:
+                return r
+        sid = n if type(n) is str else str(n)
+        if lazy and (prompt_version is None or type(prompt_version) is str):
+            x = lazy.get(sid)       # inputs not packed byte for byte as recorded, or
             if x is not None and self._replays(x, name, args, kwargs, secret, prompt_version):
-                return self._loads(x[LAZY_RESULT])
+                return self._loads(x[LAZY_RESULT])     # ... any other case: as before
         p = self._plan_call(sid, name, args, kwargs, prompt_version, secret, retry_failed)
         return self._drive(p, fn, args, kwargs, retry)
 
