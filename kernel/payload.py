@@ -270,11 +270,17 @@ def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
 
 
 class Codec:
-    """Per-item compression with a size threshold (see the module docstring)."""
+    """Per-item compression with a size threshold (see the module docstring).
+
+    zstd level 1: the items are small (a ~1 KiB message), where each frame's cost is
+    mostly its own setup and entropy tables; level 1 compresses a LangGraph message in
+    ~10 us where level 3 took ~15.5 us, for 1.8% more bytes on the item (0.2-1% of a
+    store; docs/BENCHMARKS.md, "Issue 20: the commit path in C"). The level is the
+    writer's choice alone: any zstd frame reads back the same."""
 
     __slots__ = ("min_bytes", "_level", "compress", "_local")
 
-    def __init__(self, compress_min_bytes: int = 1024, level: int = 3) -> None:
+    def __init__(self, compress_min_bytes: int = 1024, level: int = 1) -> None:
         self.min_bytes = compress_min_bytes
         self._level = level
         # compress(data) -> bytes: one compressor, for the one thread that holds the store's
