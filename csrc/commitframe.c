@@ -80,6 +80,18 @@ static int item_bytes(PyObject *it, Py_buffer *view, const char **p, Py_ssize_t 
     return 0;
 }
 
+/* The size of one item (pass 1): item_bytes without keeping the view. */
+static int item_size(PyObject *it, Py_ssize_t *n)
+{
+    Py_buffer view;
+    const char *p;
+    if (item_bytes(it, &view, &p, n))
+        return -1;
+    if (view.obj)
+        PyBuffer_Release(&view);
+    return 0;
+}
+
 typedef struct {
     unsigned long long kind, flags, depth, prev_lsn, prev_idx;
     PyObject *items;      /* a list or tuple (borrowed from the entry) */
@@ -130,13 +142,9 @@ static int payload_size(PyObject *entries, Py_ssize_t head_len, Py_ssize_t *tota
         Py_ssize_t k = PySequence_Fast_GET_SIZE(f.items);
         PyObject **items = PySequence_Fast_ITEMS(f.items);
         for (Py_ssize_t j = 0; j < k; j++) {
-            Py_buffer view;
-            const char *p;
             Py_ssize_t len;
-            if (item_bytes(items[j], &view, &p, &len))
+            if (item_size(items[j], &len))
                 return -1;
-            if (view.obj)
-                PyBuffer_Release(&view);
             if ((unsigned long long)len > MAX_U32) {
                 PyErr_SetString(PyExc_OverflowError, "a commit item is over 4 GiB");
                 return -1;
