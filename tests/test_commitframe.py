@@ -128,6 +128,25 @@ def test_store_frames_read_back_through_a_real_store(tmp_path):
         assert s.get("t", "", "c005").values["messages"] == msgs[:6]
 
 
+def test_odd_channels_empty_values_and_writes_read_back(tmp_path):
+    """Channel names of any text, empty lists and strings, a value that starts with the
+    zstd magic, an empty put_writes and one of many writes: every frame reads back."""
+    import durkv
+
+    odd = {"": [], "ünï cödé ✓": "", "sp ace/\\x": [b"", b"\x28\xb5\x2f\xfd not zstd"],
+           "🙂" * 40: {"k": ["v"] * 300}, "n": 0}
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path) as s:
+        s.put_writes("t", "", "c0", "task", [])
+        s.put_writes("t", "", "c0", "task", [(i, f"ch{i}", [i] * i) for i in range(20)])
+        s.put("t", "", "c0", checkpoint={}, metadata={}, values=odd,
+              versions={k: 1 for k in odd})
+    with durkv.open(path) as s:
+        assert s.get("t", "", "c0").values == odd
+        got = {(w.channel, w.idx): w.value for w in s.get("t", "", "c0").writes}
+        assert got == {(f"ch{i}", i): [i] * i for i in range(20)}
+
+
 def test_a_langgraph_run_reads_back_after_reopen(tmp_path):
     from langgraph.graph import END, START, StateGraph
 
