@@ -16,6 +16,12 @@ Instructions, which do not move at all with the load:
 
 and (total of the second - total of the first) / (2 * 200) is the instructions of one
 superstep's two calls.
+
+``--graph`` measures what the calls cost inside LangGraph instead: the process CPU of
+whole N-superstep runs of the agent graph on a saver that stores nothing and on
+DurkvSaver, interleaved ``--rounds`` times in this process, and their ratio -- the
+``async`` target's ratio (0.8x the null saver) as CPU, which a loaded machine moves far
+less than it moves wall time (the graph is CPU-bound under the GIL).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from durkv.cli.benchgraph import agent_graph, cfg
+from durkv.cli.benchgraph import NullSaver, agent_graph, cfg
 from durkv.langgraph import DurkvSaver
 
 
@@ -61,13 +67,51 @@ def replay(path: Path, calls: list[tuple[str, tuple]]) -> dict[str, float]:
     return spent
 
 
+def graph_cpu(root: Path, n: int, mode: str, saver_kind: str, r: int) -> float:
+    """Process CPU seconds of one N-superstep run of the agent graph on a saver."""
+    if saver_kind == "null":
+        saver, path = NullSaver(), None
+    else:
+        path = str(root / f"graph-{r}.durkv")
+        saver = DurkvSaver.open(path)
+    try:
+        graph = agent_graph(n).compile(checkpointer=saver)
+        t0 = time.process_time()
+        graph.invoke({"n": 0, "messages": []}, cfg(f"g{r}", n), durability=mode)
+        return time.process_time() - t0
+    finally:
+        if path is not None:
+            saver.close()
+
+
+def graph_main(n: int, rounds: int, mode: str) -> None:
+    cpu: dict[str, list[float]] = {"null": [], "durkv": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        graph_cpu(Path(tmp), n, mode, "durkv", -1)      # warm: imports, first-call caches
+        for r in range(rounds):
+            for kind in (("null", "durkv") if r % 2 == 0 else ("durkv", "null")):
+                cpu[kind].append(graph_cpu(Path(tmp), n, mode, kind, r) / n * 1e6)
+    for kind, per in cpu.items():
+        print(f"{kind:6s} process CPU min {min(per):7.1f} us  median "
+              f"{statistics.median(per):7.1f} us a superstep ({rounds} runs of {n}, {mode})")
+    print(f"null/durkv CPU (the {mode} ratio as CPU): min-based "
+          f"{min(cpu['null']) / min(cpu['durkv']):.3f}x, median-based "
+          f"{statistics.median(cpu['null']) / statistics.median(cpu['durkv']):.3f}x; durkv adds "
+          f"{statistics.median(cpu['durkv']) - statistics.median(cpu['null']):.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=500, help="supersteps of the recorded run")
     ap.add_argument("--rounds", type=int, default=5, help="replays (0: record only)")
     ap.add_argument("--mode", default="async", choices=("sync", "async"),
                     help="LangGraph's durability= of the run (and of the replayed calls)")
+    ap.add_argument("--graph", action="store_true",
+                    help="process CPU of whole graph runs, null saver vs DurkvSaver")
     args = ap.parse_args()
+    if args.graph:
+        graph_main(args.n, max(args.rounds, 1), args.mode)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         calls = record(root, args.n, args.mode)

@@ -4,9 +4,10 @@ This module is the one Python codec of that format: pure Python on bytes, so
 every backend (memory, local, s3) shares it. An *entry* (:class:`CommitEntry`) is
 what one COMMIT frame holds for one channel, as FORMAT.md section 5 uses the word.
 The C library decodes the same bytes (``dkv_read_channel``, ``verify --deep``);
-the tests hold the two to each other. Frames are built here rather than in C
-because joining one small frame with ``struct`` costs less than marshalling
-item arrays through cffi.
+the tests hold the two to each other. A frame is laid out by a small CPython
+extension (``durkv._commitframe``, :func:`encode_commit`), not the cffi
+library: it reads the entries' Python objects in place and keeps the GIL, where
+cffi would copy them into arrays and drop the GIL on every call.
 
 Item compression is per item and self-describing: an item is stored zstd
 compressed when its serialized size is ``>= compress_min_bytes``, and it is
@@ -33,6 +34,7 @@ from typing import Callable, NamedTuple
 
 import zstandard
 
+from ._commitframe import encode_commit as _encode_commit
 from .errors import CorruptionError
 
 __all__ = [
@@ -52,7 +54,6 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 pack_ref = _REF.pack
 _pack_u32 = _U32.pack
 _unpack_u32 = _U32.unpack_from
-_pack_entry = _ENTRY.pack
 
 
 def unpack_ref(b: bytes) -> tuple[int, int]:
@@ -70,17 +71,17 @@ class CommitEntry(NamedTuple):
     prev_idx: int = 0
 
 
-def encode_commit(head: bytes, entries) -> bytes:
-    """Encode a COMMIT payload: ``head_len head n_entries entry*``. ``entries`` are
-    :class:`CommitEntry` or plain 6-tuples in its field order (the commit path builds those)."""
-    parts = [_pack_u32(len(head)), head, _pack_u32(len(entries))]
-    append = parts.append
-    for kind, items, flags, depth, prev_lsn, prev_idx in entries:
-        append(_pack_entry(kind, flags, 0, depth, prev_lsn, prev_idx, len(items)))
-        for it in items:
-            append(_pack_u32(len(it)))
-            append(it)
-    return b"".join(parts)
+def encode_commit(head: bytes, entries: list | tuple) -> bytes:
+    """Encode a COMMIT payload: ``head_len head n_entries entry*``. ``entries`` (a list or
+    tuple) are :class:`CommitEntry` or plain 6-tuples in its field order (the commit path
+    builds those), each entry's items a list or tuple of bytes.
+
+    One C call (``csrc/commitframe.c``): every checkpoint and pending-write frame is laid
+    out here, and the ``struct``-and-join version was ~3 us of a LangGraph superstep's
+    ~150. ``tests/test_commitframe.py`` holds it to the layout of FORMAT.md section 5,
+    written out with ``struct`` over many inputs. A field out of its range raises
+    OverflowError; nothing is returned half-built."""
+    return _encode_commit(head, entries)
 
 
 def encode_record(head: bytes) -> bytes:
@@ -269,11 +270,17 @@ def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
 
 
 class Codec:
-    """Per-item compression with a size threshold (see the module docstring)."""
+    """Per-item compression with a size threshold (see the module docstring).
+
+    zstd level 1: the items are small (a ~1 KiB message), where each frame's cost is
+    mostly its own setup and entropy tables; level 1 compresses a LangGraph message in
+    ~10 us where level 3 took ~15.5 us, for 1.8% more bytes on the item (0.2-1% of a
+    store; docs/BENCHMARKS.md, "Issue 20: the commit path in C"). The level is the
+    writer's choice alone: any zstd frame reads back the same."""
 
     __slots__ = ("min_bytes", "_level", "compress", "_local")
 
-    def __init__(self, compress_min_bytes: int = 1024, level: int = 3) -> None:
+    def __init__(self, compress_min_bytes: int = 1024, level: int = 1) -> None:
         self.min_bytes = compress_min_bytes
         self._level = level
         # compress(data) -> bytes: one compressor, for the one thread that holds the store's

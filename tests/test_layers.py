@@ -13,7 +13,7 @@ each import of a durkv module is checked against three rules:
    costly module on use, but never hides a cycle.
 2. **No private name crosses a module line:** no ``from durkv.x import _name``.
    The compiled modules ``durkv._seglog``, ``durkv._listprefix``,
-   ``durkv._journalscan`` and ``durkv._recpack`` are imported by
+   ``durkv._journalscan``, ``durkv._recpack`` and ``durkv._commitframe`` are imported by
    the one module that wraps each (:data:`WRAPPERS`).
 3. **Every module has a rank:** a new module (``kernel/runtime/``, ``backends/s3/``)
    fails this test until it is placed in :data:`RANKS`, in the layer it belongs to.
@@ -41,6 +41,7 @@ RANKS = {
     "durkv.fsync": 1,               # fsync of a file or a directory by path
     # log: the C segment log and the commit-payload format it frames
     "durkv._seglog": 10,            # compiled (cffi)
+    "durkv._commitframe": 10.5,     # compiled (CPython extension): COMMIT payload layout
     "durkv.payload": 11,            # commit-payload codec, shared by the log and the store
     "durkv.repairnotes": 11.5,      # repairs/<id>.json: a cut's durable witness (FORMAT 6a)
     "durkv.log": 12,
@@ -134,7 +135,7 @@ RANKS = {
 # compiled module -> the one module that wraps it
 WRAPPERS = {"durkv._seglog": "durkv.log", "durkv._listprefix": "durkv.store.delta",
             "durkv._journalscan": "durkv.runtime.journal",
-            "durkv._recpack": "durkv.store.writer"}
+            "durkv._recpack": "durkv.store.writer", "durkv._commitframe": "durkv.payload"}
 
 # Known violations: (importer, imported module, name) triples allowed one by one, each
 # with the reason it must stay. The store restructuring (issue 8 item 1) removed the last
@@ -384,7 +385,7 @@ LAYER_OF = (  # module prefix -> layer (first match); README names the layers to
     ("durkv.store", "store"), ("durkv.serde", "store"), ("durkv._listprefix", "store"),
     ("durkv.backends", "backends"), ("durkv.log", "log"), ("durkv.payload", "log"),
     ("durkv.repairnotes", "log"), ("durkv._seglog", "log"), ("durkv.errors", "errors"),
-    ("durkv._journalscan", "runtime"), ("durkv._recpack", "store"),
+    ("durkv._journalscan", "runtime"), ("durkv._recpack", "store"), ("durkv._commitframe", "log"),
     ("durkv.durability", "errors"), ("durkv.fsync", "errors"),
 )
 

@@ -119,6 +119,8 @@ class NewestCheckpoint:
 def _match_writes(pend: list, raws: list) -> tuple[list, int]:
     """Pending-write entries whose items, one after another, are a prefix of ``raws``
     (compared byte for byte, each used once): ``(their refs, items covered)``."""
+    if len(pend) == 1 and raws and pend[0][1] == raws:
+        return [pend[0][0]], len(raws)      # the agent loop: the task's one write, whole
     refs: list = []
     m = 0
     left = list(pend)

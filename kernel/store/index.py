@@ -49,6 +49,8 @@ class Lane:
 
     def find(self, cid: str) -> int:
         ids = self.ids
+        if ids and ids[-1] == cid:
+            return len(ids) - 1     # the newest: a pending write of the running superstep
         pos = bisect_left(ids, cid)
         if pos < len(ids) and ids[pos] == cid:
             return pos

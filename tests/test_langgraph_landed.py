@@ -1,0 +1,71 @@
+"""A put wakes a thread waiting for its checkpoint; a put with no waiter skips the condition.
+
+``DurkvSaver.wait_for_checkpoint`` (durkv.langgraph.step/tool under LangGraph's async
+durability) blocks until the task's checkpoint is committed. Since issue 20 a put notifies
+only while a waiter is counted; these tests hold that a waiter is woken by the put's
+notify (not by its 50 ms re-check), that several waiters are, and that the count returns
+to zero however the wait ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("langgraph.checkpoint.base")
+
+from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
+
+from durkv.langgraph import DurkvSaver  # noqa: E402
+
+
+class RecordingCondition(threading.Condition):
+    """A real condition that records what each wait returned (True: notified)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.results: list[bool] = []
+
+    def wait(self, timeout=None):
+        got = super().wait(timeout)
+        self.results.append(got)
+        return got
+
+
+def _put(saver: DurkvSaver, cid: str) -> None:
+    ck = empty_checkpoint()
+    ck["id"] = cid
+    saver.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, ck,
+              {"source": "input", "step": -1}, {})
+
+
+def test_a_put_notifies_the_waiters(tmp_path):
+    with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
+        saver._landed = cond = RecordingCondition()
+        got: list[bool] = []
+        waiters = [threading.Thread(target=lambda: got.append(
+            saver.wait_for_checkpoint("t", "", "c1", timeout=10))) for _ in range(3)]
+        for w in waiters:
+            w.start()
+        deadline = time.monotonic() + 10
+        while saver._waiting < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert saver._waiting == 3
+        _put(saver, "c1")
+        for w in waiters:
+            w.join(10)
+        assert got == [True, True, True]
+        assert cond.results.count(True) >= 3     # woken by the put, not by the re-check
+        assert saver._waiting == 0
+
+
+def test_the_count_returns_to_zero_after_a_timeout_and_a_put_without_waiters(tmp_path):
+    with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
+        assert saver.wait_for_checkpoint("t", "", "never", timeout=0.06) is False
+        assert saver._waiting == 0
+        saver._landed = cond = RecordingCondition()
+        _put(saver, "c1")                       # nobody waits: no notify needed
+        assert saver.wait_for_checkpoint("t", "", "c1", timeout=1) is True
+        assert cond.results == [] and saver._waiting == 0
