@@ -150,6 +150,10 @@ def _serve(tmp_path: Path, rnd: random.Random) -> tuple[int, int]:
     next_k = {f"t{i}": 1 for i in range(THREADS)}     # the thread's next invocation
     busy: set[str] = set()
     kills, done, kill_at = 0, 0, None                 # kill_at: (when, worker, job)
+    # how long an invocation takes (START to DONE): a kill is aimed inside one, so the
+    # harness lands its kills however fast the saver gets
+    started: dict = {}
+    took: list = []
     left = THREADS * K
     t_end = time.monotonic() + BUDGET
     try:
@@ -169,14 +173,19 @@ def _serve(tmp_path: Path, rnd: random.Random) -> tuple[int, int]:
                     if word == "READY":
                         w.ready = True
                     elif word == "START":
-                        if kill_at is None and rnd.random() < 3 * (MIN_KILLS - kills + 1) / left:
-                            kill_at = (time.monotonic() + rnd.uniform(0, 0.08), w, w.job)
+                        started[w.pid] = time.monotonic()
+                        # aimed at a few more than MIN_KILLS: some land after DONE
+                        if kill_at is None and rnd.random() < 3 * (MIN_KILLS + 6 - kills) / left:
+                            span = min(0.08, sorted(took)[len(took) // 2]) if took else 0.02
+                            kill_at = (time.monotonic() + rnd.uniform(0, span), w, w.job)
                     elif word == "DONE":
                         t, k = rest[0], int(rest[1])
                         assert (t, k) == w.job, (ln, w.job)
                         state = json.loads(rest[2])
                         assert (state["inv"], state["step"]) == (k, child.STEPS), ln
                         busy.discard(t)
+                        if w.pid in started:
+                            took.append(time.monotonic() - started.pop(w.pid))
                         next_k[t] = k + 1
                         w.job = None
                         left -= 1
