@@ -822,3 +822,45 @@ def test_index_add_holds_only_a_plain_first_record_of_its_step_id():
         lazy.add(bytearray(payload(HOSTILE[0])))
     held = list(lazy)
     assert held == ["a"] + [r["s"] for r in HOSTILE[1:] if _plain(r)]
+
+
+HOSTILE_VALUES = [(1, 2), [1, 2], 1, 1.0, True, 0.0, -0.0, float("nan"), "a", b"a",
+                  bytearray(b"a"), {"b": 2, "a": 1}, 2 ** 63, 2 ** 64 - 1, 2 ** 64, -2 ** 63,
+                  -2 ** 63 - 1, "\udc80x", {1: "a"}, None, [[[]]], "é", 1 << 40, _IntSub(3),
+                  _StrSub("s"), _Colour.RED, datetime.date(2026, 12, 3), "x" * 300,
+                  collections.OrderedDict(a=1), {"k": (1, [2, (3,)])}, math.inf, -1]
+
+
+def _hostile_agent(run):
+    out = []
+    for i, v in enumerate(HOSTILE_VALUES):
+        for args, result in (((v,), v), ((i,), [v, v]), ((v, i), {"r": v})):
+            try:
+                out.append(repr(run.step("h", lambda *a, _r=result: _r, *args)))
+            except Exception as e:
+                out.append(type(e).__name__)
+    for i, v in enumerate(HOSTILE_VALUES):      # a replay of each in the same Run (key=)
+        for _ in range(2):
+            try:
+                out.append(repr(run.step("h", lambda *a, _v=v: _v, v, key=f"h{i}")))
+            except Exception as e:
+                out.append(type(e).__name__)
+    return out
+
+
+def test_held_and_folded_steps_write_the_same_bytes_for_hostile_values(tmp_path, monkeypatch):
+    got = {}
+    for how in ("live", "eager"):
+        with monkeypatch.context() as mp:
+            if how == "eager":
+                _eager_record_step(mp)
+            with durkv.open(str(tmp_path / how)) as store:
+                with store.run("r", clock=_clock()) as run:
+                    out = _hostile_agent(run)
+                    _assert_states_equal(fold("r", store.journal("r")), run._st)
+                got[how] = out, bytes(store.journal_heads("r"))
+                with store.run("r", clock=_clock()) as run:     # and replayed from the log
+                    got[how] += (_hostile_agent(run),)
+    assert got["live"][1] == got["eager"][1]        # the journal, byte for byte
+    assert got["live"][0] == got["eager"][0] and got["live"][2] == got["eager"][2]
+    assert "SerializationError" in got["live"][0]   # the lone surrogate, on both paths
