@@ -37,9 +37,7 @@
  * the recorded result decoded fresh -- by msgpack's rules for the native types (nil, bool,
  * int, float, str, bin, array, map: what serde.loads gives for them), by `loads` for
  * anything else (extension types). Any other case answers MISS, and the caller decides as
- * before (a fingerprint compare, a fold): MISS never means "not recorded as asked". A step
- * id (a str, or an int within 64 bits) of which no record is held answers UNHELD: what
- * get() would say (None), one probe sooner -- not that the step has no folded entry.
+ * before (a fingerprint compare, a fold): MISS never means "not recorded as asked".
  *
  * Index.add(payload) holds a live run's own new STEP record as the open holds one it read:
  * `payload` is the COMMIT payload the log was given (u32 head_len, [kind, run_id, map],
@@ -365,7 +363,7 @@ typedef struct {
     size_t mask;
 } Index;
 
-static PyObject *MISS, *UNHELD;
+static PyObject *MISS;
 
 static uint64_t mix(uint64_t h)
 {
@@ -450,9 +448,8 @@ static entry_t *find_or_add(Index *ix, Py_ssize_t at)
 }
 
 /* The lazy entry of `key` visible below `limit`, or NULL (no exception set). `key` is a
- * step id, or (replay) an int whose str() is one: no str made for an automatic id.
- * *looked (if not NULL) is set when `key` was looked up: NULL then means none is held. */
-static entry_t *lazy_of(const Index *ix, PyObject *key, int numbers, int *looked)
+ * step id, or (replay) an int whose str() is one: no str made for an automatic id. */
+static entry_t *lazy_of(const Index *ix, PyObject *key, int numbers)
 {
     char num[24];
     Py_ssize_t n;
@@ -476,8 +473,6 @@ static entry_t *lazy_of(const Index *ix, PyObject *key, int numbers, int *looked
             return PyErr_Clear(), NULL;
     } else
         return NULL;
-    if (looked != NULL)
-        *looked = 1;
     entry_t *e = ix->hint < ix->n ? &ix->e[ix->hint] : NULL;
     if (e == NULL || e->state != LAZY || e->sidn != n       /* LAZY: its step id's one */
             || memcmp(e->sid, s, (size_t)n) != 0)
@@ -689,14 +684,14 @@ static int index_bool(Index *ix)
 
 static int index_contains(Index *ix, PyObject *key)
 {
-    return lazy_of(ix, key, 0, NULL) != NULL;
+    return lazy_of(ix, key, 0) != NULL;
 }
 
 static PyObject *index_get(Index *ix, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 1 || nargs > 2)
         return PyErr_Format(PyExc_TypeError, "get(sid[, default])");
-    entry_t *e = lazy_of(ix, args[0], 0, NULL);
+    entry_t *e = lazy_of(ix, args[0], 0);
     if (e == NULL)
         return Py_NewRef(nargs == 2 ? args[1] : Py_None);
     return lazy_tuple(e);
@@ -706,7 +701,7 @@ static PyObject *index_pop(Index *ix, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 1 || nargs > 2)
         return PyErr_Format(PyExc_TypeError, "pop(sid[, default])");
-    entry_t *e = lazy_of(ix, args[0], 0, NULL);
+    entry_t *e = lazy_of(ix, args[0], 0);
     if (e == NULL) {
         if (nargs == 2)
             return Py_NewRef(args[1]);
@@ -1002,10 +997,7 @@ static PyObject *index_replay(Index *ix, PyObject *const *args, Py_ssize_t nargs
 {
     if (nargs != 6)
         return PyErr_Format(PyExc_TypeError, "replay(sid, name, args, kwargs, version, loads)");
-    int looked = 0;
-    entry_t *e = lazy_of(ix, args[0], 1, &looked);
-    if (e == NULL && looked)
-        return Py_NewRef(UNHELD);
+    entry_t *e = lazy_of(ix, args[0], 1);
     Py_ssize_t n;
     const char *name = PyUnicode_CheckExact(args[1]) ? PyUnicode_AsUTF8AndSize(args[1], &n)
                                                       : NULL;
@@ -1114,8 +1106,7 @@ static PyMethodDef index_methods[] = {
     {"pop", (PyCFunction)(void (*)(void))index_pop, METH_FASTCALL,
      "pop(sid[, default]): get, and the record is no longer unfolded here."},
     {"replay", (PyCFunction)(void (*)(void))index_replay, METH_FASTCALL,
-     "replay(sid, name, args, kwargs, version, loads): the recorded result, MISS, or "
-     "UNHELD (no record of that step id held)."},
+     "replay(sid, name, args, kwargs, version, loads): the recorded result, or MISS."},
     {"add", (PyCFunction)index_add, METH_O,
      "add(payload): hold a live run's new plain STEP record (its COMMIT payload); False: "
      "not held (fold it)."},
@@ -1167,9 +1158,7 @@ PyMODINIT_FUNC PyInit__journalscan(void)
     if (m == NULL)
         return NULL;
     MISS = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
-    UNHELD = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
     if (MISS == NULL || PyModule_AddObjectRef(m, "MISS", MISS) < 0
-            || UNHELD == NULL || PyModule_AddObjectRef(m, "UNHELD", UNHELD) < 0
             || PyModule_AddObjectRef(m, "Index", (PyObject *)&IndexType) < 0) {
         Py_DECREF(m);
         return NULL;

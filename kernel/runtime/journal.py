@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import msgpack
 
-from .._journalscan import MISS, UNHELD, Index, index
+from .._journalscan import MISS, Index, index
 from .inputs import by_ref
 from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_RUN, E_STATUS,
                       E_STEP, E_TRY, E_WARN, ApprovalRecord, DecisionRecord, IntentRecord,
@@ -41,7 +41,7 @@ from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
            "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "CallState", "RunState", "RunInfo", "fold", "apply",
            "apply_step", "JournalEntry", "STATUSES", "bulk_load", "fold_lazy",
-           "replays_as_asked", "Lazy", "MISS", "UNHELD", "record_step"]
+           "replays_as_asked", "Lazy", "MISS", "record_step"]
 
 STATUSES = ("running", "waiting", "sleeping", "in_doubt", "finished", "failed")
 

@@ -49,7 +49,7 @@ from .aio import (
     settled, unscope_tasks,
 )
 from .inputs import Encoded, InputRefs
-from .journal import (LAZY_INPUTS, LAZY_RESULT, MISS, STATUSES, UNHELD, CallState, JournalEntry, apply,
+from .journal import (LAZY_INPUTS, LAZY_RESULT, MISS, STATUSES, CallState, JournalEntry, apply,
                       bulk_load, fold, fold_lazy, record_step, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
@@ -550,9 +550,7 @@ class Run:
             # with the call by the default serde's bytes and its result decoded (a fresh
             # object each time), in one C call (a lazy state is the default serde's: _fold)
             r = lazy.replay(n, name, args, kwargs, prompt_version, self._loads)
-            if r is UNHELD:     # no record of it held: a new step (or a folded one)
-                lazy = None
-            elif r is not MISS:
+            if r is not MISS:
                 return r
         sid = n if type(n) is str else str(n)
         if lazy and (prompt_version is None or type(prompt_version) is str):
