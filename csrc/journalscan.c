@@ -12,9 +12,9 @@
  *          id (no earlier record of any kind names that id in `s`), kept as pointers into
  *          `heads` -- no Python object until asked. Its mapping side (len, `in`, get, pop,
  *          iteration in log order) answers a Lazy tuple (sid, fp, kind, name,
- *          prompt_version, inputs, result, t, offset, length): each field as msgpack would
+ *          prompt_version, inputs, result, t, record): each field as msgpack would
  *          decode it, a missing key as the fold defaults it (fp 0, kind "step", name "",
- *          the others None), the record map's bytes at heads[offset:offset + length].
+ *          the others None), `record` the record map's bytes (a copy).
  *          `limit`: records at or after that log position are not there (a fold applying
  *          the rest in log order sees only the lazy records before the one it applies).
  *          replay(): below.
@@ -38,6 +38,14 @@
  * int, float, str, bin, array, map: what serde.loads gives for them), by `loads` for
  * anything else (extension types). Any other case answers MISS, and the caller decides as
  * before (a fingerprint compare, a fold): MISS never means "not recorded as asked".
+ *
+ * Index.add(payload) holds a live run's own new STEP record as the open holds one it read:
+ * `payload` is the COMMIT payload the log was given (u32 head_len, [kind, run_id, map],
+ * u32 0: csrc/recpack.c), kept alive by the index, its map read by the same rule. A record
+ * that is plain and the first of its step id in the index is added after the others (log
+ * order: the journal's end) and True is answered; anything else adds nothing and answers
+ * False -- the caller folds that record (journal.apply_step). The caller knows that no
+ * folded entry has that step id: the index knows only its own records.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -292,13 +300,14 @@ static PyObject *field_value(const uint8_t *v, const uint8_t *end, PyObject *dfl
     return o;
 }
 
-static PyObject *step_tuple(const fields_t *f, const uint8_t *end, Py_ssize_t off,
-                            Py_ssize_t len, PyObject *defaults[2], PyObject *last[2])
+static PyObject *step_tuple(const fields_t *f, const uint8_t *rec, Py_ssize_t len,
+                            PyObject *defaults[2], PyObject *last[2])
 {
-    PyObject *t = PyTuple_New(10);
+    const uint8_t *end = rec + len;     /* every field is inside its record */
+    PyObject *t = PyTuple_New(9);
     if (t == NULL)
         return NULL;
-    PyObject *items[10] = {
+    PyObject *items[9] = {
         field_value(f->s, end, Py_None, NULL),
         f->fp == NULL ? PyLong_FromLong(0) : field_value(f->fp, end, Py_None, NULL),
         field_value(f->k, end, defaults[0], &last[0]),
@@ -307,11 +316,10 @@ static PyObject *step_tuple(const fields_t *f, const uint8_t *end, Py_ssize_t of
         field_value(f->in, end, Py_None, NULL),
         field_value(f->r, end, Py_None, NULL),
         field_value(f->t, end, Py_None, NULL),
-        PyLong_FromSsize_t(off),
-        PyLong_FromSsize_t(len),
+        PyBytes_FromStringAndSize((const char *)rec, len),
     };
     int ok = 1;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < 9; i++) {
         if (items[i] == NULL)
             ok = 0;
         PyTuple_SET_ITEM(t, i, items[i] == NULL ? Py_NewRef(Py_None) : items[i]);
@@ -330,11 +338,12 @@ enum { LAZY = 1, SEEN = 2, POPPED = 3 };    /* SEEN: named by a record in `rest`
 
 typedef struct {
     fields_t f;
-    const uint8_t *rec;
+    const uint8_t *rec;         /* the record map: in the heads, or in `own` */
     Py_ssize_t len, pos;
     const char *sid;
     Py_ssize_t sidn;
     int state;
+    PyObject *own;              /* add(): the payload (bytes) holding rec; NULL: the heads' */
 } entry_t;
 
 typedef struct {
@@ -345,7 +354,7 @@ typedef struct {
     PyObject_HEAD
     Py_buffer view;
     entry_t *e;
-    Py_ssize_t n, live, limit;
+    Py_ssize_t n, cap, live, limit;     /* cap: entries allocated (add() grows them) */
     Py_ssize_t hint;            /* the entry after the last one replayed: a replay goes in order */
     Py_ssize_t first;           /* no lazy entry before this one (index_bool) */
     slot_t *slots;              /* open addressing */
@@ -375,7 +384,7 @@ static uint64_t fnv(const char *s, Py_ssize_t n)
  * the dense table's size. Such ids (most of a run's) are found in ix->dense by number:
  * in log order, the build and a replay walk it in order instead of missing the cache at
  * every record as a hash would. */
-static int dense_at(const Index *ix, const char *s, Py_ssize_t n, uint64_t *v)
+static int number(const char *s, Py_ssize_t n, uint64_t *v)
 {
     if (n < 1 || n > 18 || (s[0] == '0' && n > 1))
         return 0;
@@ -385,7 +394,12 @@ static int dense_at(const Index *ix, const char *s, Py_ssize_t n, uint64_t *v)
             return 0;
         *v = *v * 10 + (uint64_t)(s[i] - '0');
     }
-    return *v < ix->ndense;
+    return 1;
+}
+
+static int dense_at(const Index *ix, const char *s, Py_ssize_t n, uint64_t *v)
+{
+    return number(s, n, v) && *v < ix->ndense;
 }
 
 /* The entry of the step id s[0:n] (any state), or NULL. */
@@ -480,13 +494,17 @@ static int utf8_valid(const uint8_t *s, size_t n)
     return 1;
 }
 
-static PyObject *lazy_tuple(const Index *ix, const entry_t *e)
+static PyObject *lazy_tuple(const entry_t *e)
 {
+    /* copies: building the tuple runs allocations (the GC, and any code it runs, may
+     * add() to this index and move its entries); the bytes pointed to do not move */
+    const fields_t f = e->f;
+    const uint8_t *rec = e->rec;
+    Py_ssize_t len = e->len;
     PyObject *defaults[2] = {PyUnicode_FromString("step"), PyUnicode_FromString("")};
     PyObject *last[2] = {NULL, NULL}, *t = NULL;
     if (defaults[0] != NULL && defaults[1] != NULL)
-        t = step_tuple(&e->f, (const uint8_t *)ix->view.buf + ix->view.len,
-                       e->rec - (const uint8_t *)ix->view.buf, e->len, defaults, last);
+        t = step_tuple(&f, rec, len, defaults, last);
     Py_XDECREF(defaults[0]);
     Py_XDECREF(defaults[1]);
     Py_XDECREF(last[0]);
@@ -569,7 +587,8 @@ static int build(Index *ix, PyObject *rest, PyObject *where, Py_ssize_t *last)
     size_t cap = 8;
     while (cap < 2 * n + 2)
         cap <<= 1;
-    ix->e = PyMem_Calloc(n ? n : 1, sizeof(entry_t));
+    ix->cap = n ? (Py_ssize_t)n : 1;
+    ix->e = PyMem_Calloc((size_t)ix->cap, sizeof(entry_t));
     ix->slots = PyMem_Calloc(cap, sizeof(slot_t));
     ix->mask = cap - 1;
     ix->ndense = n + 64;
@@ -596,7 +615,7 @@ static PyObject *index_heads(PyObject *self, PyObject *arg)
     if (ix == NULL)
         return NULL;
     ix->e = NULL, ix->slots = NULL, ix->dense = NULL, ix->ndense = 0;
-    ix->n = ix->live = ix->hint = ix->first = 0;
+    ix->n = ix->cap = ix->live = ix->hint = ix->first = 0;
     ix->limit = PY_SSIZE_T_MAX;
     ix->view.obj = NULL;
     if (PyObject_GetBuffer(arg, &ix->view, PyBUF_SIMPLE) < 0) {
@@ -633,6 +652,8 @@ done:
 
 static void index_dealloc(Index *ix)
 {
+    for (Py_ssize_t i = 0; ix->e != NULL && i < ix->n; i++)
+        Py_XDECREF(ix->e[i].own);
     PyMem_Free(ix->e);
     PyMem_Free(ix->slots);
     PyMem_Free(ix->dense);
@@ -673,7 +694,7 @@ static PyObject *index_get(Index *ix, PyObject *const *args, Py_ssize_t nargs)
     entry_t *e = lazy_of(ix, args[0], 0);
     if (e == NULL)
         return Py_NewRef(nargs == 2 ? args[1] : Py_None);
-    return lazy_tuple(ix, e);
+    return lazy_tuple(e);
 }
 
 static PyObject *index_pop(Index *ix, PyObject *const *args, Py_ssize_t nargs)
@@ -687,20 +708,21 @@ static PyObject *index_pop(Index *ix, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetObject(PyExc_KeyError, args[0]);
         return NULL;
     }
-    PyObject *t = lazy_tuple(ix, e);
+    Py_ssize_t i = e - ix->e;
+    PyObject *t = lazy_tuple(e);
     if (t != NULL)
-        e->state = POPPED, ix->live--;
+        ix->e[i].state = POPPED, ix->live--;
     return t;
 }
 
 static PyObject *index_iter(Index *ix)
 {
     PyObject *sids = PyList_New(0);
-    const uint8_t *end = (const uint8_t *)ix->view.buf + ix->view.len;
     for (Py_ssize_t i = 0; sids != NULL && i < ix->n && i < ix->limit; i++) {
-        if (ix->e[i].state != LAZY)
+        const entry_t *e = &ix->e[i];
+        if (e->state != LAZY)
             continue;
-        PyObject *s = value(ix->e[i].f.s, end);
+        PyObject *s = value(e->f.s, e->rec + e->len);
         if (s == NULL || PyList_Append(sids, s))
             Py_CLEAR(sids);
         Py_XDECREF(s);
@@ -976,7 +998,6 @@ static PyObject *index_replay(Index *ix, PyObject *const *args, Py_ssize_t nargs
     if (nargs != 6)
         return PyErr_Format(PyExc_TypeError, "replay(sid, name, args, kwargs, version, loads)");
     entry_t *e = lazy_of(ix, args[0], 1);
-    const uint8_t *end = (const uint8_t *)ix->view.buf + ix->view.len;
     Py_ssize_t n;
     const char *name = PyUnicode_CheckExact(args[1]) ? PyUnicode_AsUTF8AndSize(args[1], &n)
                                                       : NULL;
@@ -986,11 +1007,97 @@ static PyObject *index_replay(Index *ix, PyObject *const *args, Py_ssize_t nargs
             || !PyDict_CheckExact(args[3]) || e->f.r == NULL || e->f.r[0] == 0xc0)
         return Py_NewRef(MISS);
     const fields_t *f = &e->f;
+    const uint8_t *end = e->rec + e->len;
     if (!field_is(f->k, end, "step", "step", 4) || !field_is(f->n, end, "", name, (size_t)n)
             || !same_version(f->pv, end, args[4]) || !same_inputs(f->in, end, args[2], args[3]))
         return Py_NewRef(MISS);
     ix->hint = e - ix->e + 1;
-    return result_of(f->r, end, args[5]);
+    return result_of(f->r, end, args[5]);       /* f->r read before loads() may run */
+}
+
+/* ---- a live run's own new step: held as its record's bytes ---------------------------- */
+
+/* Rebuild the step id tables over ix->e[0:n] with `nslots` hash slots (a power of 2) and
+ * `ndense` automatic ids: each step id's first entry, as build() put them. */
+static int retable(Index *ix, size_t nslots, uint64_t ndense)
+{
+    slot_t *slots = PyMem_Calloc(nslots, sizeof(slot_t));
+    uint32_t *dense = PyMem_Calloc((size_t)ndense, sizeof(uint32_t));
+    if (slots == NULL || dense == NULL) {
+        PyMem_Free(slots);
+        PyMem_Free(dense);
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyMem_Free(ix->slots);
+    PyMem_Free(ix->dense);
+    ix->slots = slots, ix->dense = dense, ix->mask = nslots - 1, ix->ndense = ndense;
+    for (Py_ssize_t i = 0; i < ix->n; i++)
+        if (ix->e[i].sid != NULL)
+            find_or_add(ix, i);
+    return 0;
+}
+
+/* Room for one more entry, whose step id is s[0:n]: the entries, the hash table (at most
+ * half full) and the dense table (an automatic id just past it: the next ones follow). */
+static int room(Index *ix, const char *s, Py_ssize_t n)
+{
+    if (ix->n + 1 >= (Py_ssize_t)UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "a run's index holds fewer than 2^32 records");
+        return -1;
+    }
+    if (ix->n == ix->cap) {
+        Py_ssize_t cap = ix->cap < 16 ? 16 : 2 * ix->cap;
+        entry_t *e = PyMem_Realloc(ix->e, (size_t)cap * sizeof(entry_t));
+        if (e == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(e + ix->cap, 0, (size_t)(cap - ix->cap) * sizeof(entry_t));
+        ix->e = e, ix->cap = cap;
+    }
+    size_t nslots = ix->mask + 1;
+    uint64_t ndense = ix->ndense, v;
+    while (2 * (size_t)(ix->n + 1) + 2 > nslots)
+        nslots <<= 1;
+    if (number(s, n, &v) && v >= ndense && v < 2 * ndense + 1024)
+        ndense = 2 * ndense + 1024;
+    if (nslots == ix->mask + 1 && ndense == ix->ndense)
+        return 0;
+    return retable(ix, nslots, ndense);
+}
+
+/* add(payload): see the top of this file. */
+static PyObject *index_add(Index *ix, PyObject *payload)
+{
+    if (!PyBytes_CheckExact(payload))
+        return PyErr_Format(PyExc_TypeError, "add(payload): bytes, not %.100s",
+                            Py_TYPE(payload)->tp_name);
+    const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(payload);
+    Py_ssize_t size = PyBytes_GET_SIZE(payload);
+    uint64_t hl = size < 8 ? 0 : (uint64_t)p[0] | (uint64_t)p[1] << 8
+                                  | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24;  /* LE */
+    if (size < 8 || hl > (uint64_t)size - 8)
+        return bad(ix->n, "not a journal record's payload (u32 head_len, head, u32 0)");
+    cur_t c = {p + 4, p + 4 + hl};
+    entry_t one;                    /* read first: nothing changes for a record not held */
+    Index probe = *ix;
+    probe.e = &one;
+    memset(&one, 0, sizeof one);
+    if (read_head(&probe, &c, 0))
+        return NULL;
+    if (c.p != c.end)
+        return bad(ix->n, "bytes after the head");
+    if (!one.f.plain || one.sid == NULL || lookup(ix, one.sid, one.sidn) != NULL)
+        Py_RETURN_FALSE;            /* not plain, or not its step id's first record */
+    if (room(ix, one.sid, one.sidn))
+        return NULL;
+    Py_ssize_t i = ix->n++;
+    one.pos = i, one.state = LAZY, one.own = Py_NewRef(payload);
+    ix->e[i] = one;
+    find_or_add(ix, i);
+    ix->live++;
+    Py_RETURN_TRUE;
 }
 
 static PyMethodDef index_methods[] = {
@@ -1000,6 +1107,9 @@ static PyMethodDef index_methods[] = {
      "pop(sid[, default]): get, and the record is no longer unfolded here."},
     {"replay", (PyCFunction)(void (*)(void))index_replay, METH_FASTCALL,
      "replay(sid, name, args, kwargs, version, loads): the recorded result, or MISS."},
+    {"add", (PyCFunction)index_add, METH_O,
+     "add(payload): hold a live run's new plain STEP record (its COMMIT payload); False: "
+     "not held (fold it)."},
     {NULL, NULL, 0, NULL},
 };
 

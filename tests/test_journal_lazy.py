@@ -350,7 +350,7 @@ def test_the_index_reads_every_plain_record_as_its_decode_and_keeps_the_rest_as_
             fields = (sid, r.get("fp", 0), r.get("k", "step"), r.get("n", ""), r.get("pv"),
                       r.get("in"), r.get("r"), r.get("t"))
             assert x[:8] == fields and [type(v) for v in x[:8]] == [type(v) for v in fields]
-            assert msgpack.unpackb(buf[x[8]:x[8] + x[9]], strict_map_key=False) == r
+            assert msgpack.unpackb(x[8], strict_map_key=False) == r and len(x) == 9
             assert sid in lazy
         else:
             want_rest.append(r)
@@ -625,7 +625,8 @@ def test_garbled_heads_are_refused_or_read_as_their_decode():
             continue
         for sid in list(lazy):
             x = lazy.get(sid)
-            r = msgpack.unpackb(bytes(b[x[8]:x[8] + x[9]]), strict_map_key=False)
+            r = msgpack.unpackb(x[8], strict_map_key=False)
+            assert x[8] in b
             assert r["s"] == sid and r.get("r") == x[6] and r.get("in") == x[5]
             args = (int(sid),) if sid.isascii() and sid.isdigit() else (0,)
             if x[6] is None:        # no result: not replayed here
@@ -656,3 +657,206 @@ def test_a_record_whose_decode_could_fail_is_never_left_lazy():
         assert len(lazy) == 0 and where == [0] and last is None
     lazy, _rest, where, _last = index(b"\x91\x93\x0b\xa1r" + msgpack.packb(good))
     assert list(lazy) == ["u"] and where == []
+
+
+# ---- LIVE: a run's own new plain steps held in the index (journal.record_step) ----------
+
+def _clock():
+    t = iter(range(10 ** 6))
+    return lambda: 1000.0 + next(t)
+
+
+def _eager_record_step(monkeypatch):
+    """The fold every record took before live steps were held: the eager path."""
+    import durkv.runtime.journal as journal
+    import durkv.runtime.run as run_mod
+    monkeypatch.setattr(run_mod, "record_step",
+                        lambda st, fields, payload: journal.apply_step(st, fields))
+
+
+def _live_agent(run):
+    """Every way a live run meets its own held steps: replays of them in the same Run,
+    conflicts at them, records that unfold them, inputs that refer to them."""
+    m, calls = _model_calls()
+    out = [run.step("model", m, i) for i in range(300)]             # automatic ids
+    out += [run.step("model", m, [i, "x"], key=f"k{i}") for i in range(40)]   # hashed ids
+    a = run.step("model", m, [1, "x"], key="k1")    # replayed in the Run that recorded it
+    a["said"] = "changed by the caller"
+    out.append(run.step("model", m, [1, "x"], key="k1"))    # a fresh decode, not `a`
+    with pytest.raises(durkv.IdempotencyConflictError):
+        run.step("model", m, 2, key="k2")
+    with pytest.raises(durkv.NonDeterminismError):
+        run.step("other", m, [3, "x"], key="k3")
+    out.append(run.step("model", m, "v", key="pv", prompt_version="p1"))
+    out.append(run.step("model", m, "v", key="pv", prompt_version="p2"))   # WARN: unfolds
+    with pytest.raises(ValueError):
+        run.step("fails", boom, 9)              # a failure: folded, never held
+    out.append(run.step("flaky", _flaky(), 4, retry=durkv.Retry(2, backoff=0.0)))  # TRY first
+    out.append(run.tool(send, "hi"))
+    out.append(run.now())
+    out.append(run.step("chat", m, ["small"]))
+    held = len(run._st.lazy)
+    # inputs that may refer to the journal's entries look for the latest of their name in
+    # log order: the Run reads its journal again, eagerly (once), and holds no more steps
+    out.append(run.step("chat", m, BIG))
+    assert len(run._st.lazy) == 0 and not run._st.out_of_order
+    out.append(run.step("chat", m, BIG + ["more"]))
+    out += [run.step("model", m, i) for i in range(1000, 1100)]
+    return out, calls, held
+
+
+def test_a_live_runs_held_steps_answer_as_the_eager_fold_and_write_the_same_bytes(
+        tmp_path, monkeypatch):
+    results = {}
+    for how in ("live", "eager"):
+        with monkeypatch.context() as mp:
+            if how == "eager":
+                _eager_record_step(mp)
+            store = durkv.open(str(tmp_path / how))
+            with store.run("r", clock=_clock()) as run:
+                out, calls, held = _live_agent(run)
+                st = run._st
+                recs = store.journal("r")
+                assert (held > 300) is (how == "live")     # held, not folded
+                _assert_states_equal(fold("r", recs), st)   # every entry, every field
+            results[how] = (out, calls, store.journal("r"), store.run("r").journal(),
+                            store.runs())
+            store.close()
+    live, eager = results["live"], results["eager"]
+    assert live[0] == eager[0] and live[1] == eager[1]      # values returned, calls made
+    assert live[2] == eager[2]          # the records, field by field (same clock)
+    assert live[3] == eager[3]          # Run.journal(): durkv show's entries
+    assert [(r.run_id, r.steps, r.status) for r in live[4]] == [
+        (r.run_id, r.steps, r.status) for r in eager[4]]
+    assert any("ir" in r for r in live[2])      # a reference to a held step's inputs
+
+
+def test_held_steps_are_held_and_every_query_folds_as_the_eager_fold(tmp_path):
+    store = durkv.open(str(tmp_path / "s"))
+    m, calls = _model_calls()
+    with store.run("r") as run:
+        for i in range(3000):           # past the index's first tables: they grow
+            run.step("model", m, i)
+        for i in range(500):
+            run.step("model", m, i, key=f"key-{i}")
+        st = run._st
+        assert len(st.lazy) == 3500 and not st.entries     # no CallState built
+        assert list(st.lazy) == [str(i) for i in range(3000)] + [f"key-{i}" for i in range(500)]
+        eager = fold("r", store.journal("r"))
+        assert st.calls == len(eager.order) and st.updated == eager.updated
+        for sid in ("0", "1234", "2999", "key-0", "key-499"):
+            _same(eager.latest(sid), st.latest(sid))        # folded when asked for
+            assert sid not in st.lazy
+        assert st.latest("3000") is None and st.find("key-500", 0) is None
+        # a replay of a held step in the Run that recorded it: a fresh decode each time
+        a = run.step("model", m, 7, key="key-7")
+        assert a == {"said": 7, "n": [1, 2]} and a is not run.step("model", m, 7, key="key-7")
+        _assert_states_equal(fold("r", store.journal("r")), st)
+    assert len(calls) == 3500
+    with store.run("r") as run:         # re-opened: the same records, read from the log
+        for i in range(3000):
+            run.step("model", m, i)
+    assert len(calls) == 3500
+    store.close()
+
+
+_OTHER_PROCESS = """
+import sys, durkv
+from durkv.runtime.records import StatusRecord
+store = durkv.open(sys.argv[1])
+store.append_journal("r", StatusRecord(5.0, "running", None, "from elsewhere").pack(),
+                     durable=True)
+store.close()
+"""
+
+
+def test_a_record_another_process_appends_between_held_steps(tmp_path):
+    import subprocess
+    import sys
+    path = str(tmp_path / "s")
+    store = durkv.open(path)
+    m, _ = _model_calls()
+    with store.run("r") as run:
+        for i in range(20):
+            run.step("model", m, i)
+        subprocess.run([sys.executable, "-c", _OTHER_PROCESS, path], check=True)
+        for i in range(20, 40):         # appended after catching up with the other's frame
+            run.step("model", m, i)
+        recs = store.journal("r")
+        foreign = [i for i, r in enumerate(recs) if r.get("msg") == "from elsewhere"]
+        assert len(foreign) == 1 and 0 < foreign[0] < len(recs) - 20
+        own = [r for i, r in enumerate(recs) if i not in foreign]
+        _assert_states_equal(fold("r", own), run._st)      # what this Run wrote, held
+        run.refresh()                   # and the journal as it is, read again
+        _assert_states_equal(fold("r", store.journal("r")), run._st)
+        assert run.step("model", m, 5, key="x") == {"said": 5, "n": [1, 2]}
+    store.close()
+
+
+def test_index_add_holds_only_a_plain_first_record_of_its_step_id():
+    from durkv._journalscan import index
+    from durkv.payload import encode_record
+    from durkv.store.records import K_JOURNAL
+
+    def payload(rec):
+        return encode_record(msgpack.packb([K_JOURNAL, "r", rec], use_bin_type=True))
+    lazy = index(msgpack.packb([[K_JOURNAL, "r", HOSTILE[0]]], use_bin_type=True))[0]
+    for r in HOSTILE:
+        sid = r.get("s") if type(r) is dict else None
+        want = _plain(r) and sid != "a"     # "a": the index holds a record of it already
+        assert lazy.add(payload(r)) is want, r
+        if want:
+            x = lazy.get(sid)
+            assert msgpack.unpackb(x[8], strict_map_key=False) == r
+            assert x[:8] == (sid, r.get("fp", 0), r.get("k", "step"), r.get("n", ""),
+                             r.get("pv"), r.get("in"), r.get("r"), r.get("t"))
+    assert lazy.add(payload(HOSTILE[1])) is False       # held once: a second is folded
+    for bad in (b"", b"\x05\0\0\0\x93\x0b\xa1r", payload(HOSTILE[0])[:-6] + b"\0\0\0\0"):
+        with pytest.raises(ValueError):
+            lazy.add(bad)
+    with pytest.raises(TypeError):
+        lazy.add(bytearray(payload(HOSTILE[0])))
+    held = list(lazy)
+    assert held == ["a"] + [r["s"] for r in HOSTILE[1:] if _plain(r)]
+
+
+HOSTILE_VALUES = [(1, 2), [1, 2], 1, 1.0, True, 0.0, -0.0, float("nan"), "a", b"a",
+                  bytearray(b"a"), {"b": 2, "a": 1}, 2 ** 63, 2 ** 64 - 1, 2 ** 64, -2 ** 63,
+                  -2 ** 63 - 1, "\udc80x", {1: "a"}, None, [[[]]], "é", 1 << 40, _IntSub(3),
+                  _StrSub("s"), _Colour.RED, datetime.date(2026, 12, 3), "x" * 300,
+                  collections.OrderedDict(a=1), {"k": (1, [2, (3,)])}, math.inf, -1]
+
+
+def _hostile_agent(run):
+    out = []
+    for i, v in enumerate(HOSTILE_VALUES):
+        for args, result in (((v,), v), ((i,), [v, v]), ((v, i), {"r": v})):
+            try:
+                out.append(repr(run.step("h", lambda *a, _r=result: _r, *args)))
+            except Exception as e:
+                out.append(type(e).__name__)
+    for i, v in enumerate(HOSTILE_VALUES):      # a replay of each in the same Run (key=)
+        for _ in range(2):
+            try:
+                out.append(repr(run.step("h", lambda *a, _v=v: _v, v, key=f"h{i}")))
+            except Exception as e:
+                out.append(type(e).__name__)
+    return out
+
+
+def test_held_and_folded_steps_write_the_same_bytes_for_hostile_values(tmp_path, monkeypatch):
+    got = {}
+    for how in ("live", "eager"):
+        with monkeypatch.context() as mp:
+            if how == "eager":
+                _eager_record_step(mp)
+            with durkv.open(str(tmp_path / how)) as store:
+                with store.run("r", clock=_clock()) as run:
+                    out = _hostile_agent(run)
+                    _assert_states_equal(fold("r", store.journal("r")), run._st)
+                got[how] = out, bytes(store.journal_heads("r"))
+                with store.run("r", clock=_clock()) as run:     # and replayed from the log
+                    got[how] += (_hostile_agent(run),)
+    assert got["live"][1] == got["eager"][1]        # the journal, byte for byte
+    assert got["live"][0] == got["eager"][0] and got["live"][2] == got["eager"][2]
+    assert "SerializationError" in got["live"][0]   # the lone surrogate, on both paths

@@ -15,6 +15,10 @@ folded into its entry only when the entry is first asked for (``latest``, ``find
 another record of that step id). A replay compares its call with the record and decodes
 the recorded result in one C call (``Index.replay`` from ``Run.step``; ``Run._plan_step``
 for the other verbs): a long journal opens at the cost of reading it.
+
+A live run holds its own new plain steps the same way (:func:`record_step`): the record's
+payload, as the log was given it, joins the index (``Index.add``) instead of a
+:class:`CallState` being built -- folded only when asked for, like one read at the open.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any, Iterator
 
 import msgpack
 
-from .._journalscan import MISS, index
+from .._journalscan import MISS, Index, index
 from .inputs import by_ref
 from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_RUN, E_STATUS,
                       E_STEP, E_TRY, E_WARN, ApprovalRecord, DecisionRecord, IntentRecord,
@@ -37,7 +41,7 @@ from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
            "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "CallState", "RunState", "RunInfo", "fold", "apply",
            "apply_step", "JournalEntry", "STATUSES", "bulk_load", "fold_lazy",
-           "replays_as_asked", "Lazy", "MISS"]
+           "replays_as_asked", "Lazy", "MISS", "record_step"]
 
 STATUSES = ("running", "waiting", "sleeping", "in_doubt", "finished", "failed")
 
@@ -131,8 +135,7 @@ class RunState:
 
     def record(self, x: "Lazy") -> dict:
         """The record a :data:`Lazy` tuple was read from, decoded."""
-        off = x[LAZY_OFFSET]
-        return _unpackb(self.heads[off:off + x[LAZY_LENGTH]])
+        return _unpackb(x[LAZY_RECORD])
 
 
 def _entry(st: RunState, sid: str, gen: int, kind: str, name: str | None, fp: int | None,
@@ -181,11 +184,11 @@ def fold(run_id: str, records: list[dict]) -> RunState:
     return st
 
 
-# A plain STEP record as journalscan.scan reads it: (sid, fp, kind, name, prompt_version,
-# inputs, result, t, offset, length) -- each field as the record's decode gives it, a
-# missing key as _fold_step defaults it; the record's bytes are heads[offset:offset + length]
+# A plain STEP record as the index reads it: (sid, fp, kind, name, prompt_version, inputs,
+# result, t, record) -- each field as the record's decode gives it, a missing key as
+# _fold_step defaults it; `record` the record map's bytes
 Lazy = tuple
-LAZY_INPUTS, LAZY_RESULT, LAZY_T, LAZY_OFFSET, LAZY_LENGTH = 5, 6, 7, 8, 9
+LAZY_INPUTS, LAZY_RESULT, LAZY_T, LAZY_RECORD = 5, 6, 7, 8
 
 
 def _unpackb(b: Any) -> Any:
@@ -266,6 +269,21 @@ def apply_step(st: RunState, fields: tuple) -> None:
     read back -- by the one fold a re-open uses, so the live entries are the folded ones."""
     _fold_step(st, fields)
     st.updated = fields[0]
+
+
+def record_step(st: RunState, fields: tuple, payload: bytes) -> None:
+    """:func:`apply_step` of a live run's own new STEP record, also given as the COMMIT
+    payload the log got: a plain record (csrc/journalscan.c's rule) of a step id with no
+    entry is held in the run's index as the open holds one it read -- its bytes, no
+    :class:`CallState` --, and folded when first asked for, by the fold a re-open uses
+    (GUARANTEES 16.11). Any other record is folded now. ``order`` then misses the held
+    records: ``out_of_order``, as after a lazy open."""
+    lazy = st.lazy
+    if type(lazy) is Index and fields[1] not in st.entries and lazy.add(payload):
+        st.updated = fields[0]
+        st.out_of_order = True
+    else:
+        apply_step(st, fields)
 
 
 def _fold_intent(st: RunState, r: dict) -> None:

@@ -50,7 +50,7 @@ from .aio import (
 )
 from .inputs import Encoded, InputRefs
 from .journal import (LAZY_INPUTS, LAZY_RESULT, MISS, STATUSES, CallState, JournalEntry, apply,
-                      apply_step, bulk_load, fold, fold_lazy, replays_as_asked)
+                      bulk_load, fold, fold_lazy, record_step, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord,
@@ -505,12 +505,14 @@ class Run:
         t = self._clock()
         tries, err, r = self._outcome_fields(p, result, exc, tries, "nothing was recorded "
                                              "and the step will run again: return plain data")
-        # the typed record: the store packs its frame from the fields (csrc/recpack.c), and
-        # they are folded as they are (not read back from a map: one fold, journal.py)
+        # the typed record, its frame packed from the fields (csrc/recpack.c); the run keeps
+        # the bytes the log gets (a plain step is held as them, unfolded) or folds the
+        # fields as they are (not read back from a map: one fold, journal.py)
         rec = _new_record(StepRecord, (t, p.sid, p.kind, p.name, p.fp, p.t0, p.gen, p.inputs,
                                        p.version, tries, err, r, p.refs))
-        self._write(rec)
-        apply_step(self._st, rec)
+        payload = self.store.pack_journal(self.run_id, rec)
+        self._write(payload)
+        record_step(self._st, rec, payload)
         self._seen += 1
         self._refs.recorded(p.sid, p.gen, p.kind, p.name, p.encoded, r)
 

@@ -605,7 +605,8 @@ class Store:
 
         ``record`` is a msgpack-able dict (user values already serde bytes), or a typed
         record whose type gives its map (durkv.runtime.records: ``E``, ``KEYS``, ``KEEP``,
-        ``pack()``; its frame is packed in C from the fields, csrc/recpack.c). With
+        ``pack()``; its frame is packed in C from the fields, csrc/recpack.c), or the
+        payload :meth:`pack_journal` made of one (the caller keeps the bytes appended). With
         ``durable=True`` it is fdatasync'd before this returns whatever the store's
         policy (concurrent callers share one fsync); otherwise the store's policy applies.
         ``defer=True``: a record owed an fdatasync is only queued; the caller then calls
@@ -633,6 +634,12 @@ class Store:
         if wait and not defer:
             self._appender.settle(lsn, "sync")      # outside the lock: group commit
         return lsn
+
+    def pack_journal(self, run_id: str, record: Any) -> bytes:
+        """The COMMIT payload :meth:`append_journal` would append for ``record`` (raises
+        what it would raise for it: SerializationError, FrameTooLargeError); appended by
+        ``append_journal(run_id, payload)``."""
+        return self._writer.pack_journal(run_id, record)
 
     def append_journal_if(self, run_id: str,
                           make: Callable[[list[dict]], dict | None]) -> int | None:

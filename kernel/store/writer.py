@@ -422,7 +422,7 @@ class Writer:
     def append_journal(self, run_id: str, record: Any, wait: bool) -> int:
         """Append one journal record (a running agent's hot path); returns its LSN. A
         record to be ``wait``-ed for is only queued: the caller settles it as ``sync``."""
-        payload = self._journal_payload(run_id, record)
+        payload = record if type(record) is bytes else self.pack_journal(run_id, record)
         ap = self._ap
         # A record to be waited for is only queued here: the caller's wait, outside the
         # lock, writes and fdatasyncs it with whatever other threads queued meanwhile --
@@ -441,7 +441,7 @@ class Writer:
         Returns its LSN, or -1 when that does not hold -- another process appended since
         the index's last look, or an index snapshot is due (it needs a section): nothing
         was appended; the caller appends in a write section (:meth:`append_journal`)."""
-        payload = self._journal_payload(run_id, record)
+        payload = record if type(record) is bytes else self.pack_journal(run_id, record)
         index = self._index
         pos = index.scan_pos
         if index.index_every and pos - index.index_lsn >= index.index_every:
@@ -452,12 +452,14 @@ class Writer:
             index.ix.add_journal(run_id, lsn)
         return lsn
 
-    def _journal_payload(self, run_id: str, record: Any) -> bytes:
+    def pack_journal(self, run_id: str, record: Any) -> bytes:
         """The COMMIT payload of a journal record: ``record`` is its map, or a typed record
         (a tuple whose type has ``E``, ``KEYS``, ``KEEP`` and ``pack()``:
         durkv.runtime.records), packed from its fields. csrc/recpack.c packs either in one
         call, the bytes msgpack's packing of the map gives here (tests/test_recpack.py); a
-        value it leaves alone (a subclass, an int out of range...) takes this path."""
+        value it leaves alone (a subclass, an int out of range...) takes this path.
+        The append methods take such a payload (bytes) as their ``record`` too: a caller
+        that keeps the bytes the log got (a Run's live steps) packs them here first."""
         if type(record) is dict:
             payload = journal_payload(K_JOURNAL, run_id, record)
         else:
