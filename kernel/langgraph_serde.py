@@ -34,7 +34,7 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 
-from .langgraph_messages import dumps_messages, is_jsonplus
+from .langgraph_messages import dumps_messages, is_jsonplus, pack_msgpack
 from .store.delta import join_tagged
 
 __all__ = ["EMPTY", "LangGraphSerde"]
@@ -60,6 +60,8 @@ _TAGS = {"msgpack": 1, "null": 2, "bytes": 3, "bytearray": 4, "json": 5, "pickle
 _TAG_BYTES = {name: bytes((tag,)) for name, tag in _TAGS.items()}
 _NAMES = {tag: name for name, tag in _TAGS.items()}
 _MSGPACK_TAG = _TAGS["msgpack"]
+_MSGPACK_TAG_BYTE = _TAG_BYTES["msgpack"]
+_NOT_MSGPACK = (bytes, bytearray)       # JsonPlusSerializer stores these as themselves
 
 
 class LangGraphSerde:
@@ -70,10 +72,24 @@ class LangGraphSerde:
     union of their allowlists).
     """
 
-    __slots__ = ("serde",)
+    __slots__ = ("_serde", "_plain")
 
     def __init__(self, serde: SerializerProtocol) -> None:
-        self.serde = maybe_add_typed_methods(serde)
+        self.serde = serde
+
+    @property
+    def serde(self) -> SerializerProtocol:
+        return self._serde
+
+    @serde.setter
+    def serde(self, serde: SerializerProtocol) -> None:
+        self._serde = maybe_add_typed_methods(serde)
+        # exactly LangGraph's JsonPlusSerializer (checked to agree, once a process): a value
+        # it stores as "msgpack" is packed here in one C call, to the same bytes
+        # (langgraph_messages.pack_msgpack); a wrapper such as EncryptedSerializer, a
+        # subclass or any other serializer is asked, always
+        self._plain = (is_jsonplus(self._serde)
+                       and "dumps_typed" not in getattr(self._serde, "__dict__", {}))
 
     @staticmethod
     def is_empty(value: Any) -> bool:
@@ -83,7 +99,12 @@ class LangGraphSerde:
     def dumps(self, obj: Any) -> bytes:
         if obj is EMPTY:
             return _EMPTY_BYTES
-        type_, data = self.serde.dumps_typed(obj)
+        if self._plain and obj is not None and not isinstance(obj, _NOT_MSGPACK):
+            try:
+                return _MSGPACK_TAG_BYTE + pack_msgpack(obj)
+            except Exception:   # noqa: S110 - ormsgpack refused: the serializer decides
+                pass            # (its pickle fallback, or its own error), as below
+        type_, data = self._serde.dumps_typed(obj)
         tag = _TAG_BYTES.get(type_)
         if tag is not None:
             return tag + data
@@ -99,7 +120,7 @@ class LangGraphSerde:
         a prefix that packs to the bytes ``prior`` describes is not encoded again
         (langgraph_messages.py: the run journal encodes an agent's whole history on every
         model call, to fingerprint it and find what an earlier record holds)."""
-        if is_jsonplus(self.serde):
+        if self._plain:
             return dumps_messages(objs, self.dumps, prior)
         return [self.dumps(x) for x in objs], None
 
@@ -109,11 +130,11 @@ class LangGraphSerde:
             return EMPTY
         name = _NAMES.get(tag)
         if name is not None:
-            return self.serde.loads_typed((name, bytes(data[1:])))
+            return self._serde.loads_typed((name, bytes(data[1:])))
         if tag != _OTHER:
             raise ValueError(f"not a LangGraphSerde value (tag byte {tag:#04x})")
         n = data[1]
-        return self.serde.loads_typed((bytes(data[2:2 + n]).decode(), bytes(data[2 + n:])))
+        return self._serde.loads_typed((bytes(data[2:2 + n]).decode(), bytes(data[2 + n:])))
 
     def loads_many(self, items: list[bytes]) -> list:
         """``[self.loads(b) for b in items]``, in one call of the serializer when every
@@ -131,7 +152,7 @@ class LangGraphSerde:
                 header = b"\xdd" + n.to_bytes(4, "big")
             blob = join_tagged(header, items, _MSGPACK_TAG)
             if blob is not None:
-                out = self.serde.loads_typed(("msgpack", blob))
+                out = self._serde.loads_typed(("msgpack", blob))
                 if type(out) is list and len(out) == n:
                     return out
         loads = self.loads
