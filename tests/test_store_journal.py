@@ -168,6 +168,22 @@ def test_bad_run_id_and_unencodable_record(url):
         assert s.journal("a") == []
 
 
+def test_bytes_are_not_a_record_and_a_packed_record_keeps_its_run(url):
+    """Only what pack_journal made is appended as packed bytes, and only to its own run: a
+    caller's bytes would be a frame no read could take for a record."""
+    with durkv.open(url) as s:
+        s.append_journal("a", {"e": 2, "s": "0", "i": 0})
+        for bad in (b"garbage", bytearray(b"\x93\x01"), "text", 7):
+            with pytest.raises(durkv.ConfigError, match="a dict or a typed record"):
+                s.append_journal("a", bad)
+        packed = s.pack_journal("a", {"e": 2, "s": "1", "i": 1})
+        with pytest.raises(durkv.ConfigError, match="packed for run 'a'.*run 'b'"):
+            s.append_journal("b", packed)
+        s.append_journal("a", packed)
+        assert _steps(s, "a") == [0, 1] and s.journal("b") == []
+        assert [r.run_id for r in s.runs()] == ["a"]
+
+
 CHILD = textwrap.dedent("""
     import os, sys
     import durkv

@@ -510,9 +510,9 @@ class Run:
         # fields as they are (not read back from a map: one fold, journal.py)
         rec = _new_record(StepRecord, (t, p.sid, p.kind, p.name, p.fp, p.t0, p.gen, p.inputs,
                                        p.version, tries, err, r, p.refs))
-        payload = self.store.pack_journal(self.run_id, rec)
-        self._write(payload)
-        record_step(self._st, rec, payload)
+        packed = self.store.pack_journal(self.run_id, rec)
+        self._write(packed)
+        record_step(self._st, rec, packed.payload)
         self._seen += 1
         self._refs.recorded(p.sid, p.gen, p.kind, p.name, p.encoded, r)
 

@@ -57,7 +57,7 @@ from .repair import CutContents, local_path, read_cut
 from .replay import LogIndex
 from .stats import StoreStats
 from .stats import collect as collect_stats
-from .writer import Writer, check_put, check_writes
+from .writer import PackedRecord, Writer, check_put, check_writes
 
 __all__ = ["Store", "open_store"]
 
@@ -605,8 +605,8 @@ class Store:
 
         ``record`` is a msgpack-able dict (user values already serde bytes), or a typed
         record whose type gives its map (durkv.runtime.records: ``E``, ``KEYS``, ``KEEP``,
-        ``pack()``; its frame is packed in C from the fields, csrc/recpack.c), or the
-        payload :meth:`pack_journal` made of one (the caller keeps the bytes appended). With
+        ``pack()``; its frame is packed in C from the fields, csrc/recpack.c), or what
+        :meth:`pack_journal` made of one for this run (the caller keeps its bytes). With
         ``durable=True`` it is fdatasync'd before this returns whatever the store's
         policy (concurrent callers share one fsync); otherwise the store's policy applies.
         ``defer=True``: a record owed an fdatasync is only queued; the caller then calls
@@ -635,10 +635,10 @@ class Store:
             self._appender.settle(lsn, "sync")      # outside the lock: group commit
         return lsn
 
-    def pack_journal(self, run_id: str, record: Any) -> bytes:
-        """The COMMIT payload :meth:`append_journal` would append for ``record`` (raises
-        what it would raise for it: SerializationError, FrameTooLargeError); appended by
-        ``append_journal(run_id, payload)``."""
+    def pack_journal(self, run_id: str, record: Any) -> PackedRecord:
+        """``record`` packed as :meth:`append_journal` would append it (raises what it would
+        raise for it: ConfigError, SerializationError, FrameTooLargeError): its ``payload``
+        is the bytes the log gets; appended by ``append_journal(run_id, packed)``."""
         return self._writer.pack_journal(run_id, record)
 
     def append_journal_if(self, run_id: str,

@@ -33,7 +33,7 @@ from .index import Lane
 from .records import K_CKPT, K_JOURNAL, K_WRITES, SPECIAL_WRITE_CHANNELS, check_id
 from .replay import LogIndex
 
-__all__ = ["Writer", "SharedItems", "check_put", "check_writes"]
+__all__ = ["Writer", "PackedRecord", "SharedItems", "check_put", "check_writes"]
 
 _VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) holds
 _MEMORY = 4096      # entries kept by each memory of recent frames before it is cleared
@@ -171,6 +171,18 @@ class SharedItems:
 
 
 # -- the writer -------------------------------------------------------------------------------
+
+
+class PackedRecord:
+    """A journal record as :meth:`Writer.pack_journal` packed it for ``run_id``: the COMMIT
+    payload the log is given. A typed wrapper, so that no caller's bytes are ever taken
+    for a record."""
+
+    __slots__ = ("run_id", "payload")
+
+    def __init__(self, run_id: str, payload: bytes) -> None:
+        self.run_id = run_id
+        self.payload = payload
 
 class Writer:
     """The store's commit paths (see the module docstring); every method under the lock."""
@@ -422,7 +434,7 @@ class Writer:
     def append_journal(self, run_id: str, record: Any, wait: bool) -> int:
         """Append one journal record (a running agent's hot path); returns its LSN. A
         record to be ``wait``-ed for is only queued: the caller settles it as ``sync``."""
-        payload = record if type(record) is bytes else self.pack_journal(run_id, record)
+        payload = self._payload_of(run_id, record)
         ap = self._ap
         # A record to be waited for is only queued here: the caller's wait, outside the
         # lock, writes and fdatasyncs it with whatever other threads queued meanwhile --
@@ -441,7 +453,7 @@ class Writer:
         Returns its LSN, or -1 when that does not hold -- another process appended since
         the index's last look, or an index snapshot is due (it needs a section): nothing
         was appended; the caller appends in a write section (:meth:`append_journal`)."""
-        payload = record if type(record) is bytes else self.pack_journal(run_id, record)
+        payload = self._payload_of(run_id, record)
         index = self._index
         pos = index.scan_pos
         if index.index_every and pos - index.index_lsn >= index.index_every:
@@ -452,19 +464,34 @@ class Writer:
             index.ix.add_journal(run_id, lsn)
         return lsn
 
-    def pack_journal(self, run_id: str, record: Any) -> bytes:
+    def _payload_of(self, run_id: str, record: Any) -> bytes:
+        """The COMMIT payload to append for ``record``: a :class:`PackedRecord`'s own (of
+        this run only), else the record packed now."""
+        if type(record) is PackedRecord:
+            if record.run_id != run_id:
+                raise ConfigError(f"a record packed for run {record.run_id!r} cannot be "
+                                  f"appended to run {run_id!r}: pack it for that run")
+            return record.payload
+        return self.pack_journal(run_id, record).payload
+
+    def pack_journal(self, run_id: str, record: Any) -> "PackedRecord":
         """The COMMIT payload of a journal record: ``record`` is its map, or a typed record
         (a tuple whose type has ``E``, ``KEYS``, ``KEEP`` and ``pack()``:
         durkv.runtime.records), packed from its fields. csrc/recpack.c packs either in one
         call, the bytes msgpack's packing of the map gives here (tests/test_recpack.py); a
         value it leaves alone (a subclass, an int out of range...) takes this path.
-        The append methods take such a payload (bytes) as their ``record`` too: a caller
-        that keeps the bytes the log got (a Run's live steps) packs them here first."""
+        The append methods take the :class:`PackedRecord` as their ``record`` too: a
+        caller that keeps the bytes the log got (a Run's live steps) packs them here first.
+        Bare bytes are not a record (they would be a frame nothing could read back)."""
         if type(record) is dict:
             payload = journal_payload(K_JOURNAL, run_id, record)
         else:
             cls = type(record)
-            payload = journal_payload(K_JOURNAL, run_id, record, cls.E, cls.KEYS, cls.KEEP)
+            e = getattr(cls, "E", None)
+            if e is None:
+                raise ConfigError(f"a journal record is a dict or a typed record "
+                                  f"(durkv.runtime.records), got {cls.__name__}")
+            payload = journal_payload(K_JOURNAL, run_id, record, e, cls.KEYS, cls.KEEP)
             if payload is None:
                 record = record.pack()
         if payload is None:
@@ -480,4 +507,4 @@ class Writer:
                 f"max_commit_bytes={self._ap.max_commit_bytes}; keep big values elsewhere "
                 "and journal a reference, or raise max_commit_bytes", run_id=run_id,
                 size=len(payload))
-        return payload
+        return PackedRecord(run_id, payload)
