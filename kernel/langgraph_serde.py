@@ -127,7 +127,7 @@ class LangGraphSerde:
         saver that stores the whole list as one blob pays it."""
         n = len(items)
         if n > 1:
-            hook = _c_ext_hook(self.serde)
+            hook = c_ext_hook(self.serde)
             if hook is not None:
                 out = unpack_items(items, _MSGPACK_TAG, hook)
                 if out is not None:
@@ -147,7 +147,7 @@ class LangGraphSerde:
         return [loads(b) for b in items]
 
 
-def _c_ext_hook(serde: Any) -> Any:
+def c_ext_hook(serde: Any) -> Any:
     """The ext hook to decode ``serde``'s msgpack items with in C, or None: only for exactly
     LangGraph's ``JsonPlusSerializer`` (whose ``loads_typed`` is ``ormsgpack.unpackb`` with
     this hook; a subclass or a wrapper may decode otherwise), and only once a probe of
