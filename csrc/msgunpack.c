@@ -27,6 +27,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #define MAX_DEPTH 512          /* ormsgpack's own limit is above 1,000: deeper -> fallback */
 
@@ -71,19 +74,83 @@ static int length(Reader *r, int n, size_t *out)
 
 static PyObject *decode(Reader *r, int depth);
 
+/* all bytes below 0x80? 64 at a time with SSE2, else eight (Python's own UTF-8 decoder
+ * checks and copies a word per step: most of a 1 KiB message's cost) */
+static int is_ascii(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+#ifdef __SSE2__
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(p + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(p + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(p + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(p + i + 48));
+        if (_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d))))
+            return 0;
+    }
+#endif
+    uint64_t acc = 0, w;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++)
+        acc |= p[i];
+    return (acc & 0x8080808080808080ULL) == 0;
+}
+
 static PyObject *str_of(Reader *r, size_t n)
 {
     if (!need(r, n))
         return NULL;
-    PyObject *s = PyUnicode_DecodeUTF8((const char *)r->p, (Py_ssize_t)n, NULL);
-    if (s == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+    PyObject *s;
+    if (is_ascii(r->p, n)) {       /* the same str PyUnicode_DecodeUTF8 builds, copied */
+        s = PyUnicode_New((Py_ssize_t)n, 127);
+        if (s == NULL)
             return NULL;
-        PyErr_Clear();
-        return bail(r);
+        memcpy(PyUnicode_DATA(s), r->p, n);
+    } else {
+        s = PyUnicode_DecodeUTF8((const char *)r->p, (Py_ssize_t)n, NULL);
+        if (s == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                return NULL;
+            PyErr_Clear();
+            return bail(r);
+        }
     }
     r->p += n;
     return s;
+}
+
+/* Map keys repeat in every item ("role", "content", ...): short ASCII keys come from a
+ * small table of str objects with their hash already computed, as ormsgpack's own key
+ * cache hands out one str per key. A str is immutable: sharing it shares no state. */
+#define KEY_SLOTS 512
+#define KEY_MAX 32
+static PyObject *key_cache[KEY_SLOTS];
+
+static PyObject *key_of(Reader *r, size_t n)
+{
+    if (n > KEY_MAX || !need(r, n) || !is_ascii(r->p, n))
+        return str_of(r, n);
+    uint32_t h = 2166136261u;              /* FNV-1a of the bytes: the slot */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ r->p[i]) * 16777619u;
+    PyObject **slot = &key_cache[h % KEY_SLOTS];
+    PyObject *k = *slot;
+    if (k != NULL && (size_t)PyUnicode_GET_LENGTH(k) == n && memcmp(PyUnicode_DATA(k), r->p, n) == 0) {
+        r->p += n;
+        Py_INCREF(k);
+        return k;
+    }
+    k = str_of(r, n);
+    if (k == NULL || PyObject_Hash(k) == -1) {
+        Py_XDECREF(k);
+        return NULL;
+    }
+    Py_INCREF(k);
+    Py_XSETREF(*slot, k);
+    return k;
 }
 
 static PyObject *bin_of(Reader *r, size_t n)
@@ -135,7 +202,7 @@ static PyObject *map_of(Reader *r, size_t n, int depth)
             else
                 ok = 0, r->bail = 1;       /* a non-str key: ormsgpack's rules, not ours */
             if (ok)
-                k = str_of(r, kn);
+                k = key_of(r, kn);
         }
         if (k != NULL)
             v = decode(r, depth + 1);
