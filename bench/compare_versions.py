@@ -19,6 +19,8 @@ Workloads (time per operation, lower is better):
                   path the zero slack serves (FORMAT.md §9), past its 64 KiB threshold
     put-sync      store.put of a 1 KiB message under `sync`
     langgraph-sync  the langgraph workload under `sync` (one fdatasync a superstep)
+    get-state     graph.get_state of the langgraph workload's thread after 500 supersteps
+                  (500 ~1 KiB messages; median of 50 calls, a fresh decode each)
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 
 WORKLOADS = ("step-record", "step-replay", "tool", "replay-100k", "put", "langgraph",
-             "log-sync", "put-sync", "langgraph-sync")
+             "log-sync", "put-sync", "langgraph-sync", "get-state")
 
 
 def _steps(store, run_id, n):
@@ -50,6 +52,8 @@ def measure(workload: str, root: Path, quick: bool) -> float:
     import durkv
 
     n = 2_000 if quick else 20_000
+    if workload == "get-state":
+        return _get_state(root, 100 if quick else 500)
     if workload.startswith("langgraph"):
         sync = workload == "langgraph-sync"
         return _langgraph(root, 50 if quick else 300, "sync" if sync else "async")
@@ -118,14 +122,13 @@ def _puts(store, n):
     return (time.perf_counter() - t0) / n
 
 
-def _langgraph(root, n, durability="async"):
+def _agent_graph(n):
+    """The agent loop: one ~1 KiB message appended a superstep until there are ``n``."""
     import operator
     from typing import Annotated
 
     from langgraph.graph import END, START, StateGraph
     from typing_extensions import TypedDict
-
-    from durkv.langgraph import DurkvSaver
 
     State = TypedDict("State", {"messages": Annotated[list, operator.add]})
 
@@ -136,13 +139,38 @@ def _langgraph(root, n, durability="async"):
     g.add_node("agent", agent)
     g.add_edge(START, "agent")
     g.add_conditional_edges("agent", lambda s: END if len(s["messages"]) >= n else "agent")
+    return g
+
+
+def _langgraph(root, n, durability="async"):
+    from durkv.langgraph import DurkvSaver
+
     saver = DurkvSaver.open(str(root / "g"), durability=durability)
     try:
-        graph = g.compile(checkpointer=saver)
+        graph = _agent_graph(n).compile(checkpointer=saver)
         t0 = time.perf_counter()
         graph.invoke({"messages": []}, {"configurable": {"thread_id": "g"},
                                         "recursion_limit": n + 10})
         return (time.perf_counter() - t0) / n
+    finally:
+        saver.close()
+
+
+def _get_state(root, n, calls=50):
+    from durkv.langgraph import DurkvSaver
+
+    saver = DurkvSaver.open(str(root / "g"))
+    try:
+        graph = _agent_graph(n).compile(checkpointer=saver)
+        config = {"configurable": {"thread_id": "g"}, "recursion_limit": n + 10}
+        graph.invoke({"messages": []}, config)
+        graph.get_state(config)
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            graph.get_state(config)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
     finally:
         saver.close()
 

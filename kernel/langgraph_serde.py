@@ -33,7 +33,9 @@ from __future__ import annotations
 from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from ._msgunpack import unpack_items
 from .langgraph_messages import dumps_messages, is_jsonplus, pack_msgpack
 from .store.delta import join_tagged
 
@@ -137,13 +139,20 @@ class LangGraphSerde:
         return self._serde.loads_typed((bytes(data[2:2 + n]).decode(), bytes(data[2 + n:])))
 
     def loads_many(self, items: list[bytes]) -> list:
-        """``[self.loads(b) for b in items]``, in one call of the serializer when every
-        item is msgpack (the common case for a list channel): the payloads are joined
-        under one msgpack array header (in C, no per-item Python work), so the
-        per-call overhead is paid once, as a saver that stores the whole list as one
-        blob pays it."""
+        """``[self.loads(b) for b in items]``, each item a new object. Under a plain
+        ``JsonPlusSerializer`` the items are decoded in one C pass where they lie
+        (``durkv._msgunpack``: the objects ormsgpack builds, LangGraph's own ext hook
+        building messages); a value outside that decoder's subset, or another msgpack
+        serializer, has the payloads joined under one msgpack array header (in C) and
+        decoded in one call of the serializer, so the per-call overhead is paid once, as a
+        saver that stores the whole list as one blob pays it."""
         n = len(items)
         if n > 1:
+            hook = c_ext_hook(self.serde)
+            if hook is not None:
+                out = unpack_items(items, _MSGPACK_TAG, hook)
+                if out is not None:
+                    return out
             if n < 16:
                 header = bytes((0x90 | n,))
             elif n < 1 << 16:
@@ -157,3 +166,54 @@ class LangGraphSerde:
                     return out
         loads = self.loads
         return [loads(b) for b in items]
+
+
+def c_ext_hook(serde: Any) -> Any:
+    """The ext hook to decode ``serde``'s msgpack items with in C, or None: only for exactly
+    LangGraph's ``JsonPlusSerializer`` (whose ``loads_typed`` is ``ormsgpack.unpackb`` with
+    this hook; a subclass or a wrapper may decode otherwise), and only once a probe of
+    every kind of value the C decoder builds has read back the same both ways
+    (:func:`_c_agrees`: a LangGraph whose decoding changed keeps its own)."""
+    if type(serde) is not JsonPlusSerializer or "loads_typed" in getattr(serde, "__dict__", {}):
+        return None     # a subclass, or an instance whose loads_typed was replaced
+    if not _c_agreed:
+        _c_agreed.append(_c_agrees(serde))
+    return serde._unpack_ext_hook if _c_agreed[0] else None
+
+
+_c_agreed: list[bool] = []      # [whether _c_agrees()], once computed
+
+
+def _probe_values() -> list:
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    return [None, True, False, 0, 127, 128, -1, -32, -33, 255, 65536, 2 ** 40, 2 ** 64 - 1,
+            -2 ** 63, 0.5, -0.0, 1e300, "", "é\u4e2d\U0001f600", "x" * 300, b"\x00" * 3,
+            [], {}, [1, [2, [3]]], {"a": {"b": [None, 1.25]}}, ("t", 1), {1, 2},
+            AIMessage(content="hi", id="m1", tool_calls=[]),
+            {"messages": [HumanMessage(content=[{"type": "text", "text": "ü"}])]}]
+
+
+def _c_agrees(serde: JsonPlusSerializer) -> bool:
+    """Whether the C decoder and ``serde.loads_typed`` read the probe values the same:
+    equal, and of the same types all the way down."""
+    try:
+        raws = [b"\x01" + serde.dumps_typed([v])[1] for v in _probe_values()]
+        ours = unpack_items(raws, _MSGPACK_TAG, serde._unpack_ext_hook)
+        theirs = [serde.loads_typed(("msgpack", r[1:])) for r in raws]
+    except Exception:   # noqa: BLE001 - any failure: keep LangGraph's own decoding
+        return False
+    return ours is not None and same_typed(ours, theirs)
+
+
+def same_typed(a: Any, b: Any) -> bool:
+    """``a == b`` with the same type at every level (and the same key order, float bits)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return list(a) == list(b) and all(same_typed(a[k], b[k]) for k in a)
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(map(same_typed, a, b))
+    if type(a) is float:
+        return repr(a) == repr(b)
+    return a == b

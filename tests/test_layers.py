@@ -13,7 +13,8 @@ each import of a durkv module is checked against three rules:
    costly module on use, but never hides a cycle.
 2. **No private name crosses a module line:** no ``from durkv.x import _name``.
    The compiled modules ``durkv._seglog``, ``durkv._listprefix``,
-   ``durkv._journalscan``, ``durkv._recpack`` and ``durkv._commitframe`` are imported by
+   ``durkv._journalscan``, ``durkv._recpack``, ``durkv._commitframe`` and
+   ``durkv._msgunpack`` are imported by
    the one module that wraps each (:data:`WRAPPERS`).
 3. **Every module has a rank:** a new module (``kernel/runtime/``, ``backends/s3/``)
    fails this test until it is placed in :data:`RANKS`, in the layer it belongs to.
@@ -107,6 +108,7 @@ RANKS = {
     "durkv": 66,
     # langgraph: the checkpointer (DurkvSaver) over the store, and the runtime's step/tool
     # re-exported for LangGraph nodes: so it ranks above the runtime
+    "durkv._msgunpack": 66.2,       # compiled (CPython extension): list items decoded in C
     "durkv.langgraph_messages": 66.5,   # LangChain messages encoded from their fields
     "durkv.langgraph_serde": 67,
     "durkv.langgraph_claim": 67,    # one driver per thread: the bracket of an invocation
@@ -135,7 +137,8 @@ RANKS = {
 # compiled module -> the one module that wraps it
 WRAPPERS = {"durkv._seglog": "durkv.log", "durkv._listprefix": "durkv.store.delta",
             "durkv._journalscan": "durkv.runtime.journal",
-            "durkv._recpack": "durkv.store.writer", "durkv._commitframe": "durkv.payload"}
+            "durkv._recpack": "durkv.store.writer", "durkv._commitframe": "durkv.payload",
+            "durkv._msgunpack": "durkv.langgraph_serde"}
 
 # Known violations: (importer, imported module, name) triples allowed one by one, each
 # with the reason it must stay. The store restructuring (issue 8 item 1) removed the last
@@ -386,7 +389,7 @@ LAYER_OF = (  # module prefix -> layer (first match); README names the layers to
     ("durkv.backends", "backends"), ("durkv.log", "log"), ("durkv.payload", "log"),
     ("durkv.repairnotes", "log"), ("durkv._seglog", "log"), ("durkv.errors", "errors"),
     ("durkv._journalscan", "runtime"), ("durkv._recpack", "store"), ("durkv._commitframe", "log"),
-    ("durkv.durability", "errors"), ("durkv.fsync", "errors"),
+    ("durkv._msgunpack", "langgraph"), ("durkv.durability", "errors"), ("durkv.fsync", "errors"),
 )
 
 

@@ -75,7 +75,7 @@ from ..payload import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Codec, entry_a
 from .index import Lane
 from .ckpthead import CkptHeads
 
-__all__ = ["ChannelEncoder", "ChanState", "NewestCheckpoint", "join_tagged"]
+__all__ = ["ChannelEncoder", "ChanState", "NewestCheckpoint", "join_tagged", "list_loads"]
 
 _SCALARS = frozenset((str, int, float, bytes, bool, type(None)))
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -150,8 +150,7 @@ class ChannelEncoder:
         self._heads = heads
         self._dumps = serde.dumps
         self._loads = serde.loads
-        # optional batch form (LangGraphSerde has one): many list items in one call
-        self._loads_many = getattr(serde, "loads_many", None)
+        self._loads_list = list_loads(serde)     # many list items in one call
         self._codec = codec
         self._minb = codec.min_bytes
         self._compress = codec.compress      # the writer's compressor: under the lock
@@ -370,9 +369,8 @@ class ChannelEncoder:
             c.is_list = False
             c.vbytes = unpack(items[0])
         else:
-            loads = self._loads
             raws = [unpack(x) for x in items]
-            obj = [loads(x) for x in raws]
+            obj = self._loads_list(raws)
             c.is_list = True
             c.obj = obj
             c.raw = _bytes_kept(obj, 0, raws)
@@ -397,10 +395,18 @@ class ChannelEncoder:
         if c.as_is:             # immutable items kept as themselves (see _bytes_kept)
             obj = c.obj
             return [obj[i] if b is None else loads(b) for i, b in enumerate(raws)]
-        many = self._loads_many
-        if many is not None:
-            return many(raws)
-        return [loads(x) for x in raws]
+        return self._loads_list(raws)
+
+
+def list_loads(serde: Any) -> Any:
+    """``f(raws) -> [serde.loads(b) for b in raws]``: the serde's batch form when it has one
+    (LangGraphSerde's ``loads_many``: a list channel's items in one call), each a new
+    object either way."""
+    many = getattr(serde, "loads_many", None)
+    if many is not None:
+        return many
+    loads = serde.loads
+    return lambda raws: [loads(b) for b in raws]
 
 
 def _bytes_kept(items: list, start: int, raws: list[bytes]) -> list:

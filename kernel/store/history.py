@@ -245,7 +245,7 @@ class History:
                 memo.put_val(r, shared, v if shared else raw)
                 out[ch] = v
             else:
-                master = [loads(unpack(x)) for x in items]
+                master = self._reads.loads_list([unpack(x) for x in items])
                 n = len(master)
                 memo.put_list(r, master, n)
                 out[ch] = master[:]

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import CorruptionError
 from ..payload import F_VALUE, Codec, entry_at
 from .ckpthead import CkptHeads
-from .delta import ChannelEncoder
+from .delta import ChannelEncoder, list_loads
 from .index import Lane
 from .records import (
     K_CKPT, K_COPY_CKPT, Checkpoint, CkptHead, PendingWrite, WritesHead, read_head,
@@ -61,6 +61,7 @@ class Reads:
         self._heads = heads
         self._encoder = encoder
         self.loads = serde.loads     # the serde's and the codec's decoders (History's too)
+        self.loads_list = list_loads(serde)     # a list's items, in one call where it can
         self.codec = codec
         self.url = url
 
@@ -113,7 +114,7 @@ class Reads:
             if flags & F_VALUE:
                 values[ch] = loads(unpack(items[0]))
             else:
-                values[ch] = [loads(unpack(x)) for x in items]
+                values[ch] = self.loads_list([unpack(x) for x in items])
         return Checkpoint(thread_id, ns, h.cid, h.parent, loads(h.ckpt_b), loads(h.meta_b),
                           h.versions, values, self.pending_writes(lane, lsn))
 
@@ -152,6 +153,6 @@ class Reads:
         for p in writes:
             v = p.value
             if type(v) is _WriteItems:
-                p.value = [loads(unpack(x)) for x in v.items]
+                p.value = self.loads_list([unpack(x) for x in v.items])
             else:
                 p.value = loads(unpack(v))

@@ -1,0 +1,370 @@
+/* durkv._msgunpack: a list channel's stored items decoded in one C pass.
+ *
+ * get() of a list channel hands out every item deserialized afresh (GUARANTEES 10).
+ * Through LangGraph an item is msgpack made by its JsonPlusSerializer, read back by
+ * ormsgpack.unpackb(ext_hook=..., option=OPT_NON_STR_KEYS). Joining the items under one
+ * array header made that one call (listprefix.c's join_tagged) but still copied the
+ * whole list into a new buffer (~0.5 MB for 500 messages: page faults) and ran a
+ * general decoder. unpack_items() walks the stored items where they are and builds the
+ * same objects ormsgpack builds, for the subset of msgpack such items use:
+ *
+ *   nil, bool, int (any width), float32/64, str (strict UTF-8), bin -> bytes,
+ *   array -> list, map with str keys -> dict (a repeated key: the last value wins),
+ *   ext -> ext_hook(code, data), the caller's hook (LangGraph's: messages, pydantic
+ *   models, Send, ... are built by LangGraph, never here).
+ *
+ * Anything else -- a non-str map key (ormsgpack makes tuples of array keys), a reserved
+ * byte, a short or over-long item, nesting deeper than MAX_DEPTH, invalid UTF-8, a hook
+ * that raises an Exception -- makes it return None: the caller then decodes with the
+ * serializer itself, so an unusual value reads back exactly as the serializer reads it
+ * (and fails as it fails). The only errors raised here are the ones no fallback can
+ * cure: MemoryError, and a BaseException that is not an Exception (KeyboardInterrupt)
+ * raised by the hook.
+ *
+ * Every call builds new objects; nothing decoded is kept.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#define MAX_DEPTH 512          /* ormsgpack's own limit is above 1,000: deeper -> fallback */
+
+typedef struct {
+    const unsigned char *p, *end;
+    PyObject *hook;
+    int bail;                  /* 1: outside the subset, or a hook Exception: fall back */
+} Reader;
+
+static PyObject *bail(Reader *r)
+{
+    r->bail = 1;
+    return NULL;
+}
+
+static int need(Reader *r, size_t n)
+{
+    if ((size_t)(r->end - r->p) < n) {
+        r->bail = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static uint64_t be(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* the length that follows a str/bin/array/map/ext marker: n bytes, big-endian */
+static int length(Reader *r, int n, size_t *out)
+{
+    if (!need(r, (size_t)n))
+        return 0;
+    *out = (size_t)be(r->p, n);
+    r->p += n;
+    return 1;
+}
+
+static PyObject *decode(Reader *r, int depth);
+
+/* all bytes below 0x80? 64 at a time with SSE2, else eight (Python's own UTF-8 decoder
+ * checks and copies a word per step: most of a 1 KiB message's cost) */
+static int is_ascii(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+#ifdef __SSE2__
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(p + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(p + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(p + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(p + i + 48));
+        if (_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d))))
+            return 0;
+    }
+#endif
+    uint64_t acc = 0, w;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++)
+        acc |= p[i];
+    return (acc & 0x8080808080808080ULL) == 0;
+}
+
+static PyObject *str_of(Reader *r, size_t n)
+{
+    if (!need(r, n))
+        return NULL;
+    PyObject *s;
+    if (is_ascii(r->p, n)) {       /* the same str PyUnicode_DecodeUTF8 builds, copied */
+        s = PyUnicode_New((Py_ssize_t)n, 127);
+        if (s == NULL)
+            return NULL;
+        memcpy(PyUnicode_DATA(s), r->p, n);
+    } else {
+        s = PyUnicode_DecodeUTF8((const char *)r->p, (Py_ssize_t)n, NULL);
+        if (s == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                return NULL;
+            PyErr_Clear();
+            return bail(r);
+        }
+    }
+    r->p += n;
+    return s;
+}
+
+/* Map keys repeat in every item ("role", "content", ...): short ASCII keys come from a
+ * small table of str objects with their hash already computed, as ormsgpack's own key
+ * cache hands out one str per key. A str is immutable: sharing it shares no state. */
+#define KEY_SLOTS 512
+#define KEY_MAX 32
+static PyObject *key_cache[KEY_SLOTS];
+
+static PyObject *key_of(Reader *r, size_t n)
+{
+    if (n > KEY_MAX || !need(r, n) || !is_ascii(r->p, n))
+        return str_of(r, n);
+    uint32_t h = 2166136261u;              /* FNV-1a of the bytes: the slot */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ r->p[i]) * 16777619u;
+    PyObject **slot = &key_cache[h % KEY_SLOTS];
+    PyObject *k = *slot;
+    if (k != NULL && (size_t)PyUnicode_GET_LENGTH(k) == n && memcmp(PyUnicode_DATA(k), r->p, n) == 0) {
+        r->p += n;
+        Py_INCREF(k);
+        return k;
+    }
+    k = str_of(r, n);
+    if (k == NULL || PyObject_Hash(k) == -1) {
+        Py_XDECREF(k);
+        return NULL;
+    }
+    Py_INCREF(k);
+    Py_XSETREF(*slot, k);
+    return k;
+}
+
+static PyObject *bin_of(Reader *r, size_t n)
+{
+    if (!need(r, n))
+        return NULL;
+    PyObject *b = PyBytes_FromStringAndSize((const char *)r->p, (Py_ssize_t)n);
+    if (b != NULL)
+        r->p += n;
+    return b;
+}
+
+static PyObject *array_of(Reader *r, size_t n, int depth)
+{
+    if ((size_t)(r->end - r->p) < n)       /* every item takes at least one byte */
+        return bail(r);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (list == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *v = decode(r, depth + 1);
+        if (v == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+    return list;
+}
+
+static PyObject *map_of(Reader *r, size_t n, int depth)
+{
+    if ((size_t)(r->end - r->p) / 2 < n)   /* a key and a value: two bytes at least */
+        return bail(r);
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *k = NULL, *v = NULL;
+        if (need(r, 1)) {
+            unsigned char m = *r->p;
+            size_t kn = 0;
+            int ok = 1;
+            r->p++;
+            if ((m & 0xe0) == 0xa0)
+                kn = m & 0x1f;
+            else if (m >= 0xd9 && m <= 0xdb)
+                ok = length(r, 1 << (m - 0xd9), &kn);
+            else
+                ok = 0, r->bail = 1;       /* a non-str key: ormsgpack's rules, not ours */
+            if (ok)
+                k = key_of(r, kn);
+        }
+        if (k != NULL)
+            v = decode(r, depth + 1);
+        if (v == NULL || PyDict_SetItem(d, k, v) < 0) {
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(k);
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+static PyObject *ext_of(Reader *r, size_t n)
+{
+    if (!need(r, n + 1))
+        return NULL;
+    int code = (signed char)r->p[0];
+    PyObject *data = PyBytes_FromStringAndSize((const char *)r->p + 1, (Py_ssize_t)n);
+    if (data == NULL)
+        return NULL;
+    r->p += n + 1;
+    PyObject *v = PyObject_CallFunction(r->hook, "iO", code, data);
+    Py_DECREF(data);
+    if (v == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();             /* the serializer's own call raises its own error */
+        return bail(r);
+    }
+    return v;
+}
+
+static PyObject *decode(Reader *r, int depth)
+{
+    if (depth > MAX_DEPTH || !need(r, 1))
+        return bail(r);
+    unsigned char m = *r->p++;
+    size_t n;
+    if (m <= 0x7f)
+        return PyLong_FromLong(m);
+    if (m >= 0xe0)
+        return PyLong_FromLong((signed char)m);
+    if ((m & 0xe0) == 0xa0)
+        return str_of(r, m & 0x1f);
+    if ((m & 0xf0) == 0x90)
+        return array_of(r, m & 0x0f, depth);
+    if ((m & 0xf0) == 0x80)
+        return map_of(r, m & 0x0f, depth);
+    switch (m) {
+    case 0xc0: Py_RETURN_NONE;
+    case 0xc2: Py_RETURN_FALSE;
+    case 0xc3: Py_RETURN_TRUE;
+    case 0xc4: case 0xc5: case 0xc6:
+        return length(r, 1 << (m - 0xc4), &n) ? bin_of(r, n) : NULL;
+    case 0xc7: case 0xc8: case 0xc9:
+        return length(r, 1 << (m - 0xc7), &n) ? ext_of(r, n) : NULL;
+    case 0xca: {
+        if (!need(r, 4))
+            return NULL;
+        uint32_t u = (uint32_t)be(r->p, 4);
+        float f;
+        memcpy(&f, &u, 4);
+        r->p += 4;
+        return PyFloat_FromDouble((double)f);
+    }
+    case 0xcb: {
+        if (!need(r, 8))
+            return NULL;
+        uint64_t u = be(r->p, 8);
+        double f;
+        memcpy(&f, &u, 8);
+        r->p += 8;
+        return PyFloat_FromDouble(f);
+    }
+    case 0xcc: case 0xcd: case 0xce: case 0xcf: {
+        int w = 1 << (m - 0xcc);
+        if (!need(r, (size_t)w))
+            return NULL;
+        uint64_t u = be(r->p, w);
+        r->p += w;
+        return PyLong_FromUnsignedLongLong(u);
+    }
+    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
+        int w = 1 << (m - 0xd0);
+        if (!need(r, (size_t)w))
+            return NULL;
+        uint64_t u = be(r->p, w);
+        r->p += w;
+        int64_t s = w == 8 ? (int64_t)u : (int64_t)(u ^ (1ULL << (8 * w - 1))) - (int64_t)(1ULL << (8 * w - 1));
+        return PyLong_FromLongLong(s);
+    }
+    case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8:
+        return ext_of(r, (size_t)1 << (m - 0xd4));
+    case 0xd9: case 0xda: case 0xdb:
+        return length(r, 1 << (m - 0xd9), &n) ? str_of(r, n) : NULL;
+    case 0xdc: case 0xdd:
+        return length(r, 2 << (m - 0xdc), &n) ? array_of(r, n, depth) : NULL;
+    case 0xde: case 0xdf:
+        return length(r, 2 << (m - 0xde), &n) ? map_of(r, n, depth) : NULL;
+    default:                       /* 0xc1, never used */
+        return bail(r);
+    }
+}
+
+/* unpack_items(items, tag, ext_hook) -> list | None: [decode(b[1:]) for b in items] when
+ * every item is bytes starting with byte tag and decodes within the subset above, each
+ * using all of its bytes; else None (decode with the serializer). */
+static PyObject *unpack_items(PyObject *self, PyObject *args)
+{
+    PyObject *items, *hook;
+    int tag;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!iO", &PyList_Type, &items, &tag, &hook))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(items, i);
+        if (!PyBytes_Check(b) || PyBytes_GET_SIZE(b) < 2
+                || (unsigned char)PyBytes_AS_STRING(b)[0] != (unsigned char)tag)
+            Py_RETURN_NONE;
+    }
+    /* a hook may run any Python: decode from a copy of the list, which it cannot reach */
+    items = PyList_GetSlice(items, 0, n);
+    if (items == NULL)
+        return NULL;
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(items, i));
+        Reader r = {p + 1, p + PyBytes_GET_SIZE(PyList_GET_ITEM(items, i)), hook, 0};
+        PyObject *v = decode(&r, 0);
+        if (v != NULL && r.p != r.end) {   /* bytes left over: not one value */
+            Py_CLEAR(v);
+            r.bail = 1;
+        }
+        if (v == NULL) {
+            Py_CLEAR(out);
+            if (!r.bail)
+                break;                 /* MemoryError or KeyboardInterrupt: raise it */
+            Py_DECREF(items);
+            Py_RETURN_NONE;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    Py_DECREF(items);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"unpack_items", unpack_items, METH_VARARGS,
+     "unpack_items(items, tag, ext_hook) -> list | None: each tagged msgpack item decoded "
+     "as ormsgpack decodes it, or None where the serializer must decode them."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "durkv._msgunpack",
+    "A list channel's msgpack items decoded in one C pass (read side of get()).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__msgunpack(void)
+{
+    return PyModule_Create(&module);
+}
