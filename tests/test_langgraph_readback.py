@@ -292,3 +292,23 @@ def test_the_c_decoder_is_used_with_this_langgraph():
         pass
 
     assert c_ext_hook(Sub()) is None
+
+
+def test_a_serializer_whose_loads_typed_was_replaced_decodes_its_own_way():
+    """An instance with its own ``loads_typed`` (a decrypting or auditing wrapper set on
+    the instance) is asked for every list, as ``dumps`` asks its own ``dumps_typed``."""
+    serde = JsonPlusSerializer()
+    assert c_ext_hook(serde) is not None
+    plain = serde.loads_typed
+    calls = []
+
+    def loads_typed(data):
+        calls.append(data[0])
+        return plain(data)
+
+    serde.loads_typed = loads_typed
+    assert c_ext_hook(serde) is None
+    ours = LangGraphSerde(serde)
+    items = [ours.dumps({"n": i, "s": "x" * i}) for i in range(5)]
+    assert ours.loads_many(items) == [{"n": i, "s": "x" * i} for i in range(5)]
+    assert calls, "the instance's own loads_typed was passed over"
