@@ -57,6 +57,7 @@
 
 typedef struct {
     const uint8_t *p, *end;
+    uint8_t *buf;           /* put()'s: NULL, compare with [p, end); else write at p, grow */
 } cur_t;
 
 static int need(const cur_t *c, size_t n) { return (size_t)(c->end - c->p) >= n; }
@@ -169,33 +170,52 @@ typedef struct {
 
 static void field(fields_t *f, const char *key, size_t kn, const uint8_t *v)
 {
-#define KEY(lit) (kn == sizeof(lit) - 1 && memcmp(key, lit, kn) == 0)
     uint8_t b = v[0];
     int nil = b == 0xc0, str = (b >= 0xa0 && b <= 0xbf) || (b >= 0xd9 && b <= 0xdb);
     int intv = b <= 0x7f || b >= 0xe0 || (b >= 0xcc && b <= 0xd3);
-    if (KEY("e"))
-        f->e_is_step = b == 0x02;               /* E_STEP: a positive fixint */
-    else if (KEY("s"))
-        f->s = str ? v : NULL, f->plain &= str;
-    else if (KEY("k"))
-        f->k = v, f->plain &= str;
-    else if (KEY("n"))
-        f->n = v, f->plain &= str;
-    else if (KEY("pv"))
-        f->pv = v, f->plain &= str || nil;
-    else if (KEY("fp"))
-        f->fp = v, f->plain &= intv || nil;
-    else if (KEY("r"))
-        f->r = v, f->plain &= nil || (b >= 0xc4 && b <= 0xc6);
-    else if (KEY("in"))
-        f->in = v, f->plain &= nil || (b >= 0xc4 && b <= 0xc6);
-    else if (KEY("t"))
-        f->t = v, f->plain &= nil || intv || b == 0xca || b == 0xcb;
-    else if (KEY("err"))
+    int bin = b >= 0xc4 && b <= 0xc6;
+    /* by length, then bytes: a record has ~10 keys, each read once per record at an open
+     * and at every live step held (a chain of memcmp was ~250 instructions a key) */
+    if (kn == 1) {
+        switch (key[0]) {
+        case 'e': f->e_is_step = b == 0x02; break;     /* E_STEP: a positive fixint */
+        case 's': f->s = str ? v : NULL, f->plain &= str; break;
+        case 'k': f->k = v, f->plain &= str; break;
+        case 'n': f->n = v, f->plain &= str; break;
+        case 'r': f->r = v, f->plain &= nil || bin; break;
+        case 't': f->t = v, f->plain &= nil || intv || b == 0xca || b == 0xcb; break;
+        }
+    } else if (kn == 2) {
+        if (key[0] == 'p' && key[1] == 'v')
+            f->pv = v, f->plain &= str || nil;
+        else if (key[0] == 'f' && key[1] == 'p')
+            f->fp = v, f->plain &= intv || nil;
+        else if (key[0] == 'i' && key[1] == 'n')
+            f->in = v, f->plain &= nil || bin;
+        else if (key[0] == 'i' && key[1] == 'r')
+            f->plain = 0;
+    } else if (kn == 3 && memcmp(key, "err", 3) == 0)
         f->plain &= nil;
-    else if (KEY("ir"))
-        f->plain = 0;
-#undef KEY
+}
+
+/* skip(c, 1, &odd) of a record's value, a scalar or a short str read in line (most are). */
+static int skip_value(cur_t *c, int *odd)
+{
+    uint8_t b = c->p[0];
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+        c->p++;
+        return 0;
+    }
+    if (b >= 0xa0 && b <= 0xbf) {
+        size_t n = b & 0x1f;
+        if ((size_t)(c->end - c->p) < 1 + n)
+            return -1;
+        if (!utf8_valid(c->p + 1, n))
+            *odd = 1;
+        c->p += 1 + n;
+        return 0;
+    }
+    return skip(c, 1, odd);
 }
 
 /* Read the record map at c->p (the cursor moved past it); 0 ok, -1 malformed. */
@@ -213,7 +233,11 @@ static int read_record(cur_t *c, fields_t *f)
     for (uint64_t i = 0; i < len; i++) {
         const char *key = NULL;
         size_t kn = 0;
-        if (!str_at(c, &key, &kn)) {
+        uint8_t kb = need(c, 1) ? c->p[0] : 0;
+        if (kb >= 0xa0 && kb <= 0xbf && (size_t)(c->end - c->p) > (kb & 0x1fu)) {
+            key = (const char *)c->p + 1, kn = kb & 0x1f;     /* a short key: most are */
+            c->p += 1 + kn;
+        } else if (!str_at(c, &key, &kn)) {
             f->plain = 0;                       /* a key that is not a str */
             key = NULL;
             if (skip(c, 1, NULL))
@@ -221,7 +245,7 @@ static int read_record(cur_t *c, fields_t *f)
         }
         const uint8_t *v = c->p;
         int odd = 0;
-        if (!need(c, 1) || skip(c, 1, &odd))
+        if (!need(c, 1) || skip_value(c, &odd))
             return -1;
         f->plain &= !odd && (key == NULL || utf8_valid((const uint8_t *)key, kn));
         if (key != NULL)        /* read on past an odd key: `s` counts for every record */
@@ -739,8 +763,28 @@ static PyObject *index_iter(Index *ix)
 /* The bytes msgpack's Packer(use_bin_type=True, strict_types=True) gives a value, compared
  * as they are produced with the recorded ones at c->p: 1 equal so far, 0 not, -1 a value
  * this does not pack (another type: the serde's extension types decide). */
+/* put() into a buffer it grows: pack_native's. */
+static int put_grow(cur_t *c, const uint8_t *b, size_t n)
+{
+    size_t at = (size_t)(c->p - c->buf), cap = (size_t)(c->end - c->buf);
+    if (cap - at < n) {
+        size_t ncap = 2 * cap > at + n ? 2 * cap : at + n + 256;
+        uint8_t *nb = PyMem_Realloc(c->buf, ncap);
+        if (nb == NULL)
+            return -1;              /* not packed here: the serde's path */
+        c->buf = nb, c->p = nb + at, c->end = nb + ncap;
+    }
+    memcpy(c->buf + at, b, n);
+    c->p += n;
+    return 1;
+}
+
+/* The default serde's encoding, a byte string at a time: compared with the bytes at c->p
+ * (a replay's test), or written (c->buf). */
 static int put(cur_t *c, const uint8_t *b, size_t n)
 {
+    if (c->buf != NULL)
+        return put_grow(c, b, n);
     if (!need(c, n) || memcmp(c->p, b, n) != 0)
         return 0;
     c->p += n;
@@ -849,6 +893,23 @@ static int put_obj(cur_t *c, PyObject *o, int depth)
         return r;
     }
     return -1;
+}
+
+/* The default serde's bytes of `o` (MsgpackSerde.dumps': msgpack's, use_bin_type,
+ * strict_types) when `o` is made of the exact native types put_obj packs, as the replay's
+ * test compares them; else NULL and no exception: the caller calls the serde, which
+ * stays the definition of everything else. */
+static PyObject *pack_native(PyObject *o)
+{
+    uint8_t *b = PyMem_Malloc(512);
+    if (b == NULL)
+        return NULL;
+    cur_t c = {b, b + 512, b};
+    PyObject *out = NULL;
+    if (put_obj(&c, o, 0) == 1)
+        out = PyBytes_FromStringAndSize((const char *)c.buf, c.p - c.buf);
+    PyMem_Free(c.buf);
+    return out;
 }
 
 /* The recorded field at v (a str header, or NULL: `dflt`) is the text u[0:n]. */
@@ -1231,11 +1292,14 @@ static int has_entry(PyObject *st, PyObject *sid)
 static int encode_inputs(StepEntry *se, PyObject *values, PyObject *inl, PyObject **whole,
                          PyObject **fp)
 {
-    PyObject *dumps = attr(values, S_DUMPS);
-    if (dumps == NULL)
-        return -1;
-    PyObject *b = PyObject_CallOneArg(dumps, inl);
-    Py_DECREF(dumps);
+    PyObject *b = pack_native(inl);
+    if (b == NULL && !PyErr_Occurred()) {
+        PyObject *dumps = attr(values, S_DUMPS);
+        if (dumps == NULL)
+            return -1;
+        b = PyObject_CallOneArg(dumps, inl);
+        Py_DECREF(dumps);
+    }
     if (b == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_Exception))
             return -1;
@@ -1435,11 +1499,14 @@ static PyObject *new_step(StepEntry *se, PyObject *run, PyObject *sid, PyObject 
         Py_XDECREF(et);
         Py_XDECREF(tb);
     } else {
-        PyObject *dumps = attr(values, S_DUMPS);
-        if (dumps == NULL)
-            goto fail;
-        r = PyObject_CallOneArg(dumps, value);
-        Py_DECREF(dumps);
+        r = pack_native(value);
+        if (r == NULL && !PyErr_Occurred()) {
+            PyObject *dumps = attr(values, S_DUMPS);
+            if (dumps == NULL)
+                goto fail;
+            r = PyObject_CallOneArg(dumps, value);
+            Py_DECREF(dumps);
+        }
         if (r == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_Exception))
                 goto fail;

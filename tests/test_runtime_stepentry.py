@@ -34,6 +34,13 @@ def send(x, *, idempotency_key):
     return [x, idempotency_key]
 
 
+def _nested(depth):
+    v: list = []
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
 def _agent(run, calls):
     """Every kind of call the entry meets; returns what each call gave (or raised)."""
     def echo(*a, **kw):
@@ -71,6 +78,12 @@ def _agent(run, calls):
         "", "x", "\x82\x83", "naïve ✓ 模型", "a" * 40, b"", b"\x82\xde\xdf", bytearray(b"\x8f"),
         [], [1, [2, [3, {"k": None}]]], {"only": 1}, {"b": 1, "a": 2}, {"z": {"y": 1, "x": 2}},
         (1, 2), {1, 2, 3}, frozenset({"a"}), {"\x82": b"\x83"}, [386] * 3, {"k": [0xDE, "\xdf"]},
+        # the C packer's edges (csrc/journalscan.c pack_native): headers at their limits,
+        # int and bool keys, nesting past its depth, text the UTF-8 codec refuses
+        "s" * 31, "s" * 32, "s" * 255, "s" * 256, "é" * 16, b"b" * 255, b"b" * 256,
+        [0] * 15, [0] * 16, {str(i): i for i in range(16)}, {1: "a"}, {True: None},
+        -32, -33, -128, -129, 255, 256, 65535, 65536, 2 ** 32 - 1, 2 ** 32, -(2 ** 31) - 1,
+        _nested(70), "\ud800", [1.0, 1], [True, 1],
     ]
     for v in hostile:
         do("same", same, v)
@@ -134,8 +147,9 @@ def test_the_entry_writes_the_general_paths_bytes_and_replays_the_same(
     fast = _execute(str(tmp_path / "fast"), False, monkeypatch, planned)
     slow = _execute(str(tmp_path / "slow"), True, monkeypatch)
     # the entry took most new steps itself (inputs with a map or a set: the canonical
-    # fingerprint, in C too); the Python path planned the others
-    assert 0 < len(planned) < 20 and "same" not in planned, planned
+    # fingerprint, in C too); the Python path planned the others (of "same": "\ud800" only,
+    # which no serde packs)
+    assert 0 < len(planned) < 20 and planned.count("same") == 1, planned
     assert fast[2] == slow[2]               # the journal, byte for byte
     _same(fast[0], slow[0])
     _same(fast[1], slow[1])
