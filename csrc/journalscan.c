@@ -1230,11 +1230,12 @@ static PyTypeObject IndexType = {
 
 enum { S_PLAIN, S_N, S_ST, S_LAZY, S_LOADS, S_ENTRIES, S_VALUES, S_FAST, S_REFS, S_WHOLE,
        S_DUMPS, S_CLOCK, S_STORE, S_RUN_ID, S_PACK, S_WRITE, S_PAYLOAD, S_UPDATED, S_OOO,
-       S_SEEN, S_CANON, S_BASES, S_RECORDED, S_STEP, S_RECORD_STEP, NSTR };
+       S_SEEN, S_CANON, S_BASES, S_RECORDED, S_STEP, S_RECORD_STEP, S_APPEND, NSTR };
 static const char *const snames[NSTR] = {
     "_plain", "_n", "_st", "lazy", "_loads", "entries", "_values", "_fast", "_refs", "whole",
     "dumps", "_clock", "store", "run_id", "pack_journal", "_write", "payload", "updated",
-    "out_of_order", "_seen", "canonical_bytes", "bases", "recorded", "step", "record_step"};
+    "out_of_order", "_seen", "canonical_bytes", "bases", "recorded", "step", "record_step",
+    "append_journal"};
 static PyObject *S[NSTR];
 
 typedef struct {
@@ -1242,6 +1243,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *general, *at, *end, *fingerprint, *new_record, *record_type, *apply_step;
     PyObject *record_step, *globals;    /* journal.record_step, and where run.py names it */
+    PyObject *owed;                     /* aio.OWED */
     Py_ssize_t small;
 } StepEntry;
 
@@ -1333,8 +1335,8 @@ static int encode_inputs(StepEntry *se, PyObject *values, PyObject *inl, PyObjec
 
 /* The record of a new step that returned `value` (its bytes `r`): _record_step's, after
  * _outcome_fields. */
-static int record_new(StepEntry *se, PyObject *run, PyObject *sid, PyObject *name,
-                      PyObject *fp, PyObject *whole, PyObject *t0, PyObject *r)
+static int record_new(StepEntry *se, PyObject *run, PyObject *refs, PyObject *sid,
+                      PyObject *name, PyObject *fp, PyObject *whole, PyObject *t0, PyObject *r)
 {
     PyObject *clock = attr(run, S_CLOCK), *t = clock ? call0(clock) : NULL;
     Py_XDECREF(clock);
@@ -1354,8 +1356,17 @@ static int record_new(StepEntry *se, PyObject *run, PyObject *sid, PyObject *nam
     PyObject *nr[2] = {se->record_type, fields};
     if ((rec = PyObject_Vectorcall(se->new_record, nr, 2, NULL)) == NULL
             || (store = attr(run, S_STORE)) == NULL || (run_id = attr(run, S_RUN_ID)) == NULL
-            || (packed = PyObject_CallMethodObjArgs(store, S[S_PACK], run_id, rec, NULL)) == NULL
-            || (o = PyObject_CallMethodOneArg(run, S[S_WRITE], packed)) == NULL)
+            || (packed = PyObject_CallMethodObjArgs(store, S[S_PACK], run_id, rec, NULL)) == NULL)
+        goto done;
+    /* Run._write(packed): a sync verb's record, appended as the policy says (an async
+     * verb's owes its fsync to its coroutine: _write decides) */
+    PyObject *owed;
+    if (PyContextVar_Get(se->owed, NULL, &owed) < 0)
+        goto done;
+    o = owed == Py_None ? PyObject_CallMethodObjArgs(store, S[S_APPEND], run_id, packed, NULL)
+                        : PyObject_CallMethodOneArg(run, S[S_WRITE], packed);
+    Py_DECREF(owed);
+    if (o == NULL)
         goto done;
     Py_CLEAR(o);
     /* journal.record_step */
@@ -1405,11 +1416,9 @@ static int record_new(StepEntry *se, PyObject *run, PyObject *sid, PyObject *nam
     Py_CLEAR(o);
     /* run._refs.recorded(sid, 0, "step", name, (whole, None, fp, None), r): a no-op while
      * no base is held (inputs.py) */
-    PyObject *refs = attr(run, S_REFS), *bases = refs ? attr(refs, S_BASES) : NULL;
-    if (bases == NULL) {
-        Py_XDECREF(refs);
+    PyObject *bases = attr(refs, S_BASES);
+    if (bases == NULL)
         goto done;
-    }
     int empty = PyDict_CheckExact(bases) && PyDict_GET_SIZE(bases) == 0;
     Py_DECREF(bases);
     if (!empty) {
@@ -1419,13 +1428,10 @@ static int record_new(StepEntry *se, PyObject *run, PyObject *sid, PyObject *nam
                                                       S[S_STEP], name, enc, r, NULL) : NULL;
         Py_XDECREF(zero2);
         Py_XDECREF(enc);
-        if (o == NULL) {
-            Py_DECREF(refs);
+        if (o == NULL)
             goto done;
-        }
         Py_CLEAR(o);
     }
-    Py_DECREF(refs);
     ok = 0;
 done:
     Py_XDECREF(o);
@@ -1527,7 +1533,7 @@ static PyObject *new_step(StepEntry *se, PyObject *run, PyObject *sid, PyObject 
         }
         goto fail;
     }
-    int rc = record_new(se, run, sid, name, fp, whole, t0, r);
+    int rc = record_new(se, run, refs, sid, name, fp, whole, t0, r);
     Py_DECREF(r);
     if (rc)
         goto fail;
@@ -1627,12 +1633,13 @@ done:
 static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"general", "at", "end", "fingerprint", "new_record",
-                             "record_type", "apply_step", "record_step", "globals", "small",
-                             NULL};
-    PyObject *g, *at, *end, *fp, *nr, *rt, *ap, *rs, *gl;
+                             "record_type", "apply_step", "record_step", "globals", "owed",
+                             "small", NULL};
+    PyObject *g, *at, *end, *fp, *nr, *rt, *ap, *rs, *gl, *ow;
     Py_ssize_t small;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO!n", kwlist, &g, &at, &end, &fp, &nr,
-                                     &rt, &ap, &rs, &PyDict_Type, &gl, &small))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO!O!n", kwlist, &g, &at, &end, &fp,
+                                     &nr, &rt, &ap, &rs, &PyDict_Type, &gl,
+                                     &PyContextVar_Type, &ow, &small))
         return NULL;
     StepEntry *se = (StepEntry *)type->tp_alloc(type, 0);
     if (se == NULL)
@@ -1641,7 +1648,7 @@ static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     se->general = Py_NewRef(g), se->at = Py_NewRef(at), se->end = Py_NewRef(end);
     se->fingerprint = Py_NewRef(fp), se->new_record = Py_NewRef(nr);
     se->record_type = Py_NewRef(rt), se->apply_step = Py_NewRef(ap);
-    se->record_step = Py_NewRef(rs), se->globals = Py_NewRef(gl);
+    se->record_step = Py_NewRef(rs), se->globals = Py_NewRef(gl), se->owed = Py_NewRef(ow);
     se->small = small;
     return (PyObject *)se;
 }
@@ -1657,6 +1664,7 @@ static int step_clear(StepEntry *se)
     Py_CLEAR(se->apply_step);
     Py_CLEAR(se->record_step);
     Py_CLEAR(se->globals);
+    Py_CLEAR(se->owed);
     return 0;
 }
 
@@ -1671,6 +1679,7 @@ static int step_traverse(StepEntry *se, visitproc visit, void *arg)
     Py_VISIT(se->apply_step);
     Py_VISIT(se->record_step);
     Py_VISIT(se->globals);
+    Py_VISIT(se->owed);
     return 0;
 }
 

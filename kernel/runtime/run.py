@@ -358,7 +358,9 @@ class Run:
         """Journal ``rec`` (a map, or a typed record: Store.append_journal); the caller folds
         it (:meth:`_append`, or the fields it packed).
         ``prior``: ``rec`` is only written, and every record before it is fdatasync'd before
-        this returns (or owed, for an async verb) -- a keyed tool's intent under ``sync``."""
+        this returns (or owed, for an async verb) -- a keyed tool's intent under ``sync``.
+        (run.step's C entry appends a new step's record as the ``owed is None`` branch does,
+        and calls this method otherwise.)"""
         owed = OWED.get()
         if prior:
             lsn = self.store.append_journal(self.run_id, rec, written=True)
@@ -1011,4 +1013,4 @@ def _kwargs_of(p: Plan, kwargs: dict) -> dict:
 Run.step = StepEntry(general=Run._step, at=Run._step_at, end=Run._new_step_end,
                      fingerprint=fingerprint, new_record=_new_record, record_type=StepRecord,
                      apply_step=apply_step, record_step=record_step, globals=globals(),
-                     small=SMALL_INPUTS)
+                     owed=OWED, small=SMALL_INPUTS)
