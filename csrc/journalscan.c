@@ -198,21 +198,35 @@ static void field(fields_t *f, const char *key, size_t kn, const uint8_t *v)
         f->plain &= nil;
 }
 
-/* skip(c, 1, &odd) of a record's value, a scalar or a short str read in line (most are). */
+/* skip(c, 1, odd) of a head's item or a record's value: a scalar, a short str or a bin8
+ * read in line (most are; `odd` may be NULL as for skip), anything else by skip. */
 static int skip_value(cur_t *c, int *odd)
 {
+    /* the size of a fixed-width scalar by its first byte, 0xc0-0xd3 (0: not one) */
+    static const uint8_t width[20] = {1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 5, 9, 2, 3, 5, 9, 2, 3, 5, 9};
     uint8_t b = c->p[0];
-    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+    size_t n;
+    if (b <= 0x7f || b >= 0xe0) {
         c->p++;
         return 0;
     }
-    if (b >= 0xa0 && b <= 0xbf) {
-        size_t n = b & 0x1f;
-        if ((size_t)(c->end - c->p) < 1 + n)
+    if (b >= 0xc0 && b <= 0xd3 && width[b - 0xc0]) {
+        n = width[b - 0xc0];
+        if ((size_t)(c->end - c->p) < n)
             return -1;
-        if (!utf8_valid(c->p + 1, n))
+        c->p += n;
+        return 0;
+    }
+    if ((b >= 0xa0 && b <= 0xbf) || b == 0xc4) {
+        size_t hdr = b == 0xc4 ? 2 : 1;
+        if ((size_t)(c->end - c->p) < hdr)
+            return -1;
+        n = b == 0xc4 ? c->p[1] : (size_t)(b & 0x1f);
+        if ((size_t)(c->end - c->p) - hdr < n)
+            return -1;
+        if (odd != NULL && b != 0xc4 && !utf8_valid(c->p + hdr, n))
             *odd = 1;
-        c->p += 1 + n;
+        c->p += hdr + n;
         return 0;
     }
     return skip(c, 1, odd);
@@ -551,7 +565,7 @@ static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
     if (header(c, &hdr, &m) != 'a' || m < 3)
         return bad(i, "not a list of 3 or more"), -1;
     c->p += hdr;
-    if (skip(c, 1, NULL) || skip(c, 1, NULL))
+    if (!need(c, 1) || skip_value(c, NULL) || !need(c, 1) || skip_value(c, NULL))
         return bad(i, "malformed"), -1;
     e->rec = c->p;
     if (read_record(c, &e->f))
