@@ -1228,8 +1228,9 @@ static PyTypeObject IndexType = {
  * made for `run.step(...)`) whose call takes the two hot paths of a run in C and hands
  * every other call to the Python methods, which stay the definition:
  *
- * - any keyword argument, or a run whose automatic step ids are not its one counter
- *   (`_plain` false): Run._step, the general method, as called;
+ * - any keyword argument, a subclass of Run (its overrides count), or a run whose
+ *   automatic step ids are not its one counter (`_plain` false): Run._step, the general
+ *   method, as called;
  * - otherwise the automatic id is taken (next(run._n)) and, when the run's index holds a
  *   record of it, Index.replay's answer is returned; on MISS, or for anything below not
  *   as expected, Run._step_at(n, name, fn, args, kwargs) goes on from that id;
@@ -1258,6 +1259,7 @@ typedef struct {
     PyObject *general, *at, *end, *fingerprint, *new_record, *record_type, *apply_step;
     PyObject *record_step, *globals;    /* journal.record_step, and where run.py names it */
     PyObject *owed;                     /* aio.OWED */
+    PyObject *cls;                      /* Run: a subclass's overrides are honored (general) */
     Py_ssize_t small;
 } StepEntry;
 
@@ -1571,7 +1573,8 @@ static PyObject *step_call(StepEntry *se, PyObject *const *args, size_t nargsf,
                            PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames)) || nargs < 3)
+    if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames)) || nargs < 3
+            || !Py_IS_TYPE(args[0], (PyTypeObject *)se->cls))
         return PyObject_Vectorcall(se->general, args, nargsf, kwnames);
     PyObject *run = args[0], *name = args[1], *fn = args[2];
     PyObject *plain = attr(run, S_PLAIN);
@@ -1648,12 +1651,12 @@ static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"general", "at", "end", "fingerprint", "new_record",
                              "record_type", "apply_step", "record_step", "globals", "owed",
-                             "small", NULL};
-    PyObject *g, *at, *end, *fp, *nr, *rt, *ap, *rs, *gl, *ow;
+                             "cls", "small", NULL};
+    PyObject *g, *at, *end, *fp, *nr, *rt, *ap, *rs, *gl, *ow, *cls;
     Py_ssize_t small;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO!O!n", kwlist, &g, &at, &end, &fp,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO!O!O!n", kwlist, &g, &at, &end, &fp,
                                      &nr, &rt, &ap, &rs, &PyDict_Type, &gl,
-                                     &PyContextVar_Type, &ow, &small))
+                                     &PyContextVar_Type, &ow, &PyType_Type, &cls, &small))
         return NULL;
     StepEntry *se = (StepEntry *)type->tp_alloc(type, 0);
     if (se == NULL)
@@ -1663,6 +1666,7 @@ static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     se->fingerprint = Py_NewRef(fp), se->new_record = Py_NewRef(nr);
     se->record_type = Py_NewRef(rt), se->apply_step = Py_NewRef(ap);
     se->record_step = Py_NewRef(rs), se->globals = Py_NewRef(gl), se->owed = Py_NewRef(ow);
+    se->cls = Py_NewRef(cls);
     se->small = small;
     return (PyObject *)se;
 }
@@ -1679,6 +1683,7 @@ static int step_clear(StepEntry *se)
     Py_CLEAR(se->record_step);
     Py_CLEAR(se->globals);
     Py_CLEAR(se->owed);
+    Py_CLEAR(se->cls);
     return 0;
 }
 
@@ -1694,6 +1699,7 @@ static int step_traverse(StepEntry *se, visitproc visit, void *arg)
     Py_VISIT(se->record_step);
     Py_VISIT(se->globals);
     Py_VISIT(se->owed);
+    Py_VISIT(se->cls);
     return 0;
 }
 

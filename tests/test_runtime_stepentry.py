@@ -198,3 +198,18 @@ def test_a_fresh_decode_each_replay_and_a_new_call_after_the_recorded_ones(tmp_p
         with pytest.raises(durkv.NonDeterminismError):
             run.step("other", model, 2)             # step 2 was "model"
     assert calls == [0, 1, 2, 3, 1]
+
+
+def test_a_subclass_of_run_takes_the_general_path_and_its_overrides_count(tmp_path):
+    recorded = []
+
+    class Audited(Run):
+        def _record_step(self, p, *a, **kw):
+            recorded.append(p.sid)
+            return super()._record_step(p, *a, **kw)
+
+    with durkv.open(str(tmp_path / "s")) as store:
+        run = Audited(store, "r")
+        with run:
+            assert [run.step("m", lambda x: x * 2, i) for i in range(3)] == [0, 2, 4]
+    assert recorded == ["0", "1", "2"]

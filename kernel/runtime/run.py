@@ -1013,4 +1013,4 @@ def _kwargs_of(p: Plan, kwargs: dict) -> dict:
 Run.step = StepEntry(general=Run._step, at=Run._step_at, end=Run._new_step_end,
                      fingerprint=fingerprint, new_record=_new_record, record_type=StepRecord,
                      apply_step=apply_step, record_step=record_step, globals=globals(),
-                     owed=OWED, small=SMALL_INPUTS)
+                     owed=OWED, cls=Run, small=SMALL_INPUTS)
