@@ -239,7 +239,9 @@ static int read_record(cur_t *c, fields_t *f)
     uint64_t len;
     memset(f, 0, sizeof *f);
     f->plain = 1;
-    if (header(c, &hdr, &len) != 'm') {
+    if (need(c, 1) && c->p[0] >= 0x80 && c->p[0] <= 0x8f)     /* a fixmap: in line */
+        hdr = 1, len = c->p[0] & 0x0f;
+    else if (header(c, &hdr, &len) != 'm') {
         f->plain = 0;
         return skip(c, 0, NULL);
     }
@@ -562,7 +564,9 @@ static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
     size_t hdr;
     uint64_t m;
     entry_t *e = &ix->e[i];
-    if (header(c, &hdr, &m) != 'a' || m < 3)
+    if (need(c, 1) && c->p[0] >= 0x93 && c->p[0] <= 0x9f)     /* a fixarray: in line */
+        hdr = 1, m = c->p[0] & 0x0f;
+    else if (header(c, &hdr, &m) != 'a' || m < 3)
         return bad(i, "not a list of 3 or more"), -1;
     c->p += hdr;
     if (!need(c, 1) || skip_value(c, NULL) || !need(c, 1) || skip_value(c, NULL))
@@ -578,7 +582,10 @@ static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
     if (e->f.s != NULL) {
         cur_t sc = {e->f.s, c->end};
         size_t sn = 0;
-        if (!str_at(&sc, &e->sid, &sn))
+        uint8_t sb = e->f.s[0];
+        if (sb >= 0xa0 && sb <= 0xbf)   /* a fixstr, its bounds checked as the map was read */
+            e->sid = (const char *)e->f.s + 1, sn = sb & 0x1f;
+        else if (!str_at(&sc, &e->sid, &sn))
             e->sid = NULL, e->f.plain = 0;
         e->sidn = (Py_ssize_t)sn;
     }
@@ -1290,6 +1297,9 @@ static int unordered(cur_t *c, int depth)
     return 0;
 }
 
+/* the replay's keyword arguments: none (read only, never seen by Python code) */
+static PyObject *EMPTY;
+
 static PyObject *attr(PyObject *o, int i) { return PyObject_GetAttr(o, S[i]); }
 
 static PyObject *call0(PyObject *f) { return PyObject_CallNoArgs(f); }
@@ -1590,11 +1600,11 @@ static PyObject *step_call(StepEntry *se, PyObject *const *args, size_t nargsf,
     Py_DECREF(counter);
     if (n == NULL)
         return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_RuntimeError, "run._n ended");
-    PyObject *argt = PyTuple_New(nargs - 3), *kwargs = PyDict_New();
+    PyObject *argt = PyTuple_New(nargs - 3), *kwargs = NULL;   /* made when Python needs it */
     for (Py_ssize_t i = 3; argt != NULL && i < nargs; i++)
         PyTuple_SET_ITEM(argt, i - 3, Py_NewRef(args[i]));
     PyObject *st = NULL, *lazy = NULL, *sid = NULL, *out = NULL;
-    if (argt == NULL || kwargs == NULL || (st = attr(run, S_ST)) == NULL
+    if (argt == NULL || (st = attr(run, S_ST)) == NULL
             || (lazy = attr(st, S_LAZY)) == NULL)
         goto done;
     if (Py_IS_TYPE(lazy, &IndexType)) {
@@ -1604,7 +1614,7 @@ static PyObject *step_call(StepEntry *se, PyObject *const *args, size_t nargsf,
             PyObject *loads = attr(run, S_LOADS);
             if (loads == NULL)
                 goto done;
-            PyObject *a[6] = {NULL, name, argt, kwargs, Py_None, loads};
+            PyObject *a[6] = {NULL, name, argt, EMPTY, Py_None, loads};
             out = replay_entry(ix, e, a + 1);
             Py_DECREF(loads);
             if (out != MISS)
@@ -1627,6 +1637,8 @@ static PyObject *step_call(StepEntry *se, PyObject *const *args, size_t nargsf,
     if (has)
         goto general;
     int declined = 0;
+    if ((kwargs = PyDict_New()) == NULL)
+        goto done;
     out = new_step(se, run, sid, name, fn, args + 3, nargs - 3, argt, kwargs, &declined);
     if (out == NULL && declined)
         goto general;
@@ -1634,7 +1646,9 @@ static PyObject *step_call(StepEntry *se, PyObject *const *args, size_t nargsf,
 general_or_error:
     if (PyErr_Occurred())
         goto done;
-general:;
+general:
+    if (kwargs == NULL && (kwargs = PyDict_New()) == NULL)
+        goto done;
     PyObject *a[6] = {run, n, name, fn, argt, kwargs};
     out = PyObject_Vectorcall(se->at, a, 6, NULL);
 done:
@@ -1779,6 +1793,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__journalscan(void)
 {
     if (PyType_Ready(&IndexType) < 0 || PyType_Ready(&StepEntryType) < 0)
+        return NULL;
+    if ((EMPTY = PyDict_New()) == NULL)
         return NULL;
     for (int i = 0; i < NSTR; i++)
         if ((S[i] = PyUnicode_InternFromString(snames[i])) == NULL)
