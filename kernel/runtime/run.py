@@ -48,10 +48,9 @@ from .aio import (
     OWED, SCOPED_ID, adrive, asleep_with, deferred, off_loop, raise_now, scope_tasks, scoped_id,
     settled, unscope_tasks,
 )
-from .._journalscan import StepEntry
 from .inputs import SMALL_INPUTS, Encoded, InputRefs
-from .journal import (LAZY_INPUTS, LAZY_RESULT, MISS, STATUSES, CallState, JournalEntry, apply,
-                      apply_step, bulk_load, fold, fold_lazy, record_step, replays_as_asked)
+from .journal import (LAZY_INPUTS, LAZY_RESULT, MISS, STATUSES, CallState, JournalEntry,
+                      StepEntry, apply, apply_step, bulk_load, fold, fold_lazy, record_step, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord,
