@@ -57,6 +57,7 @@
 
 typedef struct {
     const uint8_t *p, *end;
+    uint8_t *buf;           /* put()'s: NULL, compare with [p, end); else write at p, grow */
 } cur_t;
 
 static int need(const cur_t *c, size_t n) { return (size_t)(c->end - c->p) >= n; }
@@ -169,33 +170,66 @@ typedef struct {
 
 static void field(fields_t *f, const char *key, size_t kn, const uint8_t *v)
 {
-#define KEY(lit) (kn == sizeof(lit) - 1 && memcmp(key, lit, kn) == 0)
     uint8_t b = v[0];
     int nil = b == 0xc0, str = (b >= 0xa0 && b <= 0xbf) || (b >= 0xd9 && b <= 0xdb);
     int intv = b <= 0x7f || b >= 0xe0 || (b >= 0xcc && b <= 0xd3);
-    if (KEY("e"))
-        f->e_is_step = b == 0x02;               /* E_STEP: a positive fixint */
-    else if (KEY("s"))
-        f->s = str ? v : NULL, f->plain &= str;
-    else if (KEY("k"))
-        f->k = v, f->plain &= str;
-    else if (KEY("n"))
-        f->n = v, f->plain &= str;
-    else if (KEY("pv"))
-        f->pv = v, f->plain &= str || nil;
-    else if (KEY("fp"))
-        f->fp = v, f->plain &= intv || nil;
-    else if (KEY("r"))
-        f->r = v, f->plain &= nil || (b >= 0xc4 && b <= 0xc6);
-    else if (KEY("in"))
-        f->in = v, f->plain &= nil || (b >= 0xc4 && b <= 0xc6);
-    else if (KEY("t"))
-        f->t = v, f->plain &= nil || intv || b == 0xca || b == 0xcb;
-    else if (KEY("err"))
+    int bin = b >= 0xc4 && b <= 0xc6;
+    /* by length, then bytes: a record has ~10 keys, each read once per record at an open
+     * and at every live step held (a chain of memcmp was ~250 instructions a key) */
+    if (kn == 1) {
+        switch (key[0]) {
+        case 'e': f->e_is_step = b == 0x02; break;     /* E_STEP: a positive fixint */
+        case 's': f->s = str ? v : NULL, f->plain &= str; break;
+        case 'k': f->k = v, f->plain &= str; break;
+        case 'n': f->n = v, f->plain &= str; break;
+        case 'r': f->r = v, f->plain &= nil || bin; break;
+        case 't': f->t = v, f->plain &= nil || intv || b == 0xca || b == 0xcb; break;
+        }
+    } else if (kn == 2) {
+        if (key[0] == 'p' && key[1] == 'v')
+            f->pv = v, f->plain &= str || nil;
+        else if (key[0] == 'f' && key[1] == 'p')
+            f->fp = v, f->plain &= intv || nil;
+        else if (key[0] == 'i' && key[1] == 'n')
+            f->in = v, f->plain &= nil || bin;
+        else if (key[0] == 'i' && key[1] == 'r')
+            f->plain = 0;
+    } else if (kn == 3 && memcmp(key, "err", 3) == 0)
         f->plain &= nil;
-    else if (KEY("ir"))
-        f->plain = 0;
-#undef KEY
+}
+
+/* skip(c, 1, odd) of a head's item or a record's value: a scalar, a short str or a bin8
+ * read in line (most are; `odd` may be NULL as for skip), anything else by skip. */
+static int skip_value(cur_t *c, int *odd)
+{
+    /* the size of a fixed-width scalar by its first byte, 0xc0-0xd3 (0: not one) */
+    static const uint8_t width[20] = {1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 5, 9, 2, 3, 5, 9, 2, 3, 5, 9};
+    uint8_t b = c->p[0];
+    size_t n;
+    if (b <= 0x7f || b >= 0xe0) {
+        c->p++;
+        return 0;
+    }
+    if (b >= 0xc0 && b <= 0xd3 && width[b - 0xc0]) {
+        n = width[b - 0xc0];
+        if ((size_t)(c->end - c->p) < n)
+            return -1;
+        c->p += n;
+        return 0;
+    }
+    if ((b >= 0xa0 && b <= 0xbf) || b == 0xc4) {
+        size_t hdr = b == 0xc4 ? 2 : 1;
+        if ((size_t)(c->end - c->p) < hdr)
+            return -1;
+        n = b == 0xc4 ? c->p[1] : (size_t)(b & 0x1f);
+        if ((size_t)(c->end - c->p) - hdr < n)
+            return -1;
+        if (odd != NULL && b != 0xc4 && !utf8_valid(c->p + hdr, n))
+            *odd = 1;
+        c->p += hdr + n;
+        return 0;
+    }
+    return skip(c, 1, odd);
 }
 
 /* Read the record map at c->p (the cursor moved past it); 0 ok, -1 malformed. */
@@ -205,7 +239,9 @@ static int read_record(cur_t *c, fields_t *f)
     uint64_t len;
     memset(f, 0, sizeof *f);
     f->plain = 1;
-    if (header(c, &hdr, &len) != 'm') {
+    if (need(c, 1) && c->p[0] >= 0x80 && c->p[0] <= 0x8f)     /* a fixmap: in line */
+        hdr = 1, len = c->p[0] & 0x0f;
+    else if (header(c, &hdr, &len) != 'm') {
         f->plain = 0;
         return skip(c, 0, NULL);
     }
@@ -213,7 +249,11 @@ static int read_record(cur_t *c, fields_t *f)
     for (uint64_t i = 0; i < len; i++) {
         const char *key = NULL;
         size_t kn = 0;
-        if (!str_at(c, &key, &kn)) {
+        uint8_t kb = need(c, 1) ? c->p[0] : 0;
+        if (kb >= 0xa0 && kb <= 0xbf && (size_t)(c->end - c->p) > (kb & 0x1fu)) {
+            key = (const char *)c->p + 1, kn = kb & 0x1f;     /* a short key: most are */
+            c->p += 1 + kn;
+        } else if (!str_at(c, &key, &kn)) {
             f->plain = 0;                       /* a key that is not a str */
             key = NULL;
             if (skip(c, 1, NULL))
@@ -221,7 +261,7 @@ static int read_record(cur_t *c, fields_t *f)
         }
         const uint8_t *v = c->p;
         int odd = 0;
-        if (!need(c, 1) || skip(c, 1, &odd))
+        if (!need(c, 1) || skip_value(c, &odd))
             return -1;
         f->plain &= !odd && (key == NULL || utf8_valid((const uint8_t *)key, kn));
         if (key != NULL)        /* read on past an odd key: `s` counts for every record */
@@ -524,10 +564,12 @@ static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
     size_t hdr;
     uint64_t m;
     entry_t *e = &ix->e[i];
-    if (header(c, &hdr, &m) != 'a' || m < 3)
+    if (need(c, 1) && c->p[0] >= 0x93 && c->p[0] <= 0x9f)     /* a fixarray: in line */
+        hdr = 1, m = c->p[0] & 0x0f;
+    else if (header(c, &hdr, &m) != 'a' || m < 3)
         return bad(i, "not a list of 3 or more"), -1;
     c->p += hdr;
-    if (skip(c, 1, NULL) || skip(c, 1, NULL))
+    if (!need(c, 1) || skip_value(c, NULL) || !need(c, 1) || skip_value(c, NULL))
         return bad(i, "malformed"), -1;
     e->rec = c->p;
     if (read_record(c, &e->f))
@@ -540,7 +582,10 @@ static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
     if (e->f.s != NULL) {
         cur_t sc = {e->f.s, c->end};
         size_t sn = 0;
-        if (!str_at(&sc, &e->sid, &sn))
+        uint8_t sb = e->f.s[0];
+        if (sb >= 0xa0 && sb <= 0xbf)   /* a fixstr, its bounds checked as the map was read */
+            e->sid = (const char *)e->f.s + 1, sn = sb & 0x1f;
+        else if (!str_at(&sc, &e->sid, &sn))
             e->sid = NULL, e->f.plain = 0;
         e->sidn = (Py_ssize_t)sn;
     }
@@ -739,8 +784,28 @@ static PyObject *index_iter(Index *ix)
 /* The bytes msgpack's Packer(use_bin_type=True, strict_types=True) gives a value, compared
  * as they are produced with the recorded ones at c->p: 1 equal so far, 0 not, -1 a value
  * this does not pack (another type: the serde's extension types decide). */
+/* put() into a buffer it grows: pack_native's. */
+static int put_grow(cur_t *c, const uint8_t *b, size_t n)
+{
+    size_t at = (size_t)(c->p - c->buf), cap = (size_t)(c->end - c->buf);
+    if (cap - at < n) {
+        size_t ncap = 2 * cap > at + n ? 2 * cap : at + n + 256;
+        uint8_t *nb = PyMem_Realloc(c->buf, ncap);
+        if (nb == NULL)
+            return -1;              /* not packed here: the serde's path */
+        c->buf = nb, c->p = nb + at, c->end = nb + ncap;
+    }
+    memcpy(c->buf + at, b, n);
+    c->p += n;
+    return 1;
+}
+
+/* The default serde's encoding, a byte string at a time: compared with the bytes at c->p
+ * (a replay's test), or written (c->buf). */
 static int put(cur_t *c, const uint8_t *b, size_t n)
 {
+    if (c->buf != NULL)
+        return put_grow(c, b, n);
     if (!need(c, n) || memcmp(c->p, b, n) != 0)
         return 0;
     c->p += n;
@@ -849,6 +914,23 @@ static int put_obj(cur_t *c, PyObject *o, int depth)
         return r;
     }
     return -1;
+}
+
+/* The default serde's bytes of `o` (MsgpackSerde.dumps': msgpack's, use_bin_type,
+ * strict_types) when `o` is made of the exact native types put_obj packs, as the replay's
+ * test compares them; else NULL and no exception: the caller calls the serde, which
+ * stays the definition of everything else. */
+static PyObject *pack_native(PyObject *o)
+{
+    uint8_t *b = PyMem_Malloc(512);
+    if (b == NULL)
+        return NULL;
+    cur_t c = {b, b + 512, b};
+    PyObject *out = NULL;
+    if (put_obj(&c, o, 0) == 1)
+        out = PyBytes_FromStringAndSize((const char *)c.buf, c.p - c.buf);
+    PyMem_Free(c.buf);
+    return out;
 }
 
 /* The recorded field at v (a str header, or NULL: `dflt`) is the text u[0:n]. */
@@ -992,12 +1074,21 @@ static PyObject *result_of(const uint8_t *v, const uint8_t *end, PyObject *loads
     return o;
 }
 
+static PyObject *replay_entry(Index *ix, entry_t *e, PyObject *const *a);
+
 /* replay(sid, name, args, kwargs, version, loads): see the top of this file. */
 static PyObject *index_replay(Index *ix, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 6)
         return PyErr_Format(PyExc_TypeError, "replay(sid, name, args, kwargs, version, loads)");
-    entry_t *e = lazy_of(ix, args[0], 1);
+    return replay_entry(ix, lazy_of(ix, args[0], 1), args + 1);
+}
+
+/* Index.replay's test and answer for the lazy entry `e` (NULL: MISS); a[0:5] are its
+ * arguments after the step id. */
+static PyObject *replay_entry(Index *ix, entry_t *e, PyObject *const *a)
+{
+    PyObject *const *args = a - 1;
     Py_ssize_t n;
     const char *name = PyUnicode_CheckExact(args[1]) ? PyUnicode_AsUTF8AndSize(args[1], &n)
                                                       : NULL;
@@ -1138,6 +1229,555 @@ static PyTypeObject IndexType = {
     .tp_members = index_members,
 };
 
+/* ---- run.step's entry: a replayed step and the common new step, in one C call --------- */
+
+/* Run.step (kernel/runtime/run.py) is a StepEntry: a method descriptor (no bound method is
+ * made for `run.step(...)`) whose call takes the two hot paths of a run in C and hands
+ * every other call to the Python methods, which stay the definition:
+ *
+ * - any keyword argument, a subclass of Run (its overrides count), or a run whose
+ *   automatic step ids are not its one counter (`_plain` false): Run._step, the general
+ *   method, as called;
+ * - otherwise the automatic id is taken (next(run._n)) and, when the run's index holds a
+ *   record of it, Index.replay's answer is returned; on MISS, or for anything below not
+ *   as expected, Run._step_at(n, name, fn, args, kwargs) goes on from that id;
+ * - a new step (no record of its id, the default serde, inputs of at most `small` bytes):
+ *   what _step_at's plan, call and record do, in the same order, to the same record
+ *   (Values.encode's bytes and fingerprint, the clock before and after, fn(*args), the
+ *   result's bytes, the StepRecord packed and written by the store's own Python methods,
+ *   record_step's hold in the index, _seen, InputRefs.recorded) -- a failing call, or a
+ *   result the serde refuses, is handed with the plan's fields to Run._new_step_end,
+ *   which records and raises as _once does. tests/test_runtime_stepentry.py compares the
+ *   records of both paths byte for byte. */
+
+enum { S_PLAIN, S_N, S_ST, S_LAZY, S_LOADS, S_ENTRIES, S_VALUES, S_FAST, S_REFS, S_WHOLE,
+       S_DUMPS, S_CLOCK, S_STORE, S_RUN_ID, S_PACK, S_WRITE, S_PAYLOAD, S_UPDATED, S_OOO,
+       S_SEEN, S_CANON, S_BASES, S_RECORDED, S_STEP, S_RECORD_STEP, S_APPEND, NSTR };
+static const char *const snames[NSTR] = {
+    "_plain", "_n", "_st", "lazy", "_loads", "entries", "_values", "_fast", "_refs", "whole",
+    "dumps", "_clock", "store", "run_id", "pack_journal", "_write", "payload", "updated",
+    "out_of_order", "_seen", "canonical_bytes", "bases", "recorded", "step", "record_step",
+    "append_journal"};
+static PyObject *S[NSTR];
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *general, *at, *end, *fingerprint, *new_record, *record_type, *apply_step;
+    PyObject *record_step, *globals;    /* journal.record_step, and where run.py names it */
+    PyObject *owed;                     /* aio.OWED */
+    PyObject *cls;                      /* Run: a subclass's overrides are honored (general) */
+    Py_ssize_t small;
+} StepEntry;
+
+/* Whether msgpack bytes may depend on an order: a map of two or more entries, or an
+ * extension type (set, frozenset, Enum, ...) -- values.py's `_MAYBE` test, read by the
+ * structure instead of by any byte (an int's or a str's bytes are no header). 1 when it
+ * cannot tell (malformed): the caller takes the canonical path, which decides. */
+static int unordered(cur_t *c, int depth)
+{
+    size_t hdr;
+    uint64_t len;
+    int kind = header(c, &hdr, &len);
+    if (!kind || depth > MAX_DEPTH || !need(c, hdr) || kind == 'x' || (kind == 'm' && len > 1))
+        return 1;
+    c->p += hdr;
+    if (kind == 'a' || kind == 'm') {
+        uint64_t n = kind == 'm' ? 2 * len : len;
+        for (uint64_t i = 0; i < n; i++)
+            if (unordered(c, depth + 1))
+                return 1;
+        return 0;
+    }
+    if (kind == 'o')
+        return 0;
+    if ((uint64_t)(c->end - c->p) < len)
+        return 1;
+    c->p += len;
+    return 0;
+}
+
+/* the replay's keyword arguments: none (read only, never seen by Python code) */
+static PyObject *EMPTY;
+
+static PyObject *attr(PyObject *o, int i) { return PyObject_GetAttr(o, S[i]); }
+
+static PyObject *call0(PyObject *f) { return PyObject_CallNoArgs(f); }
+
+/* Whether run._st.entries holds `sid` (-1: error). */
+static int has_entry(PyObject *st, PyObject *sid)
+{
+    PyObject *entries = attr(st, S_ENTRIES);
+    if (entries == NULL)
+        return -1;
+    int r = PyDict_CheckExact(entries) ? PyDict_Contains(entries, sid)
+                                       : PySequence_Contains(entries, sid);
+    Py_DECREF(entries);
+    return r;
+}
+
+/* The new step's inputs: (bytes, fingerprint) as Values.encode, or 0 (not this path). */
+static int encode_inputs(StepEntry *se, PyObject *values, PyObject *inl, PyObject **whole,
+                         PyObject **fp)
+{
+    PyObject *b = pack_native(inl);
+    if (b == NULL && !PyErr_Occurred()) {
+        PyObject *dumps = attr(values, S_DUMPS);
+        if (dumps == NULL)
+            return -1;
+        b = PyObject_CallOneArg(dumps, inl);
+        Py_DECREF(dumps);
+    }
+    if (b == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_Clear();              /* _step_at raises its SerializationError */
+        return 0;
+    }
+    if (!PyBytes_CheckExact(b) || PyBytes_GET_SIZE(b) > se->small) {
+        Py_DECREF(b);
+        return 0;
+    }
+    cur_t c = {(const uint8_t *)PyBytes_AS_STRING(b),
+               (const uint8_t *)PyBytes_AS_STRING(b) + PyBytes_GET_SIZE(b)};
+    PyObject *canon = Py_NewRef(b);
+    if (unordered(&c, 0) || c.p != c.end) {
+        Py_DECREF(canon);
+        canon = PyObject_CallMethodObjArgs(values, S[S_CANON], inl, b, NULL);
+        if (canon == NULL) {
+            Py_DECREF(b);
+            return -1;
+        }
+    }
+    *fp = PyObject_CallOneArg(se->fingerprint, canon);
+    Py_DECREF(canon);
+    if (*fp == NULL) {
+        Py_DECREF(b);
+        return -1;
+    }
+    *whole = b;
+    return 1;
+}
+
+/* The record of a new step that returned `value` (its bytes `r`): _record_step's, after
+ * _outcome_fields. */
+static int record_new(StepEntry *se, PyObject *run, PyObject *refs, PyObject *sid,
+                      PyObject *name, PyObject *fp, PyObject *whole, PyObject *t0, PyObject *r)
+{
+    PyObject *clock = attr(run, S_CLOCK), *t = clock ? call0(clock) : NULL;
+    Py_XDECREF(clock);
+    if (t == NULL)
+        return -1;
+    PyObject *tries = PyList_New(0), *zero = PyLong_FromLong(0);
+    PyObject *fields = tries && zero ? PyTuple_Pack(13, t, sid, S[S_STEP], name, fp, t0, zero,
+                                                    whole, Py_None, tries, Py_None, r, Py_None)
+                                     : NULL;
+    Py_XDECREF(tries);
+    Py_XDECREF(zero);
+    PyObject *rec = NULL, *store = NULL, *run_id = NULL, *packed = NULL, *payload = NULL,
+             *st = NULL, *lazy = NULL, *o = NULL;
+    int ok = -1;
+    if (fields == NULL)
+        goto done;
+    PyObject *nr[2] = {se->record_type, fields};
+    if ((rec = PyObject_Vectorcall(se->new_record, nr, 2, NULL)) == NULL
+            || (store = attr(run, S_STORE)) == NULL || (run_id = attr(run, S_RUN_ID)) == NULL
+            || (packed = PyObject_CallMethodObjArgs(store, S[S_PACK], run_id, rec, NULL)) == NULL)
+        goto done;
+    /* Run._write(packed): a sync verb's record, appended as the policy says (an async
+     * verb's owes its fsync to its coroutine: _write decides) */
+    PyObject *owed;
+    if (PyContextVar_Get(se->owed, NULL, &owed) < 0)
+        goto done;
+    o = owed == Py_None ? PyObject_CallMethodObjArgs(store, S[S_APPEND], run_id, packed, NULL)
+                        : PyObject_CallMethodOneArg(run, S[S_WRITE], packed);
+    Py_DECREF(owed);
+    if (o == NULL)
+        goto done;
+    Py_CLEAR(o);
+    /* journal.record_step */
+    if ((payload = attr(packed, S_PAYLOAD)) == NULL || (st = attr(run, S_ST)) == NULL
+            || (lazy = attr(st, S_LAZY)) == NULL)
+        goto done;
+    int held = 0;
+    PyObject *rs = PyDict_GetItemWithError(se->globals, S[S_RECORD_STEP]);
+    if (rs != se->record_step) {    /* replaced (a test's eager fold): call it */
+        PyObject *a[3] = {st, rec, payload};
+        if (rs == NULL || (o = PyObject_Vectorcall(rs, a, 3, NULL)) == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_NameError, "record_step");
+            goto done;
+        }
+        Py_CLEAR(o);
+    } else if (Py_IS_TYPE(lazy, &IndexType)) {
+        int has = has_entry(st, sid);
+        if (has < 0)
+            goto done;
+        if (!has) {
+            if ((o = index_add((Index *)lazy, payload)) == NULL)
+                goto done;
+            held = o == Py_True;
+            Py_CLEAR(o);
+        }
+    }
+    if (held) {
+        if (PyObject_SetAttr(st, S[S_UPDATED], t) || PyObject_SetAttr(st, S[S_OOO], Py_True))
+            goto done;
+    } else if (rs == se->record_step) {
+        PyObject *a[2] = {st, rec};
+        if ((o = PyObject_Vectorcall(se->apply_step, a, 2, NULL)) == NULL)
+            goto done;
+        Py_CLEAR(o);
+    }
+    /* run._seen += 1 */
+    PyObject *seen = attr(run, S_SEEN);
+    if (seen == NULL)
+        goto done;
+    PyObject *one = PyLong_FromLong(1);
+    o = one ? PyNumber_Add(seen, one) : NULL;
+    Py_DECREF(seen);
+    Py_XDECREF(one);
+    if (o == NULL || PyObject_SetAttr(run, S[S_SEEN], o))
+        goto done;
+    Py_CLEAR(o);
+    /* run._refs.recorded(sid, 0, "step", name, (whole, None, fp, None), r): a no-op while
+     * no base is held (inputs.py) */
+    PyObject *bases = attr(refs, S_BASES);
+    if (bases == NULL)
+        goto done;
+    int empty = PyDict_CheckExact(bases) && PyDict_GET_SIZE(bases) == 0;
+    Py_DECREF(bases);
+    if (!empty) {
+        PyObject *zero2 = PyLong_FromLong(0);
+        PyObject *enc = PyTuple_Pack(4, whole, Py_None, fp, Py_None);
+        o = zero2 && enc ? PyObject_CallMethodObjArgs(refs, S[S_RECORDED], sid, zero2,
+                                                      S[S_STEP], name, enc, r, NULL) : NULL;
+        Py_XDECREF(zero2);
+        Py_XDECREF(enc);
+        if (o == NULL)
+            goto done;
+        Py_CLEAR(o);
+    }
+    ok = 0;
+done:
+    Py_XDECREF(o);
+    Py_XDECREF(lazy);
+    Py_XDECREF(st);
+    Py_XDECREF(payload);
+    Py_XDECREF(packed);
+    Py_XDECREF(run_id);
+    Py_XDECREF(store);
+    Py_XDECREF(rec);
+    Py_XDECREF(fields);
+    Py_DECREF(t);
+    return ok;
+}
+
+/* A new step of id `sid` (no record of it anywhere): NULL with *declined set when it is
+ * not this path's (nothing done yet). */
+static PyObject *new_step(StepEntry *se, PyObject *run, PyObject *sid, PyObject *name,
+                          PyObject *fn, PyObject *const *argv, Py_ssize_t argc,
+                          PyObject *args, PyObject *kwargs, int *declined)
+{
+    PyObject *values = attr(run, S_VALUES);
+    if (values == NULL)
+        return NULL;
+    PyObject *fast = attr(values, S_FAST), *refs = NULL, *whole = NULL, *fp = NULL;
+    PyObject *inl = NULL, *al = NULL, *value = NULL, *t0 = NULL;
+    int is_fast = fast == Py_True;
+    Py_XDECREF(fast);
+    if (fast == NULL)
+        goto fail;
+    if (!is_fast)
+        goto decline;
+    if ((refs = attr(run, S_REFS)) == NULL)
+        goto fail;
+    PyObject *w = attr(refs, S_WHOLE);     /* InputRefs.encode's hot path: the default serde */
+    if (w == NULL)
+        goto fail;
+    int whole_ok = w != Py_None;
+    Py_DECREF(w);
+    if (!whole_ok)
+        goto decline;
+    if ((al = PyList_New(argc)) == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < argc; i++)
+        PyList_SET_ITEM(al, i, Py_NewRef(argv[i]));
+    if ((inl = PyList_New(2)) == NULL)
+        goto fail;
+    PyList_SET_ITEM(inl, 0, al);
+    PyList_SET_ITEM(inl, 1, Py_NewRef(kwargs));
+    al = NULL;
+    int enc = encode_inputs(se, values, inl, &whole, &fp);
+    if (enc < 0)
+        goto fail;
+    if (enc == 0)
+        goto decline;
+    PyObject *clock = attr(run, S_CLOCK);      /* _plan_step: t0 */
+    t0 = clock ? call0(clock) : NULL;
+    Py_XDECREF(clock);
+    if (t0 == NULL)
+        goto fail;
+    value = PyObject_Vectorcall(fn, argv, (size_t)argc, NULL);
+    PyObject *exc = NULL, *r = NULL;
+    if (value == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            goto fail;              /* _once lets it through, unrecorded */
+        PyObject *et, *tb;
+        PyErr_Fetch(&et, &exc, &tb);
+        PyErr_NormalizeException(&et, &exc, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(exc, tb);
+        Py_XDECREF(et);
+        Py_XDECREF(tb);
+    } else {
+        r = pack_native(value);
+        if (r == NULL && !PyErr_Occurred()) {
+            PyObject *dumps = attr(values, S_DUMPS);
+            if (dumps == NULL)
+                goto fail;
+            r = PyObject_CallOneArg(dumps, value);
+            Py_DECREF(dumps);
+        }
+        if (r == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                goto fail;
+            PyErr_Clear();          /* _new_step_end raises _outcome_fields' error */
+        }
+    }
+    if (r == NULL) {                /* a failure, or a result refused: the Python path's */
+        PyObject *a[8] = {run, sid, name, fp, whole, t0, value ? value : Py_None,
+                          exc ? exc : Py_None};
+        PyObject *o = PyObject_Vectorcall(se->end, a, 8, NULL);
+        Py_XDECREF(exc);
+        Py_XDECREF(o);
+        Py_CLEAR(value);
+        if (o != NULL) {
+            value = Py_NewRef(o);   /* not reached: _new_step_end raises */
+            Py_DECREF(o);
+            goto out;
+        }
+        goto fail;
+    }
+    int rc = record_new(se, run, refs, sid, name, fp, whole, t0, r);
+    Py_DECREF(r);
+    if (rc)
+        goto fail;
+out:
+    Py_DECREF(values);
+    Py_XDECREF(refs);
+    Py_XDECREF(whole);
+    Py_XDECREF(fp);
+    Py_XDECREF(inl);
+    Py_XDECREF(t0);
+    return value;
+decline:
+    *declined = 1;
+fail:
+    Py_CLEAR(value);
+    Py_XDECREF(al);
+    goto out;
+}
+
+static PyObject *step_call(StepEntry *se, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames)) || nargs < 3
+            || !Py_IS_TYPE(args[0], (PyTypeObject *)se->cls))
+        return PyObject_Vectorcall(se->general, args, nargsf, kwnames);
+    PyObject *run = args[0], *name = args[1], *fn = args[2];
+    PyObject *plain = attr(run, S_PLAIN);
+    if (plain == NULL)
+        return NULL;
+    Py_DECREF(plain);
+    if (plain != Py_True)
+        return PyObject_Vectorcall(se->general, args, nargsf, kwnames);
+    PyObject *counter = attr(run, S_N);
+    if (counter == NULL)
+        return NULL;
+    PyObject *n = PyIter_Next(counter);
+    Py_DECREF(counter);
+    if (n == NULL)
+        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_RuntimeError, "run._n ended");
+    PyObject *argt = PyTuple_New(nargs - 3), *kwargs = NULL;   /* made when Python needs it */
+    for (Py_ssize_t i = 3; argt != NULL && i < nargs; i++)
+        PyTuple_SET_ITEM(argt, i - 3, Py_NewRef(args[i]));
+    PyObject *st = NULL, *lazy = NULL, *sid = NULL, *out = NULL;
+    if (argt == NULL || (st = attr(run, S_ST)) == NULL
+            || (lazy = attr(st, S_LAZY)) == NULL)
+        goto done;
+    if (Py_IS_TYPE(lazy, &IndexType)) {
+        Index *ix = (Index *)lazy;
+        entry_t *e = lazy_of(ix, n, 1);
+        if (e != NULL) {            /* a record of this id: a replay, or the Python path */
+            PyObject *loads = attr(run, S_LOADS);
+            if (loads == NULL)
+                goto done;
+            PyObject *a[6] = {NULL, name, argt, EMPTY, Py_None, loads};
+            out = replay_entry(ix, e, a + 1);
+            Py_DECREF(loads);
+            if (out != MISS)
+                goto done;
+            Py_CLEAR(out);
+            goto general;
+        }
+    } else {
+        int full = PyObject_IsTrue(lazy);
+        if (full < 0)
+            goto done;
+        if (full)
+            goto general;
+    }
+    if (!PyLong_CheckExact(n) || (sid = PyObject_Str(n)) == NULL)
+        goto general_or_error;
+    int has = has_entry(st, sid);
+    if (has < 0)
+        goto done;
+    if (has)
+        goto general;
+    int declined = 0;
+    if ((kwargs = PyDict_New()) == NULL)
+        goto done;
+    out = new_step(se, run, sid, name, fn, args + 3, nargs - 3, argt, kwargs, &declined);
+    if (out == NULL && declined)
+        goto general;
+    goto done;
+general_or_error:
+    if (PyErr_Occurred())
+        goto done;
+general:
+    if (kwargs == NULL && (kwargs = PyDict_New()) == NULL)
+        goto done;
+    PyObject *a[6] = {run, n, name, fn, argt, kwargs};
+    out = PyObject_Vectorcall(se->at, a, 6, NULL);
+done:
+    Py_DECREF(n);
+    Py_XDECREF(argt);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(st);
+    Py_XDECREF(lazy);
+    Py_XDECREF(sid);
+    return out;
+}
+
+static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"general", "at", "end", "fingerprint", "new_record",
+                             "record_type", "apply_step", "record_step", "globals", "owed",
+                             "cls", "small", NULL};
+    PyObject *g, *at, *end, *fp, *nr, *rt, *ap, *rs, *gl, *ow, *cls;
+    Py_ssize_t small;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO!O!O!n", kwlist, &g, &at, &end, &fp,
+                                     &nr, &rt, &ap, &rs, &PyDict_Type, &gl,
+                                     &PyContextVar_Type, &ow, &PyType_Type, &cls, &small))
+        return NULL;
+    StepEntry *se = (StepEntry *)type->tp_alloc(type, 0);
+    if (se == NULL)
+        return NULL;
+    se->vectorcall = (vectorcallfunc)step_call;
+    se->general = Py_NewRef(g), se->at = Py_NewRef(at), se->end = Py_NewRef(end);
+    se->fingerprint = Py_NewRef(fp), se->new_record = Py_NewRef(nr);
+    se->record_type = Py_NewRef(rt), se->apply_step = Py_NewRef(ap);
+    se->record_step = Py_NewRef(rs), se->globals = Py_NewRef(gl), se->owed = Py_NewRef(ow);
+    se->cls = Py_NewRef(cls);
+    se->small = small;
+    return (PyObject *)se;
+}
+
+static int step_clear(StepEntry *se)
+{
+    Py_CLEAR(se->general);
+    Py_CLEAR(se->at);
+    Py_CLEAR(se->end);
+    Py_CLEAR(se->fingerprint);
+    Py_CLEAR(se->new_record);
+    Py_CLEAR(se->record_type);
+    Py_CLEAR(se->apply_step);
+    Py_CLEAR(se->record_step);
+    Py_CLEAR(se->globals);
+    Py_CLEAR(se->owed);
+    Py_CLEAR(se->cls);
+    return 0;
+}
+
+static int step_traverse(StepEntry *se, visitproc visit, void *arg)
+{
+    Py_VISIT(se->general);
+    Py_VISIT(se->at);
+    Py_VISIT(se->end);
+    Py_VISIT(se->fingerprint);
+    Py_VISIT(se->new_record);
+    Py_VISIT(se->record_type);
+    Py_VISIT(se->apply_step);
+    Py_VISIT(se->record_step);
+    Py_VISIT(se->globals);
+    Py_VISIT(se->owed);
+    Py_VISIT(se->cls);
+    return 0;
+}
+
+static void step_dealloc(StepEntry *se)
+{
+    PyObject_GC_UnTrack(se);
+    step_clear(se);
+    Py_TYPE(se)->tp_free((PyObject *)se);
+}
+
+/* run.step: a bound method (as for a function); Run.step: the entry itself. */
+static PyObject *step_get(PyObject *se, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(se);
+    return PyMethod_New(se, obj);
+}
+
+/* help() and inspect read the general method's. */
+static PyObject *step_getattro(StepEntry *se, PyObject *name)
+{
+    PyObject *o = PyObject_GenericGetAttr((PyObject *)se, name);
+    if (o != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return o;
+    PyErr_Clear();
+    return PyObject_GetAttr(se->general, name);
+}
+
+static PyObject *step_doc(StepEntry *se, void *closure)
+{
+    return PyObject_GetAttrString(se->general, "__doc__");
+}
+
+static PyGetSetDef step_getset[] = {
+    {"__doc__", (getter)step_doc, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef step_members[] = {
+    {"general", T_OBJECT, offsetof(StepEntry, general), READONLY,
+     "Run._step: the general path, the definition of every call"},
+    {"__wrapped__", T_OBJECT, offsetof(StepEntry, general), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StepEntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "durkv._journalscan.StepEntry",
+    .tp_basicsize = sizeof(StepEntry),
+    .tp_dealloc = (destructor)step_dealloc,
+    .tp_vectorcall_offset = offsetof(StepEntry, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_getattro = (getattrofunc)step_getattro,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+                | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "run.step's entry: a replayed step and the common new step in C (see above).",
+    .tp_traverse = (traverseproc)step_traverse,
+    .tp_clear = (inquiry)step_clear,
+    .tp_members = step_members,
+    .tp_getset = step_getset,
+    .tp_descr_get = step_get,
+    .tp_new = step_new,
+};
+
 static PyMethodDef methods[] = {
     {"index", index_heads, METH_O,
      "index(heads) -> (lazy, rest, where, last): a run's journal heads, read for a replay."},
@@ -1152,14 +1792,20 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__journalscan(void)
 {
-    if (PyType_Ready(&IndexType) < 0)
+    if (PyType_Ready(&IndexType) < 0 || PyType_Ready(&StepEntryType) < 0)
         return NULL;
+    if ((EMPTY = PyDict_New()) == NULL)
+        return NULL;
+    for (int i = 0; i < NSTR; i++)
+        if ((S[i] = PyUnicode_InternFromString(snames[i])) == NULL)
+            return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     MISS = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
     if (MISS == NULL || PyModule_AddObjectRef(m, "MISS", MISS) < 0
-            || PyModule_AddObjectRef(m, "Index", (PyObject *)&IndexType) < 0) {
+            || PyModule_AddObjectRef(m, "Index", (PyObject *)&IndexType) < 0
+            || PyModule_AddObjectRef(m, "StepEntry", (PyObject *)&StepEntryType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -48,9 +48,9 @@ from .aio import (
     OWED, SCOPED_ID, adrive, asleep_with, deferred, off_loop, raise_now, scope_tasks, scoped_id,
     settled, unscope_tasks,
 )
-from .inputs import Encoded, InputRefs
-from .journal import (LAZY_INPUTS, LAZY_RESULT, MISS, STATUSES, CallState, JournalEntry, apply,
-                      bulk_load, fold, fold_lazy, record_step, replays_as_asked)
+from .inputs import SMALL_INPUTS, Encoded, InputRefs
+from .journal import (LAZY_INPUTS, LAZY_RESULT, MISS, STATUSES, CallState, JournalEntry,
+                      StepEntry, apply, apply_step, bulk_load, fold, fold_lazy, record_step, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord,
@@ -357,7 +357,9 @@ class Run:
         """Journal ``rec`` (a map, or a typed record: Store.append_journal); the caller folds
         it (:meth:`_append`, or the fields it packed).
         ``prior``: ``rec`` is only written, and every record before it is fdatasync'd before
-        this returns (or owed, for an async verb) -- a keyed tool's intent under ``sync``."""
+        this returns (or owed, for an async verb) -- a keyed tool's intent under ``sync``.
+        (run.step's C entry appends a new step's record as the ``owed is None`` branch does,
+        and calls this method otherwise.)"""
         owed = OWED.get()
         if prior:
             lsn = self.store.append_journal(self.run_id, rec, written=True)
@@ -527,9 +529,9 @@ class Run:
             rec = TryRecord(self._clock(), p.sid, tries[-1], p.gen)
         self._append(rec.pack())
 
-    def step(self, name: str, fn: Callable, *args: Any, prompt_version: Any = None,
-             retry: Retry | None = None, key: str | None = None, secret: bool = False,
-             retry_failed: bool = False, **kwargs: Any) -> Any:
+    def _step(self, name: str, fn: Callable, *args: Any, prompt_version: Any = None,
+              retry: Retry | None = None, key: str | None = None, secret: bool = False,
+              retry_failed: bool = False, **kwargs: Any) -> Any:
         """Call ``fn(*args, **kwargs)`` once per run: a recorded result (or final error) is
         returned (raised) without calling ``fn``.
 
@@ -544,6 +546,13 @@ class Run:
         """
         # the automatic step id as its number (str() of it only when it is needed)
         n = next(self._n) if key is None and self._plain else self._sid(key)
+        return self._step_at(n, name, fn, args, kwargs, prompt_version, retry, secret,
+                             retry_failed)
+
+    def _step_at(self, n: Any, name: str, fn: Callable, args: tuple, kwargs: dict,
+                 prompt_version: Any = None, retry: Retry | None = None, secret: bool = False,
+                 retry_failed: bool = False) -> Any:
+        """:meth:`step` from its step id ``n`` on (an int: an automatic id's number)."""
         lazy = self._st.lazy
         if lazy:
             # the hot path of a re-execution: the step's one record, unfolded, compared
@@ -559,6 +568,20 @@ class Run:
                 return self._loads(x[LAZY_RESULT])     # ... any other case: as before
         p = self._plan_call(sid, name, args, kwargs, prompt_version, secret, retry_failed)
         return self._drive(p, fn, args, kwargs, retry)
+
+    def _new_step_end(self, sid: str, name: str, fp: int, inputs: bytes, t0: float,
+                      value: Any, exc: BaseException | None) -> Any:
+        """The end of a new step whose call failed (``exc``) or whose result the serde
+        refused, for the C entry (csrc/journalscan.c StepEntry) that planned and called it:
+        _once's record and raise, from the plan _plan_call would have made."""
+        p = Plan(sid, "step", name, fp or 0, inputs, None)
+        p.t0, p.refs, p.encoded = t0, None, (inputs, None, fp, None)
+        if exc is None:
+            self._record_step(p, value, None, [])
+            return value
+        tries = [[err_type(exc), str(exc)]]
+        self._record_step(p, None, exc, tries)
+        raise exc
 
     def _replays(self, x: Any, name: str, args: tuple, kwargs: dict, secret: bool,
                  version: Any) -> bool:
@@ -982,3 +1005,11 @@ class Run:
 def _kwargs_of(p: Plan, kwargs: dict) -> dict:
     """The keyword arguments of each attempt: a tool's get its idempotency key (the plan's)."""
     return kwargs if p.spec is None else {"idempotency_key": p.key, **kwargs}
+
+
+# run.step: a replayed step and the common new step in one C call, everything else by the
+# Python methods above (Run._step is the definition; csrc/journalscan.c StepEntry)
+Run.step = StepEntry(general=Run._step, at=Run._step_at, end=Run._new_step_end,
+                     fingerprint=fingerprint, new_record=_new_record, record_type=StepRecord,
+                     apply_step=apply_step, record_step=record_step, globals=globals(),
+                     owed=OWED, cls=Run, small=SMALL_INPUTS)
