@@ -23,6 +23,7 @@ import msgpack
 import xxhash
 
 from ..durability import STRENGTH
+from .._commitpath import encode_writes as _encode_writes
 from .._recpack import journal_payload
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from ..payload import F_ZSTD, FULL, Codec, encode_commit, encode_record
@@ -346,7 +347,25 @@ class Writer:
         A list value is stored element by element, as the items a channel delta of the
         next checkpoint can refer to (FORMAT.md section 5): its record's value is set
         when the frame is built (:meth:`put_writes`). ``replace``: every write is to a
-        special channel (they overwrite; others keep the first value of a key)."""
+        special channel (they overwrite; others keep the first value of a key).
+
+        The common case -- LangGraph's plain ``(int, str, value)`` tuples -- runs in one C
+        call (``csrc/commitpath.c``) to the same output; it leaves any other shape to the
+        loop below, and so does a value its serializer or codec raises on: the loop calls
+        them again and raises the typed error naming the channel."""
+        codec = self._codec
+        try:
+            got = _encode_writes(writes, self._dumps, codec.pack, codec.min_bytes,
+                                 SPECIAL_WRITE_CHANNELS, F_ZSTD)
+        except Exception:   # noqa: BLE001 - the loop below raises the typed error
+            got = None
+        if got is not None:
+            return got
+        return self.encode_writes_py(task_id, writes)
+
+    def encode_writes_py(self, task_id: str, writes: Sequence) -> tuple[list, list, bool]:
+        """:meth:`encode_writes` in Python: the definition the C call is held to, and the
+        path of every write it leaves alone."""
         recs = []
         lists = []      # (rec, channel, stored items, serialized items, flags) of list values
         replace = True

@@ -1,0 +1,219 @@
+"""The commit path's C loops (durkv._commitpath) give what the Python path gives.
+
+``Writer.encode_writes`` runs LangGraph's plain ``(int, str, value)`` writes in one C call
+and leaves everything else to ``Writer.encode_writes_py``, the definition. Here the two are
+compared over hostile writes -- odd values, unicode channels (left to Python), empty and
+huge lists, values that compress, bytes that look like zstd frames, special channels,
+malformed writes, serializers that raise or return odd things -- and, through whole
+stores, the frames in the log and what reads back, with the C call on and forced off.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import durkv
+from durkv.errors import ConfigError, SerializationError
+from durkv.store import writer as writer_mod
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _open(tmp_path, name, **kw):
+    return durkv.open(str(tmp_path / name), durability="async", **kw)
+
+
+def _values():
+    big = "x" * 5000
+    return [None, 0, -1, 2 ** 63 - 1, -(2 ** 63), 2 ** 70, 1.5, float("inf"), True, "",
+            "é", "\U0001F600" * 300, b"", _ZSTD_MAGIC, _ZSTD_MAGIC + b"tail", b"\0" * 3000,
+            bytearray(b"ab"), big, {"a": [1, 2, {"b": big}]}, (1, 2), [], [1], ["a", big],
+            [[], [big]], [None] * 50, list(range(300)), {"k": "v" * 2000}, [_ZSTD_MAGIC]]
+
+
+def _writes_cases():
+    vals = _values()
+    rng = random.Random(20)
+    cases = [
+        [(0, "messages", [{"role": "ai", "content": "hi" * 600}])],
+        [(0, "__error__", "boom"), (1, "__interrupt__", [{"value": 1}])],
+        [(-1, "__error__", ValueError("x").args), (-2, "__scheduled__", None)],
+        [(0, "__resume__", 1), (1, "n", 2)],
+        [(2 ** 63 - 1, "a", 1), (-(2 ** 63), "b", [])],
+        [(i, f"ch{i}", v) for i, v in enumerate(vals)],
+        [(i, "same", v) for i, v in enumerate(vals)],
+    ]
+    for _ in range(40):
+        cases.append([(rng.randrange(-5, 5), rng.choice(["a", "__error__", "m", "z" * 200]),
+                       rng.choice(vals)) for _ in range(rng.randrange(1, 8))])
+    return cases
+
+
+def _same(a, b):
+    assert a[0] == b[0] and a[2] is b[2]
+    assert [tuple(x) for x in a[1]] == [tuple(x) for x in b[1]]
+    for (ra, *_), (rb, *_) in zip(a[1], b[1]):
+        assert type(ra) is list and type(rb) is list
+    # the same types too (a serde's bytearray stays one on both paths)
+    flat = [lambda r: [y for x in r[0] for y in x],
+            lambda r: [y for x in r[1] for y in x[2] + x[3]]]
+    for f in flat:
+        assert [type(x) for x in f(a)] == [type(x) for x in f(b)]
+
+
+@pytest.mark.parametrize("writes", _writes_cases())
+def test_encode_writes_c_equals_python(tmp_path, writes):
+    with _open(tmp_path, "s") as s:
+        w = s._writer
+        got = writer_mod._encode_writes(writes, w._dumps, w._codec.pack, w._codec.min_bytes,
+                                        writer_mod.SPECIAL_WRITE_CHANNELS, writer_mod.F_ZSTD)
+        assert got is not None      # these are the shapes the C call takes
+        _same(got, w.encode_writes_py("task", writes))
+        _same(w.encode_writes("task", tuple(writes)), w.encode_writes_py("task", writes))
+
+
+@pytest.mark.parametrize("writes", [
+    [(True, "a", 1)],                   # a bool is not an exact int
+    [(2 ** 63, "a", 1)],                # over 64 bits
+    [(0, "é", 1)],                      # not ASCII: the Python path's check_id decides
+    [(0, "", 1)],
+    [[0, "a", 1]],                      # a list, not a tuple
+    [(0, "a")],
+    [(0, b"a", 1)],
+    [(0, "a", 1), "bad"],
+])
+def test_c_leaves_other_shapes_to_python(tmp_path, writes):
+    with _open(tmp_path, "s") as s:
+        w = s._writer
+        assert writer_mod._encode_writes(writes, w._dumps, w._codec.pack, w._codec.min_bytes,
+                                         writer_mod.SPECIAL_WRITE_CHANNELS,
+                                         writer_mod.F_ZSTD) is None
+        try:
+            want = w.encode_writes_py("task", writes)
+        except Exception as e:      # noqa: BLE001 - the same error either way
+            with pytest.raises(type(e)):
+                w.encode_writes("task", writes)
+        else:
+            _same(w.encode_writes("task", writes), want)
+
+
+def test_a_generator_and_a_subclassed_tuple_take_the_python_path(tmp_path):
+    class T(tuple):
+        pass
+
+    with _open(tmp_path, "s") as s:
+        w = s._writer
+        want = w.encode_writes_py("t", [(0, "a", [1, 2])])
+        _same(w.encode_writes("t", (x for x in [(0, "a", [1, 2])])), want)
+        _same(w.encode_writes("t", [T((0, "a", [1, 2]))]), want)
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("no")
+
+
+def test_a_value_the_serde_refuses_raises_the_typed_error(tmp_path):
+    with _open(tmp_path, "s") as s:
+        for writes in ([(0, "a", 1), (1, "bad", _Unpicklable())],
+                       [(0, "bad", [1, _Unpicklable()])]):
+            with pytest.raises(SerializationError, match="channel 'bad'") as ei:
+                s._writer.encode_writes("task", writes)
+            assert ei.value.channel == "bad" if hasattr(ei.value, "channel") else True
+            with pytest.raises(SerializationError):
+                s.put_writes("t", "", "c1", "task", writes)
+
+
+class _OddSerde:
+    """A serde whose dumps returns a bytearray (not bytes): the codec decides, as in Python."""
+
+    def dumps(self, obj):
+        return bytearray(repr(obj).encode() * (400 if obj == "big" else 1))
+
+    def loads(self, data):
+        return bytes(data).decode()
+
+
+def test_odd_serde_and_raising_pack(tmp_path):
+    with _open(tmp_path, "s", serde=_OddSerde()) as s:
+        w = s._writer
+        writes = [(0, "a", "big"), (1, "b", ["big", 1]), (2, "c", 3)]
+        _same(w.encode_writes("t", writes), w.encode_writes_py("t", writes))
+
+    def boom(data):
+        raise RuntimeError("codec")
+
+    with _open(tmp_path, "s2") as s:
+        w = s._writer
+        got = None
+        with pytest.raises(RuntimeError):
+            got = writer_mod._encode_writes([(0, "a", "x" * 5000)], w._dumps, boom, 1024,
+                                            writer_mod.SPECIAL_WRITE_CHANNELS, 1)
+        assert got is None
+
+
+def test_no_reference_to_the_callers_values_is_kept(tmp_path):
+    import sys
+
+    with _open(tmp_path, "s") as s:
+        v = [{"a": 1}]
+        item = v[0]
+        before = sys.getrefcount(v), sys.getrefcount(item)
+        recs, lists, _ = s._writer.encode_writes("t", [(0, "m", v)])
+        assert (sys.getrefcount(v), sys.getrefcount(item)) == before
+        del recs, lists
+
+
+def _run(store, rng):
+    """A run of puts and put_writes with hostile values; the frames it leaves."""
+    vals = _values()
+    parent = None
+    msgs: list = []
+    for i in range(30):
+        cid = f"c{i:04d}"
+        msgs = msgs + [{"role": "ai", "content": "m" * rng.randrange(0, 3000)}]
+        if parent is not None:
+            store.put_writes("t", "ns|é", parent, f"task{i}", [(0, "messages", msgs[-1:])])
+            store.put_writes("t", "ns|é", parent, f"task{i}",
+                             [(j, rng.choice(["x", "__error__", "__interrupt__"]),
+                               rng.choice(vals)) for j in range(rng.randrange(0, 5))])
+            store.put_writes("t", "ns|é", parent, "ta\u00efsk", [(0, "y", rng.choice(vals))])
+        store.put("t", "ns|é", cid, checkpoint={"ts": i}, metadata={"step": i},
+                  values={"messages": msgs, "n": i}, versions={"messages": i, "n": i},
+                  parent_id=parent)
+        parent = cid
+    return store
+
+
+def _frames(store):
+    b = store._b
+    return [b.read(lsn) for lsn in range(b.next_lsn)]
+
+
+def test_log_bytes_and_read_back_are_the_python_paths(tmp_path, monkeypatch):
+    with _open(tmp_path, "c") as s:
+        _run(s, random.Random(7))
+        s.flush()
+        c_frames = _frames(s)
+        c_got = s.get("t", "ns|é")
+        c_hist = [(h.checkpoint_id, h.values, [(w.task_id, w.channel, w.value)
+                                                for w in h.writes]) for h in s.history("t")]
+    monkeypatch.setattr(writer_mod, "_encode_writes", lambda *a: None)
+    with _open(tmp_path, "p") as s:
+        _run(s, random.Random(7))
+        s.flush()
+        assert _frames(s) == c_frames
+        got = s.get("t", "ns|é")
+        assert (got.values, got.writes) == (c_got.values, c_got.writes)
+        assert [(h.checkpoint_id, h.values, [(w.task_id, w.channel, w.value)
+                                             for w in h.writes])
+                for h in s.history("t")] == c_hist
+
+
+def test_malformed_writes_still_raise_config_errors(tmp_path):
+    with _open(tmp_path, "s") as s:
+        for writes in ([(0, "", 1)], [(True, "a", 1)], [(0, "a")], [(2 ** 64, "a", 1)]):
+            with pytest.raises(ConfigError):
+                s.put_writes("t", "", "c1", "task", writes)
