@@ -91,6 +91,7 @@ except ImportError as e:  # an older langgraph-checkpoint than the extra declare
 from langgraph.checkpoint.serde.base import maybe_add_typed_methods
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
+from ._commitpath import checkpoint_metadata as _checkpoint_metadata
 from .durability import DURABILITIES
 from .errors import ConfigError
 from .langgraph_claim import claim_for_loop
@@ -165,7 +166,17 @@ def checkpoint_metadata(config: Mapping[str, Any], metadata: Mapping[str, Any]) 
     """LangGraph's ``get_checkpoint_metadata(config, metadata)``: the metadata with NULs
     taken out of its strings, plus the scalars of the config's ``metadata`` and
     ``configurable`` it does not hold (except LangGraph's own keys). The same rule, made
-    cheaper for a put (``tests/test_langgraph_metadata.py`` holds the two equal)."""
+    cheaper for a put (``tests/test_langgraph_metadata.py`` holds the two equal): plain
+    dicts (what LangGraph's loop passes) in one C call (``csrc/commitpath.c``), anything
+    else here."""
+    got = _checkpoint_metadata(config, metadata, EXCLUDED_METADATA_KEYS, ChainMap)
+    if got is not None:
+        return got
+    return checkpoint_metadata_py(config, metadata)
+
+
+def checkpoint_metadata_py(config: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict:
+    """:func:`checkpoint_metadata` in Python: the definition the C call is held to."""
     md = {k: v.replace("\u0000", "") if isinstance(v, str) else v
           for k, v in metadata.items()}
     for obj in (config.get("metadata"), config.get("configurable")):

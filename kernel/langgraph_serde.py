@@ -30,11 +30,12 @@ True
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from ._commitpath import Dumps as _Dumps
 from ._msgunpack import unpack_items
 from .langgraph_messages import dumps_messages, is_jsonplus, pack_msgpack
 from .store.delta import join_tagged
@@ -98,7 +99,17 @@ class LangGraphSerde:
         """True for :data:`EMPTY`: readers (``durkv show``) show that channel as absent."""
         return value is EMPTY
 
-    def dumps(self, obj: Any) -> bytes:
+    @property
+    def dumps(self) -> Callable[[Any], bytes]:
+        """``dumps(obj) -> bytes``: :meth:`_dumps_py` as one C call (``durkv._commitpath.Dumps``,
+        held to it by ``tests/test_commitpath.py``). A new callable each access, holding this
+        serde (not held by it); it reads ``_plain`` at every call, so a serializer swapped
+        in place is followed."""
+        return _Dumps(self, EMPTY, _EMPTY_BYTES, _MSGPACK_TAG_BYTE, pack_msgpack,
+                      LangGraphSerde._asked)
+
+    def _dumps_py(self, obj: Any) -> bytes:
+        """The definition of :attr:`dumps`."""
         if obj is EMPTY:
             return _EMPTY_BYTES
         if self._plain and obj is not None and not isinstance(obj, _NOT_MSGPACK):
@@ -106,6 +117,10 @@ class LangGraphSerde:
                 return _MSGPACK_TAG_BYTE + pack_msgpack(obj)
             except Exception:   # noqa: S110 - ormsgpack refused: the serializer decides
                 pass            # (its pickle fallback, or its own error), as below
+        return self._asked(obj)
+
+    def _asked(self, obj: Any) -> bytes:
+        """``obj`` as the serializer's own ``dumps_typed`` stores it, tagged."""
         type_, data = self._serde.dumps_typed(obj)
         tag = _TAG_BYTES.get(type_)
         if tag is not None:

@@ -217,3 +217,118 @@ def test_malformed_writes_still_raise_config_errors(tmp_path):
         for writes in ([(0, "", 1)], [(True, "a", 1)], [(0, "a")], [(2 ** 64, "a", 1)]):
             with pytest.raises(ConfigError):
                 s.put_writes("t", "", "c1", "task", writes)
+
+
+# -- LangGraphSerde.dumps (durkv._commitpath.Dumps) against its definition, _dumps_py -----------
+
+def _lg_values():
+    import datetime
+    import uuid
+
+    lc = pytest.importorskip("langchain_core.messages")
+    from durkv.langgraph_serde import EMPTY
+
+    return [EMPTY, None, b"", b"x", bytearray(b"y"), 0, 2 ** 64, -(2 ** 63) - 1, 2 ** 70, 1.5,
+            "é\U0001F600", {"a": [1, (2, 3)]}, {1: "int key"}, [EMPTY], set([1]), object(),
+            datetime.datetime(2026, 1, 1), uuid.UUID(int=5), lc.AIMessage("hi", id="m"),
+            type("B", (bytes,), {})(b"sub"), *_values()]
+
+
+def _outcome(f, v):
+    try:
+        return ("ok", f(v))
+    except Exception as e:      # noqa: BLE001 - the same error either way
+        return ("err", type(e), str(e))
+
+
+@pytest.mark.parametrize("pickle_fallback", [False, True])
+def test_serde_dumps_c_equals_python(pickle_fallback):
+    pytest.importorskip("langgraph")
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from durkv.langgraph_serde import LangGraphSerde
+
+    class Sub(JsonPlusSerializer):
+        pass
+
+    for ser in (JsonPlusSerializer(pickle_fallback=pickle_fallback),
+                Sub(pickle_fallback=pickle_fallback)):
+        s = LangGraphSerde(ser)
+        dumps = s.dumps
+        for v in _lg_values():
+            assert _outcome(dumps, v) == _outcome(s._dumps_py, v), v
+
+
+def test_serde_dumps_follows_a_swapped_serializer_and_passes_base_exceptions():
+    pytest.importorskip("langgraph")
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from durkv.langgraph_serde import LangGraphSerde
+
+    class Tagged(JsonPlusSerializer):
+        def dumps_typed(self, obj):
+            return "json", b"asked"
+
+    s = LangGraphSerde(JsonPlusSerializer())
+    dumps = s.dumps                 # held, as the writer holds it
+    assert dumps(5) == s._dumps_py(5) == b"\x01\x05"
+    s.serde = Tagged()
+    assert dumps(5) == s._dumps_py(5) == b"\x05asked"
+
+    class Stop(BaseException):
+        pass
+
+    def hook(obj):
+        raise Stop
+
+    from durkv import langgraph_serde as lgs
+
+    d = lgs._Dumps(s, lgs.EMPTY, b"\x00", b"\x01", hook, LangGraphSerde._asked)
+    s.serde = JsonPlusSerializer()
+    with pytest.raises(Stop):
+        d(5)
+    with pytest.raises(TypeError):
+        d(1, 2)
+
+
+# -- the metadata merge of a put (checkpoint_metadata) against its definition ---------------------
+
+def test_checkpoint_metadata_c_equals_python():
+    pytest.importorskip("langgraph.checkpoint.base")
+    from collections import ChainMap, OrderedDict
+
+    from durkv._commitpath import checkpoint_metadata as c_md
+    from durkv.langgraph import EXCLUDED_METADATA_KEYS, checkpoint_metadata_py
+
+    class Text(str):
+        pass
+
+    class Num(int):
+        pass
+
+    metas = [{}, {"source": "loop", "step": 3, "parents": {}}, {"a": "x\0y\0", "b": b"\0"},
+             {"who": Text("x\0")}, {1: "int key"}, {"é\0": "\0", "n": None},
+             OrderedDict(k="v"), ChainMap({"source": "input"})]
+    configs = [{}, {"metadata": None, "configurable": None},
+               {"configurable": {"thread_id": "t", "checkpoint_ns": "", "__pregel_x": 1,
+                                 "_one": 1, "__": 2, "x\0": "y\0z"}},
+               {"metadata": ChainMap({"thread_id": "t", "user": "u\x00v", "n": 2}),
+                "configurable": {"thread_id": "t", "run": 7, "flag": True, "r": 0.5,
+                                 "num": Num(3), "o": object(), "l": [1], "step": 1}},
+               {"metadata": ChainMap({})}, {"metadata": ChainMap({"a": 1}, {"b": 2})},
+               {"metadata": ChainMap(OrderedDict(z=1))}, {"metadata": {"t": Text("s")}},
+               {"metadata": {5: "int key"}}, {"metadata": 0}, {"metadata": "",
+                                                               "configurable": {"q": "w"}},
+               ChainMap({"metadata": {"a": 1}})]
+    handled = 0
+    for config in configs:
+        for meta in metas:
+            want = _outcome(lambda m: checkpoint_metadata_py(config, m), meta)
+            got = c_md(config, meta, EXCLUDED_METADATA_KEYS, ChainMap)
+            if got is None:
+                continue
+            handled += 1
+            assert ("ok", got) == want
+            assert list(got) == list(want[1])
+            assert [type(v) for v in got.values()] == [type(v) for v in want[1].values()]
+    assert handled >= 20        # the plain shapes are the C call's (20 here)
