@@ -281,13 +281,17 @@ class Writer:
         else:
             base, base_versions = encoder.parent_state(lane, newest, parent_id)
             pend = None
-        encode = encoder.encode
+        encode, encode_py = encoder.encode_c, encoder.encode_py    # C, or None: Python
         chans: dict[str, ChanState] = {}
         refs: dict[str, tuple] = {}
         fresh = None
         for ch, v in values.items():
-            c = chans[ch] = encode(ch, v, base.get(ch) if linear else None, lsn, entries,
-                                   pend.get(ch) if pend else None)
+            prev = base.get(ch) if linear else None
+            p = pend.get(ch) if pend else None
+            c = encode(ch, v, prev, lsn, entries, p)
+            if c is None:
+                c = encode_py(ch, v, prev, lsn, entries, p)
+            chans[ch] = c
             refs[ch] = c.ref
             if c.fresh is not None:
                 if fresh is None:
@@ -303,8 +307,8 @@ class Writer:
                     refs[ch] = c.ref
                 elif all_values is not None and ch in all_values:
                     # the base holds another version: this checkpoint's own value
-                    c = chans[ch] = encode(ch, all_values[ch], c if linear else None, lsn,
-                                           entries)
+                    c = chans[ch] = encoder.encode(ch, all_values[ch], c if linear else None,
+                                                   lsn, entries)
                     refs[ch] = c.ref
         return chans, refs, fresh
 
