@@ -222,7 +222,8 @@ done:
 /* Dumps(serde, empty, empty_bytes, tag, pack, asked): LangGraphSerde.dumps as one C call.
  *
  * kernel/langgraph_serde.py's LangGraphSerde._dumps_py is the definition: EMPTY is its one
- * byte; under a plain JsonPlusSerializer (the serde's ``_plain``, read at every call: the
+ * byte; None is the serde's ``_none`` when set (the plain serializer's bytes for it,
+ * asked once); under a plain JsonPlusSerializer (the serde's ``_plain``, read at every call: the
  * serializer may be swapped in place) a value that is not None, bytes or a bytearray is
  * the msgpack tag byte and ``pack`` (langgraph_messages.pack_msgpack, ormsgpack in C)
  * of it, unless ``pack`` raises an Exception; everything else is ``asked(serde, obj)``
@@ -236,13 +237,22 @@ typedef struct {
     char tag;
 } Dumps;
 
-static PyObject *plain_attr;    /* "_plain", interned */
+static PyObject *plain_attr, *none_attr;    /* "_plain", "_none", interned */
 
 static PyObject *dumps_one(Dumps *d, PyObject *obj)
 {
     if (obj == d->empty) {
         Py_INCREF(d->empty_bytes);
         return d->empty_bytes;
+    }
+    if (obj == Py_None) {
+        /* the serializer's bytes for None, asked once (the serde's _none), if plain */
+        PyObject *nb = PyObject_GetAttr(d->serde, none_attr);
+        if (nb == NULL)
+            return NULL;
+        if (nb != Py_None)
+            return nb;
+        Py_DECREF(nb);
     }
     if (d->pack != Py_None && obj != Py_None && !PyBytes_Check(obj) && !PyByteArray_Check(obj)) {
         PyObject *plain = PyObject_GetAttr(d->serde, plain_attr);
@@ -502,10 +512,11 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__commitpath(void)
 {
     plain_attr = PyUnicode_InternFromString("_plain");
+    none_attr = PyUnicode_InternFromString("_none");
     maps_attr = PyUnicode_InternFromString("maps");
     nul_str = PyUnicode_FromOrdinal(0);
     empty_str = PyUnicode_FromString("");
-    if (plain_attr == NULL || maps_attr == NULL || nul_str == NULL || empty_str == NULL || PyType_Ready(&DumpsType) < 0)
+    if (plain_attr == NULL || none_attr == NULL || maps_attr == NULL || nul_str == NULL || empty_str == NULL || PyType_Ready(&DumpsType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -75,7 +75,7 @@ class LangGraphSerde:
     union of their allowlists).
     """
 
-    __slots__ = ("_serde", "_plain")
+    __slots__ = ("_serde", "_plain", "_none")
 
     def __init__(self, serde: SerializerProtocol) -> None:
         self.serde = serde
@@ -93,6 +93,9 @@ class LangGraphSerde:
         # subclass or any other serializer is asked, always
         self._plain = (is_jsonplus(self._serde)
                        and "dumps_typed" not in getattr(self._serde, "__dict__", {}))
+        # what that serializer stores for None (its "null"), asked once: a superstep stores
+        # ~2 Nones (a branch channel, a write), each a Python call into the serializer
+        self._none = self._asked(None) if self._plain else None
 
     @staticmethod
     def is_empty(value: Any) -> bool:
@@ -112,6 +115,8 @@ class LangGraphSerde:
         """The definition of :attr:`dumps`."""
         if obj is EMPTY:
             return _EMPTY_BYTES
+        if obj is None and self._none is not None:
+            return self._none
         if self._plain and obj is not None and not isinstance(obj, _NOT_MSGPACK):
             try:
                 return _MSGPACK_TAG_BYTE + pack_msgpack(obj)

@@ -272,8 +272,10 @@ def test_serde_dumps_follows_a_swapped_serializer_and_passes_base_exceptions():
     s = LangGraphSerde(JsonPlusSerializer())
     dumps = s.dumps                 # held, as the writer holds it
     assert dumps(5) == s._dumps_py(5) == b"\x01\x05"
+    assert dumps(None) == s._dumps_py(None) == b"\x02"     # the serializer's "null"
     s.serde = Tagged()
     assert dumps(5) == s._dumps_py(5) == b"\x05asked"
+    assert dumps(None) == s._dumps_py(None) == b"\x05asked"
 
     class Stop(BaseException):
         pass
