@@ -722,6 +722,186 @@ static PyObject *chanenc_call(PyObject *self, PyObject *const *args, size_t narg
     return out;
 }
 
+/* enc.channels(values, versions, all_values, base, base_versions, linear, pend, lsn,
+ *              entries, encode_py) -> (chans, refs, fresh) | None
+ *
+ * kernel/store/writer.py's Writer._encode_channels loops, after their base is chosen: each
+ * channel of ``values`` encoded (this type's call, else ``encode_py``), then each channel
+ * only in ``versions`` kept from the base or stored from ``all_values``. The dicts must be
+ * exact dicts (else None, nothing done); a dict whose size changes while it is walked (a
+ * serializer that edits it) raises the RuntimeError Python's iteration raises. */
+static PyObject *encode_one(ChanEnc *e, PyObject *ch, PyObject *v, PyObject *prev,
+                            PyObject *lsn, PyObject *entries, PyObject *pend,
+                            PyObject *encode_py)
+{
+    PyObject *a[6] = {ch, v, prev, lsn, entries, pend};
+    PyObject *c = chanenc_call((PyObject *)e, a, 6, NULL);
+    if (c != Py_None)
+        return c;
+    Py_DECREF(c);
+    return PyObject_Vectorcall(encode_py, a, 6, NULL);
+}
+
+static int changed(PyObject *d, Py_ssize_t size)
+{
+    if (PyDict_GET_SIZE(d) == size)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "dictionary changed size during iteration");
+    return 1;
+}
+
+static PyObject *chanenc_channels(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    ChanEnc *e = (ChanEnc *)self;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "channels() takes 10 arguments");
+        return NULL;
+    }
+    PyObject *values = args[0], *versions = args[1], *all_values = args[2], *base = args[3];
+    PyObject *base_versions = args[4], *pend = args[6], *lsn = args[7], *entries = args[8];
+    PyObject *encode_py = args[9];
+    if (!PyDict_CheckExact(values) || !PyDict_CheckExact(versions) || !PyDict_CheckExact(base)
+            || !PyDict_CheckExact(base_versions) || !PyList_CheckExact(entries)
+            || (all_values != Py_None && !PyDict_CheckExact(all_values))
+            || (pend != Py_None && !PyDict_CheckExact(pend)))
+        Py_RETURN_NONE;
+    int linear = PyObject_IsTrue(args[5]);
+    if (linear < 0)
+        return NULL;
+    PyObject *chans = PyDict_New(), *refs = PyDict_New(), *fresh = NULL, *out = NULL;
+    PyObject *k = NULL, *v = NULL, *c = NULL, *ref = NULL;
+    if (chans == NULL || refs == NULL)
+        goto done;
+    Py_ssize_t pos = 0, size = PyDict_GET_SIZE(values);
+    PyObject *bk, *bv;
+    while (!changed(values, size) && PyDict_Next(values, &pos, &bk, &bv)) {
+        k = bk, v = bv;
+        Py_INCREF(k);
+        Py_INCREF(v);
+        PyObject *prev = linear ? PyDict_GetItemWithError(base, k) : Py_None;
+        if (prev == NULL && PyErr_Occurred())
+            goto done;
+        PyObject *p = Py_None;
+        if (pend != Py_None && PyDict_GET_SIZE(pend)) {
+            p = PyDict_GetItemWithError(pend, k);
+            if (p == NULL && PyErr_Occurred())
+                goto done;
+        }
+        prev = prev == NULL ? Py_None : prev;
+        p = p == NULL ? Py_None : p;
+        Py_INCREF(prev);
+        Py_INCREF(p);
+        c = encode_one(e, k, v, prev, lsn, entries, p, encode_py);
+        Py_DECREF(prev);
+        Py_DECREF(p);
+        if (c == NULL || PyDict_SetItem(chans, k, c))
+            goto done;
+        ref = PyObject_GetAttr(c, s_ref);
+        if (ref == NULL || PyDict_SetItem(refs, k, ref))
+            goto done;
+        Py_CLEAR(ref);
+        PyObject *f = PyObject_GetAttr(c, s_fresh);
+        if (f == NULL)
+            goto done;
+        if (f != Py_None) {
+            if (fresh == NULL && (fresh = PyDict_New()) == NULL) {
+                Py_DECREF(f);
+                goto done;
+            }
+            int bad = PyDict_SetItem(fresh, k, f) || set(c, s_fresh, Py_None);
+            Py_DECREF(f);
+            if (bad)
+                goto done;
+        } else {
+            Py_DECREF(f);
+        }
+        Py_CLEAR(c);
+        Py_CLEAR(k);
+        Py_CLEAR(v);
+    }
+    if (PyErr_Occurred())
+        goto done;
+    pos = 0;
+    size = PyDict_GET_SIZE(versions);
+    while (!changed(versions, size) && PyDict_Next(versions, &pos, &bk, &bv)) {
+        k = bk, v = bv;             /* v: the version */
+        Py_INCREF(k);
+        Py_INCREF(v);
+        int has = PyDict_Contains(chans, k);
+        if (has < 0)
+            goto done;
+        if (!has) {
+            PyObject *bc = PyDict_GetItemWithError(base, k);
+            if (bc == NULL && PyErr_Occurred())
+                goto done;
+            int keep = 0;
+            if (bc != NULL) {
+                if (all_values == Py_None) {
+                    keep = 1;
+                } else {
+                    /* base_versions.get(ch, c) == versions[ch]: ==, never identity */
+                    PyObject *was = PyDict_GetItemWithError(base_versions, k);
+                    if (was == NULL && PyErr_Occurred())
+                        goto done;
+                    Py_INCREF(bc);
+                    PyObject *eq = PyObject_RichCompare(was == NULL ? bc : was, v, Py_EQ);
+                    Py_DECREF(bc);
+                    keep = eq == NULL ? -1 : PyObject_IsTrue(eq);
+                    Py_XDECREF(eq);
+                    if (keep < 0)
+                        goto done;
+                }
+            }
+            if (keep) {
+                ref = PyObject_GetAttr(bc, s_ref);
+                if (ref == NULL || PyDict_SetItem(chans, k, bc) || PyDict_SetItem(refs, k, ref))
+                    goto done;
+                Py_CLEAR(ref);
+            } else if (all_values != Py_None) {
+                PyObject *av = PyDict_GetItemWithError(all_values, k);
+                if (av == NULL && PyErr_Occurred())
+                    goto done;
+                if (av != NULL) {
+                    PyObject *prev = linear && bc != NULL ? bc : Py_None;
+                    Py_INCREF(av);
+                    Py_INCREF(prev);
+                    c = encode_one(e, k, av, prev, lsn, entries, Py_None, encode_py);
+                    Py_DECREF(av);
+                    Py_DECREF(prev);
+                    if (c == NULL || PyDict_SetItem(chans, k, c))
+                        goto done;
+                    ref = PyObject_GetAttr(c, s_ref);
+                    if (ref == NULL || PyDict_SetItem(refs, k, ref))
+                        goto done;
+                    Py_CLEAR(ref);
+                    Py_CLEAR(c);
+                }
+            }
+        }
+        Py_CLEAR(k);
+        Py_CLEAR(v);
+    }
+    if (PyErr_Occurred())
+        goto done;
+    out = PyTuple_Pack(3, chans, refs, fresh == NULL ? Py_None : fresh);
+done:
+    Py_XDECREF(k);
+    Py_XDECREF(v);
+    Py_XDECREF(c);
+    Py_XDECREF(ref);
+    Py_XDECREF(chans);
+    Py_XDECREF(refs);
+    Py_XDECREF(fresh);
+    return out;
+}
+
+static PyMethodDef chanenc_methods[] = {
+    {"channels", (PyCFunction)(void (*)(void))chanenc_channels, METH_FASTCALL,
+     "channels(values, versions, all_values, base, base_versions, linear, pend, lsn, "
+     "entries, encode_py) -> (chans, refs, fresh) or None: Writer._encode_channels' loops."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyObject *chanenc_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     PyObject *encoder, *dumps, *compress, *chan_state, *has_prefix, *wrap;
@@ -786,6 +966,7 @@ static PyTypeObject ChanEncType = {
     .tp_traverse = (traverseproc)chanenc_traverse,
     .tp_clear = (inquiry)chanenc_clear,
     .tp_dealloc = (destructor)chanenc_dealloc,
+    .tp_methods = chanenc_methods,
 };
 
 static struct PyModuleDef module = {

@@ -281,6 +281,11 @@ class Writer:
         else:
             base, base_versions = encoder.parent_state(lane, newest, parent_id)
             pend = None
+        # the loops below in one C call (csrc/chanenc.c), for exact dicts; None: here
+        got = encoder.encode_c.channels(values, versions, all_values, base, base_versions,
+                                        linear, pend, lsn, entries, encoder.encode_py)
+        if got is not None:
+            return got
         encode, encode_py = encoder.encode_c, encoder.encode_py    # C, or None: Python
         chans: dict[str, ChanState] = {}
         refs: dict[str, tuple] = {}
