@@ -493,10 +493,65 @@ fail:
     return NULL;
 }
 
+/* put_args_ok(thread_id, ns, cid, parent_id, values, versions, all_values) -> bool
+ *
+ * True when kernel/store/writer.py's check_put would pass without a word: the ids exact
+ * strs (thread and checkpoint non-empty), the parent None or an exact str, values and
+ * versions exact dicts, every version's channel an exact str and its version an exact
+ * str, float or int in -2**63..2**64-1, every channel of values a str, all_values None or
+ * a dict. False: check_put's Python decides (it raises, or passes a rarer shape). Only
+ * type tests and an int's range: no Python code runs. */
+static PyObject *put_args_ok(PyObject *self, PyObject *const *a, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "put_args_ok() takes 7 arguments");
+        return NULL;
+    }
+    PyObject *thread_id = a[0], *ns = a[1], *cid = a[2], *parent = a[3], *values = a[4];
+    PyObject *versions = a[5], *all_values = a[6];
+    if (!PyUnicode_CheckExact(thread_id) || PyUnicode_GET_LENGTH(thread_id) == 0
+            || !PyUnicode_CheckExact(ns) || !PyUnicode_CheckExact(cid)
+            || PyUnicode_GET_LENGTH(cid) == 0
+            || (parent != Py_None && !PyUnicode_CheckExact(parent))
+            || !PyDict_CheckExact(values) || !PyDict_CheckExact(versions)
+            || (all_values != Py_None && !PyDict_Check(all_values)))
+        Py_RETURN_FALSE;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(versions, &pos, &k, &v)) {
+        if (!PyUnicode_CheckExact(k))
+            Py_RETURN_FALSE;
+        if (PyLong_CheckExact(v)) {
+            int over = 0;
+            (void)PyLong_AsLongLongAndOverflow(v, &over);
+            if (over < 0)
+                Py_RETURN_FALSE;
+            if (over > 0) {
+                (void)PyLong_AsUnsignedLongLong(v);
+                if (PyErr_Occurred()) {
+                    PyErr_Clear();
+                    Py_RETURN_FALSE;
+                }
+            }
+        } else if (!PyUnicode_CheckExact(v) && !PyFloat_CheckExact(v)) {
+            Py_RETURN_FALSE;
+        }
+    }
+    pos = 0;
+    while (PyDict_Next(values, &pos, &k, &v))
+        if (!PyUnicode_Check(k))
+            Py_RETURN_FALSE;
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"encode_writes", encode_writes, METH_VARARGS,
      "encode_writes(writes, dumps, pack, min_bytes, special, f_zstd) -> (recs, lists, "
      "replace) or None: Writer.encode_writes for plain (int, str, value) writes."},
+    {"put_args_ok", (PyCFunction)(void (*)(void))put_args_ok, METH_FASTCALL,
+     "put_args_ok(thread_id, ns, cid, parent_id, values, versions, all_values) -> bool: "
+     "check_put would pass (the common shapes, by type tests)."},
     {"checkpoint_metadata", checkpoint_metadata, METH_VARARGS,
      "checkpoint_metadata(config, metadata, excluded, chainmap) -> dict or None: "
      "durkv.langgraph.checkpoint_metadata for plain dicts."},

@@ -334,3 +334,36 @@ def test_checkpoint_metadata_c_equals_python():
             assert list(got) == list(want[1])
             assert [type(v) for v in got.values()] == [type(v) for v in want[1].values()]
     assert handled >= 20        # the plain shapes are the C call's (20 here)
+
+
+# -- check_put's common case (put_args_ok) never passes what check_put refuses ---------------
+
+def test_put_args_ok_agrees_with_check_put():
+    from durkv._commitpath import put_args_ok
+    from durkv.store.writer import check_put
+
+    class S(str):
+        pass
+
+    ids = ["t", "", "é", S("t"), 1, None, "\udc80"]
+    parents = [None, "p", "", S("p"), 5]
+    vals = [{}, {"a": 1}, {S("a"): 1}, {1: 1}, [], None]
+    vers = [{}, {"a": 1}, {"a": "v"}, {"a": 1.5}, {"a": float("nan")}, {"a": True},
+            {"a": 2 ** 64 - 1}, {"a": 2 ** 64}, {"a": -(2 ** 63)}, {"a": -(2 ** 63) - 1},
+            {"a": None}, {S("a"): 1}, {"a": S("v")}, {1: 1}, None]
+    alls = [None, {}, {"a": 1}, [], "x"]
+    fast = 0
+    for tid in ids:
+        for cid in ids:
+            for ns in ("", "n", S("n"), 3):
+                for parent in parents[:3]:
+                    for v in vals:
+                        for ver in vers:
+                            for av in alls[:3] if tid == "t" else alls[:1]:
+                                args = (tid, ns, cid, parent, v, ver, av)
+                                if put_args_ok(*args):
+                                    fast += 1
+                                    check_put(*args)    # passes: nothing to raise
+    assert fast > 50
+    for args in [("t", "", "c", 5, {}, {}, None), ("t", "", "c", None, {}, {}, [])]:
+        assert not put_args_ok(*args)
