@@ -91,11 +91,10 @@ except ImportError as e:  # an older langgraph-checkpoint than the extra declare
 from langgraph.checkpoint.serde.base import maybe_add_typed_methods
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
-from ._commitpath import checkpoint_metadata as _checkpoint_metadata
 from .durability import DURABILITIES
 from .errors import ConfigError
 from .langgraph_claim import claim_for_loop
-from .langgraph_serde import EMPTY, LangGraphSerde
+from .langgraph_serde import EMPTY, LangGraphSerde, checkpoint_metadata_c
 from .runtime.langgraph_steps import (
     CONFIG_KEY_DURABILITY, astep, atool, forget_thread, step, thread_key, tool,
 )
@@ -167,9 +166,9 @@ def checkpoint_metadata(config: Mapping[str, Any], metadata: Mapping[str, Any]) 
     taken out of its strings, plus the scalars of the config's ``metadata`` and
     ``configurable`` it does not hold (except LangGraph's own keys). The same rule, made
     cheaper for a put (``tests/test_langgraph_metadata.py`` holds the two equal): plain
-    dicts (what LangGraph's loop passes) in one C call (``csrc/commitpath.c``), anything
+    dicts (what LangGraph's loop passes) in one C call (``csrc/lgcommit.c``), anything
     else here."""
-    got = _checkpoint_metadata(config, metadata, EXCLUDED_METADATA_KEYS, ChainMap)
+    got = checkpoint_metadata_c(config, metadata, EXCLUDED_METADATA_KEYS, ChainMap)
     if got is not None:
         return got
     return checkpoint_metadata_py(config, metadata)

@@ -35,12 +35,13 @@ from typing import Any, Callable
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from ._commitpath import Dumps as _Dumps
+from ._lgcommit import Dumps as _Dumps
+from ._lgcommit import checkpoint_metadata as checkpoint_metadata_c
 from ._msgunpack import unpack_items
 from .langgraph_messages import dumps_messages, is_jsonplus, pack_msgpack
 from .store.delta import join_tagged
 
-__all__ = ["EMPTY", "LangGraphSerde"]
+__all__ = ["EMPTY", "LangGraphSerde", "checkpoint_metadata_c"]
 
 
 class _Empty:
@@ -104,7 +105,7 @@ class LangGraphSerde:
 
     @property
     def dumps(self) -> Callable[[Any], bytes]:
-        """``dumps(obj) -> bytes``: :meth:`_dumps_py` as one C call (``durkv._commitpath.Dumps``,
+        """``dumps(obj) -> bytes``: :meth:`_dumps_py` as one C call (``durkv._lgcommit.Dumps``,
         held to it by ``tests/test_commitpath.py``). A new callable each access, holding this
         serde (not held by it); it reads ``_plain`` at every call, so a serializer swapped
         in place is followed."""

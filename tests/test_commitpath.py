@@ -219,7 +219,7 @@ def test_malformed_writes_still_raise_config_errors(tmp_path):
                 s.put_writes("t", "", "c1", "task", writes)
 
 
-# -- LangGraphSerde.dumps (durkv._commitpath.Dumps) against its definition, _dumps_py -----------
+# -- LangGraphSerde.dumps (durkv._lgcommit.Dumps) against its definition, _dumps_py -----------
 
 def _lg_values():
     import datetime
@@ -299,7 +299,7 @@ def test_checkpoint_metadata_c_equals_python():
     pytest.importorskip("langgraph.checkpoint.base")
     from collections import ChainMap, OrderedDict
 
-    from durkv._commitpath import checkpoint_metadata as c_md
+    from durkv.langgraph_serde import checkpoint_metadata_c as c_md
     from durkv.langgraph import EXCLUDED_METADATA_KEYS, checkpoint_metadata_py
 
     class Text(str):

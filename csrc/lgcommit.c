@@ -1,0 +1,322 @@
+/* durkv._lgcommit: DurkvSaver's commit path, the LangGraph side, in C.
+ *
+ * Dumps: LangGraphSerde.dumps in one call; checkpoint_metadata: the metadata merge of a
+ * put. Each is held by a test to the Python function that defines it
+ * (tests/test_commitpath.py); both keep the GIL, and neither keeps a reference to a
+ * caller's object beyond the call (the merged dict holds the caller's values, as the
+ * Python merge's does). Why in C: docs/BENCHMARKS.md, "Issue 20: DurkvSaver's put and
+ * put_writes in C".
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <string.h>
+
+/* Dumps(serde, empty, empty_bytes, tag, pack, asked): LangGraphSerde.dumps as one C call.
+ *
+ * kernel/langgraph_serde.py's LangGraphSerde._dumps_py is the definition: EMPTY is its one
+ * byte; None is the serde's ``_none`` when set (the plain serializer's bytes for it,
+ * asked once); under a plain JsonPlusSerializer (the serde's ``_plain``, read at every call: the
+ * serializer may be swapped in place) a value that is not None, bytes or a bytearray is
+ * the msgpack tag byte and ``pack`` (langgraph_messages.pack_msgpack, ormsgpack in C)
+ * of it, unless ``pack`` raises an Exception; everything else is ``asked(serde, obj)``
+ * (the serializer's own dumps_typed). The commit path serializes ~8 values a superstep
+ * through this: the Python method's frame was most of a small value's cost. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *serde, *empty, *empty_bytes, *pack, *asked;
+    PyObject *tag_bytes;
+    char tag;
+} Dumps;
+
+static PyObject *plain_attr, *none_attr;    /* "_plain", "_none", interned */
+
+static PyObject *dumps_one(Dumps *d, PyObject *obj)
+{
+    if (obj == d->empty) {
+        Py_INCREF(d->empty_bytes);
+        return d->empty_bytes;
+    }
+    if (obj == Py_None) {
+        /* the serializer's bytes for None, asked once (the serde's _none), if plain */
+        PyObject *nb = PyObject_GetAttr(d->serde, none_attr);
+        if (nb == NULL)
+            return NULL;
+        if (nb != Py_None)
+            return nb;
+        Py_DECREF(nb);
+    }
+    if (d->pack != Py_None && obj != Py_None && !PyBytes_Check(obj) && !PyByteArray_Check(obj)) {
+        PyObject *plain = PyObject_GetAttr(d->serde, plain_attr);
+        if (plain == NULL)
+            return NULL;
+        int on = PyObject_IsTrue(plain);
+        Py_DECREF(plain);
+        if (on < 0)
+            return NULL;
+        if (on) {
+            PyObject *r = PyObject_CallOneArg(d->pack, obj);
+            if (r != NULL && PyBytes_Check(r)) {
+                Py_ssize_t n = PyBytes_GET_SIZE(r);
+                PyObject *out = PyBytes_FromStringAndSize(NULL, n + 1);
+                if (out != NULL) {
+                    PyBytes_AS_STRING(out)[0] = d->tag;
+                    memcpy(PyBytes_AS_STRING(out) + 1, PyBytes_AS_STRING(r), (size_t)n);
+                }
+                Py_DECREF(r);
+                return out;
+            }
+            if (r != NULL) {
+                /* not bytes (never from ormsgpack): Python's concatenation decides */
+                PyObject *out = PySequence_Concat(d->tag_bytes, r);
+                Py_DECREF(r);
+                if (out != NULL)
+                    return out;
+            }
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                return NULL;        /* a BaseException passes, as through `except Exception` */
+            } else {
+                PyErr_Clear();      /* ormsgpack refused: the serializer decides */
+            }
+        }
+    }
+    return PyObject_CallFunctionObjArgs(d->asked, d->serde, obj, NULL);
+}
+
+static PyObject *dumps_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames)
+{
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "dumps(obj) takes exactly one argument");
+        return NULL;
+    }
+    return dumps_one((Dumps *)self, args[0]);
+}
+
+static PyObject *dumps_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *serde, *empty, *empty_bytes, *tag, *pack, *asked;
+    (void)kw;
+    if (!PyArg_ParseTuple(args, "OOO!O!OO", &serde, &empty, &PyBytes_Type, &empty_bytes,
+                          &PyBytes_Type, &tag, &pack, &asked))
+        return NULL;
+    if (PyBytes_GET_SIZE(tag) != 1) {
+        PyErr_SetString(PyExc_ValueError, "the tag is one byte");
+        return NULL;
+    }
+    Dumps *d = (Dumps *)type->tp_alloc(type, 0);
+    if (d == NULL)
+        return NULL;
+    d->vectorcall = dumps_vectorcall;
+    Py_INCREF(serde); d->serde = serde;
+    Py_INCREF(empty); d->empty = empty;
+    Py_INCREF(empty_bytes); d->empty_bytes = empty_bytes;
+    Py_INCREF(pack); d->pack = pack;
+    Py_INCREF(asked); d->asked = asked;
+    Py_INCREF(tag); d->tag_bytes = tag;
+    d->tag = PyBytes_AS_STRING(tag)[0];
+    return (PyObject *)d;
+}
+
+static int dumps_traverse(Dumps *d, visitproc visit, void *arg)
+{
+    Py_VISIT(d->serde);
+    Py_VISIT(d->empty);
+    Py_VISIT(d->pack);
+    Py_VISIT(d->asked);
+    return 0;
+}
+
+static int dumps_clear(Dumps *d)
+{
+    Py_CLEAR(d->serde);
+    Py_CLEAR(d->empty);
+    Py_CLEAR(d->empty_bytes);
+    Py_CLEAR(d->tag_bytes);
+    Py_CLEAR(d->pack);
+    Py_CLEAR(d->asked);
+    return 0;
+}
+
+static void dumps_dealloc(Dumps *d)
+{
+    PyObject_GC_UnTrack(d);
+    dumps_clear(d);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+static PyTypeObject DumpsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "durkv._lgcommit.Dumps",
+    .tp_basicsize = sizeof(Dumps),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Dumps(serde, empty, empty_bytes, tag, pack, asked): LangGraphSerde.dumps "
+              "in C (kernel/langgraph_serde.py).",
+    .tp_new = dumps_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Dumps, vectorcall),
+    .tp_traverse = (traverseproc)dumps_traverse,
+    .tp_clear = (inquiry)dumps_clear,
+    .tp_dealloc = (destructor)dumps_dealloc,
+};
+
+/* checkpoint_metadata(config, metadata, excluded, chainmap) -> dict | None
+ *
+ * kernel/langgraph.py's checkpoint_metadata (LangGraph's get_checkpoint_metadata) for what
+ * its loop passes: config an exact dict, metadata an exact dict, the config's "metadata"
+ * and "configurable" each an exact dict or a ChainMap of one exact dict, every key an
+ * exact str and every str value an exact str. No Python code runs while a dict is walked
+ * (exact str keys hash and compare in C; str.replace of an exact str cannot be
+ * overridden). Anything else -- a key or value of another type that the rule would
+ * touch, a Mapping of another kind -- returns None before anything is built: the Python
+ * function decides (tests/test_langgraph_metadata.py holds the two to LangGraph's). */
+static PyObject *nul_str, *empty_str, *maps_attr;
+
+/* v with NULs taken out (an exact str), new reference */
+static PyObject *no_nul(PyObject *v)
+{
+    if (PyUnicode_FindChar(v, 0, 0, PyUnicode_GET_LENGTH(v), 1) == -1) {
+        Py_INCREF(v);
+        return v;
+    }
+    return PyUnicode_Replace(v, nul_str, empty_str, -1);
+}
+
+/* the one exact dict behind a config's metadata/configurable, or NULL (borrowed) */
+static PyObject *scalars_of(PyObject *obj, PyObject *chainmap)
+{
+    if (PyDict_CheckExact(obj))
+        return obj;
+    if ((PyObject *)Py_TYPE(obj) != chainmap)
+        return NULL;
+    PyObject *maps = PyObject_GetAttr(obj, maps_attr);
+    if (maps == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *got = NULL;
+    if (PyList_CheckExact(maps) && PyList_GET_SIZE(maps) == 1
+            && PyDict_CheckExact(PyList_GET_ITEM(maps, 0)))
+        got = PyList_GET_ITEM(maps, 0);
+    Py_DECREF(maps);        /* the ChainMap holds the list, the list the dict */
+    return got;
+}
+
+static PyObject *checkpoint_metadata(PyObject *self, PyObject *args)
+{
+    PyObject *config, *metadata, *excluded, *chainmap;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOO", &config, &metadata, &excluded, &chainmap))
+        return NULL;
+    if (!PyDict_CheckExact(config) || !PyDict_CheckExact(metadata)
+            || !PyAnySet_CheckExact(excluded))
+        Py_RETURN_NONE;
+    PyObject *srcs[2] = {NULL, NULL};
+    static const char *names[2] = {"metadata", "configurable"};
+    for (int i = 0; i < 2; i++) {
+        PyObject *obj = PyDict_GetItemString(config, names[i]);     /* borrowed */
+        if (obj == NULL || obj == Py_None)
+            continue;
+        if (PyDict_CheckExact(obj) && PyDict_GET_SIZE(obj) == 0)
+            continue;
+        srcs[i] = scalars_of(obj, chainmap);
+        if (srcs[i] == NULL)
+            Py_RETURN_NONE;
+    }
+    /* every key a str, every str value an exact str: checked before anything is built */
+    PyObject *dicts[3] = {metadata, srcs[0], srcs[1]};
+    for (int i = 0; i < 3; i++) {
+        if (dicts[i] == NULL)
+            continue;
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(dicts[i], &pos, &k, &v))
+            if (!PyUnicode_CheckExact(k) || (PyUnicode_Check(v) && !PyUnicode_CheckExact(v)))
+                Py_RETURN_NONE;
+    }
+    PyObject *md = PyDict_New();
+    if (md == NULL)
+        return NULL;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(metadata, &pos, &k, &v)) {
+        PyObject *x = PyUnicode_CheckExact(v) ? no_nul(v) : (Py_INCREF(v), v);
+        if (x == NULL || PyDict_SetItem(md, k, x)) {
+            Py_XDECREF(x);
+            goto fail;
+        }
+        Py_DECREF(x);
+    }
+    for (int i = 1; i < 3; i++) {
+        if (dicts[i] == NULL)
+            continue;
+        pos = 0;
+        while (PyDict_Next(dicts[i], &pos, &k, &v)) {
+            int has = PyDict_Contains(md, k);
+            if (has < 0)
+                goto fail;
+            if (has)
+                continue;
+            has = PySet_Contains(excluded, k);
+            if (has < 0)
+                goto fail;
+            if (has)
+                continue;
+            if (PyUnicode_GET_LENGTH(k) >= 2 && PyUnicode_READ_CHAR(k, 0) == '_'
+                    && PyUnicode_READ_CHAR(k, 1) == '_')
+                continue;
+            PyObject *x;
+            if (PyUnicode_CheckExact(v))
+                x = no_nul(v);
+            else if (PyLong_Check(v) || PyFloat_Check(v))
+                x = (Py_INCREF(v), v);
+            else
+                continue;
+            if (x == NULL || PyDict_SetItem(md, k, x)) {
+                Py_XDECREF(x);
+                goto fail;
+            }
+            Py_DECREF(x);
+        }
+    }
+    return md;
+fail:
+    Py_DECREF(md);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"checkpoint_metadata", checkpoint_metadata, METH_VARARGS,
+     "checkpoint_metadata(config, metadata, excluded, chainmap) -> dict or None: "
+     "durkv.langgraph.checkpoint_metadata for plain dicts."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "durkv._lgcommit",
+    "DurkvSaver's commit path, the LangGraph side, in C.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__lgcommit(void)
+{
+    plain_attr = PyUnicode_InternFromString("_plain");
+    none_attr = PyUnicode_InternFromString("_none");
+    maps_attr = PyUnicode_InternFromString("maps");
+    nul_str = PyUnicode_FromOrdinal(0);
+    empty_str = PyUnicode_FromString("");
+    if (plain_attr == NULL || none_attr == NULL || maps_attr == NULL || nul_str == NULL
+            || empty_str == NULL || PyType_Ready(&DumpsType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&DumpsType);
+    if (PyModule_AddObject(m, "Dumps", (PyObject *)&DumpsType) < 0) {
+        Py_DECREF(&DumpsType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
