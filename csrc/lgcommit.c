@@ -1,7 +1,7 @@
 /* durkv._lgcommit: DurkvSaver's commit path, the LangGraph side, in C.
  *
  * Dumps: LangGraphSerde.dumps in one call; checkpoint_metadata: the metadata merge of a
- * put. Each is held by a test to the Python function that defines it
+ * put; put_args: DurkvSaver.put's arguments taken apart. Each is held by a test to the Python function that defines it
  * (tests/test_commitpath.py); both keep the GIL, and neither keeps a reference to a
  * caller's object beyond the call (the merged dict holds the caller's values, as the
  * Python merge's does). Why in C: docs/BENCHMARKS.md, "Issue 20: DurkvSaver's put and
@@ -286,7 +286,99 @@ fail:
     return NULL;
 }
 
+/* put_args(config, checkpoint, metadata, new_versions, empty)
+ *     -> (conf, thread_id, ns, cid, all_values, record, versions, parent_id, values) | None
+ *
+ * kernel/langgraph.py's put_args_py for what LangGraph's loop passes: config and its
+ * "configurable" exact dicts, a non-empty exact str thread id, the namespace missing, None
+ * or an exact str, the checkpoint an exact dict with an exact str "id" and exact dicts
+ * "channel_values" and "channel_versions", metadata and new_versions exact dicts, and
+ * every channel whose version moved an exact str. Anything else returns None before
+ * anything is built: the Python function checks and raises its typed error. The record
+ * is a new dict (the checkpoint minus values, versions and id), values a new dict. */
+static PyObject *s_configurable, *s_thread_id, *s_checkpoint_ns, *s_checkpoint_id, *s_id,
+    *s_channel_values, *s_channel_versions;
+
+static PyObject *put_args(PyObject *self, PyObject *const *a, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "put_args() takes 5 arguments");
+        return NULL;
+    }
+    PyObject *config = a[0], *ck = a[1], *metadata = a[2], *new_versions = a[3];
+    PyObject *empty = a[4];
+    if (!PyDict_CheckExact(config) || !PyDict_CheckExact(ck) || !PyDict_CheckExact(metadata)
+            || !PyDict_CheckExact(new_versions))
+        Py_RETURN_NONE;
+    PyObject *conf = PyDict_GetItemWithError(config, s_configurable);      /* borrowed */
+    if (conf == NULL || !PyDict_CheckExact(conf)) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *tid = PyDict_GetItemWithError(conf, s_thread_id);
+    if (tid == NULL || !PyUnicode_CheckExact(tid) || PyUnicode_GET_LENGTH(tid) == 0) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *ns = PyDict_GetItemWithError(conf, s_checkpoint_ns);
+    if (ns == NULL && PyErr_Occurred())
+        return NULL;
+    if (ns == NULL || ns == Py_None)
+        ns = empty_str;         /* `conf.get("checkpoint_ns") or ""` */
+    else if (!PyUnicode_CheckExact(ns))
+        Py_RETURN_NONE;
+    PyObject *cid = PyDict_GetItemWithError(ck, s_id);
+    PyObject *all_values = cid == NULL ? NULL : PyDict_GetItemWithError(ck, s_channel_values);
+    PyObject *versions = all_values == NULL ? NULL
+        : PyDict_GetItemWithError(ck, s_channel_versions);
+    if (versions == NULL || !PyUnicode_CheckExact(cid) || !PyDict_CheckExact(all_values)
+            || !PyDict_CheckExact(versions)) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *parent = PyDict_GetItemWithError(conf, s_checkpoint_id);
+    if (parent == NULL && PyErr_Occurred())
+        return NULL;
+    if (parent == NULL)
+        parent = Py_None;
+    /* the channels whose version moved: every one for a root (it inherits nothing) */
+    PyObject *changed = parent == Py_None ? versions : new_versions;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(changed, &pos, &k, &v))
+        if (!PyUnicode_CheckExact(k))
+            Py_RETURN_NONE;
+    PyObject *record = PyDict_Copy(ck), *values = NULL, *out = NULL;
+    if (record == NULL || PyDict_DelItem(record, s_channel_values)
+            || PyDict_DelItem(record, s_channel_versions) || PyDict_DelItem(record, s_id))
+        goto done;
+    values = PyDict_New();
+    if (values == NULL)
+        goto done;
+    pos = 0;
+    while (PyDict_Next(changed, &pos, &k, &v)) {
+        PyObject *x = PyDict_GetItemWithError(all_values, k);
+        if (x == NULL && PyErr_Occurred())
+            goto done;
+        if (PyDict_SetItem(values, k, x == NULL ? empty : x))
+            goto done;
+    }
+    out = PyTuple_Pack(9, conf, tid, ns, cid, all_values, record, versions, parent, values);
+done:
+    Py_XDECREF(record);
+    Py_XDECREF(values);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"put_args", (PyCFunction)(void (*)(void))put_args, METH_FASTCALL,
+     "put_args(config, checkpoint, metadata, new_versions, empty) -> (conf, thread_id, ns, "
+     "cid, all_values, record, versions, parent_id, values) or None: DurkvSaver.put's "
+     "arguments for plain dicts."},
     {"checkpoint_metadata", checkpoint_metadata, METH_VARARGS,
      "checkpoint_metadata(config, metadata, excluded, chainmap) -> dict or None: "
      "durkv.langgraph.checkpoint_metadata for plain dicts."},
@@ -306,6 +398,17 @@ PyMODINIT_FUNC PyInit__lgcommit(void)
     maps_attr = PyUnicode_InternFromString("maps");
     nul_str = PyUnicode_FromOrdinal(0);
     empty_str = PyUnicode_FromString("");
+    s_configurable = PyUnicode_InternFromString("configurable");
+    s_thread_id = PyUnicode_InternFromString("thread_id");
+    s_checkpoint_ns = PyUnicode_InternFromString("checkpoint_ns");
+    s_checkpoint_id = PyUnicode_InternFromString("checkpoint_id");
+    s_id = PyUnicode_InternFromString("id");
+    s_channel_values = PyUnicode_InternFromString("channel_values");
+    s_channel_versions = PyUnicode_InternFromString("channel_versions");
+    if (s_configurable == NULL || s_thread_id == NULL || s_checkpoint_ns == NULL
+            || s_checkpoint_id == NULL || s_id == NULL || s_channel_values == NULL
+            || s_channel_versions == NULL)
+        return NULL;
     if (plain_attr == NULL || none_attr == NULL || maps_attr == NULL || nul_str == NULL
             || empty_str == NULL || PyType_Ready(&DumpsType) < 0)
         return NULL;

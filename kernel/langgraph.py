@@ -94,7 +94,7 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from .durability import DURABILITIES
 from .errors import ConfigError
 from .langgraph_claim import claim_for_loop
-from .langgraph_serde import EMPTY, LangGraphSerde, checkpoint_metadata_c
+from .langgraph_serde import EMPTY, LangGraphSerde, checkpoint_metadata_c, put_args_c
 from .runtime.langgraph_steps import (
     CONFIG_KEY_DURABILITY, astep, atool, forget_thread, step, thread_key, tool,
 )
@@ -189,6 +189,33 @@ def checkpoint_metadata_py(config: Mapping[str, Any], metadata: Mapping[str, Any
             elif isinstance(v, (int, bool, float)):
                 md[key] = v
     return md
+
+
+def put_args_py(config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> tuple:
+    """``DurkvSaver.put``'s arguments checked and taken apart: ``(conf, thread_id, ns, cid,
+    all_values, record, versions, parent_id, values)``. The definition
+    ``langgraph_serde.put_args_c`` is held to (``tests/test_commitpath.py``)."""
+    conf = _conf(config)
+    thread_id = _thread_id(conf)
+    ns = conf.get("checkpoint_ns") or ""
+    _check_checkpoint(checkpoint, new_versions)
+    if type(metadata) is not dict and not isinstance(metadata, Mapping):
+        raise ConfigError(f"metadata must be a dict, got {type(metadata).__name__}")
+    cid = checkpoint["id"]
+    all_values = checkpoint["channel_values"]
+    record = dict(checkpoint)  # the record: all but values and versions (stored apart)
+    del record["channel_values"]
+    record.pop("channel_versions", None)
+    del record["id"]           # the frame head holds it (checkpoint_id): not twice
+    versions = checkpoint["channel_versions"]
+    parent_id = conf.get("checkpoint_id")
+    # the channels whose version moved; the store takes every other value from the
+    # base (the parent) where the base holds the same version, and from all_values
+    # where it does not: a copy (update_state(..., as_node="__copy__")) is saved
+    # whole with an empty new_versions and must read back its own values
+    changed = versions if parent_id is None else new_versions  # a root inherits nothing
+    values = {k: all_values.get(k, EMPTY) for k in changed}
+    return conf, thread_id, ns, cid, all_values, record, versions, parent_id, values
 
 
 def _thread_id(conf: Mapping[str, Any]) -> str:
@@ -372,27 +399,12 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     def put(self, config: RunnableConfig, checkpoint: Checkpoint,
             metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         """Commit one checkpoint: its changed channels, versions and metadata, as one frame."""
-        conf = _conf(config)
-        thread_id = _thread_id(conf)
-        ns = conf.get("checkpoint_ns") or ""
-        _check_checkpoint(checkpoint, new_versions)
-        if type(metadata) is not dict and not isinstance(metadata, Mapping):
-            raise ConfigError(f"metadata must be a dict, got {type(metadata).__name__}")
-        cid = checkpoint["id"]
-        all_values = checkpoint["channel_values"]
-        record = dict(checkpoint)  # the record: all but values and versions (stored apart)
-        del record["channel_values"]
-        record.pop("channel_versions", None)
-        del record["id"]           # the frame head holds it (checkpoint_id): not twice
+        # put_args_py in one C call for LangGraph's plain dicts (csrc/lgcommit.c)
+        got = put_args_c(config, checkpoint, metadata, new_versions, EMPTY)
+        if got is None:
+            got = put_args_py(config, checkpoint, metadata, new_versions)
+        conf, thread_id, ns, cid, all_values, record, versions, parent_id, values = got
         metadata = checkpoint_metadata(config, metadata)
-        versions = checkpoint["channel_versions"]
-        parent_id = conf.get("checkpoint_id")
-        # the channels whose version moved; the store takes every other value from the
-        # base (the parent) where the base holds the same version, and from all_values
-        # where it does not: a copy (update_state(..., as_node="__copy__")) is saved
-        # whole with an empty new_versions and must read back its own values
-        changed = versions if parent_id is None else new_versions  # a root inherits nothing
-        values = {k: all_values.get(k, EMPTY) for k in changed}
         self.store.put(thread_id, ns, cid, checkpoint=record, metadata=metadata, values=values,
                        versions=versions, parent_id=parent_id, durability=self._policy(conf),
                        all_values=all_values)

@@ -367,3 +367,47 @@ def test_put_args_ok_agrees_with_check_put():
     assert fast > 50
     for args in [("t", "", "c", 5, {}, {}, None), ("t", "", "c", None, {}, {}, [])]:
         assert not put_args_ok(*args)
+
+
+# -- DurkvSaver.put's arguments (put_args_c) against put_args_py ----------------------------------
+
+def test_put_args_c_equals_python():
+    pytest.importorskip("langgraph.checkpoint.base")
+    from durkv.langgraph import put_args_py
+    from durkv.langgraph_serde import EMPTY, put_args_c
+
+    class S(str):
+        pass
+
+    def ck(**kw):
+        c = {"v": 4, "ts": "2026", "id": "c2", "channel_values": {"m": [1], "n": 2},
+             "channel_versions": {"m": 3, "n": "v", "gone": 1}, "versions_seen": {"a": {}},
+             "updated_channels": ["m"]}
+        c.update(kw)
+        return c
+
+    confs = [{"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c1"},
+             {"thread_id": "t"}, {"thread_id": "é", "checkpoint_ns": None},
+             {"thread_id": "t", "checkpoint_ns": "a|b", "checkpoint_id": None},
+             {"thread_id": 5}, {"thread_id": ""}, {"thread_id": S("t")},
+             {"thread_id": "t", "checkpoint_ns": 0}, {"thread_id": "t", "checkpoint_ns": S("n")}]
+    configs = [{"configurable": c} for c in confs] + [{}, {"configurable": None}, []]
+    cks = [ck(), ck(id=S("c2")), ck(id=3), ck(channel_values=[]), ck(channel_versions={}),
+           ck(channel_versions={1: 1}), {"id": "x", "channel_values": {}}, "nope"]
+    metas = [{}, {"step": 1}, None, [("a", 1)]]
+    newvs = [{}, {"m": 3}, {"m": 3, "absent": 9}, {5: 1}, None]
+    handled = 0
+    for config in configs:
+        for c in cks:
+            for md in metas:
+                for nv in newvs:
+                    want = _outcome(lambda x: put_args_py(*x), (config, c, md, nv))
+                    got = put_args_c(config, c, md, nv, EMPTY)
+                    if got is None:
+                        continue
+                    handled += 1
+                    assert want[0] == "ok" and got == want[1]
+                    assert [type(x) for x in got] == [type(x) for x in want[1]]
+                    assert got[5] is not c and got[8] is not c["channel_values"]
+                    assert all(got[8][k] is want[1][8][k] for k in got[8])   # EMPTY itself
+    assert handled >= 30
