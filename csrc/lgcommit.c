@@ -1,7 +1,7 @@
 /* durkv._lgcommit: DurkvSaver's commit path, the LangGraph side, in C.
  *
  * Dumps: LangGraphSerde.dumps in one call; checkpoint_metadata: the metadata merge of a
- * put; put_args: DurkvSaver.put's arguments taken apart. Each is held by a test to the Python function that defines it
+ * put; put_args, put_writes_args: DurkvSaver.put's and put_writes' arguments taken apart. Each is held by a test to the Python function that defines it
  * (tests/test_commitpath.py); both keep the GIL, and neither keeps a reference to a
  * caller's object beyond the call (the merged dict holds the caller's values, as the
  * Python merge's does). Why in C: docs/BENCHMARKS.md, "Issue 20: DurkvSaver's put and
@@ -374,11 +374,94 @@ done:
     return out;
 }
 
+/* put_writes_args(config, writes, idx_map, deque) -> (conf, thread_id, ns, cid, items) | None
+ *
+ * kernel/langgraph.py's put_writes_args_py for what LangGraph passes: config and its
+ * "configurable" exact dicts, a non-empty exact str thread id, the namespace missing, None
+ * or an exact str, an exact str checkpoint id, idx_map an exact dict, and writes an exact
+ * list, tuple or collections.deque (walked by its C iterator) of exact (str, value) tuples.
+ * items is [(idx_map.get(ch, i), ch, v) for i, (ch, v) in enumerate(writes)]. Anything
+ * else returns None, nothing built: the Python function checks and raises. */
+static PyObject *put_writes_args(PyObject *self, PyObject *const *a, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "put_writes_args() takes 4 arguments");
+        return NULL;
+    }
+    PyObject *config = a[0], *writes = a[1], *idx_map = a[2], *deque = a[3];
+    if (!PyDict_CheckExact(config) || !PyDict_CheckExact(idx_map)
+            || !(PyList_CheckExact(writes) || PyTuple_CheckExact(writes)
+                 || (PyObject *)Py_TYPE(writes) == deque))
+        Py_RETURN_NONE;
+    PyObject *conf = PyDict_GetItemWithError(config, s_configurable);
+    if (conf == NULL || !PyDict_CheckExact(conf)) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *tid = PyDict_GetItemWithError(conf, s_thread_id);
+    if (tid == NULL || !PyUnicode_CheckExact(tid) || PyUnicode_GET_LENGTH(tid) == 0) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *ns = PyDict_GetItemWithError(conf, s_checkpoint_ns);
+    if (ns == NULL && PyErr_Occurred())
+        return NULL;
+    if (ns == NULL || ns == Py_None)
+        ns = empty_str;
+    else if (!PyUnicode_CheckExact(ns))
+        Py_RETURN_NONE;
+    PyObject *cid = PyDict_GetItemWithError(conf, s_checkpoint_id);
+    if (cid == NULL || !PyUnicode_CheckExact(cid)) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    /* a copy of the writes first (a deque's iterator is C: no Python code runs) */
+    PyObject *seq = PySequence_List(writes);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *w = PyList_GET_ITEM(seq, i);
+        if (!PyTuple_CheckExact(w) || PyTuple_GET_SIZE(w) != 2
+                || !PyUnicode_CheckExact(PyTuple_GET_ITEM(w, 0))) {
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *items = PyList_New(n), *out = NULL;
+    if (items == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *w = PyList_GET_ITEM(seq, i);
+        PyObject *ch = PyTuple_GET_ITEM(w, 0);
+        PyObject *idx = PyDict_GetItemWithError(idx_map, ch);
+        if (idx == NULL && PyErr_Occurred())
+            goto done;
+        PyObject *x = idx != NULL ? Py_BuildValue("(OOO)", idx, ch, PyTuple_GET_ITEM(w, 1))
+                                  : Py_BuildValue("(nOO)", i, ch, PyTuple_GET_ITEM(w, 1));
+        if (x == NULL)
+            goto done;
+        PyList_SET_ITEM(items, i, x);
+    }
+    out = PyTuple_Pack(5, conf, tid, ns, cid, items);
+done:
+    Py_XDECREF(items);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"put_args", (PyCFunction)(void (*)(void))put_args, METH_FASTCALL,
      "put_args(config, checkpoint, metadata, new_versions, empty) -> (conf, thread_id, ns, "
      "cid, all_values, record, versions, parent_id, values) or None: DurkvSaver.put's "
      "arguments for plain dicts."},
+    {"put_writes_args", (PyCFunction)(void (*)(void))put_writes_args, METH_FASTCALL,
+     "put_writes_args(config, writes, idx_map, deque) -> (conf, thread_id, ns, cid, items) "
+     "or None: DurkvSaver.put_writes' arguments for plain dicts and (str, value) writes."},
     {"checkpoint_metadata", checkpoint_metadata, METH_VARARGS,
      "checkpoint_metadata(config, metadata, excluded, chainmap) -> dict or None: "
      "durkv.langgraph.checkpoint_metadata for plain dicts."},

@@ -62,7 +62,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import ChainMap
+from collections import ChainMap, deque
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -94,7 +94,8 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from .durability import DURABILITIES
 from .errors import ConfigError
 from .langgraph_claim import claim_for_loop
-from .langgraph_serde import EMPTY, LangGraphSerde, checkpoint_metadata_c, put_args_c
+from .langgraph_serde import (EMPTY, LangGraphSerde, checkpoint_metadata_c, put_args_c,
+                              put_writes_args_c)
 from .runtime.langgraph_steps import (
     CONFIG_KEY_DURABILITY, astep, atool, forget_thread, step, thread_key, tool,
 )
@@ -216,6 +217,25 @@ def put_args_py(config: Any, checkpoint: Any, metadata: Any, new_versions: Any) 
     changed = versions if parent_id is None else new_versions  # a root inherits nothing
     values = {k: all_values.get(k, EMPTY) for k in changed}
     return conf, thread_id, ns, cid, all_values, record, versions, parent_id, values
+
+
+def put_writes_args_py(config: Any, writes: Any) -> tuple:
+    """``DurkvSaver.put_writes``' arguments checked and taken apart: ``(conf, thread_id, ns,
+    cid, items)``, items the ``(idx, channel, value)`` writes of the store (a special
+    channel's idx LangGraph's). The definition ``langgraph_serde.put_writes_args_c`` is
+    held to (``tests/test_commitpath.py``)."""
+    conf = _conf(config)
+    idx_map = WRITES_IDX_MAP
+    try:
+        items = [(idx_map.get(ch, i), ch, v) for i, (ch, v) in enumerate(writes)]
+    except (TypeError, ValueError):
+        raise ConfigError(f"writes must be a list of (channel, value) pairs, got "
+                          f"{writes!r:.80}") from None
+    cid = conf.get("checkpoint_id")
+    if cid is None:
+        raise ConfigError("put_writes needs configurable.checkpoint_id: the checkpoint "
+                          "the writes belong to")
+    return conf, _thread_id(conf), conf.get("checkpoint_ns") or "", cid, items
 
 
 def _thread_id(conf: Mapping[str, Any]) -> str:
@@ -417,19 +437,12 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
         """Commit a task's writes; idempotent on (task_id, idx) like SqliteSaver."""
-        conf = _conf(config)
-        idx_map = WRITES_IDX_MAP
-        try:
-            items = [(idx_map.get(ch, i), ch, v) for i, (ch, v) in enumerate(writes)]
-        except (TypeError, ValueError):
-            raise ConfigError(f"writes must be a list of (channel, value) pairs, got "
-                              f"{writes!r:.80}") from None
-        cid = conf.get("checkpoint_id")
-        if cid is None:
-            raise ConfigError("put_writes needs configurable.checkpoint_id: the checkpoint "
-                              "the writes belong to")
-        self.store.put_writes(_thread_id(conf), conf.get("checkpoint_ns") or "", cid,
-                              task_id, items, task_path=task_path,
+        # put_writes_args_py in one C call for LangGraph's plain shapes (csrc/lgcommit.c)
+        got = put_writes_args_c(config, writes, WRITES_IDX_MAP, deque)
+        if got is None:
+            got = put_writes_args_py(config, writes)
+        conf, thread_id, ns, cid, items = got
+        self.store.put_writes(thread_id, ns, cid, task_id, items, task_path=task_path,
                               durability=self._writes_policy(conf, writes))
 
     # ---- reads -----------------------------------------------------------------------

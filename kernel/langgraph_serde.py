@@ -38,11 +38,13 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from ._lgcommit import Dumps as _Dumps
 from ._lgcommit import checkpoint_metadata as checkpoint_metadata_c
 from ._lgcommit import put_args as put_args_c
+from ._lgcommit import put_writes_args as put_writes_args_c
 from ._msgunpack import unpack_items
 from .langgraph_messages import dumps_messages, is_jsonplus, pack_msgpack
 from .store.delta import join_tagged
 
-__all__ = ["EMPTY", "LangGraphSerde", "checkpoint_metadata_c", "put_args_c"]
+__all__ = ["EMPTY", "LangGraphSerde", "checkpoint_metadata_c", "put_args_c",
+           "put_writes_args_c"]
 
 
 class _Empty:

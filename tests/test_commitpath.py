@@ -411,3 +411,42 @@ def test_put_args_c_equals_python():
                     assert got[5] is not c and got[8] is not c["channel_values"]
                     assert all(got[8][k] is want[1][8][k] for k in got[8])   # EMPTY itself
     assert handled >= 30
+
+
+def test_put_writes_args_c_equals_python():
+    pytest.importorskip("langgraph.checkpoint.base")
+    from collections import deque
+
+    from langgraph.checkpoint.base import WRITES_IDX_MAP
+
+    from durkv.langgraph import put_writes_args_py
+    from durkv.langgraph_serde import put_writes_args_c
+
+    class S(str):
+        pass
+
+    confs = [{"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c1"},
+             {"thread_id": "t", "checkpoint_id": "c1"},
+             {"thread_id": "é", "checkpoint_ns": None, "checkpoint_id": "ç"},
+             {"thread_id": "t", "checkpoint_ns": "a|b", "checkpoint_id": None},
+             {"thread_id": 5, "checkpoint_id": "c"}, {"thread_id": "", "checkpoint_id": "c"},
+             {"thread_id": "t", "checkpoint_id": S("c")}, {"thread_id": "t"},
+             {"thread_id": "t", "checkpoint_ns": 0, "checkpoint_id": "c"}]
+    configs = [{"configurable": c} for c in confs] + [{}, {"configurable": None}]
+    pairs = [("messages", [1]), ("__error__", "e"), ("__interrupt__", None), ("n", 2),
+             ("__resume__", 1), ("__scheduled__", {}), ("x", b"")]
+    writes_list = [[], pairs, tuple(pairs), deque(pairs), deque(), [("a", 1, 2)],
+                   [["a", 1]], [(S("a"), 1)], [(1, 2)], "ab", None, iter(pairs)]
+    handled = 0
+    for config in configs:
+        for writes in writes_list:
+            want = _outcome(lambda x: put_writes_args_py(*x), (config, writes))
+            got = put_writes_args_c(config, writes, WRITES_IDX_MAP, deque)
+            if got is None:
+                continue
+            handled += 1
+            assert want[0] == "ok" and got == want[1]
+            assert [type(x) for x in got] == [type(x) for x in want[1]]
+            assert [tuple(map(type, x)) for x in got[4]] == \
+                [tuple(map(type, x)) for x in want[1][4]]
+    assert handled >= 15
