@@ -66,6 +66,7 @@ which encodes a put's channels and loads/reads that state; the writer
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,7 +161,9 @@ class ChannelEncoder:
         # encode_c(ch, v, prev, lsn, entries, pend): encode_py in one C call for its common
         # cases (csrc/chanenc.c: a non-list value; an exact list under "prefix" whose
         # previous state is loaded), else None, having done nothing
-        self.encode_c = ChanEncoder(self, self._dumps, self._compress, self._minb, ChanState,
+        # (the threshold clamped to a C ssize_t: no item is that long, so nothing changes)
+        self.encode_c = ChanEncoder(self, self._dumps, self._compress,
+                                    max(-sys.maxsize, min(self._minb, sys.maxsize)), ChanState,
                                     has_prefix, _serialization_error)
 
     def encode(self, ch: str, v: Any, prev: ChanState | None, lsn: int, entries: list,
