@@ -3,7 +3,7 @@
 Metadata lives in pyproject.toml; this file exists for the package-dir mapping,
 ``cffi_modules`` (cffi's setuptools hook) and the small CPython extensions
 ``durkv._listprefix``, ``durkv._journalscan``, ``durkv._recpack``,
-``durkv._commitframe`` and ``durkv._msgunpack``, which pyproject.toml cannot express.
+``durkv._commitframe``, ``durkv._commitpath``, ``durkv._chanenc``, ``durkv._lgcommit`` and ``durkv._msgunpack``, which pyproject.toml cannot express.
 """
 
 import sys
@@ -28,6 +28,12 @@ setup(
                  Extension("durkv._recpack", ["csrc/recpack.c"],
                            extra_compile_args=COMPILE_ARGS),
                  Extension("durkv._commitframe", ["csrc/commitframe.c"],
+                           extra_compile_args=COMPILE_ARGS),
+                 Extension("durkv._commitpath", ["csrc/commitpath.c"],
+                           extra_compile_args=COMPILE_ARGS),
+                 Extension("durkv._lgcommit", ["csrc/lgcommit.c"],
+                           extra_compile_args=COMPILE_ARGS),
+                 Extension("durkv._chanenc", ["csrc/chanenc.c"],
                            extra_compile_args=COMPILE_ARGS),
                  Extension("durkv._msgunpack", ["csrc/msgunpack.c"],
                            extra_compile_args=COMPILE_ARGS)],

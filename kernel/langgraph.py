@@ -62,7 +62,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import ChainMap
+from collections import ChainMap, deque
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -94,7 +94,8 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from .durability import DURABILITIES
 from .errors import ConfigError
 from .langgraph_claim import claim_for_loop
-from .langgraph_serde import EMPTY, LangGraphSerde
+from .langgraph_serde import (EMPTY, LangGraphSerde, checkpoint_metadata_c, put_args_c,
+                              put_writes_args_c)
 from .runtime.langgraph_steps import (
     CONFIG_KEY_DURABILITY, astep, atool, forget_thread, step, thread_key, tool,
 )
@@ -165,7 +166,17 @@ def checkpoint_metadata(config: Mapping[str, Any], metadata: Mapping[str, Any]) 
     """LangGraph's ``get_checkpoint_metadata(config, metadata)``: the metadata with NULs
     taken out of its strings, plus the scalars of the config's ``metadata`` and
     ``configurable`` it does not hold (except LangGraph's own keys). The same rule, made
-    cheaper for a put (``tests/test_langgraph_metadata.py`` holds the two equal)."""
+    cheaper for a put (``tests/test_langgraph_metadata.py`` holds the two equal): plain
+    dicts (what LangGraph's loop passes) in one C call (``csrc/lgcommit.c``), anything
+    else here."""
+    got = checkpoint_metadata_c(config, metadata, EXCLUDED_METADATA_KEYS, ChainMap)
+    if got is not None:
+        return got
+    return checkpoint_metadata_py(config, metadata)
+
+
+def checkpoint_metadata_py(config: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict:
+    """:func:`checkpoint_metadata` in Python: the definition the C call is held to."""
     md = {k: v.replace("\u0000", "") if isinstance(v, str) else v
           for k, v in metadata.items()}
     for obj in (config.get("metadata"), config.get("configurable")):
@@ -179,6 +190,52 @@ def checkpoint_metadata(config: Mapping[str, Any], metadata: Mapping[str, Any]) 
             elif isinstance(v, (int, bool, float)):
                 md[key] = v
     return md
+
+
+def put_args_py(config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> tuple:
+    """``DurkvSaver.put``'s arguments checked and taken apart: ``(conf, thread_id, ns, cid,
+    all_values, record, versions, parent_id, values)``. The definition
+    ``langgraph_serde.put_args_c`` is held to (``tests/test_commitpath.py``)."""
+    conf = _conf(config)
+    thread_id = _thread_id(conf)
+    ns = conf.get("checkpoint_ns") or ""
+    _check_checkpoint(checkpoint, new_versions)
+    if type(metadata) is not dict and not isinstance(metadata, Mapping):
+        raise ConfigError(f"metadata must be a dict, got {type(metadata).__name__}")
+    cid = checkpoint["id"]
+    all_values = checkpoint["channel_values"]
+    record = dict(checkpoint)  # the record: all but values and versions (stored apart)
+    del record["channel_values"]
+    record.pop("channel_versions", None)
+    del record["id"]           # the frame head holds it (checkpoint_id): not twice
+    versions = checkpoint["channel_versions"]
+    parent_id = conf.get("checkpoint_id")
+    # the channels whose version moved; the store takes every other value from the
+    # base (the parent) where the base holds the same version, and from all_values
+    # where it does not: a copy (update_state(..., as_node="__copy__")) is saved
+    # whole with an empty new_versions and must read back its own values
+    changed = versions if parent_id is None else new_versions  # a root inherits nothing
+    values = {k: all_values.get(k, EMPTY) for k in changed}
+    return conf, thread_id, ns, cid, all_values, record, versions, parent_id, values
+
+
+def put_writes_args_py(config: Any, writes: Any) -> tuple:
+    """``DurkvSaver.put_writes``' arguments checked and taken apart: ``(conf, thread_id, ns,
+    cid, items)``, items the ``(idx, channel, value)`` writes of the store (a special
+    channel's idx LangGraph's). The definition ``langgraph_serde.put_writes_args_c`` is
+    held to (``tests/test_commitpath.py``)."""
+    conf = _conf(config)
+    idx_map = WRITES_IDX_MAP
+    try:
+        items = [(idx_map.get(ch, i), ch, v) for i, (ch, v) in enumerate(writes)]
+    except (TypeError, ValueError):
+        raise ConfigError(f"writes must be a list of (channel, value) pairs, got "
+                          f"{writes!r:.80}") from None
+    cid = conf.get("checkpoint_id")
+    if cid is None:
+        raise ConfigError("put_writes needs configurable.checkpoint_id: the checkpoint "
+                          "the writes belong to")
+    return conf, _thread_id(conf), conf.get("checkpoint_ns") or "", cid, items
 
 
 def _thread_id(conf: Mapping[str, Any]) -> str:
@@ -362,27 +419,12 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     def put(self, config: RunnableConfig, checkpoint: Checkpoint,
             metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         """Commit one checkpoint: its changed channels, versions and metadata, as one frame."""
-        conf = _conf(config)
-        thread_id = _thread_id(conf)
-        ns = conf.get("checkpoint_ns") or ""
-        _check_checkpoint(checkpoint, new_versions)
-        if type(metadata) is not dict and not isinstance(metadata, Mapping):
-            raise ConfigError(f"metadata must be a dict, got {type(metadata).__name__}")
-        cid = checkpoint["id"]
-        all_values = checkpoint["channel_values"]
-        record = dict(checkpoint)  # the record: all but values and versions (stored apart)
-        del record["channel_values"]
-        record.pop("channel_versions", None)
-        del record["id"]           # the frame head holds it (checkpoint_id): not twice
+        # put_args_py in one C call for LangGraph's plain dicts (csrc/lgcommit.c)
+        got = put_args_c(config, checkpoint, metadata, new_versions, EMPTY)
+        if got is None:
+            got = put_args_py(config, checkpoint, metadata, new_versions)
+        conf, thread_id, ns, cid, all_values, record, versions, parent_id, values = got
         metadata = checkpoint_metadata(config, metadata)
-        versions = checkpoint["channel_versions"]
-        parent_id = conf.get("checkpoint_id")
-        # the channels whose version moved; the store takes every other value from the
-        # base (the parent) where the base holds the same version, and from all_values
-        # where it does not: a copy (update_state(..., as_node="__copy__")) is saved
-        # whole with an empty new_versions and must read back its own values
-        changed = versions if parent_id is None else new_versions  # a root inherits nothing
-        values = {k: all_values.get(k, EMPTY) for k in changed}
         self.store.put(thread_id, ns, cid, checkpoint=record, metadata=metadata, values=values,
                        versions=versions, parent_id=parent_id, durability=self._policy(conf),
                        all_values=all_values)
@@ -395,19 +437,12 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
         """Commit a task's writes; idempotent on (task_id, idx) like SqliteSaver."""
-        conf = _conf(config)
-        idx_map = WRITES_IDX_MAP
-        try:
-            items = [(idx_map.get(ch, i), ch, v) for i, (ch, v) in enumerate(writes)]
-        except (TypeError, ValueError):
-            raise ConfigError(f"writes must be a list of (channel, value) pairs, got "
-                              f"{writes!r:.80}") from None
-        cid = conf.get("checkpoint_id")
-        if cid is None:
-            raise ConfigError("put_writes needs configurable.checkpoint_id: the checkpoint "
-                              "the writes belong to")
-        self.store.put_writes(_thread_id(conf), conf.get("checkpoint_ns") or "", cid,
-                              task_id, items, task_path=task_path,
+        # put_writes_args_py in one C call for LangGraph's plain shapes (csrc/lgcommit.c)
+        got = put_writes_args_c(config, writes, WRITES_IDX_MAP, deque)
+        if got is None:
+            got = put_writes_args_py(config, writes)
+        conf, thread_id, ns, cid, items = got
+        self.store.put_writes(thread_id, ns, cid, task_id, items, task_path=task_path,
                               durability=self._writes_policy(conf, writes))
 
     # ---- reads -----------------------------------------------------------------------

@@ -30,16 +30,21 @@ True
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from ._lgcommit import Dumps as _Dumps
+from ._lgcommit import checkpoint_metadata as checkpoint_metadata_c
+from ._lgcommit import put_args as put_args_c
+from ._lgcommit import put_writes_args as put_writes_args_c
 from ._msgunpack import unpack_items
 from .langgraph_messages import dumps_messages, is_jsonplus, pack_msgpack
 from .store.delta import join_tagged
 
-__all__ = ["EMPTY", "LangGraphSerde"]
+__all__ = ["EMPTY", "LangGraphSerde", "checkpoint_metadata_c", "put_args_c",
+           "put_writes_args_c"]
 
 
 class _Empty:
@@ -74,7 +79,7 @@ class LangGraphSerde:
     union of their allowlists).
     """
 
-    __slots__ = ("_serde", "_plain")
+    __slots__ = ("_serde", "_plain", "_none")
 
     def __init__(self, serde: SerializerProtocol) -> None:
         self.serde = serde
@@ -92,20 +97,39 @@ class LangGraphSerde:
         # subclass or any other serializer is asked, always
         self._plain = (is_jsonplus(self._serde)
                        and "dumps_typed" not in getattr(self._serde, "__dict__", {}))
+        # what that serializer stores for None (its "null"), asked once: a superstep stores
+        # ~2 Nones (a branch channel, a write), each a Python call into the serializer
+        self._none = self._asked(None) if self._plain else None
 
     @staticmethod
     def is_empty(value: Any) -> bool:
         """True for :data:`EMPTY`: readers (``durkv show``) show that channel as absent."""
         return value is EMPTY
 
-    def dumps(self, obj: Any) -> bytes:
+    @property
+    def dumps(self) -> Callable[[Any], bytes]:
+        """``dumps(obj) -> bytes``: :meth:`_dumps_py` as one C call (``durkv._lgcommit.Dumps``,
+        held to it by ``tests/test_commitpath.py``). A new callable each access, holding this
+        serde (not held by it); it reads ``_plain`` at every call, so a serializer swapped
+        in place is followed."""
+        return _Dumps(self, EMPTY, _EMPTY_BYTES, _MSGPACK_TAG_BYTE, pack_msgpack,
+                      LangGraphSerde._asked)
+
+    def _dumps_py(self, obj: Any) -> bytes:
+        """The definition of :attr:`dumps`."""
         if obj is EMPTY:
             return _EMPTY_BYTES
+        if obj is None and self._none is not None:
+            return self._none
         if self._plain and obj is not None and not isinstance(obj, _NOT_MSGPACK):
             try:
                 return _MSGPACK_TAG_BYTE + pack_msgpack(obj)
             except Exception:   # noqa: S110 - ormsgpack refused: the serializer decides
                 pass            # (its pickle fallback, or its own error), as below
+        return self._asked(obj)
+
+    def _asked(self, obj: Any) -> bytes:
+        """``obj`` as the serializer's own ``dumps_typed`` stores it, tagged."""
         type_, data = self._serde.dumps_typed(obj)
         tag = _TAG_BYTES.get(type_)
         if tag is not None:

@@ -13,8 +13,9 @@ each import of a durkv module is checked against three rules:
    costly module on use, but never hides a cycle.
 2. **No private name crosses a module line:** no ``from durkv.x import _name``.
    The compiled modules ``durkv._seglog``, ``durkv._listprefix``,
-   ``durkv._journalscan``, ``durkv._recpack``, ``durkv._commitframe`` and
-   ``durkv._msgunpack`` are imported by
+   ``durkv._journalscan``, ``durkv._recpack``, ``durkv._commitframe``,
+   ``durkv._msgunpack``, ``durkv._chanenc``, ``durkv._commitpath`` and ``durkv._lgcommit``
+   are imported by
    the one module that wraps each (:data:`WRAPPERS`).
 3. **Every module has a rank:** a new module (``kernel/runtime/``, ``backends/s3/``)
    fails this test until it is placed in :data:`RANKS`, in the layer it belongs to.
@@ -73,7 +74,9 @@ RANKS = {
     "durkv.store.appender": 31,     # frames to the backend
     "durkv.store.drivers": 30,      # one driver per run/thread across processes (flock)
     "durkv.store.replay": 32,       # the index as the log builds it, snapshots
+    "durkv._chanenc": 32.5,         # compiled (CPython extension): a put's channels in C
     "durkv.store.delta": 33,        # channel encoding, a lane's newest state
+    "durkv._commitpath": 33.6,      # compiled (CPython extension): put/put_writes' checks, writes
     "durkv._recpack": 33.5,         # compiled (CPython extension): a journal record's payload
     "durkv.store.reads": 34,        # get
     "durkv.store.writer": 34,       # put, put_writes, journal records
@@ -109,6 +112,7 @@ RANKS = {
     # langgraph: the checkpointer (DurkvSaver) over the store, and the runtime's step/tool
     # re-exported for LangGraph nodes: so it ranks above the runtime
     "durkv._msgunpack": 66.2,       # compiled (CPython extension): list items decoded in C
+    "durkv._lgcommit": 66.3,        # compiled (CPython extension): LangGraphSerde.dumps, metadata
     "durkv.langgraph_messages": 66.5,   # LangChain messages encoded from their fields
     "durkv.langgraph_serde": 67,
     "durkv.langgraph_claim": 67,    # one driver per thread: the bracket of an invocation
@@ -138,7 +142,8 @@ RANKS = {
 WRAPPERS = {"durkv._seglog": "durkv.log", "durkv._listprefix": "durkv.store.delta",
             "durkv._journalscan": "durkv.runtime.journal",
             "durkv._recpack": "durkv.store.writer", "durkv._commitframe": "durkv.payload",
-            "durkv._msgunpack": "durkv.langgraph_serde"}
+            "durkv._msgunpack": "durkv.langgraph_serde", "durkv._chanenc": "durkv.store.delta",
+            "durkv._commitpath": "durkv.store.writer", "durkv._lgcommit": "durkv.langgraph_serde"}
 
 # Known violations: (importer, imported module, name) triples allowed one by one, each
 # with the reason it must stay. The store restructuring (issue 8 item 1) removed the last
@@ -390,6 +395,7 @@ LAYER_OF = (  # module prefix -> layer (first match); README names the layers to
     ("durkv.repairnotes", "log"), ("durkv._seglog", "log"), ("durkv.errors", "errors"),
     ("durkv._journalscan", "runtime"), ("durkv._recpack", "store"), ("durkv._commitframe", "log"),
     ("durkv._msgunpack", "langgraph"), ("durkv.durability", "errors"), ("durkv.fsync", "errors"),
+    ("durkv._chanenc", "store"), ("durkv._commitpath", "store"), ("durkv._lgcommit", "langgraph"),
 )
 
 

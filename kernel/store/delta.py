@@ -66,9 +66,11 @@ which encodes a put's channels and loads/reads that state; the writer
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
+from .._chanenc import ChanEncoder
 from .._listprefix import has_prefix, join_tagged
 from ..errors import SerializationError
 from ..payload import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Codec, entry_at, pack_ref
@@ -156,10 +158,24 @@ class ChannelEncoder:
         self._compress = codec.compress      # the writer's compressor: under the lock
         self.snapshot_every = snapshot_every
         self._prefix_check = delta_check == "prefix"
+        # encode_c(ch, v, prev, lsn, entries, pend): encode_py in one C call for its common
+        # cases (csrc/chanenc.c: a non-list value; an exact list under "prefix" whose
+        # previous state is loaded), else None, having done nothing
+        # (the threshold clamped to a C ssize_t: no item is that long, so nothing changes)
+        self.encode_c = ChanEncoder(self, self._dumps, self._compress,
+                                    max(-sys.maxsize, min(self._minb, sys.maxsize)), ChanState,
+                                    has_prefix, _serialization_error)
 
     def encode(self, ch: str, v: Any, prev: ChanState | None, lsn: int, entries: list,
                pend: list | None = None) -> ChanState:
-        """Append the entries of channel ``ch`` = ``v`` to ``entries``; return its new state.
+        """Append the entries of channel ``ch`` = ``v`` to ``entries``; return its new state
+        (:meth:`encode_py`, in C where :attr:`encode_c` takes the case)."""
+        c = self.encode_c(ch, v, prev, lsn, entries, pend)
+        return self.encode_py(ch, v, prev, lsn, entries, pend) if c is None else c
+
+    def encode_py(self, ch: str, v: Any, prev: ChanState | None, lsn: int, entries: list,
+                  pend: list | None = None) -> ChanState:
+        """:meth:`encode` in Python: the definition ``encode_c`` is held to.
 
         Entries are plain tuples ``(kind, items, flags, depth, prev_lsn, prev_idx)``.
         ``pend``: ``[(entry ref, serialized items)]`` of the list values the parent's
@@ -176,7 +192,7 @@ class ChannelEncoder:
                 return c
             raw = self._dumps(v)
         except Exception as e:
-            raise SerializationError(f"cannot serialize channel {ch!r}: {e}", channel=ch) from e
+            raise _serialization_error(ch, e) from e
         # any other value: one item, FULL with flag VALUE
         b = raw
         flags = F_VALUE
@@ -396,6 +412,13 @@ class ChannelEncoder:
             obj = c.obj
             return [obj[i] if b is None else loads(b) for i, b in enumerate(raws)]
         return self._loads_list(raws)
+
+
+def _serialization_error(ch: str, e: Exception) -> SerializationError:
+    """What a put raises when channel ``ch``'s value cannot be encoded (``e``: why)."""
+    err = SerializationError(f"cannot serialize channel {ch!r}: {e}", channel=ch)
+    err.__cause__ = e
+    return err
 
 
 def list_loads(serde: Any) -> Any:

@@ -23,6 +23,8 @@ import msgpack
 import xxhash
 
 from ..durability import STRENGTH
+from .._commitpath import encode_writes as _encode_writes
+from .._commitpath import put_args_ok as _put_args_ok
 from .._recpack import journal_payload
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from ..payload import F_ZSTD, FULL, Codec, encode_commit, encode_record
@@ -44,7 +46,11 @@ _LATE = 4           # checkpoints per lane whose items a late pending write may 
 
 def check_put(thread_id: Any, checkpoint_ns: Any, checkpoint_id: Any, parent_id: Any,
               values: Any, versions: Any, all_values: Any) -> None:
-    """The arguments of ``Store.put``, checked (the common case in a few type tests)."""
+    """The arguments of ``Store.put``, checked (the common case in a few type tests, in one
+    C call: ``_put_args_ok`` is True only where every test below passes)."""
+    if _put_args_ok(thread_id, checkpoint_ns, checkpoint_id, parent_id, values, versions,
+                    all_values):
+        return
     if type(thread_id) is not str or not thread_id:
         check_id("thread_id", thread_id)
     if type(checkpoint_ns) is not str:
@@ -280,13 +286,22 @@ class Writer:
         else:
             base, base_versions = encoder.parent_state(lane, newest, parent_id)
             pend = None
-        encode = encoder.encode
+        # the loops below in one C call (csrc/chanenc.c), for exact dicts; None: here
+        got = encoder.encode_c.channels(values, versions, all_values, base, base_versions,
+                                        linear, pend, lsn, entries, encoder.encode_py)
+        if got is not None:
+            return got
+        encode, encode_py = encoder.encode_c, encoder.encode_py    # C, or None: Python
         chans: dict[str, ChanState] = {}
         refs: dict[str, tuple] = {}
         fresh = None
         for ch, v in values.items():
-            c = chans[ch] = encode(ch, v, base.get(ch) if linear else None, lsn, entries,
-                                   pend.get(ch) if pend else None)
+            prev = base.get(ch) if linear else None
+            p = pend.get(ch) if pend else None
+            c = encode(ch, v, prev, lsn, entries, p)
+            if c is None:
+                c = encode_py(ch, v, prev, lsn, entries, p)
+            chans[ch] = c
             refs[ch] = c.ref
             if c.fresh is not None:
                 if fresh is None:
@@ -302,8 +317,8 @@ class Writer:
                     refs[ch] = c.ref
                 elif all_values is not None and ch in all_values:
                     # the base holds another version: this checkpoint's own value
-                    c = chans[ch] = encode(ch, all_values[ch], c if linear else None, lsn,
-                                           entries)
+                    c = chans[ch] = encoder.encode(ch, all_values[ch], c if linear else None,
+                                                   lsn, entries)
                     refs[ch] = c.ref
         return chans, refs, fresh
 
@@ -346,7 +361,25 @@ class Writer:
         A list value is stored element by element, as the items a channel delta of the
         next checkpoint can refer to (FORMAT.md section 5): its record's value is set
         when the frame is built (:meth:`put_writes`). ``replace``: every write is to a
-        special channel (they overwrite; others keep the first value of a key)."""
+        special channel (they overwrite; others keep the first value of a key).
+
+        The common case -- LangGraph's plain ``(int, str, value)`` tuples -- runs in one C
+        call (``csrc/commitpath.c``) to the same output; it leaves any other shape to the
+        loop below, and so does a value its serializer or codec raises on: the loop calls
+        them again and raises the typed error naming the channel."""
+        codec = self._codec
+        try:
+            got = _encode_writes(writes, self._dumps, codec.pack, codec.min_bytes,
+                                 SPECIAL_WRITE_CHANNELS, F_ZSTD)
+        except Exception:   # noqa: BLE001 - the loop below raises the typed error
+            got = None
+        if got is not None:
+            return got
+        return self.encode_writes_py(task_id, writes)
+
+    def encode_writes_py(self, task_id: str, writes: Sequence) -> tuple[list, list, bool]:
+        """:meth:`encode_writes` in Python: the definition the C call is held to, and the
+        path of every write it leaves alone."""
         recs = []
         lists = []      # (rec, channel, stored items, serialized items, flags) of list values
         replace = True
