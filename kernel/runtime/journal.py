@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import msgpack
 
-from .._journalscan import MISS, Index, StepEntry, index
+from .._journalscan import MISS, Index, StepEntry, index  # noqa: F401 - StepEntry for run.py (this module wraps _journalscan)
 from .inputs import by_ref
 from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_RUN, E_STATUS,
                       E_STEP, E_TRY, E_WARN, ApprovalRecord, DecisionRecord, IntentRecord,
