@@ -137,7 +137,7 @@ static int wants_zstd(PyObject *b, Py_ssize_t min_bytes)
 }
 
 /* a non-list value: FULL with flag VALUE. Python wraps only the serializer's error. */
-static PyObject *encode_value(ChanEnc *e, PyObject *ch, PyObject *v, PyObject *c,
+static PyObject *encode_value(ChanEnc *e, PyObject *v, PyObject *c,
                               unsigned long long lsn, Py_ssize_t idx, PyObject *entries,
                               int *wrap)
 {
@@ -700,7 +700,7 @@ static PyObject *chanenc_call(PyObject *self, PyObject *const *args, size_t narg
             out = c;
         }
     } else {
-        out = encode_value(e, ch, v, c, lsn, idx, entries, &wrap);
+        out = encode_value(e, v, c, lsn, idx, entries, &wrap);
     }
     Py_DECREF(c);
     if (out == NULL && wrap && PyErr_ExceptionMatches(PyExc_Exception)) {

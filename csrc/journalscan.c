@@ -274,7 +274,7 @@ static int read_record(cur_t *c, fields_t *f)
 /* The Python object msgpack decodes the scalar at v to (str, bin, int, float, nil). */
 static PyObject *value(const uint8_t *v, const uint8_t *end)
 {
-    cur_t c = {v, end};
+    cur_t c = {v, end, NULL};
     size_t hdr;
     uint64_t len;
     int kind = header(&c, &hdr, &len);
@@ -580,7 +580,7 @@ static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
         if (skip(c, 1, NULL))
             return bad(i, "malformed"), -1;
     if (e->f.s != NULL) {
-        cur_t sc = {e->f.s, c->end};
+        cur_t sc = {e->f.s, c->end, NULL};
         size_t sn = 0;
         uint8_t sb = e->f.s[0];
         if (sb >= 0xa0 && sb <= 0xbf)   /* a fixstr, its bounds checked as the map was read */
@@ -620,7 +620,7 @@ static PyTypeObject IndexType;
 static int build(Index *ix, PyObject *rest, PyObject *where, Py_ssize_t *last)
 {
     const uint8_t *start = ix->view.buf;
-    cur_t c = {start, start + ix->view.len};
+    cur_t c = {start, start + ix->view.len, NULL};
     size_t hdr;
     uint64_t n;
     if (header(&c, &hdr, &n) != 'a' || n > (uint64_t)ix->view.len || n >= UINT32_MAX) {
@@ -939,7 +939,7 @@ static int field_is(const uint8_t *v, const uint8_t *end, const char *dflt, cons
 {
     if (v == NULL)
         return strlen(dflt) == n && memcmp(u, dflt, n) == 0;
-    cur_t c = {v, end};
+    cur_t c = {v, end, NULL};
     const char *r;
     size_t rn;
     return str_at(&c, &r, &rn) && rn == n && memcmp(r, u, n) == 0;
@@ -960,12 +960,12 @@ static int same_version(const uint8_t *pv, const uint8_t *end, PyObject *version
 /* The recorded `in` (a bin) is what the default serde packs [list(args), kwargs] to. */
 static int same_inputs(const uint8_t *in, const uint8_t *end, PyObject *args, PyObject *kwargs)
 {
-    cur_t c = {in, end};
+    cur_t c = {in, end, NULL};
     size_t hdr;
     uint64_t len;
     if (in == NULL || header(&c, &hdr, &len) != 'b' || (uint64_t)(end - in) - hdr < len)
         return 0;
-    cur_t r = {in + hdr, in + hdr + len};
+    cur_t r = {in + hdr, in + hdr + len, NULL};
     uint8_t pair = 0x92;
     return put(&r, &pair, 1) == 1
            && put_seq(&r, PySequence_Fast_ITEMS(args), PyTuple_GET_SIZE(args), 0) == 1
@@ -1056,12 +1056,12 @@ static PyObject *decode(cur_t *c, int depth)
 
 static PyObject *result_of(const uint8_t *v, const uint8_t *end, PyObject *loads)
 {
-    cur_t c = {v, end};
+    cur_t c = {v, end, NULL};
     size_t hdr;
     uint64_t len;
     if (header(&c, &hdr, &len) != 'b' || (uint64_t)(end - v) - hdr < len)
         return NULL;
-    cur_t r = {v + hdr, v + hdr + len};
+    cur_t r = {v + hdr, v + hdr + len, NULL};
     PyObject *o = decode(&r, 0);
     if (o != NULL && r.p == r.end)
         return o;
@@ -1170,7 +1170,7 @@ static PyObject *index_add(Index *ix, PyObject *payload)
                                   | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24;  /* LE */
     if (size < 8 || hl > (uint64_t)size - 8)
         return bad(ix->n, "not a journal record's payload (u32 head_len, head, u32 0)");
-    cur_t c = {p + 4, p + 4 + hl};
+    cur_t c = {p + 4, p + 4 + hl, NULL};
     entry_t one;                    /* read first: nothing changes for a record not held */
     Index probe = *ix;
     probe.e = &one;
@@ -1339,7 +1339,7 @@ static int encode_inputs(StepEntry *se, PyObject *values, PyObject *inl, PyObjec
         return 0;
     }
     cur_t c = {(const uint8_t *)PyBytes_AS_STRING(b),
-               (const uint8_t *)PyBytes_AS_STRING(b) + PyBytes_GET_SIZE(b)};
+               (const uint8_t *)PyBytes_AS_STRING(b) + PyBytes_GET_SIZE(b), NULL};
     PyObject *canon = Py_NewRef(b);
     if (unordered(&c, 0) || c.p != c.end) {
         Py_DECREF(canon);
@@ -1477,7 +1477,7 @@ done:
  * not this path's (nothing done yet). */
 static PyObject *new_step(StepEntry *se, PyObject *run, PyObject *sid, PyObject *name,
                           PyObject *fn, PyObject *const *argv, Py_ssize_t argc,
-                          PyObject *args, PyObject *kwargs, int *declined)
+                          PyObject *kwargs, int *declined)
 {
     PyObject *values = attr(run, S_VALUES);
     if (values == NULL)
@@ -1639,7 +1639,7 @@ static PyObject *step_call(StepEntry *se, PyObject *const *args, size_t nargsf,
     int declined = 0;
     if ((kwargs = PyDict_New()) == NULL)
         goto done;
-    out = new_step(se, run, sid, name, fn, args + 3, nargs - 3, argt, kwargs, &declined);
+    out = new_step(se, run, sid, name, fn, args + 3, nargs - 3, kwargs, &declined);
     if (out == NULL && declined)
         goto general;
     goto done;
@@ -1727,6 +1727,7 @@ static void step_dealloc(StepEntry *se)
 /* run.step: a bound method (as for a function); Run.step: the entry itself. */
 static PyObject *step_get(PyObject *se, PyObject *obj, PyObject *type)
 {
+    (void)type;     /* tp_descr_get's signature */
     if (obj == NULL || obj == Py_None)
         return Py_NewRef(se);
     return PyMethod_New(se, obj);
@@ -1744,6 +1745,7 @@ static PyObject *step_getattro(StepEntry *se, PyObject *name)
 
 static PyObject *step_doc(StepEntry *se, void *closure)
 {
+    (void)closure;  /* a getter's signature */
     return PyObject_GetAttrString(se->general, "__doc__");
 }
 
