@@ -299,6 +299,27 @@ fail:
 static PyObject *s_configurable, *s_thread_id, *s_checkpoint_ns, *s_checkpoint_id, *s_id,
     *s_channel_values, *s_channel_versions;
 
+/* config["configurable"], its thread id and namespace (borrowed; the namespace
+ * `conf.get("checkpoint_ns") or ""`) where they have LangGraph's plain shape: 1 taken,
+ * 0 not this path's (the Python function decides), -1 an error raised. */
+static int conf_ids(PyObject *config, PyObject **conf, PyObject **tid, PyObject **ns)
+{
+    *conf = PyDict_GetItemWithError(config, s_configurable);
+    if (*conf == NULL || !PyDict_CheckExact(*conf))
+        return PyErr_Occurred() ? -1 : 0;
+    *tid = PyDict_GetItemWithError(*conf, s_thread_id);
+    if (*tid == NULL || !PyUnicode_CheckExact(*tid) || PyUnicode_GET_LENGTH(*tid) == 0)
+        return PyErr_Occurred() ? -1 : 0;
+    *ns = PyDict_GetItemWithError(*conf, s_checkpoint_ns);
+    if (*ns == NULL && PyErr_Occurred())
+        return -1;
+    if (*ns == NULL || *ns == Py_None)
+        *ns = empty_str;
+    else if (!PyUnicode_CheckExact(*ns))
+        return 0;
+    return 1;
+}
+
 static PyObject *put_args(PyObject *self, PyObject *const *a, Py_ssize_t nargs)
 {
     (void)self;
@@ -311,25 +332,13 @@ static PyObject *put_args(PyObject *self, PyObject *const *a, Py_ssize_t nargs)
     if (!PyDict_CheckExact(config) || !PyDict_CheckExact(ck) || !PyDict_CheckExact(metadata)
             || !PyDict_CheckExact(new_versions))
         Py_RETURN_NONE;
-    PyObject *conf = PyDict_GetItemWithError(config, s_configurable);      /* borrowed */
-    if (conf == NULL || !PyDict_CheckExact(conf)) {
-        if (PyErr_Occurred())
+    PyObject *conf, *tid, *ns;                                              /* borrowed */
+    int taken = conf_ids(config, &conf, &tid, &ns);
+    if (taken <= 0) {
+        if (taken < 0)
             return NULL;
         Py_RETURN_NONE;
     }
-    PyObject *tid = PyDict_GetItemWithError(conf, s_thread_id);
-    if (tid == NULL || !PyUnicode_CheckExact(tid) || PyUnicode_GET_LENGTH(tid) == 0) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    PyObject *ns = PyDict_GetItemWithError(conf, s_checkpoint_ns);
-    if (ns == NULL && PyErr_Occurred())
-        return NULL;
-    if (ns == NULL || ns == Py_None)
-        ns = empty_str;         /* `conf.get("checkpoint_ns") or ""` */
-    else if (!PyUnicode_CheckExact(ns))
-        Py_RETURN_NONE;
     PyObject *cid = PyDict_GetItemWithError(ck, s_id);
     PyObject *all_values = cid == NULL ? NULL : PyDict_GetItemWithError(ck, s_channel_values);
     PyObject *versions = all_values == NULL ? NULL
@@ -394,25 +403,13 @@ static PyObject *put_writes_args(PyObject *self, PyObject *const *a, Py_ssize_t 
             || !(PyList_CheckExact(writes) || PyTuple_CheckExact(writes)
                  || (PyObject *)Py_TYPE(writes) == deque))
         Py_RETURN_NONE;
-    PyObject *conf = PyDict_GetItemWithError(config, s_configurable);
-    if (conf == NULL || !PyDict_CheckExact(conf)) {
-        if (PyErr_Occurred())
+    PyObject *conf, *tid, *ns;                                              /* borrowed */
+    int taken = conf_ids(config, &conf, &tid, &ns);
+    if (taken <= 0) {
+        if (taken < 0)
             return NULL;
         Py_RETURN_NONE;
     }
-    PyObject *tid = PyDict_GetItemWithError(conf, s_thread_id);
-    if (tid == NULL || !PyUnicode_CheckExact(tid) || PyUnicode_GET_LENGTH(tid) == 0) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    PyObject *ns = PyDict_GetItemWithError(conf, s_checkpoint_ns);
-    if (ns == NULL && PyErr_Occurred())
-        return NULL;
-    if (ns == NULL || ns == Py_None)
-        ns = empty_str;
-    else if (!PyUnicode_CheckExact(ns))
-        Py_RETURN_NONE;
     PyObject *cid = PyDict_GetItemWithError(conf, s_checkpoint_id);
     if (cid == NULL || !PyUnicode_CheckExact(cid)) {
         if (PyErr_Occurred())
