@@ -213,3 +213,17 @@ def test_a_subclass_of_run_takes_the_general_path_and_its_overrides_count(tmp_pa
         with run:
             assert [run.step("m", lambda x: x * 2, i) for i in range(3)] == [0, 2, 4]
     assert recorded == ["0", "1", "2"]
+
+
+def test_wrong_arguments_are_reported_as_run_step(tmp_path):
+    """A caller's missing arguments name the method the caller called, not its Python
+    definition behind the C entry."""
+    store = durkv.open(str(tmp_path / "s.durkv"))
+    try:
+        with store.run("r") as run:
+            with pytest.raises(TypeError, match=r"^Run\.step\(\) missing 2 required"):
+                run.step()
+            with pytest.raises(TypeError, match=r"^Run\.step\(\) missing 1 required"):
+                run.step("name")
+    finally:
+        store.close()

@@ -1009,6 +1009,8 @@ def _kwargs_of(p: Plan, kwargs: dict) -> dict:
 
 # run.step: a replayed step and the common new step in one C call, everything else by the
 # Python methods above (Run._step is the definition; csrc/journalscan.c StepEntry)
+# a caller's wrong arguments are reported by the definition: named as the caller wrote it
+Run._step.__qualname__ = "Run.step"
 Run.step = StepEntry(general=Run._step, at=Run._step_at, end=Run._new_step_end,
                      fingerprint=fingerprint, new_record=_new_record, record_type=StepRecord,
                      apply_step=apply_step, record_step=record_step, globals=globals(),
