@@ -36,6 +36,7 @@ enum { FULL = 1, DELTA = 2, SNAP = 3 };
 enum { F_ZSTD = 1, F_VALUE = 2, F_REFS = 4 };
 
 static const char ZSTD_MAGIC[4] = {0x28, (char)0xb5, 0x2f, (char)0xfd};
+static const char JREF_MAGIC[4] = {(char)0xc1, 0x6a, 0x72, 0x66};   /* payload.JREF_MAGIC */
 
 static PyObject *s_loaded, *s_is_list, *s_obj, *s_raw, *s_as_is, *s_n, *s_first, *s_last,
     *s_mid, *s_vbytes, *s_base, *s_deltas, *s_fresh, *s_ref, *s_snapshot_every,
@@ -114,12 +115,14 @@ static int add_entry(PyObject *entries, long kind, PyObject *items, long flags,
     return rc;
 }
 
-/* 1 when a serialized item is stored compressed: len(b) >= min_bytes or b[:4] == magic */
+/* 1 when a serialized item is stored compressed: len(b) >= min_bytes, or b[:4] is zstd's
+ * or a jref's magic (docs/FORMAT.md 5) */
 static int wants_zstd(PyObject *b, Py_ssize_t min_bytes)
 {
     if (PyBytes_CheckExact(b)) {
         Py_ssize_t n = PyBytes_GET_SIZE(b);
-        return n >= min_bytes || (n >= 4 && memcmp(PyBytes_AS_STRING(b), ZSTD_MAGIC, 4) == 0);
+        return n >= min_bytes || (n >= 4 && (memcmp(PyBytes_AS_STRING(b), ZSTD_MAGIC, 4) == 0
+                                             || memcmp(PyBytes_AS_STRING(b), JREF_MAGIC, 4) == 0));
     }
     Py_ssize_t n = PyObject_Length(b);
     if (n < 0)
@@ -129,9 +132,12 @@ static int wants_zstd(PyObject *b, Py_ssize_t min_bytes)
     PyObject *head = PySequence_GetSlice(b, 0, 4);
     if (head == NULL)
         return -1;
-    PyObject *magic = PyBytes_FromStringAndSize(ZSTD_MAGIC, 4);
-    int eq = magic == NULL ? -1 : PyObject_RichCompareBool(head, magic, Py_EQ);
-    Py_XDECREF(magic);
+    int eq = 0;
+    for (int m = 0; m < 2 && eq == 0; m++) {
+        PyObject *magic = PyBytes_FromStringAndSize(m ? JREF_MAGIC : ZSTD_MAGIC, 4);
+        eq = magic == NULL ? -1 : PyObject_RichCompareBool(head, magic, Py_EQ);
+        Py_XDECREF(magic);
+    }
     Py_DECREF(head);
     return eq;
 }

@@ -8,8 +8,9 @@
  * exact (int, str, value) tuple with an int of 64 bits and a non-empty ASCII channel (what
  * LangGraph passes). It serializes each value with ``dumps`` (the store's serde, called as
  * Python calls it) and stores each serialized item as ``pack`` (the codec's Codec.pack)
- * would: an exact bytes item under ``min_bytes`` that does not begin with zstd's magic is
- * stored as itself without the call (Codec.pack returns it unchanged); every other item is
+ * would: an exact bytes item under ``min_bytes`` that begins with neither zstd's magic nor
+ * a jref's (docs/FORMAT.md 5: such items are always compressed) is stored as itself
+ * without the call (Codec.pack returns it unchanged); every other item is
  * given to ``pack``. It returns None -- before calling anything -- when some write is not
  * of that shape: the Python path then checks and raises its typed error. An exception of
  * ``dumps`` or ``pack`` propagates as it is; the caller redoes the call on the Python
@@ -27,6 +28,7 @@
 #include <string.h>
 
 static const char ZSTD_MAGIC[4] = {0x28, (char)0xb5, 0x2f, (char)0xfd};
+static const char JREF_MAGIC[4] = {(char)0xc1, 0x6a, 0x72, 0x66};   /* payload.JREF_MAGIC */
 
 /* 1 when every write is an exact (int of 64 bits, non-empty ASCII str, value) tuple. */
 static int plain_writes(PyObject *seq)
@@ -58,7 +60,8 @@ static PyObject *stored(PyObject *raw, PyObject *pack, Py_ssize_t min_bytes, int
 {
     if (PyBytes_CheckExact(raw)) {
         Py_ssize_t n = PyBytes_GET_SIZE(raw);
-        if (n < min_bytes && (n < 4 || memcmp(PyBytes_AS_STRING(raw), ZSTD_MAGIC, 4) != 0)) {
+        if (n < min_bytes && (n < 4 || (memcmp(PyBytes_AS_STRING(raw), ZSTD_MAGIC, 4) != 0
+                                        && memcmp(PyBytes_AS_STRING(raw), JREF_MAGIC, 4) != 0))) {
             *z = 0;
             Py_INCREF(raw);
             return raw;

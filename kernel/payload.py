@@ -12,8 +12,10 @@ cffi would copy them into arrays and drop the GIL on every call.
 Item compression is per item and self-describing: an item is stored zstd
 compressed when its serialized size is ``>= compress_min_bytes``, and it is
 read back as compressed exactly when it starts with the zstd frame magic
-(``28 b5 2f fd``). A serialized value that happens to begin with that magic is
-always compressed, so the rule is unambiguous. An entry carries flag
+(``28 b5 2f fd``). An item may also name a journal result instead of holding its
+bytes (a ``jref``, magic ``c1 6a 72 66``, FORMAT.md section 5): :class:`Codec` reads
+it back through the store's resolver. A serialized value that happens to begin with
+either magic is always compressed, so the rule is unambiguous. An entry carries flag
 ``F_ZSTD`` when all of its items are compressed (as FORMAT.md defines the
 flag); readers rely on the magic, never on the flag, because a DELTA/SNAP chain
 can mix compressed and plain items while ``read_channel`` reports the flags of
@@ -32,6 +34,7 @@ import struct
 import threading
 from typing import Callable, NamedTuple
 
+import msgpack
 import zstandard
 
 from ._commitframe import encode_commit as _encode_commit
@@ -40,7 +43,8 @@ from .errors import CorruptionError
 __all__ = [
     "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "F_REFS", "CommitEntry", "encode_commit",
     "encode_record", "decode_commit", "decode_head", "entry_at", "entry_header", "snap_ref_at",
-    "snap_refs", "resolve_channel", "pack_ref", "unpack_ref", "Codec",
+    "snap_refs", "resolve_channel", "pack_ref", "unpack_ref", "Codec", "JREF_MAGIC",
+    "pack_jref", "unpack_jref",
 ]
 
 FULL, DELTA, SNAP = 1, 2, 3
@@ -50,8 +54,18 @@ _U32 = struct.Struct("<I")
 _ENTRY = struct.Struct("<BBHIQII")   # kind flags reserved depth prev_lsn prev_idx n_items
 _REF = struct.Struct("<QI")
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+JREF_MAGIC = b"\xc1\x6a\x72\x66"  # an item naming a journal result (FORMAT.md 5, `jref`)
+_MAGICS = (_ZSTD_MAGIC, JREF_MAGIC)
 
 pack_ref = _REF.pack
+
+
+def _packb(v: list) -> bytes:
+    return msgpack.packb(v, use_bin_type=True)
+
+
+def _unpackb(b: bytes) -> object:
+    return msgpack.unpackb(b, raw=False)
 _pack_u32 = _U32.pack
 _unpack_u32 = _U32.unpack_from
 
@@ -269,6 +283,37 @@ def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
     return value(lsn, idx)
 
 
+def pack_jref(lsn: int, start: int = 0, end: int | None = None, pre: bytes = b"",
+              post: bytes = b"") -> bytes:
+    """A ``jref`` item: the journal result ``R`` of frame ``lsn`` (``end`` None), or
+    ``pre + R[start:end] + post`` (FORMAT.md section 5)."""
+    if end is None:
+        return JREF_MAGIC + _packb([lsn])
+    return JREF_MAGIC + _packb([lsn, start, end, pre, post])
+
+
+def unpack_jref(item: bytes) -> tuple[int, int, int | None, bytes, bytes]:
+    """``(lsn, start, end, pre, post)`` of a ``jref`` item (``end`` None: the whole
+    result). Raises ValueError for bytes that are not one."""
+    if item[:4] != JREF_MAGIC:
+        raise ValueError("not a jref item")
+    try:
+        v = _unpackb(item[4:])
+    except Exception as e:
+        raise ValueError(f"a jref that does not decode ({type(e).__name__}: {e})") from None
+    if type(v) is list and len(v) == 1 and type(v[0]) is int and v[0] >= 0:
+        return v[0], 0, None, b"", b""
+    if (type(v) is list and len(v) == 5 and all(type(x) is int and x >= 0 for x in v[:3])
+            and v[1] <= v[2] and type(v[3]) is bytes and type(v[4]) is bytes):
+        return v[0], v[1], v[2], v[3], v[4]
+    raise ValueError(f"a malformed jref {v!r:.80}")
+
+
+def _no_resolver(item: bytes) -> bytes:
+    raise CorruptionError("an item names a journal result, and this reader has no store "
+                          "to read it from", kind="bad_record")
+
+
 class Codec:
     """Per-item compression with a size threshold (see the module docstring).
 
@@ -278,7 +323,7 @@ class Codec:
     store; docs/BENCHMARKS.md, "Issue 20: the commit path in C"). The level is the
     writer's choice alone: any zstd frame reads back the same."""
 
-    __slots__ = ("min_bytes", "_level", "compress", "_local")
+    __slots__ = ("min_bytes", "_level", "compress", "_local", "resolve")
 
     def __init__(self, compress_min_bytes: int = 1024, level: int = 1) -> None:
         self.min_bytes = compress_min_bytes
@@ -287,10 +332,12 @@ class Codec:
         # write lock (the commit path: no thread-local lookup per item)
         self.compress = zstandard.ZstdCompressor(level=level).compress
         self._local = threading.local()     # pack()/unpack() run on any thread: one each
+        # resolve(jref item) -> the bytes it stands for: the store's (Reads.journal_item)
+        self.resolve: Callable[[bytes], bytes] = _no_resolver
 
     def pack(self, data: bytes) -> tuple[bytes, bool]:
         """Maybe compress one serialized item; returns ``(stored, compressed)``."""
-        if len(data) >= self.min_bytes or data[:4] == _ZSTD_MAGIC:
+        if len(data) >= self.min_bytes or data[:4] in _MAGICS:
             c = getattr(self._local, "c", None)
             if c is None:
                 c = self._local.c = zstandard.ZstdCompressor(level=self._level)
@@ -298,9 +345,22 @@ class Codec:
         return data, False
 
     def unpack(self, data: bytes) -> bytes:
-        if data[:4] == _ZSTD_MAGIC:
+        head = data[:4]
+        if head == _ZSTD_MAGIC:
             d = getattr(self._local, "d", None)
             if d is None:
                 d = self._local.d = zstandard.ZstdDecompressor()
             return d.decompress(data)
+        if head == JREF_MAGIC:
+            return self.resolve(data)
         return data
+
+    def stored(self, items: list[bytes], flags: int) -> tuple[list[bytes], int]:
+        """``items`` of an entry with every ``jref`` replaced by the bytes it stands for,
+        stored by the usual rule, and the entry's ``flags`` with ``F_ZSTD`` set again
+        from them (compaction's copies hold no ``jref``: FORMAT.md section 5)."""
+        if not any(x[:4] == JREF_MAGIC for x in items):
+            return items, flags
+        out = [self.pack(self.unpack(x))[0] if x[:4] == JREF_MAGIC else x for x in items]
+        zstd = all(x[:4] == _ZSTD_MAGIC for x in out)
+        return out, (flags & ~F_ZSTD) | (F_ZSTD if zstd else 0)

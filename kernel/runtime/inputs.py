@@ -20,14 +20,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["InputRefs", "Encoded", "ByRef", "Unreadable", "by_ref", "decoded", "flatten",
-           "item_bytes",
-           "SMALL_INPUTS", "RECENT_RESULTS"]
+from ..store import is_placed_item
+
+__all__ = ["InputRefs", "Encoded", "ByRef", "Unreadable", "Placed", "by_ref", "decoded",
+           "flatten", "item_bytes", "SMALL_INPUTS", "RECENT_RESULTS", "PLACED_ITEMS"]
 
 # default serde: inputs up to this many bytes are journaled whole (`in`), as before items:
 # a reference saves little there, and one encode of the whole value is the fastest path
 SMALL_INPUTS = 1024
 RECENT_RESULTS = 256     # step results a new item may refer to (the newest ones)
+PLACED_ITEMS = 64        # items at least this long may be named by their place in the log
 
 
 def flatten(args: Any, kwargs: Any) -> tuple[list[int], list]:
@@ -80,13 +82,20 @@ class InputRefs:
     not recorded yet starts from the journal's latest entry of that name (``latest``, the
     run's folded state): a resumed conversation refers to the history recorded before."""
 
-    __slots__ = ("values", "limit", "bases", "results", "whole", "latest", "seeded")
+    __slots__ = ("values", "limit", "bases", "results", "whole", "latest", "seeded", "place",
+                 "read")
 
     def __init__(self, values: Any, limit: int,
-                 latest: Callable[[str, str], Any] | None = None) -> None:
+                 latest: Callable[[str, str], Any] | None = None,
+                 place: Callable[[bytes], Any] | None = None,
+                 read: Callable[[int, int, int], bytes] | None = None) -> None:
         self.values = values        # durkv.runtime.values.Values of the store's serde
         self.limit = limit          # the most new bytes a record keeps (MAX_INLINE_INPUTS)
         self.latest = latest        # (kind, name) -> the latest folded CallState with inputs
+        # the store's Store.item_place / write_item: an item a pending write stored (a
+        # ToolMessage in the run's checkpoints) is named by its place, not journaled again
+        self.place = place
+        self.read = read
         self.seeded: set[tuple[str, str]] = set()
         # the default serde is compositional: its whole encoding is the items' bytes joined
         self.whole = values.encode if values.default_serde else None
@@ -156,11 +165,15 @@ class InputRefs:
         ref = [base[0], base[1], k] if k else None
         new: list = []
         size = 0
-        results, fingerprint = self.results, self.values.fingerprint
+        results, fingerprint, place = self.results, self.values.fingerprint, self.place
         for b in items[k:]:
             hit = results.get(fingerprint(b)) if results else None
             if hit is not None and hit[2] == b:
                 new.append([hit[0], hit[1]])
+                continue
+            at = place(b) if place is not None and len(b) >= PLACED_ITEMS else None
+            if at is not None:
+                new.append(list(at))
             else:
                 new.append(b)
                 size += len(b)
@@ -176,7 +189,7 @@ class InputRefs:
     def _seed(self, kind: str, name: str) -> tuple | None:
         """The journal's latest entry of ``(kind, name)`` as a base: its items' bytes."""
         e = self.latest(kind, name)
-        items = None if e is None else item_bytes(e.inputs, self.values)
+        items = None if e is None else item_bytes(e.inputs, self.values, self.read)
         return None if items is None else (e.step_id, e.gen, items, None, None)
 
     def recorded(self, sid: str, gen: int, kind: str, name: str, enc: Encoded | None,
@@ -203,6 +216,28 @@ class InputRefs:
 class Unreadable(Exception):
     """A record's inputs cannot be rebuilt: a record it refers to is not in the journal
     (cut by a repair), or the record is malformed."""
+
+
+class Placed:
+    """A new item named by its place in the log, ``[lsn, entry, index]`` (an item of a
+    pending write: FORMAT.md 5a), read when the inputs are rebuilt."""
+
+    __slots__ = ("lsn", "entry", "index")
+
+    def __init__(self, lsn: int, entry: int, index: int) -> None:
+        self.lsn, self.entry, self.index = lsn, entry, index
+
+    def bytes_with(self, read: Callable[[int, int, int], bytes] | None) -> bytes:
+        """The item's bytes, read by ``read`` (Store.write_item). Raises Unreadable."""
+        if read is None:
+            raise Unreadable(f"an item is in frame {self.lsn} of the store, and no store "
+                             "was given to read it")
+        try:
+            return read(self.lsn, self.entry, self.index)
+        except Exception as e:
+            raise Unreadable(f"item {self.index} of entry {self.entry} of frame {self.lsn}, "
+                             f"one of its items, cannot be read ({type(e).__name__}: "
+                             f"{e})") from None
 
 
 class ByRef:
@@ -232,7 +267,9 @@ def by_ref(ir: Any, find: Callable[[str, int], Any]) -> ByRef:
                 f"step {s} generation {g}, whose inputs it shares, is not in the journal")
         items = []
         for x in new:
-            if type(x) is not bytes:
+            if is_placed_item(x):
+                x = Placed(*x)
+            elif type(x) is not bytes:
                 e = find(x[0], x[1])
                 x = e.result if e is not None and e.result is not None else Unreadable(
                     f"step {x[0]} generation {x[1]}, whose result is one of its items, is "
@@ -245,9 +282,11 @@ def by_ref(ir: Any, find: Callable[[str, int], Any]) -> ByRef:
     return ByRef(shape, ref, k, items)
 
 
-def item_bytes(inputs: Any, values: Any) -> list[bytes] | None:
+def item_bytes(inputs: Any, values: Any,
+               read: Callable[[int, int, int], bytes] | None = None) -> list[bytes] | None:
     """The serde bytes of every item of a folded record's inputs, as a reader rebuilds
-    them (None: not rebuildable without decoding what another serde wrote, or lost)."""
+    them (None: not rebuildable without decoding what another serde wrote, or lost);
+    ``read``: Store.write_item, for items named by their place in the log."""
     chain = []
     while type(inputs) is ByRef:
         chain.append(inputs)
@@ -262,24 +301,37 @@ def item_bytes(inputs: Any, values: Any) -> list[bytes] | None:
         except Exception:
             return None
     for y in reversed(chain):
-        if y.k > len(items) or any(type(b) is not bytes for b in y.new):
+        if y.k > len(items):
             return None
-        items = items[:y.k] + y.new
+        new = []
+        for b in y.new:
+            if type(b) is Placed:
+                try:
+                    b = b.bytes_with(read)
+                except Unreadable:
+                    return None
+            elif type(b) is not bytes:
+                return None
+            new.append(b)
+        items = items[:y.k] + new
     return items
 
 
-def decoded(inputs: Any, loads: Callable[[bytes], Any]) -> Any:
-    """The value ``[args, kwargs]`` of a record's inputs (``in`` bytes or a :class:`ByRef`).
+def decoded(inputs: Any, loads: Callable[[bytes], Any],
+            read: Callable[[int, int, int], bytes] | None = None) -> Any:
+    """The value ``[args, kwargs]`` of a record's inputs (``in`` bytes or a :class:`ByRef`);
+    ``read``: Store.write_item, for items named by their place in the log.
 
     Raises:
-        Unreadable: a record it refers to is missing; an item does not decode.
+        Unreadable: a record or an item it refers to is missing; an item does not decode.
     """
     if type(inputs) is bytes:
         return loads(inputs)
-    return _unflatten(inputs.shape, _items(inputs, loads))
+    return _unflatten(inputs.shape, _items(inputs, loads, read))
 
 
-def _items(x: ByRef, loads: Callable[[bytes], Any]) -> list:
+def _items(x: ByRef, loads: Callable[[bytes], Any],
+           read: Callable[[int, int, int], bytes] | None) -> list:
     """The decoded items of ``x``: its chain of bases walked without recursion (a chain is
     as long as the run), each link's items kept for the records that refer to it."""
     chain = []
@@ -303,6 +355,6 @@ def _items(x: ByRef, loads: Callable[[bytes], Any]) -> list:
         for b in y.new:
             if isinstance(b, Unreadable):
                 raise b
-            new.append(loads(b))
+            new.append(loads(b.bytes_with(read) if type(b) is Placed else b))
         y.items = prefix = prefix[:y.k] + new
     return x.items

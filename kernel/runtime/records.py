@@ -125,6 +125,7 @@ class StepRecord(NamedTuple):
     E = E_STEP
     KEYS = ("t", "s", "k", "n", "fp", "t0", "g", "in", "pv", "tries", "err", "r", "ir")
     KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, TRUE, SET, SET, TRUE, SET, SET, SET)
+    RESULT = KEYS.index("r")    # the store's writer finds `r` here (FORMAT.md 5, `jref`)
 
 
 class IntentRecord(NamedTuple):
@@ -161,6 +162,7 @@ class ReceiptRecord(NamedTuple):
     E = E_RECEIPT
     KEYS = ("t", "s", "g", "tries", "err", "r")
     KEEP = (ALWAYS, ALWAYS, TRUE, TRUE, SET, SET)
+    RESULT = KEYS.index("r")
 
 
 class ApprovalRecord(NamedTuple):

@@ -135,7 +135,9 @@ class Run:
         self._loads = store.serde.loads
         self._values = Values(store.serde)     # recorded values, fingerprints, exceptions
         # what this Run appended that later inputs may refer to (FORMAT.md 5a `ir`)
-        self._refs = InputRefs(self._values, MAX_INLINE_INPUTS, self._latest_inputs)
+        self._refs = InputRefs(self._values, MAX_INLINE_INPUTS, self._latest_inputs,
+                               getattr(store, "item_place", None),
+                               getattr(store, "write_item", None))
         self._lock = threading.RLock()
         self._n = count()
         self._compensable: list[tuple[str, ToolSpec, bytes]] = []

@@ -49,12 +49,14 @@ def _decode(loads: Callable[[bytes], Any], b: bytes) -> Any:
         return Opaque(b)
 
 
-def _inputs(loads: Callable[[bytes], Any], inputs: Any) -> Any:
-    """A record's inputs decoded: ``in`` bytes, or an ``ir`` followed to its items."""
+def _inputs(loads: Callable[[bytes], Any], inputs: Any,
+            read: Callable[[int, int, int], bytes] | None) -> Any:
+    """A record's inputs decoded: ``in`` bytes, or an ``ir`` followed to its items
+    (``read``: the store's ``write_item``, for items named by their place in the log)."""
     if inputs is None or type(inputs) is bytes:
         return inputs if inputs is None else _decode(loads, inputs)
     try:
-        return decoded(inputs, loads)
+        return decoded(inputs, loads, read)
     except Unreadable as e:
         return UnreadableInputs(str(e))
     except Exception as e:
@@ -66,6 +68,7 @@ def describe(store: Any, run_id: str) -> list[JournalEntry]:
     """A run's journal as :class:`JournalEntry` values (decoded; newest state per entry)."""
     st = fold(run_id, store.journal(run_id))
     loads = store.serde.loads
+    read = getattr(store, "write_item", None)
     out = []
     for e in st.order:
         if e.kind == "approval":
@@ -79,7 +82,7 @@ def describe(store: Any, run_id: str) -> list[JournalEntry]:
             state = "in_doubt"
         else:
             state = "pending"
-        inputs = _inputs(loads, e.inputs)
+        inputs = _inputs(loads, e.inputs, read)
         result = None
         if e.result is not None:
             result = _decode(loads, e.result)

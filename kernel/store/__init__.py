@@ -28,7 +28,7 @@ from .records import (  # noqa: F401 - the store's public types and record kinds
     DURABILITIES, INDEX_VERSION, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT,
     K_COPY_JOURNAL, K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX,
     K_JOURNAL, K_REMOVE, K_WRITES, SPECIAL_WRITE_CHANNELS, ChannelEntry, Checkpoint,
-    PendingWrite, check_id, check_ids, pack_head, read_head,
+    PendingWrite, check_id, check_ids, is_placed_item, pack_head, read_head,
 )
 from .store import Store, open_store
 

@@ -53,7 +53,8 @@ from .index import Lane
 from .reads import Reads
 from .records import (
     K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL, K_COPY_WRITES, CkptHead,
-    CompactBeginHead, CompactEndHead, JournalHead, PendingWrite, WritesHead, read_head,
+    CompactBeginHead, CompactEndHead, JournalHead, PendingWrite, WritesHead, is_placed_item,
+    read_head,
 )
 from .replay import LogIndex
 
@@ -196,7 +197,20 @@ class Compaction:
         for run_id, lsns in list(self._index.ix.journals.items()):
             for lsn in lsns:
                 h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
-                queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, h.rec).pack()))
+                rec = self._placed_inline(h.rec)
+                queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, rec).pack()))
+
+    def _placed_inline(self, rec: Any) -> Any:
+        """``rec`` with every ``ir`` item named by its place in the old log (``[lsn,
+        entry, index]``, FORMAT.md 5a) replaced by its bytes: the copies of that place
+        move, and the checkpoint holding it may be dropped (pruned, deleted)."""
+        ir = rec.get("ir") if type(rec) is dict else None
+        if type(ir) is not list or len(ir) != 3 or type(ir[2]) is not list or not any(
+                is_placed_item(x) for x in ir[2]):
+            return rec
+        read = self._reads.write_item
+        new = [read(*x) if is_placed_item(x) else x for x in ir[2]]
+        return {**rec, "ir": [ir[0], ir[1], new]}
 
     def _append_copy(self, hb: bytes, entries: list[CommitEntry], new_lsn: int) -> None:
         got = self._ap.queue(encode_commit(hb, entries))
@@ -228,16 +242,20 @@ class Compaction:
         """Append to ``entries`` (of the frame at ``lsn``) the copies of every entry
         ``refs`` need, their references rewritten to the copies."""
         mapped = self._mapped
+        # an item naming a journal result is copied as the bytes it stands for (FORMAT.md
+        # 5, `jref`): the journal record may be dropped here (a deleted run), or moved
+        stored = self._reads.codec.stored
         for r, e in self._needed(refs):
             new = (lsn, len(entries))
             if e.kind == FULL:
-                entries.append(CommitEntry(FULL, e.items, e.flags))
+                entries.append(CommitEntry(FULL, *stored(e.items, e.flags)))
             elif e.kind == DELTA:
                 p = mapped[(e.prev_lsn, e.prev_idx)]
-                items = e.items
                 if e.flags & F_REFS:
-                    items = [pack_ref(*mapped[unpack_ref(x)]) for x in items]
-                entries.append(CommitEntry(DELTA, items, e.flags, e.depth, p[0], p[1]))
+                    items, flags = [pack_ref(*mapped[unpack_ref(x)]) for x in e.items], e.flags
+                else:
+                    items, flags = stored(e.items, e.flags)
+                entries.append(CommitEntry(DELTA, items, flags, e.depth, p[0], p[1]))
             else:
                 items = [pack_ref(*mapped[unpack_ref(x)]) for x in e.items]
                 entries.append(CommitEntry(SNAP, items, e.flags))

@@ -73,7 +73,9 @@ from typing import Any
 from .._chanenc import ChanEncoder
 from .._listprefix import has_prefix, join_tagged
 from ..errors import SerializationError
-from ..payload import DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, SNAP, Codec, entry_at, pack_ref
+from ..payload import (
+    DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, JREF_MAGIC, SNAP, Codec, entry_at, pack_ref,
+)
 from .index import Lane
 from .ckpthead import CkptHeads
 
@@ -81,6 +83,8 @@ __all__ = ["ChannelEncoder", "ChanState", "NewestCheckpoint", "join_tagged", "li
 
 _SCALARS = frozenset((str, int, float, bytes, bool, type(None)))
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# serialized items that begin with either magic are always stored compressed (FORMAT.md 5)
+_MAGICS = (_ZSTD_MAGIC, JREF_MAGIC)
 
 
 class ChanState:
@@ -196,7 +200,7 @@ class ChannelEncoder:
         # any other value: one item, FULL with flag VALUE
         b = raw
         flags = F_VALUE
-        if len(b) >= self._minb or b[:4] == _ZSTD_MAGIC:
+        if len(b) >= self._minb or b[:4] in _MAGICS:
             b = self._compress(b)
             flags |= F_ZSTD
         entries.append((FULL, [b], flags, 0, 0, 0))
@@ -237,7 +241,7 @@ class ChannelEncoder:
         items = []
         zc = 0
         for b in raws:
-            if len(b) >= minb or b[:4] == _ZSTD_MAGIC:
+            if len(b) >= minb or b[:4] in _MAGICS:
                 b = self._compress(b)
                 zc += 1
             items.append(b)

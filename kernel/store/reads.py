@@ -12,18 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import CorruptionError
-from ..payload import F_VALUE, Codec, entry_at
+from ..payload import DELTA, F_REFS, F_VALUE, FULL, Codec, entry_at, unpack_jref
 from .ckpthead import CkptHeads
 from .delta import ChannelEncoder, list_loads
 from .index import Lane
 from .records import (
-    K_CKPT, K_COPY_CKPT, Checkpoint, CkptHead, PendingWrite, WritesHead, read_head,
+    K_CKPT, K_COPY_CKPT, K_JOURNAL, K_WRITES, Checkpoint, CkptHead, PendingWrite, WritesHead, read_head,
 )
 from .replay import LogIndex
 
 __all__ = ["Reads", "checkpoint_fields"]
 
 _CID = CkptHead._fields.index("cid")
+_RESULTS_KEPT = 256     # journal results a reader keeps by LSN (a history walk's replies)
 
 
 def checkpoint_fields(heads: CkptHeads, read: Any, payload: bytes, cid: str, lsn: int,
@@ -64,6 +65,60 @@ class Reads:
         self.loads_list = list_loads(serde)     # a list's items, in one call where it can
         self.codec = codec
         self.url = url
+        # a jref item's journal result by frame LSN: stored bytes, never a decoded value
+        # (GUARANTEES 10); a repair may reuse LSNs, so the store clears it on every reload
+        self._results: dict[int, bytes] = {}
+        codec.resolve = self.journal_item
+
+    def forget_results(self) -> None:
+        self._results.clear()
+
+    def write_item(self, lsn: int, entry: int, i: int) -> bytes:
+        """The serialized bytes of item ``i`` of list entry ``entry`` (a FULL entry, or a
+        DELTA's own items) of the pending-write or checkpoint record at frame ``lsn`` (zstd
+        and ``jref`` undone): what a journal record's ``ir``
+        item ``[lsn, entry, i]`` names (FORMAT.md 5a)."""
+        payload = self._b.read(lsn)
+        h = read_head(payload, lsn)
+        e = entry_at(payload, entry) if h[0] in (K_WRITES, K_CKPT) and entry >= 0 else None
+        if e is None or not 0 <= i < len(e.items) or not (
+                (e.kind == FULL and not e.flags & F_VALUE)
+                or (e.kind == DELTA and not e.flags & F_REFS)):
+            raise CorruptionError(
+                f"store {self.url}: a journal record names item {i} of entry {entry} of "
+                f"frame {lsn}, which holds no such list item; run `durkv verify --deep`",
+                kind="bad_record", lsn=lsn)
+        return self.codec.unpack(e.items[i])
+
+    def journal_item(self, item: bytes) -> bytes:
+        """The bytes a ``jref`` item stands for (FORMAT.md section 5): the result ``r`` of
+        the journal record it names, or ``pre + r[start:end] + post``."""
+        try:
+            lsn, start, end, pre, post = unpack_jref(item)
+        except ValueError as e:
+            raise CorruptionError(f"store {self.url}: an item names a journal result, and "
+                                  f"{e}; run `durkv verify --deep`", kind="bad_record") from None
+        r = self._results.get(lsn)
+        if r is None:
+            h = read_head(self._b.read(lsn), lsn)
+            rec = h[2] if h[0] == K_JOURNAL and len(h) > 2 else None
+            r = rec.get("r") if type(rec) is dict else None
+            if type(r) is not bytes:
+                raise CorruptionError(
+                    f"store {self.url}: an item names the journal result of frame {lsn}, "
+                    "which is not a journal record with a result; run `durkv verify --deep`",
+                    kind="bad_record", lsn=lsn)
+            if len(self._results) >= _RESULTS_KEPT:
+                self._results.clear()
+            self._results[lsn] = r
+        if end is None:
+            return r
+        if end > len(r):
+            raise CorruptionError(
+                f"store {self.url}: an item names bytes {start}..{end} of the journal result "
+                f"of frame {lsn}, which has {len(r)}; run `durkv verify --deep`",
+                kind="bad_record", lsn=lsn)
+        return b"".join((pre, r[start:end], post))
 
     def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Checkpoint | None:
         """A checkpoint with its values and pending writes (``None`` id: the newest), or

@@ -53,7 +53,15 @@ from ..errors import ConfigError, CorruptionError
 from ..payload import decode_head
 
 __all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
-           "SPECIAL_WRITE_CHANNELS", "check_id", "check_ids", "check_limit", "check_opt_id"]
+           "SPECIAL_WRITE_CHANNELS", "check_id", "check_ids", "check_limit", "check_opt_id",
+           "is_placed_item"]
+
+
+def is_placed_item(x: Any) -> bool:
+    """Whether a journal record's ``ir`` new item names a list item of the log by its
+    place, ``[lsn, entry, index]`` (FORMAT.md 5a), rather than holding its bytes (bin)
+    or naming a step's result (``[step id, generation]``)."""
+    return type(x) is list and len(x) == 3 and all(type(v) is int and v >= 0 for v in x)
 
 # record kinds: the first element of every frame head (part of the format: never renumber)
 K_CKPT = 1          # [1, thread, ns, cid, parent, ckpt_b, meta_b, versions, {ch: [lsn, idx]}]

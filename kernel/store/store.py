@@ -189,6 +189,9 @@ class Store:
         self._index.reset()
         self._written_to = 0    # a repaired log may reuse LSNs: nothing is known written
         self._heads.forget()    # after a repair an LSN may hold another frame (FORMAT.md 2a)
+        self._reads.forget_results()
+        self._writer.results.clear()
+        self._writer.items.clear()
         self._restore_index()
         self._replay()
 
@@ -661,6 +664,25 @@ class Store:
             lsn = self._writer.append_journal(run_id, rec, True)
         self._appender.settle(lsn, "sync")      # outside the lock: group commit
         return lsn
+
+    def item_place(self, item: bytes) -> list[int] | None:
+        """Where a recent pending write of this process stored a list item whose serialized
+        bytes are ``item``: ``[lsn, entry, index]`` (a run's journal record names it there
+        rather than journal it again: FORMAT.md 5a ``ir``), or None. The first call turns
+        the store's memory of such items on."""
+        items = self._writer.items
+        if not items.wanted:
+            items.wanted = True
+            return None
+        return items.recent.get(item)
+
+    def write_item(self, lsn: int, entry: int, index: int) -> bytes:
+        """The serialized bytes of the pending-write item a journal record's ``ir`` names
+        (``[lsn, entry, index]``, :meth:`item_place`); raises CorruptionError when frame
+        ``lsn`` holds no such item, NotFoundError when the log no longer holds it."""
+        with self._current():
+            self._check_open()
+            return self._reads.write_item(lsn, entry, index)
 
     def journal_bytes(self, run_id: str) -> int:
         """The bytes of the run's journal frames in the log (each frame's payload and its

@@ -27,7 +27,7 @@ from .._commitpath import encode_writes as _encode_writes
 from .._commitpath import put_args_ok as _put_args_ok
 from .._recpack import journal_payload
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
-from ..payload import F_ZSTD, FULL, Codec, encode_commit, encode_record
+from ..payload import F_ZSTD, FULL, JREF_MAGIC, Codec, encode_commit, encode_record, pack_jref
 from .appender import Appender
 from .ckpthead import CkptHeads
 from .delta import ChannelEncoder, ChanState, NewestCheckpoint
@@ -40,6 +40,12 @@ __all__ = ["Writer", "PackedRecord", "SharedItems", "check_put", "check_writes"]
 _VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) holds
 _MEMORY = 4096      # entries kept by each memory of recent frames before it is cleared
 _LATE = 4           # checkpoints per lane whose items a late pending write may refer to
+# journal results a pending write's list item may name (FORMAT.md 5, `jref`): the newest
+# _JREF_RECENT of at least _JREF_MIN bytes, by their bytes; the newest _JREF_INSIDE also
+# inside an item, with at most _JREF_AROUND bytes around them
+_JREF_MIN, _JREF_RECENT, _JREF_INSIDE, _JREF_AROUND = 64, 16, 4, 1024
+_E_STEP, _E_RECEIPT = 2, 4      # the journal events with a result `r` (FORMAT.md 5a)
+_ITEMS_RECENT = 64  # pending-write items a journal record's inputs may name (FORMAT.md 5a)
 
 
 # -- arguments -------------------------------------------------------------------------------
@@ -176,6 +182,81 @@ class SharedItems:
         return None if lane is None else lane.get(key[2])
 
 
+class JournalResults:
+    """The newest results this process journaled (STEP and RECEIPT ``r``, FORMAT.md 5a),
+    each with its frame's LSN: a pending write's list item whose serialized bytes are
+    one of them, or hold one, is stored as a ``jref`` naming it (FORMAT.md section 5), so
+    a model's reply and a tool's result are stored once. Kept under the store's lock;
+    cleared whenever LSNs may move or be reused (compaction, a reload of the index)."""
+
+    __slots__ = ("recent",)
+
+    def __init__(self) -> None:
+        self.recent: dict[bytes, int] = {}      # result bytes -> LSN, oldest first
+
+    def add(self, lsn: int, result: bytes) -> None:
+        recent = self.recent
+        recent.pop(result, None)
+        recent[result] = lsn
+        if len(recent) > _JREF_RECENT:
+            del recent[next(iter(recent))]
+
+    def item(self, raw: bytes, stored: bytes) -> bytes:
+        """What to store for the serialized item ``raw`` (``stored``: its bytes by the usual
+        rule): a ``jref`` when it names a recent result in fewer bytes, else ``stored``."""
+        recent = self.recent
+        lsn = recent.get(raw)
+        if lsn is not None:
+            ref = pack_jref(lsn)
+            return ref if len(ref) < len(stored) else stored
+        best = stored
+        for r, lsn in list(recent.items())[-_JREF_INSIDE:]:
+            # the result whole, or without its first byte: a serde's type tag (durkv's
+            # LangGraph serde) is not repeated inside a value that holds the result
+            for start in (0, 1):
+                at = raw.find(r[start:] if start else r)
+                if at < 0:
+                    continue
+                end = at + len(r) - start
+                if len(raw) - (end - at) <= _JREF_AROUND:
+                    ref = pack_jref(lsn, start, len(r), raw[:at], raw[end:])
+                    if len(ref) < len(best):
+                        best = ref
+                break
+        return best
+
+    def clear(self) -> None:
+        self.recent.clear()
+
+
+class WrittenItems:
+    """The list items of the newest pending writes this process stored, by their
+    serialized bytes, each with its place ``[lsn, entry, item]``: a run's journal record
+    whose inputs hold such an item (a tool node's ToolMessage, handed to the next model
+    step) names it there instead of journaling it again (FORMAT.md 5a, ``ir``). Kept only
+    once a run has asked (``wanted``); under the store's lock; cleared with the LSNs."""
+
+    __slots__ = ("recent", "wanted")
+
+    def __init__(self) -> None:
+        self.recent: dict[bytes, list[int]] = {}    # serialized item -> [lsn, entry, item]
+        self.wanted = False
+
+    def add(self, lsn: int, entry: int, raws: list) -> None:
+        """The serialized items ``raws`` are the own items of entry ``entry`` of frame
+        ``lsn``."""
+        recent = self.recent
+        for i, raw in enumerate(raws):
+            if len(raw) >= _JREF_MIN:
+                recent.pop(raw, None)
+                recent[raw] = [lsn, entry, i]
+        while len(recent) > _ITEMS_RECENT:
+            del recent[next(iter(recent))]
+
+    def clear(self) -> None:
+        self.recent.clear()
+
+
 # -- the writer -------------------------------------------------------------------------------
 
 
@@ -184,11 +265,12 @@ class PackedRecord:
     payload the log is given. A typed wrapper, so that no caller's bytes are ever taken
     for a record."""
 
-    __slots__ = ("run_id", "payload")
+    __slots__ = ("run_id", "payload", "result")
 
-    def __init__(self, run_id: str, payload: bytes) -> None:
+    def __init__(self, run_id: str, payload: bytes, result: bytes | None = None) -> None:
         self.run_id = run_id
         self.payload = payload
+        self.result = result    # its `r`, when a later pending write may name it (jref)
 
 class Writer:
     """The store's commit paths (see the module docstring); every method under the lock."""
@@ -204,6 +286,8 @@ class Writer:
         self.url = url
         self._hpack = msgpack.Packer(use_bin_type=True)    # frame heads, under the lock
         self.shared = SharedItems()
+        self.results = JournalResults()
+        self.items = WrittenItems()
         self._wfp: dict[int, tuple[int, int]] = {}   # xxh3 of recent write frames -> lsn, rank
 
     def forget_retries(self) -> None:
@@ -215,6 +299,8 @@ class Writer:
         self._ap.forget()
         self._wfp.clear()
         self.shared.clear()
+        self.results.clear()
+        self.items.clear()
         self._heads.forget()      # the keyframes move too
 
     # -- put -------------------------------------------------------------------------------
@@ -245,6 +331,8 @@ class Writer:
         chans, refs, fresh = self._encode_channels(lane, newest, linear, thread_id, ns,
                                                    parent_id, values, versions, all_values,
                                                    lsn, entries)
+        if fresh is not None and (self.results.recent or self.items.wanted):
+            self._fresh_items(lsn, fresh, entries)
         hb = self._pack_checkpoint_head(thread_id, ns, cid, parent_id, ckpt_b, meta_b,
                                         versions, refs)
         self._append_checkpoint(encode_commit(hb, entries), lsn, thread_id, cid)
@@ -321,6 +409,19 @@ class Writer:
                                                    lsn, entries)
                     refs[ch] = c.ref
         return chans, refs, fresh
+
+    def _fresh_items(self, lsn: int, fresh: dict[str, tuple], entries: list) -> None:
+        """A node's write that reached the checkpoint before its pending write did
+        (LangGraph's async executor): the checkpoint's own DELTA items, which the late
+        write will refer to, name the journal results they hold (FORMAT.md 5, ``jref``)
+        and are remembered for a run's next record (5a), as a pending write's would be."""
+        for (_lsn, idx), raws in fresh.values():
+            kind, items, flags, *chain = entries[idx]
+            if self.results.recent:
+                items, flags = self._name_results(items, raws, flags)
+                entries[idx] = (kind, items, flags, *chain)
+            if self.items.wanted:
+                self.items.add(lsn, idx, raws)
 
     def _pack_checkpoint_head(self, thread_id: str, ns: str, cid: str, parent_id: str | None,
                               ckpt_b: bytes, meta_b: bytes, versions: dict,
@@ -437,6 +538,9 @@ class Writer:
         self._index.ix.add_write(thread_id, ns, cid, lsn)
         if lists:     # the next checkpoint refers to these items instead of storing them
             self.shared.add_writes(key, lsn, lists)
+            if self.items.wanted:   # ... and a run's next journal record may, too
+                for rec, _ch, _items, raws, _flags in lists:
+                    self.items.add(lsn, rec[2], raws)
         self._index.maybe_snapshot(lsn)
         if fp is not None:
             if len(self._wfp) >= _MEMORY:
@@ -458,17 +562,29 @@ class Writer:
                 rec[2] = list(got[0])   # stored by the checkpoint already: refer to it
                 continue
             rec[2] = len(entries)       # the value is the items of this entry
+            if self.results.recent:     # a reply or a tool's result, journaled: named
+                items, flags = self._name_results(items, raws, flags)
             entries.append((FULL, items, flags, 0, 0, 0))
             kept.append(x)
         return kept
+
+    def _name_results(self, items: list, raws: list, flags: int) -> tuple[list, int]:
+        """``items`` with each that holds a recent journal result stored as a ``jref``,
+        and the entry's flags (F_ZSTD only when every item is still compressed)."""
+        item = self.results.item
+        out = [item(raw, b) if len(raw) >= _JREF_MIN else b for b, raw in zip(items, raws)]
+        if out == items:
+            return items, flags
+        return out, flags & ~F_ZSTD if any(b[:4] == JREF_MAGIC for b in out) else flags
 
     # -- run journals ------------------------------------------------------------------------
 
     def append_journal(self, run_id: str, record: Any, wait: bool) -> int:
         """Append one journal record (a running agent's hot path); returns its LSN. A
         record to be ``wait``-ed for is only queued: the caller settles it as ``sync``."""
-        payload = self._payload_of(run_id, record)
+        packed = self._packed(run_id, record)
         ap = self._ap
+        payload = packed.payload
         # A record to be waited for is only queued here: the caller's wait, outside the
         # lock, writes and fdatasyncs it with whatever other threads queued meanwhile --
         # one write and one fsync per group. (Written here, it waited for its own write,
@@ -476,6 +592,8 @@ class Writer:
         # got a write and an fsync of their own.)
         lsn = ap.queue(payload) if wait else ap.write(payload)
         self._index.ix.add_journal(run_id, lsn)
+        if packed.result is not None:
+            self.results.add(lsn, packed.result)
         self._index.maybe_snapshot(lsn)
         return lsn
 
@@ -486,26 +604,28 @@ class Writer:
         Returns its LSN, or -1 when that does not hold -- another process appended since
         the index's last look, or an index snapshot is due (it needs a section): nothing
         was appended; the caller appends in a write section (:meth:`append_journal`)."""
-        payload = self._payload_of(run_id, record)
+        packed = self._packed(run_id, record)
         index = self._index
         pos = index.scan_pos
         if index.index_every and pos - index.index_lsn >= index.index_every:
             return -1
-        lsn = self._ap.write_alone(payload, pos)
+        lsn = self._ap.write_alone(packed.payload, pos)
         if lsn >= 0:
             index.scan_pos = lsn + 1    # as a section's end: the frame is this process's
             index.ix.add_journal(run_id, lsn)
+            if packed.result is not None:
+                self.results.add(lsn, packed.result)
         return lsn
 
-    def _payload_of(self, run_id: str, record: Any) -> bytes:
-        """The COMMIT payload to append for ``record``: a :class:`PackedRecord`'s own (of
-        this run only), else the record packed now."""
+    def _packed(self, run_id: str, record: Any) -> "PackedRecord":
+        """The :class:`PackedRecord` to append for ``record``: itself (of this run only),
+        else the record packed now."""
         if type(record) is PackedRecord:
             if record.run_id != run_id:
                 raise ConfigError(f"a record packed for run {record.run_id!r} cannot be "
                                   f"appended to run {run_id!r}: pack it for that run")
-            return record.payload
-        return self.pack_journal(run_id, record).payload
+            return record
+        return self.pack_journal(run_id, record)
 
     def pack_journal(self, run_id: str, record: Any) -> "PackedRecord":
         """The COMMIT payload of a journal record: ``record`` is its map, or a typed record
@@ -518,6 +638,7 @@ class Writer:
         Bare bytes are not a record (they would be a frame nothing could read back)."""
         if type(record) is dict:
             payload = journal_payload(K_JOURNAL, run_id, record)
+            result = record.get("r") if record.get("e") in (_E_STEP, _E_RECEIPT) else None
         else:
             cls = type(record)
             e = getattr(cls, "E", None)
@@ -525,6 +646,8 @@ class Writer:
                 raise ConfigError(f"a journal record is a dict or a typed record "
                                   f"(durkv.runtime.records), got {cls.__name__}")
             payload = journal_payload(K_JOURNAL, run_id, record, e, cls.KEYS, cls.KEEP)
+            at = getattr(cls, "RESULT", None)
+            result = None if at is None else record[at]
             if payload is None:
                 record = record.pack()
         if payload is None:
@@ -540,4 +663,6 @@ class Writer:
                 f"max_commit_bytes={self._ap.max_commit_bytes}; keep big values elsewhere "
                 "and journal a reference, or raise max_commit_bytes", run_id=run_id,
                 size=len(payload))
-        return PackedRecord(run_id, payload)
+        if type(result) is not bytes or len(result) < _JREF_MIN:
+            result = None       # nothing a pending write's item would gain by naming
+        return PackedRecord(run_id, payload, result)
