@@ -14,6 +14,7 @@ exactly-once; the *plain* variant calls both directly.
 |                    |                                           | (sync)                      |
 | react-tool-only-{mode}-{N} | the same, only the tool durable   | reported                    |
 | react-bytes-{N}    | bytes on disk of one finished run         | <= 1.2x, and linear in N    |
+|                    | (and after compact(): reported)           |                             |
 
 Rounds alternate plain and durable so that load drifting on a shared machine
 hits both alike. Env: DURKV_BENCH_REACT_N (default 1000; quick 100),
@@ -156,6 +157,7 @@ def test_react_bytes(benchmark, bench_root):
     the two sizes stays near 2)."""
     benchmark.group = f"react-bytes-{N}"
     sizes: dict[tuple[bool, int], int] = {}
+    compacted: dict[bool, int] = {}
 
     def measure():
         for n in (N // 2, N):
@@ -167,12 +169,18 @@ def test_react_bytes(benchmark, bench_root):
                                  {"configurable": {"thread_id": "t"}, "recursion_limit": n + 10},
                                  durability="async")
                 sizes[(durable, n)] = store_bytes(path)
+                if n == N:      # and after an operator's compaction (reported)
+                    with DurkvSaver.open(str(path)) as saver:
+                        saver.store.compact()
+                    compacted[durable] = store_bytes(path)
 
     benchmark.pedantic(measure, rounds=1, iterations=1)
     ratio = sizes[(True, N)] / sizes[(False, N)]
     growth = sizes[(True, N)] / sizes[(True, N // 2)]
     benchmark.extra_info.update({
         "bytes": {f"{'durable' if d else 'plain'}-{n}": b for (d, n), b in sizes.items()},
+        "compacted": {"durable" if d else "plain": b for d, b in compacted.items()},
+        "compacted_ratio": round(compacted[True] / compacted[False], 3),
         "durable_growth_n_over_half_n": round(growth, 3)})
     record(benchmark, f"react bytes N={N} durable vs plain", ratio=ratio,
            target="<= 1.2x plain", ok=ratio <= 1.2)

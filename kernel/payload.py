@@ -355,12 +355,21 @@ class Codec:
             return self.resolve(data)
         return data
 
-    def stored(self, items: list[bytes], flags: int) -> tuple[list[bytes], int]:
-        """``items`` of an entry with every ``jref`` replaced by the bytes it stands for,
-        stored by the usual rule, and the entry's ``flags`` with ``F_ZSTD`` set again
-        from them (compaction's copies hold no ``jref``: FORMAT.md section 5)."""
+    def stored(self, items: list[bytes], flags: int,
+               moved: dict[int, int]) -> tuple[list[bytes], int]:
+        """``items`` of an entry as compaction copies them (FORMAT.md section 5): a ``jref``
+        naming a journal record in ``moved`` (its copy's LSN by its old one) names the
+        copy, any other is replaced by the bytes it stands for, stored by the usual rule;
+        and the entry's ``flags`` with ``F_ZSTD`` set again from them."""
         if not any(x[:4] == JREF_MAGIC for x in items):
             return items, flags
-        out = [self.pack(self.unpack(x))[0] if x[:4] == JREF_MAGIC else x for x in items]
+        out = []
+        for x in items:
+            if x[:4] == JREF_MAGIC:
+                lsn, start, end, pre, post = unpack_jref(x)
+                to = moved.get(lsn)
+                x = (self.pack(self.unpack(x))[0] if to is None
+                     else pack_jref(to, start, end, pre, post))
+            out.append(x)
         zstd = all(x[:4] == _ZSTD_MAGIC for x in out)
         return out, (flags & ~F_ZSTD) | (F_ZSTD if zstd else 0)

@@ -4,11 +4,13 @@ Protocol (a replay at open follows the same records, see
 :meth:`durkv.store.replay.LogIndex.apply`):
 
 1. roll the backend to a new segment, append ``COMPACT_BEGIN`` at LSN ``B``;
-2. for each live checkpoint (per thread and namespace, oldest first) append a
-   ``COPY_CKPT`` frame, then one ``COPY_WRITES`` frame per task with its pending
-   writes merged (idempotency already resolved; a list value held as an entry is
-   copied as an entry, which the next checkpoint's copy then refers to);
-   then, per run, a ``COPY_JOURNAL`` frame for each journal record;
+2. per run, a ``COPY_JOURNAL`` frame for each journal record (an ``ir`` item named by
+   its place in the old log is written as its bytes); then, for each live checkpoint
+   (per thread and namespace, oldest first), a ``COPY_CKPT`` frame, then one
+   ``COPY_WRITES`` frame per task with its pending writes merged (idempotency already
+   resolved; a list value held as an entry is copied as an entry, which the next
+   checkpoint's copy then refers to; an item naming a journal result names its copy,
+   or holds its bytes when the run was deleted);
 3. flush, append ``COMPACT_END(B)`` durably;
 4. ``remove_prefix(B)``: the log records ``start_lsn = B`` and unlinks the old
    segments.
@@ -94,6 +96,7 @@ class Compaction:
         self.url = url
         self._frames = _Frames(backend.read)
         self._mapped: dict[Ref, Ref] = {}    # old entry -> its copy
+        self._moved: dict[int, int] = {}     # old journal record's LSN -> its (first) copy's
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """Copy the live data after a BEGIN, end it durably, switch the index to the
@@ -107,11 +110,13 @@ class Compaction:
         lanes = list(self._index.ix.lanes())
         total = sum(len(lane.ids) for _t, _n, lane in lanes)
         kept = 0
+        # journals first: a copied checkpoint's item that names a journal result (a jref)
+        # then names the result's copy
+        self._copy_journals()
         for t, n, lane in lanes:
             kept += self._copy_lane(t, n, lane)
             if progress is not None:
                 progress(kept, total)
-        self._copy_journals()
         self._end(begin)
         self._index.replay_compaction(begin)
         self._keep_newest(newest)
@@ -193,12 +198,13 @@ class Compaction:
     def _copy_journals(self) -> None:
         """Each journal record again, under the run it is indexed by (a copied journal's
         frames may name the source run)."""
-        queue = self._ap.queue
+        queue, moved = self._ap.queue, self._moved
         for run_id, lsns in list(self._index.ix.journals.items()):
             for lsn in lsns:
                 h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
                 rec = self._placed_inline(h.rec)
-                queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, rec).pack()))
+                to = queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, rec).pack()))
+                moved.setdefault(lsn, to)
 
     def _placed_inline(self, rec: Any) -> Any:
         """``rec`` with every ``ir`` item named by its place in the old log (``[lsn,
@@ -242,19 +248,20 @@ class Compaction:
         """Append to ``entries`` (of the frame at ``lsn``) the copies of every entry
         ``refs`` need, their references rewritten to the copies."""
         mapped = self._mapped
-        # an item naming a journal result is copied as the bytes it stands for (FORMAT.md
-        # 5, `jref`): the journal record may be dropped here (a deleted run), or moved
+        # an item naming a journal result names the result's copy, or, when the record is
+        # dropped here (a deleted run), is copied as the bytes it stands for (FORMAT.md 5)
+        moved = self._moved
         stored = self._reads.codec.stored
         for r, e in self._needed(refs):
             new = (lsn, len(entries))
             if e.kind == FULL:
-                entries.append(CommitEntry(FULL, *stored(e.items, e.flags)))
+                entries.append(CommitEntry(FULL, *stored(e.items, e.flags, moved)))
             elif e.kind == DELTA:
                 p = mapped[(e.prev_lsn, e.prev_idx)]
                 if e.flags & F_REFS:
                     items, flags = [pack_ref(*mapped[unpack_ref(x)]) for x in e.items], e.flags
                 else:
-                    items, flags = stored(e.items, e.flags)
+                    items, flags = stored(e.items, e.flags, moved)
                 entries.append(CommitEntry(DELTA, items, flags, e.depth, p[0], p[1]))
             else:
                 items = [pack_ref(*mapped[unpack_ref(x)]) for x in e.items]

@@ -17,7 +17,7 @@ from .ckpthead import CkptHeads
 from .delta import ChannelEncoder, list_loads
 from .index import Lane
 from .records import (
-    K_CKPT, K_COPY_CKPT, K_JOURNAL, K_WRITES, Checkpoint, CkptHead, PendingWrite, WritesHead, read_head,
+    K_CKPT, K_COPY_CKPT, K_COPY_JOURNAL, K_JOURNAL, K_WRITES, Checkpoint, CkptHead, PendingWrite, WritesHead, read_head,
 )
 from .replay import LogIndex
 
@@ -101,7 +101,7 @@ class Reads:
         r = self._results.get(lsn)
         if r is None:
             h = read_head(self._b.read(lsn), lsn)
-            rec = h[2] if h[0] == K_JOURNAL and len(h) > 2 else None
+            rec = h[2] if (h[0] == K_JOURNAL or h[0] == K_COPY_JOURNAL) and len(h) > 2 else None
             r = rec.get("r") if type(rec) is dict else None
             if type(r) is not bytes:
                 raise CorruptionError(
