@@ -9,6 +9,8 @@ to zero however the wait ends.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -69,3 +71,50 @@ def test_the_count_returns_to_zero_after_a_timeout_and_a_put_without_waiters(tmp
         _put(saver, "c1")                       # nobody waits: no notify needed
         assert saver.wait_for_checkpoint("t", "", "c1", timeout=1) is True
         assert cond.results == [] and saver._waiting == 0
+
+
+def test_waiting_for_this_handles_put_takes_no_write_section(tmp_path):
+    """The wait looks in this handle's index (no flock, no catch-up): the put's own write
+    section is the only one while a waiter is woken by it."""
+    with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
+        backend = saver.store._b
+        begin = backend.write_begin
+        sections: list[int] = []
+        backend.write_begin = lambda: (sections.append(1), begin())[1]
+        got: list[bool] = []
+        w = threading.Thread(target=lambda: got.append(
+            saver.wait_for_checkpoint("t", "", "c1", timeout=10)))
+        w.start()
+        deadline = time.monotonic() + 10
+        while saver._waiting < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        before = len(sections)
+        _put(saver, "c1")
+        w.join(10)
+        assert got == [True]
+        assert len(sections) - before == 1      # the put's
+        assert saver.wait_for_checkpoint("t", "", "c1", timeout=1) is True
+        assert len(sections) - before == 1      # held: answered from the index
+
+
+def test_a_checkpoint_another_process_commits_ends_the_wait(tmp_path):
+    """A put by another process does not notify this handle: the wait looks for it with a
+    catch-up each time a pause ends (1 ms, doubling up to 50 ms), and returns True."""
+    path = str(tmp_path / "s.durkv")
+    code = ("import time\n"
+            "from langgraph.checkpoint.base import empty_checkpoint\n"
+            "from durkv.langgraph import DurkvSaver\n"
+            f"with DurkvSaver.open({path!r}) as s:\n"
+            "    time.sleep(0.3)\n"
+            "    ck = empty_checkpoint(); ck['id'] = 'c9'\n"
+            "    s.put({'configurable': {'thread_id': 't', 'checkpoint_ns': ''}}, ck,\n"
+            "          {'source': 'input', 'step': -1}, {})\n")
+    with DurkvSaver.open(path) as saver:
+        child = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            t0 = time.monotonic()
+            assert saver.wait_for_checkpoint("t", "", "c9", timeout=30) is True
+            assert time.monotonic() - t0 < 10
+        finally:
+            assert child.wait(30) == 0
+        assert saver._waiting == 0

@@ -547,6 +547,17 @@ class Store:
             lane = self._index.ix.lane(thread_id, checkpoint_ns)
             return lane is not None and lane.find(checkpoint_id) >= 0
 
+    def holds_checkpoint(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
+        """:meth:`has_checkpoint` as this handle's index stands, without catching up with
+        other processes (no write section: one lookup under the lock). True for every
+        checkpoint this handle committed, as soon as its put returned (or, for a put
+        that runs in another thread, as soon as its frame was queued: any record appended
+        after this answer lands after it in the log). False may be stale: ask
+        :meth:`has_checkpoint` for a checkpoint another process commits."""
+        with self._lock:
+            lane = self._index.ix.lane(thread_id, checkpoint_ns)
+            return lane is not None and lane.find(checkpoint_id) >= 0
+
     def namespaces(self, thread_id: str) -> list[str]:
         """Namespaces of a thread that have at least one checkpoint, sorted."""
         check_id("thread_id", thread_id)
