@@ -277,13 +277,16 @@ def test_a_pending_write_names_a_journal_result_by_its_bytes(tmp_path):
     r = b"R" * 100
     with durkv.open(str(tmp_path / "s.durkv"), serde=RawSerde()) as s:
         _put(s, "c1", {})
+        # results are remembered once the handle has stored a pending write (a saver's)
+        s.put_writes("t", "", "c1", "input", [(0, "w", b"in")])
         lsn = s.append_journal("run", {"e": 2, "t": 1.0, "s": "0", "r": r})
         s.put_writes("t", "", "c1", "task", [(0, "w", [r, b"<" + r + b">", b"small"])])
         items = [e.items for _l, _h, es in _frames(s) for e in es][-1]
         assert items == [pack_jref(lsn), pack_jref(lsn, 0, 100, b"<", b">"), b"small"]
-        assert s.get("t", "", "c1").writes[0].value == [r, b"<" + r + b">", b"small"]
+        want = {"input": b"in", "task": [r, b"<" + r + b">", b"small"]}
+        assert {w.task_id: w.value for w in s.get("t", "", "c1").writes} == want
     with durkv.open(str(tmp_path / "s.durkv"), serde=RawSerde()) as s:
-        assert s.get("t", "", "c1").writes[0].value == [r, b"<" + r + b">", b"small"]
+        assert {w.task_id: w.value for w in s.get("t", "", "c1").writes} == want
 
 
 def test_a_jref_that_names_no_journal_result_is_corruption(tmp_path):

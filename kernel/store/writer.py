@@ -189,10 +189,13 @@ class JournalResults:
     a model's reply and a tool's result are stored once. Kept under the store's lock;
     cleared whenever LSNs may move or be reused (compaction, a reload of the index)."""
 
-    __slots__ = ("recent",)
+    __slots__ = ("recent", "on")
 
     def __init__(self) -> None:
         self.recent: dict[bytes, int] = {}      # result bytes -> LSN, oldest first
+        # results are remembered once this handle stored a pending write (a LangGraph
+        # saver's store): a store that only runs journals pays nothing per record
+        self.on = False
 
     def add(self, lsn: int, result: bytes) -> None:
         recent = self.recent
@@ -517,6 +520,7 @@ class Writer:
         settles it outside the lock)."""
         key = (thread_id, ns, cid)
         entries: list = []
+        self.results.on = True
         if lists:
             lists = self._place_lists(key, lists, entries)
         hb = self._hpack.pack([K_WRITES, thread_id, ns, cid, task_id, task_path, replace,
@@ -636,9 +640,11 @@ class Writer:
         The append methods take the :class:`PackedRecord` as their ``record`` too: a
         caller that keeps the bytes the log got (a Run's live steps) packs them here first.
         Bare bytes are not a record (they would be a frame nothing could read back)."""
+        result = None
         if type(record) is dict:
             payload = journal_payload(K_JOURNAL, run_id, record)
-            result = record.get("r") if record.get("e") in (_E_STEP, _E_RECEIPT) else None
+            if self.results.on and record.get("e") in (_E_STEP, _E_RECEIPT):
+                result = record.get("r")
         else:
             cls = type(record)
             e = getattr(cls, "E", None)
@@ -646,8 +652,8 @@ class Writer:
                 raise ConfigError(f"a journal record is a dict or a typed record "
                                   f"(durkv.runtime.records), got {cls.__name__}")
             payload = journal_payload(K_JOURNAL, run_id, record, e, cls.KEYS, cls.KEEP)
-            at = getattr(cls, "RESULT", None)
-            result = None if at is None else record[at]
+            if self.results.on and (e == _E_STEP or e == _E_RECEIPT):
+                result = record[cls.RESULT]
             if payload is None:
                 record = record.pack()
         if payload is None:
@@ -663,6 +669,6 @@ class Writer:
                 f"max_commit_bytes={self._ap.max_commit_bytes}; keep big values elsewhere "
                 "and journal a reference, or raise max_commit_bytes", run_id=run_id,
                 size=len(payload))
-        if type(result) is not bytes or len(result) < _JREF_MIN:
+        if result is not None and (type(result) is not bytes or len(result) < _JREF_MIN):
             result = None       # nothing a pending write's item would gain by naming
         return PackedRecord(run_id, payload, result)
