@@ -251,3 +251,36 @@ def test_verify_is_the_same_report_type_as_local(s3_env, bucket):
     assert type(report) is VerifyReport and report.ok and report.damage == ()
     assert report.frames == report.next_lsn - report.start_lsn >= 3
     assert report.details["objects"] >= 1
+
+
+def test_an_exactly_once_agent_shares_its_messages_on_live_s3(tmp_path, s3_env, bucket):
+    """docs/FORMAT.md 5 `jref` / 5a `ir` places on a live S3 store: the agent's writes name
+    its journal results, and a new handle (another process, as far as the store can tell)
+    reads every state and journaled input as a local store of the plain agent does."""
+    pytest.importorskip("langgraph")
+    from durkv.langgraph import DurkvSaver
+    from durkv.payload import JREF_MAGIC, decode_commit
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+    from test_journal_shared import model_inputs, readback, react
+
+    url = f"s3://{bucket}/react"
+    config = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}
+    start = {"messages": []}
+    with DurkvSaver.open(url) as saver:
+        react(12, "s3", True).compile(checkpointer=saver).invoke(start, config,
+                                                                 durability="async")
+    plain = tmp_path / "plain.durkv"
+    with DurkvSaver.open(str(plain)) as saver:
+        react(12, "s3", False).compile(checkpointer=saver).invoke(start, config,
+                                                                  durability="async")
+    items = [x for _lsn, p in S3Backend(url, read_only=True).scan()
+             for e in decode_commit(p)[1] for x in e.items]
+    assert sum(x[:4] == JREF_MAGIC for x in items) >= 10
+    with DurkvSaver.open(url) as saver:
+        g = react(12, "s3", False).compile(checkpointer=saver)
+        hist = [([m.model_dump() for m in s.values.get("messages", [])], s.next)
+                for s in g.get_state_history(config)]
+        calls = model_inputs(saver.store)
+    assert hist == readback(plain, "s3")[0]
+    assert len(calls) == 7 and all(isinstance(c, list) for c in calls)   # 0, 2, .. 12
