@@ -302,3 +302,18 @@ def test_a_jref_that_names_no_journal_result_is_corruption(tmp_path):
         with pytest.raises(CorruptionError):
             codec.unpack(JREF_MAGIC + b"\xc1")
         assert codec.unpack(pack_jref(lsn, 1, 3, b"<", b">")) == b"<bc>"
+
+
+def test_results_over_256_kib_are_not_remembered(tmp_path):
+    """The writer's memories hold results and items of 64 bytes to 256 KiB (at most ~20
+    MiB): a larger reply is stored whole in both places, and reads back."""
+    small, big = b"S" * (256 << 10), b"B" * ((256 << 10) + 1)
+    with durkv.open(str(tmp_path / "s.durkv"), serde=RawSerde()) as s:
+        _put(s, "c1", {})
+        s.put_writes("t", "", "c1", "input", [(0, "w", b"in")])
+        s.append_journal("run", {"e": 2, "t": 1.0, "s": "0", "r": small})
+        s.append_journal("run", {"e": 2, "t": 1.0, "s": "1", "r": big})
+        s.put_writes("t", "", "c1", "task", [(0, "w", [small, big])])
+        items = [e.items for _l, _h, es in _frames(s) for e in es][-1]
+        assert items[0][:4] == JREF_MAGIC and items[1][:4] != JREF_MAGIC
+        assert {w.task_id: w.value for w in s.get("t", "", "c1").writes}["task"] == [small, big]

@@ -41,9 +41,10 @@ _VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) 
 _MEMORY = 4096      # entries kept by each memory of recent frames before it is cleared
 _LATE = 4           # checkpoints per lane whose items a late pending write may refer to
 # journal results a pending write's list item may name (FORMAT.md 5, `jref`): the newest
-# _JREF_RECENT of at least _JREF_MIN bytes, by their bytes; the newest _JREF_INSIDE also
-# inside an item, with at most _JREF_AROUND bytes around them
-_JREF_MIN, _JREF_RECENT, _JREF_INSIDE, _JREF_AROUND = 64, 16, 4, 1024
+# _JREF_RECENT of _JREF_MIN to _JREF_MAX bytes, by their bytes; the newest _JREF_INSIDE
+# also inside an item, with at most _JREF_AROUND bytes around them. _JREF_MAX bounds what
+# the two memories below hold (16 results and 64 items: at most 20 MiB)
+_JREF_MIN, _JREF_MAX, _JREF_RECENT, _JREF_INSIDE, _JREF_AROUND = 64, 256 << 10, 16, 4, 1024
 _E_STEP, _E_RECEIPT = 2, 4      # the journal events with a result `r` (FORMAT.md 5a)
 _ITEMS_RECENT = 64  # pending-write items a journal record's inputs may name (FORMAT.md 5a)
 
@@ -250,7 +251,7 @@ class WrittenItems:
         ``lsn``."""
         recent = self.recent
         for i, raw in enumerate(raws):
-            if len(raw) >= _JREF_MIN:
+            if _JREF_MIN <= len(raw) <= _JREF_MAX:
                 recent.pop(raw, None)
                 recent[raw] = [lsn, entry, i]
         while len(recent) > _ITEMS_RECENT:
@@ -669,6 +670,7 @@ class Writer:
                 f"max_commit_bytes={self._ap.max_commit_bytes}; keep big values elsewhere "
                 "and journal a reference, or raise max_commit_bytes", run_id=run_id,
                 size=len(payload))
-        if result is not None and (type(result) is not bytes or len(result) < _JREF_MIN):
+        if result is not None and (type(result) is not bytes
+                                   or not _JREF_MIN <= len(result) <= _JREF_MAX):
             result = None       # nothing a pending write's item would gain by naming
         return PackedRecord(run_id, payload, result)
