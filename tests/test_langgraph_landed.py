@@ -118,3 +118,13 @@ def test_a_checkpoint_another_process_commits_ends_the_wait(tmp_path):
         finally:
             assert child.wait(30) == 0
         assert saver._waiting == 0
+
+
+def test_a_closed_store_is_refused_by_the_wait(tmp_path):
+    from durkv.errors import DurkvError
+
+    saver = DurkvSaver.open(str(tmp_path / "s.durkv"))
+    _put(saver, "c1")
+    saver.close()
+    with pytest.raises(DurkvError, match="closed"):
+        saver.wait_for_checkpoint("t", "", "c1", timeout=1)

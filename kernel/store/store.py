@@ -555,6 +555,7 @@ class Store:
         after this answer lands after it in the log). False may be stale: ask
         :meth:`has_checkpoint` for a checkpoint another process commits."""
         with self._lock:
+            self._check_open()
             lane = self._index.ix.lane(thread_id, checkpoint_ns)
             return lane is not None and lane.find(checkpoint_id) >= 0
 
