@@ -317,3 +317,46 @@ def test_results_over_256_kib_are_not_remembered(tmp_path):
         items = [e.items for _l, _h, es in _frames(s) for e in es][-1]
         assert items[0][:4] == JREF_MAGIC and items[1][:4] != JREF_MAGIC
         assert {w.task_id: w.value for w in s.get("t", "", "c1").writes}["task"] == [small, big]
+
+
+def test_an_async_agent_shares_as_the_sync_one(tmp_path):
+    """The same agent with async nodes (``astep``/``atool``, ``ainvoke``) stores each
+    message once and reads back as the plain agent's."""
+    import asyncio
+
+    from durkv.langgraph import astep, atool
+
+    mark = uuid.uuid4().hex[:8]
+
+    async def amodel(mark: str, messages: list) -> AIMessage:
+        await asyncio.sleep(0)
+        return model(mark, messages)
+
+    async def agent(state):
+        return {"messages": [await astep("model", amodel, mark, state["messages"])]}
+
+    async def tools(state):
+        call = state["messages"][-1].tool_calls[0]
+        out = await atool(lookup, **call["args"])
+        return {"messages": [ToolMessage(content=out, tool_call_id=call["id"],
+                                         id=f"tool-{call['id']}")]}
+
+    g = StateGraph(State)
+    g.add_node("agent", agent)
+    g.add_node("tools", tools)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", lambda s: "tools" if len(s["messages"]) < N else END)
+    g.add_edge("tools", "agent")
+    path, plain = tmp_path / "s.durkv", tmp_path / "plain.durkv"
+
+    async def main() -> None:
+        async with DurkvSaver.open(str(path)) as saver:
+            await g.compile(checkpointer=saver).ainvoke(
+                {"messages": [HumanMessage(content="find it", id="h0")]}, cfg(),
+                durability="async")
+
+    asyncio.run(main())
+    run_agent(plain, mark, False, "async")
+    assert markers(path, mark) == markers(plain, mark)
+    assert item_forms(path)["jref"] >= N - 2
+    assert readback(path, mark) == readback(plain, mark)
