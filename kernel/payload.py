@@ -58,14 +58,6 @@ JREF_MAGIC = b"\xc1\x6a\x72\x66"  # an item naming a journal result (FORMAT.md 5
 _MAGICS = (_ZSTD_MAGIC, JREF_MAGIC)
 
 pack_ref = _REF.pack
-
-
-def _packb(v: list) -> bytes:
-    return msgpack.packb(v, use_bin_type=True)
-
-
-def _unpackb(b: bytes) -> object:
-    return msgpack.unpackb(b, raw=False)
 _pack_u32 = _U32.pack
 _unpack_u32 = _U32.unpack_from
 
@@ -281,6 +273,14 @@ def resolve_channel(read_payload: Callable[[int], bytes], lsn: int, idx: int,
         return base, flags
 
     return value(lsn, idx)
+
+
+def _packb(v: list) -> bytes:
+    return msgpack.packb(v, use_bin_type=True)
+
+
+def _unpackb(b: bytes) -> object:
+    return msgpack.unpackb(b, raw=False)
 
 
 def pack_jref(lsn: int, start: int = 0, end: int | None = None, pre: bytes = b"",

@@ -544,8 +544,7 @@ class Store:
         check_id("checkpoint_ns", checkpoint_ns, allow_empty=True)
         check_id("checkpoint_id", checkpoint_id)
         with self._current():
-            lane = self._index.ix.lane(thread_id, checkpoint_ns)
-            return lane is not None and lane.find(checkpoint_id) >= 0
+            return self._in_index(thread_id, checkpoint_ns, checkpoint_id)
 
     def holds_checkpoint(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
         """:meth:`has_checkpoint` as this handle's index stands, without catching up with
@@ -556,8 +555,11 @@ class Store:
         :meth:`has_checkpoint` for a checkpoint another process commits."""
         with self._lock:
             self._check_open()
-            lane = self._index.ix.lane(thread_id, checkpoint_ns)
-            return lane is not None and lane.find(checkpoint_id) >= 0
+            return self._in_index(thread_id, checkpoint_ns, checkpoint_id)
+
+    def _in_index(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
+        lane = self._index.ix.lane(thread_id, checkpoint_ns)
+        return lane is not None and lane.find(checkpoint_id) >= 0
 
     def namespaces(self, thread_id: str) -> list[str]:
         """Namespaces of a thread that have at least one checkpoint, sorted."""
