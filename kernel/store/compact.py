@@ -4,13 +4,15 @@ Protocol (a replay at open follows the same records, see
 :meth:`durkv.store.replay.LogIndex.apply`):
 
 1. roll the backend to a new segment, append ``COMPACT_BEGIN`` at LSN ``B``;
-2. per run, a ``COPY_JOURNAL`` frame for each journal record (an ``ir`` item named by
-   its place in the old log is written as its bytes); then, for each live checkpoint
-   (per thread and namespace, oldest first), a ``COPY_CKPT`` frame, then one
-   ``COPY_WRITES`` frame per task with its pending writes merged (idempotency already
-   resolved; a list value held as an entry is copied as an entry, which the next
-   checkpoint's copy then refers to; an item naming a journal result names its copy,
-   or holds its bytes when the run was deleted);
+2. for each live checkpoint (per thread and namespace, oldest first) a ``COPY_CKPT``
+   frame, then one ``COPY_WRITES`` frame per task with its pending writes merged
+   (idempotency already resolved; a list value held as an entry is copied as an entry,
+   which the next checkpoint's copy then refers to); then, per run, a ``COPY_JOURNAL``
+   frame for each journal record. The lanes' frames are counted first, so each journal
+   copy's LSN is known before the lanes are copied: an item naming a journal result
+   names its copy (or holds its bytes when the run was deleted), and a record's ``ir``
+   item named by its place names the copy of that entry (or holds its bytes when no
+   live checkpoint needed it);
 3. flush, append ``COMPACT_END(B)`` durably;
 4. ``remove_prefix(B)``: the log records ``start_lsn = B`` and unlinks the old
    segments.
@@ -97,6 +99,7 @@ class Compaction:
         self._frames = _Frames(backend.read)
         self._mapped: dict[Ref, Ref] = {}    # old entry -> its copy
         self._moved: dict[int, int] = {}     # old journal record's LSN -> its (first) copy's
+        self._journals_at = 0                # the LSN of the first journal record's copy
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """Copy the live data after a BEGIN, end it durably, switch the index to the
@@ -110,13 +113,15 @@ class Compaction:
         lanes = list(self._index.ix.lanes())
         total = sum(len(lane.ids) for _t, _n, lane in lanes)
         kept = 0
-        # journals first: a copied checkpoint's item that names a journal result (a jref)
-        # then names the result's copy
-        self._copy_journals()
+        # the journals are copied after the lanes, at LSNs known before (the lanes' frames
+        # counted first): a copied item that names a journal result (a jref) names the
+        # result's copy, and a copied record's `ir` place the copy of its list entry
+        self._plan_journals(begin + 1 + self._lane_frames(lanes))
         for t, n, lane in lanes:
             kept += self._copy_lane(t, n, lane)
             if progress is not None:
                 progress(kept, total)
+        self._copy_journals()
         self._end(begin)
         self._index.replay_compaction(begin)
         self._keep_newest(newest)
@@ -195,27 +200,62 @@ class Compaction:
             hb = WritesHead(K_COPY_WRITES, t, n, cid, task, path, False, recs).pack()
             self._append_copy(hb, entries, new_lsn)
 
+    def _lane_frames(self, lanes: list) -> int:
+        """How many frames :meth:`_copy_lane` will write for ``lanes``: one a checkpoint,
+        one a (task, path) of its pending writes and of the orphan writes."""
+        pending = self._reads.pending_writes
+
+        def tasks(writes: list[PendingWrite]) -> int:
+            return len({(w.task_id, w.task_path) for w in writes})
+
+        frames = 0
+        for _t, _n, lane in lanes:
+            frames += len(lane.ids) + sum(tasks(pending(lane, lsn, raw=True))
+                                          for lsn in lane.lsns)
+            frames += sum(tasks(pending(lane, -1, cid, raw=True))
+                          for cid in lane.orphan_writes())
+        return frames
+
+    def _journal_order(self) -> list[tuple[str, int]]:
+        """(run, old LSN) of every journal record, in the order :meth:`_copy_journals`
+        copies them (a record of a copied thread is copied under each run)."""
+        return [(run_id, lsn) for run_id, lsns in list(self._index.ix.journals.items())
+                for lsn in lsns]
+
+    def _plan_journals(self, first: int) -> None:
+        """The LSN each journal record's (first) copy will land at, from ``first`` on."""
+        self._journals_at = first
+        for j, (_run, lsn) in enumerate(self._journal_order()):
+            self._moved.setdefault(lsn, first + j)
+
     def _copy_journals(self) -> None:
         """Each journal record again, under the run it is indexed by (a copied journal's
-        frames may name the source run)."""
-        queue, moved = self._ap.queue, self._moved
-        for run_id, lsns in list(self._index.ix.journals.items()):
-            for lsn in lsns:
-                h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
-                rec = self._placed_inline(h.rec)
-                to = queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, rec).pack()))
-                moved.setdefault(lsn, to)
+        frames may name the source run), at the LSN :meth:`_plan_journals` gave it."""
+        queue = self._ap.queue
+        for j, (run_id, lsn) in enumerate(self._journal_order()):
+            h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
+            rec = self._placed_moved(h.rec)
+            got = queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, rec).pack()))
+            if got != self._journals_at + j:    # before END: the old data stays the store
+                raise BackendError(f"compaction of {self.url}: journal copy landed at LSN "
+                                   f"{got}, expected {self._journals_at + j}; nothing was "
+                                   "lost, the copies are ignored")
 
-    def _placed_inline(self, rec: Any) -> Any:
+    def _placed_moved(self, rec: Any) -> Any:
         """``rec`` with every ``ir`` item named by its place in the old log (``[lsn,
-        entry, index]``, FORMAT.md 5a) replaced by its bytes: the copies of that place
-        move, and the checkpoint holding it may be dropped (pruned, deleted)."""
+        entry, index]``, FORMAT.md 5a) naming that entry's copy, or, when nothing live
+        needed the entry (its checkpoint pruned or deleted), replaced by its bytes."""
         ir = rec.get("ir") if type(rec) is dict else None
         if type(ir) is not list or len(ir) != 3 or type(ir[2]) is not list or not any(
                 is_placed_item(x) for x in ir[2]):
             return rec
-        read = self._reads.write_item
-        new = [read(*x) if is_placed_item(x) else x for x in ir[2]]
+        read, mapped = self._reads.write_item, self._mapped
+        new = []
+        for x in ir[2]:
+            if is_placed_item(x):
+                to = mapped.get((x[0], x[1]))
+                x = read(*x) if to is None else [to[0], to[1], x[2]]
+            new.append(x)
         return {**rec, "ir": [ir[0], ir[1], new]}
 
     def _append_copy(self, hb: bytes, entries: list[CommitEntry], new_lsn: int) -> None:

@@ -17,7 +17,8 @@ from .ckpthead import CkptHeads
 from .delta import ChannelEncoder, list_loads
 from .index import Lane
 from .records import (
-    K_CKPT, K_COPY_CKPT, K_COPY_JOURNAL, K_JOURNAL, K_WRITES, Checkpoint, CkptHead, PendingWrite, WritesHead, read_head,
+    K_CKPT, K_COPY_CKPT, K_COPY_JOURNAL, K_COPY_WRITES, K_JOURNAL, K_WRITES, Checkpoint,
+    CkptHead, PendingWrite, WritesHead, read_head,
 )
 from .replay import LogIndex
 
@@ -25,6 +26,8 @@ __all__ = ["Reads", "checkpoint_fields"]
 
 _CID = CkptHead._fields.index("cid")
 _RESULTS_KEPT = 256     # journal results a reader keeps by LSN (a history walk's replies)
+# the records whose list entries a journal record's `ir` may name (FORMAT.md 5a)
+_LIST_RECORDS = (K_WRITES, K_CKPT, K_COPY_WRITES, K_COPY_CKPT)
 
 
 def checkpoint_fields(heads: CkptHeads, read: Any, payload: bytes, cid: str, lsn: int,
@@ -80,7 +83,7 @@ class Reads:
         item ``[lsn, entry, i]`` names (FORMAT.md 5a)."""
         payload = self._b.read(lsn)
         h = read_head(payload, lsn)
-        e = entry_at(payload, entry) if h[0] in (K_WRITES, K_CKPT) and entry >= 0 else None
+        e = entry_at(payload, entry) if h[0] in _LIST_RECORDS and entry >= 0 else None
         if e is None or not 0 <= i < len(e.items) or not (
                 (e.kind == FULL and not e.flags & F_VALUE)
                 or (e.kind == DELTA and not e.flags & F_REFS)):
