@@ -116,7 +116,8 @@ class Compaction:
         # the journals are copied after the lanes, at LSNs known before (the lanes' frames
         # counted first): a copied item that names a journal result (a jref) names the
         # result's copy, and a copied record's `ir` place the copy of its list entry
-        self._plan_journals(begin + 1 + self._lane_frames(lanes))
+        if self._index.ix.journals:     # (a store without journals has nothing to name)
+            self._plan_journals(begin + 1 + self._lane_frames(lanes))
         for t, n, lane in lanes:
             kept += self._copy_lane(t, n, lane)
             if progress is not None:
@@ -232,7 +233,7 @@ class Compaction:
         """Each journal record again, under the run it is indexed by (a copied journal's
         frames may name the source run), at the LSN :meth:`_plan_journals` gave it."""
         queue = self._ap.queue
-        for j, (run_id, lsn) in enumerate(self._journal_order()):
+        for j, (run_id, lsn) in enumerate(self._journal_order()):  # none: nothing planned
             h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
             rec = self._placed_moved(h.rec)
             got = queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, rec).pack()))
