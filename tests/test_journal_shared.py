@@ -75,9 +75,17 @@ def react(n: int, mark: str, durable: bool, kill_at: int = -1):
         if len(state["messages"]) == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
         out = tool(lookup, **call["args"]) if durable else lookup(**call["args"])
-        return {"messages": [ToolMessage(content=out, tool_call_id=call["id"],
-                                         id=f"tool-{call['id']}")]}
+        return {"messages": [tool_message(call, out)]}
 
+    return loop(agent, tools, n)
+
+
+def tool_message(call: dict, out: str) -> ToolMessage:
+    return ToolMessage(content=out, tool_call_id=call["id"], id=f"tool-{call['id']}")
+
+
+def loop(agent, tools, n: int) -> StateGraph:
+    """``agent`` and ``tools`` alternating until the history has ``n`` messages."""
     g = StateGraph(State)
     g.add_node("agent", agent)
     g.add_node("tools", tools)
@@ -354,16 +362,9 @@ def test_an_async_agent_shares_as_the_sync_one(tmp_path):
 
     async def tools(state):
         call = state["messages"][-1].tool_calls[0]
-        out = await atool(lookup, **call["args"])
-        return {"messages": [ToolMessage(content=out, tool_call_id=call["id"],
-                                         id=f"tool-{call['id']}")]}
+        return {"messages": [tool_message(call, await atool(lookup, **call["args"]))]}
 
-    g = StateGraph(State)
-    g.add_node("agent", agent)
-    g.add_node("tools", tools)
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", lambda s: "tools" if len(s["messages"]) < N else END)
-    g.add_edge("tools", "agent")
+    g = loop(agent, tools, N)
     path, plain = tmp_path / "s.durkv", tmp_path / "plain.durkv"
 
     async def main() -> None:
