@@ -41,10 +41,11 @@ _VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) 
 _MEMORY = 4096      # entries kept by each memory of recent frames before it is cleared
 _LATE = 4           # checkpoints per lane whose items a late pending write may refer to
 # journal results a pending write's list item may name (FORMAT.md 5, `jref`): the newest
-# _JREF_RECENT of _JREF_MIN to _JREF_MAX bytes, by their bytes; the newest _JREF_INSIDE
-# also inside an item, with at most _JREF_AROUND bytes around them. _JREF_MAX bounds what
-# the two memories below hold (16 results and 64 items: at most 20 MiB)
-_JREF_MIN, _JREF_MAX, _JREF_RECENT, _JREF_INSIDE, _JREF_AROUND = 64, 256 << 10, 16, 4, 1024
+# _JREF_RECENT of _JREF_MIN to _JREF_MAX bytes, whole or inside an item with at most
+# _JREF_AROUND bytes around them (a ToolNode's parallel calls: one result in each of its
+# ToolMessages). _JREF_MAX bounds what the two memories below hold (16 results and 64
+# items: at most 20 MiB)
+_JREF_MIN, _JREF_MAX, _JREF_RECENT, _JREF_AROUND = 64, 256 << 10, 16, 1024
 _E_STEP, _E_RECEIPT = 2, 4      # the journal events with a result `r` (FORMAT.md 5a)
 _ITEMS_RECENT = 64  # pending-write items a journal record's inputs may name (FORMAT.md 5a)
 
@@ -214,7 +215,7 @@ class JournalResults:
             ref = pack_jref(lsn)
             return ref if len(ref) < len(stored) else stored
         best = stored
-        for r, lsn in list(recent.items())[-_JREF_INSIDE:]:
+        for r, lsn in list(recent.items()):
             # the result whole, or without its first byte: a serde's type tag (durkv's
             # LangGraph serde) is not repeated inside a value that holds the result
             for start in (0, 1):
