@@ -194,7 +194,8 @@ class JournalResults:
     __slots__ = ("recent", "on")
 
     def __init__(self) -> None:
-        self.recent: dict[bytes, int] = {}      # result bytes -> LSN, oldest first
+        # result bytes -> (LSN, the result without its first byte), oldest first
+        self.recent: dict[bytes, tuple[int, bytes]] = {}
         # results are remembered once this handle stored a pending write (a LangGraph
         # saver's store): a store that only runs journals pays nothing per record
         self.on = False
@@ -202,7 +203,7 @@ class JournalResults:
     def add(self, lsn: int, result: bytes) -> None:
         recent = self.recent
         recent.pop(result, None)
-        recent[result] = lsn
+        recent[result] = (lsn, result[1:])
         if len(recent) > _JREF_RECENT:
             del recent[next(iter(recent))]
 
@@ -210,25 +211,25 @@ class JournalResults:
         """What to store for the serialized item ``raw`` (``stored``: its bytes by the usual
         rule): a ``jref`` when it names a recent result in fewer bytes, else ``stored``."""
         recent = self.recent
-        lsn = recent.get(raw)
-        if lsn is not None:
-            ref = pack_jref(lsn)
+        hit = recent.get(raw)
+        if hit is not None:
+            ref = pack_jref(hit[0])
             return ref if len(ref) < len(stored) else stored
-        best = stored
-        for r, lsn in list(recent.items()):
-            # the result whole, or without its first byte: a serde's type tag (durkv's
-            # LangGraph serde) is not repeated inside a value that holds the result
-            for start in (0, 1):
-                at = raw.find(r[start:] if start else r)
-                if at < 0:
-                    continue
-                end = at + len(r) - start
-                if len(raw) - (end - at) <= _JREF_AROUND:
-                    ref = pack_jref(lsn, start, len(r), raw[:at], raw[end:])
-                    if len(ref) < len(best):
-                        best = ref
-                break
-        return best
+        # the newest result held inside: whole, or without its first byte (a serde's type
+        # tag, durkv's LangGraph serde, is not repeated inside a value that holds the
+        # result); the tail's search rules a result out with one pass over the item
+        for r, (lsn, tail) in reversed(list(recent.items())):
+            p = raw.find(tail)
+            if p < 0:
+                continue
+            whole = raw.find(r)
+            start, at = (0, whole) if whole >= 0 else (1, p)
+            end = at + len(r) - start
+            if len(raw) - (end - at) <= _JREF_AROUND:
+                ref = pack_jref(lsn, start, len(r), raw[:at], raw[end:])
+                if len(ref) < len(stored):
+                    return ref
+        return stored
 
     def clear(self) -> None:
         self.recent.clear()
