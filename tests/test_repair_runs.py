@@ -23,7 +23,7 @@ from typing_extensions import TypedDict
 import durkv
 import durkv.log
 from durkv.cli.main import cli
-from durkv.store.records import K_REPAIR, read_head
+from durkv.store.records import K_COPY_JOURNAL, K_REPAIR, read_head
 from storeinternals import backend_of, index_of
 
 CALLS: list[tuple[str, str]] = []
@@ -203,7 +203,15 @@ def test_a_planned_note_is_recorded_as_a_cut(tmp_path):
 def test_repair_record_survives_compaction_and_index_snapshots(repaired):
     d, rid = repaired
     with durkv.open(str(d)) as s:
+        # a record of one touched run after the repair's: the copies keep every run's order
+        s.append_journal("late", {"e": 8, "st": "running", "t": 0.0})
+        before = {r: s.journal(r) for r in s.journal_runs()}
         s.compact()
+        assert {r: s.journal(r) for r in before} == before
+        b = backend_of(s)
+        copies = [h[1] for h in (read_head(p, lsn) for lsn, p in b.scan(b.start_lsn))
+                  if h[0] == K_COPY_JOURNAL and type(h[1]) is list]
+        assert copies == [["late", "victim"]]       # the repair's record, copied once
     with durkv.open(str(d)) as s:
         assert {i.run_id: i.status for i in s.runs()}["victim"] == "damaged"
         with pytest.raises(durkv.InDoubtError, match=rid):

@@ -19,8 +19,8 @@ import durkv
 import durkv.log
 from durkv.backends.local import LocalBackend
 from durkv.backends.memory import MemoryBackend
-from durkv.payload import encode_commit
-from durkv.store.records import K_INDEX
+from durkv.payload import encode_commit, encode_record
+from durkv.store.records import K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_JOURNAL, K_INDEX, read_head
 
 import logtools as lt
 from storeinternals import backend_of, index_of
@@ -83,7 +83,7 @@ def test_version_1_snapshot_is_passed_over(url):
     with durkv.open(url, index_every=0) as s:
         _fill(s, "a", 4)
         head = msgpack.packb([K_INDEX, 1, backend_of(s).next_lsn, -1, []], use_bin_type=True)
-        backend_of(s).append(encode_commit(head, ()), "sync")
+        backend_of(s).append(encode_commit(head, ()))
     with durkv.open(url, index_every=0) as s:
         assert _steps(s, "a") == [0, 1, 2, 3]
 
@@ -121,6 +121,57 @@ def test_compaction_carries_journals(url):
         with durkv.open(url, index_every=every) as s:
             assert _steps(s, "a") == list(range(6)) and _steps(s, "z") == list(range(5))
             assert s.journal("gone") == []
+
+
+def _journal_copies(s) -> list:
+    """The run (or runs) of each K_COPY_JOURNAL frame the store's log holds, in LSN order."""
+    b = backend_of(s)
+    heads = (read_head(p, lsn) for lsn, p in b.scan(b.start_lsn))
+    return [h[1] for h in heads if h[0] == K_COPY_JOURNAL]
+
+
+def test_compaction_copies_a_record_that_runs_share_once(url):
+    """A copy_thread target shares its source's records: a compaction copies each once,
+    naming both runs (FORMAT.md 5a), and each run's journal reads as before, in order --
+    also after a reopen, and after the source is deleted and the store compacted again."""
+    with durkv.open(url) as s:
+        _fill(s, "a", 5)
+        s.copy_thread("a", "z")
+        _fill(s, "z", 2, 5)
+        _fill(s, "a", 1, 5)
+        _fill(s, "solo", 1)
+        before = {r: s.journal(r) for r in ("a", "z", "solo")}
+        report = s.compact()
+        assert report["journal_records_kept"] == 6 + 7 + 1      # records each run keeps
+        assert _journal_copies(s) == [["a", "z"]] * 5 + ["z", "z", "a", "solo"]
+        assert {r: s.journal(r) for r in before} == before
+    for every in (0, 10 ** 6):
+        with durkv.open(url, index_every=every) as s:
+            assert {r: s.journal(r) for r in before} == before
+    with durkv.open(url) as s:
+        _fill(s, "z", 1, 7)
+        s.delete_runs(["a"])
+        s.compact()
+        assert _journal_copies(s) == ["z"] * 7 + ["solo", "z"]
+        assert _steps(s, "z") == list(range(8)) and s.journal("a") == []
+        assert s.journal("solo") == before["solo"]
+
+
+@pytest.mark.parametrize("runs", [[], [1], ["a", None]])
+def test_a_journal_copy_naming_no_run_is_refused(tmp_path, runs):
+    """A K_COPY_JOURNAL whose run list is empty or not all str ids indexes nothing right:
+    opening the store says which frame, rather than dropping or misfiling the record."""
+    url = str(tmp_path / "s.durkv")
+    with durkv.open(url, index_every=0) as s:
+        _fill(s, "a", 2)
+    rec = msgpack.packb({"e": 2, "s": "0", "i": 0})
+    with durkv.log.SegmentLog.open(url) as log:    # a compaction as a buggy writer wrote it
+        begin = log.append(encode_record(msgpack.packb([K_COMPACT_BEGIN])))
+        log.append(encode_record(msgpack.packb([K_COPY_JOURNAL, runs, rec])))
+        log.append(encode_record(msgpack.packb([K_COMPACT_END, begin])))
+    with pytest.raises(durkv.CorruptionError, match=rf"frame {begin + 1} .*names the runs"):
+        with durkv.open(url, index_every=0) as s:   # (the open or the first read replays)
+            s.journal("a")
 
 
 def test_async_record_outside_a_section_is_one_backend_call(tmp_path, monkeypatch):

@@ -7,8 +7,8 @@ Protocol (a replay at open follows the same records, see
 2. for each live checkpoint (per thread and namespace, oldest first) a ``COPY_CKPT``
    frame, then one ``COPY_WRITES`` frame per task with its pending writes merged
    (idempotency already resolved; a list value held as an entry is copied as an entry,
-   which the next checkpoint's copy then refers to); then, per run, a ``COPY_JOURNAL``
-   frame for each journal record. The lanes' frames are counted first, so each journal
+   which the next checkpoint's copy then refers to); then a ``COPY_JOURNAL`` frame for
+   each journal record, in LSN order, naming every run that indexes it. The lanes' frames are counted first, so each journal
    copy's LSN is known before the lanes are copied: an item naming a journal result
    names its copy (or holds its bytes when the run was deleted), and a record's ``ir``
    item named by its place names the copy of that entry (or holds its bytes when no
@@ -43,7 +43,10 @@ writes); the store calls it under its lock.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+import heapq
+import itertools
+from operator import itemgetter
+from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import BackendError
 from ..payload import (
@@ -98,7 +101,7 @@ class Compaction:
         self.url = url
         self._frames = _Frames(backend.read)
         self._mapped: dict[Ref, Ref] = {}    # old entry -> its copy
-        self._moved: dict[int, int] = {}     # old journal record's LSN -> its (first) copy's
+        self._moved: dict[int, int] = {}     # old journal record's LSN -> its copy's
         self._journals_at = 0                # the LSN of the first journal record's copy
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
@@ -217,26 +220,32 @@ class Compaction:
                           for cid in lane.orphan_writes())
         return frames
 
-    def _journal_order(self) -> list[tuple[str, int]]:
-        """(run, old LSN) of every journal record, in the order :meth:`_copy_journals`
-        copies them (a record of a copied thread is copied under each run)."""
-        return [(run_id, lsn) for run_id, lsns in list(self._index.ix.journals.items())
-                for lsn in lsns]
+    def _journal_order(self) -> Iterator[tuple[int, str | list[str]]]:
+        """(old LSN, the run or runs that index it) of every journal record, in LSN order:
+        the order :meth:`_copy_journals` copies them, once each (a record that copy_thread
+        shared, or a repair's, under every run that indexes it: FORMAT.md 5a). In LSN order,
+        not run by run: each run's journal (in LSN order) keeps its order among the copies
+        even where runs share some records and not others (a repair's)."""
+        merged = heapq.merge(*(zip(lsns, itertools.repeat(run_id)) for run_id, lsns
+                               in list(self._index.ix.journals.items())))
+        for lsn, group in itertools.groupby(merged, key=itemgetter(0)):
+            ids = [run_id for _lsn, run_id in group]
+            yield lsn, ids[0] if len(ids) == 1 else ids
 
     def _plan_journals(self, first: int) -> None:
-        """The LSN each journal record's (first) copy will land at, from ``first`` on."""
+        """The LSN each journal record's copy will land at, from ``first`` on."""
         self._journals_at = first
-        for j, (_run, lsn) in enumerate(self._journal_order()):
-            self._moved.setdefault(lsn, first + j)
+        for j, (lsn, _runs) in enumerate(self._journal_order()):
+            self._moved[lsn] = first + j
 
     def _copy_journals(self) -> None:
-        """Each journal record again, under the run it is indexed by (a copied journal's
+        """Each journal record again, under the runs it is indexed by (a copied journal's
         frames may name the source run), at the LSN :meth:`_plan_journals` gave it."""
         queue = self._ap.queue
-        for j, (run_id, lsn) in enumerate(self._journal_order()):  # none: nothing planned
+        for j, (lsn, runs) in enumerate(self._journal_order()):  # none: nothing planned
             h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
             rec = self._placed_moved(h.rec)
-            got = queue(encode_record(JournalHead(K_COPY_JOURNAL, run_id, rec).pack()))
+            got = queue(encode_record(JournalHead(K_COPY_JOURNAL, runs, rec).pack()))
             if got != self._journals_at + j:    # before END: the old data stays the store
                 raise BackendError(f"compaction of {self.url}: journal copy landed at LSN "
                                    f"{got}, expected {self._journals_at + j}; nothing was "

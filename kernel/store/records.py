@@ -271,11 +271,23 @@ class IndexHead(NamedTuple):
 
 
 class JournalHead(NamedTuple):
-    """K_JOURNAL / K_COPY_JOURNAL: one run-journal event, opaque to the store."""
+    """K_JOURNAL / K_COPY_JOURNAL: one run-journal event, opaque to the store. A
+    K_COPY_JOURNAL's ``run_id`` may be a list: the copy is a record of each run listed
+    (a record that several runs indexed, copied once: FORMAT.md 5a)."""
 
     kind: int
-    run_id: str
+    run_id: str | list
     rec: Any
+
+
+def copy_runs(run_id: Any, lsn: int) -> list[str] | str:
+    """The run (or runs) a K_COPY_JOURNAL of frame ``lsn`` is a record of; a list that is
+    empty or not all str is CorruptionError (it could index nothing right)."""
+    if type(run_id) is not list:
+        return run_id
+    if not run_id or any(type(r) is not str for r in run_id):
+        raise _bad_head(lsn, f"a journal copy names the runs {run_id!r}")
+    return run_id
 
 
 class RepairHead(NamedTuple):

@@ -97,7 +97,7 @@ def _ids(out: CutContents, payload: bytes, lsn: int) -> None:
     args = h[1:]
     if kind in _RUN_KINDS and args and type(args[0]) is str:
         out.runs.add(args[0])
-    elif kind in (K_REPAIR, K_DEL_JOURNAL) and args and type(args[0]) is list:
+    elif kind in (K_REPAIR, K_DEL_JOURNAL, K_COPY_JOURNAL) and args and type(args[0]) is list:
         out.runs.update(r for r in args[0] if type(r) is str)     # a lost delete too
     elif kind in _THREAD_KINDS and args and type(args[0]) is str:
         out.threads.add(args[0])

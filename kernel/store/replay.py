@@ -22,8 +22,8 @@ from .records import (
     INDEX_VERSION, INDEX_VERSIONS, K_CKPT, K_COMPACT_BEGIN, K_COMPACT_END, K_COPY_CKPT, K_COPY_JOURNAL,
     K_COPY_THREAD, K_COPY_WRITES, K_DEL_JOURNAL, K_DEL_THREAD, K_INDEX, K_JOURNAL, K_REMOVE,
     K_REPAIR, K_WRITES, CkptDeltaHead, CkptHead, CompactEndHead, CopyThreadHead, DelJournalHead,
-    DelThreadHead, IndexHead, JournalHead, RemoveHead, RepairHead, WritesHead, heads_of,
-    read_head,
+    DelThreadHead, IndexHead, JournalHead, RemoveHead, RepairHead, WritesHead, copy_runs,
+    heads_of, read_head,
 )
 
 __all__ = ["LogIndex"]
@@ -142,9 +142,13 @@ class LogIndex:
         elif kind == K_WRITES or kind == K_COPY_WRITES:
             _k, thread, ns, cid, _t, _tp, _r, _w = WritesHead.fields(h, lsn)
             ix.add_write(thread, ns, cid, lsn)
-        elif kind == K_JOURNAL or kind == K_COPY_JOURNAL:
+        elif kind == K_JOURNAL:
             _k, run_id, _rec = JournalHead.fields(h, lsn)
             ix.add_journal(run_id, lsn)
+        elif kind == K_COPY_JOURNAL:    # of one run, or of several (FORMAT.md 5a)
+            runs = copy_runs(JournalHead.fields(h, lsn)[1], lsn)
+            for r in runs if type(runs) is list else (runs,):
+                ix.add_journal(r, lsn)
         elif kind == K_DEL_THREAD:
             ix.delete_thread(DelThreadHead.of(h, lsn).thread)
         elif kind == K_COPY_THREAD:
