@@ -7,6 +7,9 @@
 |                   | durability exit) and vs copying its files (the I/O floor); | <= 0.55x     |
 |                   | bytes on disk before and after                             |              |
 | stats             | Store.stats() of the same store (read-only), vs the copy   | (recorded)   |
+| compact-forks     | bytes of the journal copies after compacting a run copied  | <= 1.1x      |
+|                   | to FORKS threads (copy_thread), vs the journal never       |              |
+|                   | copied; the whole store's bytes before and after           | (recorded)   |
 
 Workload: N threads x 100 checkpoints, each a growing message list (one ~300-byte
 message per step, delta-encoded) after the pending write that hands it the message (as
@@ -24,6 +27,8 @@ import pytest
 from benchlib import QUICK, record
 
 import durkv
+from durkv.log import SegmentLog
+from durkv.store.records import K_COPY_JOURNAL, read_head
 
 STEPS = 100
 
@@ -91,3 +96,52 @@ def test_compact_half_deleted(benchmark, bench_root):
            bytes_before=before, bytes_after=after)
     record(benchmark, "compact-half-bytes", ratio=after / before, target="<= 0.55x",
            ok=after / before <= 0.55)
+
+
+FORKS = 4
+
+
+def _journal_store(path, forks: int, steps: int) -> None:
+    """One run of ``steps`` steps (a ~300-byte result each), ``forks`` copies of its thread
+    (copy_thread, as a LangGraph fork does), each going on with one step of its own."""
+    with durkv.open(str(path), durability="exit") as s:
+        with s.run("agent") as run:
+            for i in range(steps):
+                run.step(f"s{i}", lambda i=i: f"step {i}: " + "r" * 290)
+        for f in range(forks):
+            s.copy_thread("agent", f"fork{f}")
+        for f in range(FORKS):      # the same records of their own in both stores
+            s.append_journal(f"fork{f}", {"e": 8, "st": "running", "t": 0.0})
+
+
+def _journal_copy_bytes(path) -> int:
+    """Bytes of the K_COPY_JOURNAL frames (headers included) in the log at ``path``."""
+    with SegmentLog.open(str(path), read_only=True) as log:
+        return sum(len(p) + 24 for lsn, p in log.scan(log.start_lsn)
+                   if read_head(p, lsn)[0] == K_COPY_JOURNAL)
+
+
+@pytest.mark.benchmark(group="compact")
+def test_compact_forked_journals(benchmark, bench_root):
+    """A thread's journal shared by FORKS copies is compacted into one copy of each record
+    (FORMAT.md 5a), not one per run: the journal copies' bytes vs those of the store whose
+    journal was never copied (the target), and the whole store's, before and after."""
+    steps = 200 if QUICK else 2000
+    before, after, copies = {}, {}, {}
+    for forks in (0, FORKS):
+        path = bench_root / f"compact-forks-{forks}"
+        _journal_store(path, forks, steps)
+        before[forks] = _disk(path)
+        with durkv.open(str(path)) as s:
+            report = s.compact()
+        after[forks], copies[forks] = _disk(path), _journal_copy_bytes(path)
+    benchmark.pedantic(lambda: None, rounds=1)            # figures are in extra_info
+    ratio = copies[FORKS] / copies[0]
+    print(f"\ncompact a {steps}-step journal copied to {FORKS} forks: journal copies "
+          f"{copies[FORKS]:,} B ({copies[0]:,} B never copied); store {before[FORKS]:,} -> "
+          f"{after[FORKS]:,} B ({before[0]:,} -> {after[0]:,} B never copied)")
+    record(benchmark, "compact-forks-journal-bytes", ratio=ratio, target="<= 1.1x",
+           ok=ratio <= 1.1, steps=steps, forks=FORKS, copies_forked=copies[FORKS],
+           copies_unforked=copies[0], store_before={str(k): v for k, v in before.items()},
+           store_after={str(k): v for k, v in after.items()},
+           journal_records_kept=report["journal_records_kept"])

@@ -130,6 +130,18 @@ def model_inputs(store, run_id: str = "t") -> list:
     return [e.inputs for e in describe(store, run_id) if e.kind == "step"]
 
 
+def journal_copies(path: Path) -> dict[tuple, int]:
+    """How many K_COPY_JOURNAL frames the store holds, by the runs each names."""
+    n: dict[tuple, int] = {}
+    with SegmentLog.open(str(path), read_only=True) as log:
+        for _lsn, payload in log.scan():
+            h = msgpack.unpackb(decode_commit(payload)[0], strict_map_key=False)
+            if h[0] == K_COPY_JOURNAL:
+                runs = tuple(h[1]) if type(h[1]) is list else (h[1],)
+                n[runs] = n.get(runs, 0) + 1
+    return n
+
+
 def item_forms(path: Path) -> dict[str, int]:
     """How many stored list items are jrefs, and journal ``ir`` items placed in the log."""
     n = {"jref": 0, "placed": 0}
@@ -178,6 +190,7 @@ def test_prune_delete_runs_copy_then_compact_read_back(tmp_path):
         inputs = model_inputs(saver.store)
         saver.copy_thread("t", "c")
         saver.store.prune(["t"], keep_last=2)
+        records = saver.store.journal_length("t")
     # the shared bytes stay where they are until a compaction
     assert readback(path, mark, "c") == before
     with DurkvSaver.open(str(path)) as saver:
@@ -190,6 +203,8 @@ def test_prune_delete_runs_copy_then_compact_read_back(tmp_path):
     # records' copies, the journal's inputs the entries' copies
     forms = item_forms(path)
     assert forms["jref"] >= N - 2 and forms["placed"] >= N // 2 - 2, forms
+    # the journal "c" shares with "t" is copied once, naming both (FORMAT.md 5a)
+    assert journal_copies(path) == {("c", "t"): records}
     # a run deleted, its journal compacted away: the checkpoints that shared it read on
     with DurkvSaver.open(str(path)) as saver:
         saver.store.delete_runs(["t", "c"])
@@ -381,9 +396,10 @@ def test_an_async_agent_shares_as_the_sync_one(tmp_path):
 
 
 def test_sigkill_during_compaction_of_shared_messages_loses_nothing(tmp_path):
-    """`durkv compact` of the agent's store SIGKILLed at random moments: the copies name
-    copies written after them, and without the durable END none of them counts -- every
-    state and journaled input reads as before, and a last compaction completes."""
+    """`durkv compact` of the agent's store (and of a copy of its thread, whose journal it
+    copies once for both) SIGKILLed at random moments: the copies name copies written after
+    them, and without the durable END none of them counts -- every state and journaled
+    input reads as before, and a last compaction completes."""
     import random
     import time
 
@@ -391,11 +407,17 @@ def test_sigkill_during_compaction_of_shared_messages_loses_nothing(tmp_path):
 
     mark = uuid.uuid4().hex[:8]
     path = tmp_path / "s.durkv"
-    run_agent(path, mark, True, "async", n=60)
-    with DurkvSaver.open(str(path)) as saver:
-        expect = (readback(path, mark), model_inputs(saver.store))
     probe = tmp_path / "probe.durkv"
-    run_agent(probe, mark, True, "async", n=60)
+    for p in (path, probe):
+        run_agent(p, mark, True, "async", n=60)
+        with DurkvSaver.open(str(p)) as saver:
+            saver.copy_thread("t", "c")
+    def state(saver) -> tuple:
+        return (readback(path, mark), readback(path, mark, "c"), model_inputs(saver.store),
+                model_inputs(saver.store, "c"))
+
+    with DurkvSaver.open(str(path)) as saver:
+        expect = state(saver)
     with DurkvSaver.open(str(probe)) as saver:
         t0 = time.monotonic()
         saver.store.compact()
@@ -405,12 +427,13 @@ def test_sigkill_during_compaction_of_shared_messages_loses_nothing(tmp_path):
     for _ in range(6):
         landed += _kill_inside_compaction(path, rnd.uniform(0.0, span))
         with DurkvSaver.open(str(path)) as saver:
-            assert (readback(path, mark), model_inputs(saver.store)) == expect
+            assert state(saver) == expect
             assert not saver.store.verify().damage
     assert landed >= 1, "no kill landed inside a compaction: nothing proved"
     with DurkvSaver.open(str(path)) as saver:
         saver.store.compact()
-        assert (readback(path, mark), model_inputs(saver.store)) == expect
+        assert state(saver) == expect
+    assert set(journal_copies(path)) == {("c", "t")}
 
 
 def _toolnode_agent(path: Path, mark: str, durable: bool) -> list:

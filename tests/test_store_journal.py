@@ -152,7 +152,7 @@ def test_compaction_copies_a_record_that_runs_share_once(url):
         _fill(s, "z", 1, 7)
         s.delete_runs(["a"])
         s.compact()
-        assert _journal_copies(s) == ["z"] * 7 + ["solo", "z"]
+        assert sorted(_journal_copies(s)) == ["solo"] + ["z"] * 8
         assert _steps(s, "z") == list(range(8)) and s.journal("a") == []
         assert s.journal("solo") == before["solo"]
 

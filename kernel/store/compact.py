@@ -221,13 +221,18 @@ class Compaction:
         return frames
 
     def _journal_order(self) -> Iterator[tuple[int, str | list[str]]]:
-        """(old LSN, the run or runs that index it) of every journal record, in LSN order:
-        the order :meth:`_copy_journals` copies them, once each (a record that copy_thread
-        shared, or a repair's, under every run that indexes it: FORMAT.md 5a). In LSN order,
-        not run by run: each run's journal (in LSN order) keeps its order among the copies
-        even where runs share some records and not others (a repair's)."""
-        merged = heapq.merge(*(zip(lsns, itertools.repeat(run_id)) for run_id, lsns
-                               in list(self._index.ix.journals.items())))
+        """(old LSN, the run or runs that index it) of every journal record, in the order
+        :meth:`_copy_journals` copies them, once each (a record that copy_thread shared, or
+        a repair's, under every run that indexes it: FORMAT.md 5a). Each run's journal is in
+        LSN order and must stay so among the copies: run by run when no record is shared,
+        else in LSN order (runs may share some records and not others: a repair's)."""
+        journals = list(self._index.ix.journals.items())
+        if sum(map(len, (lsns for _r, lsns in journals))) == len(
+                set().union(*(lsns for _r, lsns in journals))):
+            for run_id, lsns in journals:       # nothing shared (the common case)
+                yield from zip(lsns, itertools.repeat(run_id))
+            return
+        merged = heapq.merge(*(zip(lsns, itertools.repeat(run_id)) for run_id, lsns in journals))
         for lsn, group in itertools.groupby(merged, key=itemgetter(0)):
             ids = [run_id for _lsn, run_id in group]
             yield lsn, ids[0] if len(ids) == 1 else ids
