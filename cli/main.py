@@ -83,7 +83,8 @@ def cli(debug: bool) -> None:
 @cli.command()
 @click.argument("path", type=output.STORE_PATH)
 @click.option("--deep", is_flag=True,
-              help="Also decode every COMMIT frame and resolve every channel reference.")
+              help="Also decode every COMMIT frame and resolve every channel reference "
+                   "and every reference to a journal record.")
 @output.json_option
 @output.quiet_option
 @click.pass_context

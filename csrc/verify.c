@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "log_int.h"
+#include "vrefs.h"
 
 #define MAX_DAMAGE 1000
 
@@ -39,7 +40,7 @@ typedef struct {
 /* Deep mode: every channel entry seen so far, in (lsn, idx) order. */
 typedef struct {
     uint64_t lsn;
-    uint32_t idx;
+    uint32_t idx, n_items;
     uint8_t kind, flags;
 } ventry;
 
@@ -138,7 +139,7 @@ static const char *check_commit(ventries *es, uint64_t lsn, const uint8_t *p, ui
             *oom = 1;
             return NULL;
         }
-        es->v[es->n++] = (ventry){lsn, i, d.kind, d.flags};
+        es->v[es->n++] = (ventry){lsn, i, d.n_items, d.kind, d.flags};
     }
     return bad;
 }
@@ -279,26 +280,55 @@ static void report_scan(vctx *c, const seg_bytes *m, const vtrailer *vt, const s
 
 /* Deep: every COMMIT frame's channel references resolve to earlier entries. */
 static int check_commits(vctx *c, const seg_bytes *m, const uint64_t *offs, uint64_t n,
-                         ventries *es)
+                         ventries *es, dkv_vrefs *vr)
 {
+    uint32_t seg = (uint32_t)(c->sr - c->r->segments);
     for (uint64_t i = 0; i < n; i++) {
         const uint8_t *f = m->b + offs[i];
         if (f[16] != DKV_FRAME_COMMIT)
             continue;
         int oom = 0;
-        const char *bad = check_commit(es, c->base + i, f + FRAME_HDR, get32(f + 4), &oom);
+        uint64_t lsn = c->base + i;
+        const char *bad = check_commit(es, lsn, f + FRAME_HDR, get32(f + 4), &oom);
+        if (!bad && !oom)
+            bad = dkv__vrefs_frame(vr, lsn, f + FRAME_HDR, get32(f + 4), seg, offs[i], &oom);
         if (oom)
             return DKV_ENOMEM;
         if (bad)
-            found(c, offs[i], DKV_DAMAGE_BROKEN_CHAIN, c->base + i, bad);
+            found(c, offs[i], DKV_DAMAGE_BROKEN_CHAIN, lsn, bad);
     }
     return 0;
+}
+
+/* How many own items entry (lsn, idx) holds: a FULL list entry's or a DELTA's without
+ * REFS (an `ir` place may name those, FORMAT.md 5a); -1 for any other or none. */
+static int64_t own_items(void *ctx, uint64_t lsn, uint32_t idx)
+{
+    const ventry *e = ventry_find(ctx, lsn, idx);
+    if (!e || !((e->kind == DKV_ENTRY_FULL && !(e->flags & DKV_ENTRY_F_VALUE))
+                || (e->kind == DKV_ENTRY_DELTA && !(e->flags & DKV_ENTRY_F_REFS))))
+        return -1;
+    return e->n_items;
+}
+
+/* Deep: every jref and ir place the scan kept, now that the whole log was seen. */
+static void check_refs(const dkv_vrefs *vr, ventries *es, dkv_report *r)
+{
+    char buf[200];
+    for (size_t i = 0; i < vr->n_refs; i++) {
+        const dkv_vref *x = &vr->refs[i];
+        const char *bad = dkv__vrefs_check(vr, x, own_items, es, buf, sizeof buf);
+        if (bad)
+            add(r, &r->segments[x->seg], r->segments[x->seg].segment, x->off,
+                DKV_DAMAGE_BROKEN_CHAIN, x->from, bad);
+    }
 }
 
 /* Verify one segment file. prev: the previous segment's facts (NULL for the first or after
  * a header we could not read); uuid0: the log's uuid (the first readable header's). */
 static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev, const uint8_t *uuid0,
-                      int deep, ventries *es, dkv_report *r, dkv_segment_report *sr, vseg *vs)
+                      int deep, ventries *es, dkv_vrefs *vr, dkv_report *r,
+                      dkv_segment_report *sr, vseg *vs)
 {
     vctx c = {.base = base, .expect = prev ? prev->h.base_lsn + prev->count : base, .r = r,
               .sr = sr, .vs = vs};
@@ -342,7 +372,7 @@ static int verify_seg(const char *dir, uint64_t base, int last, const vseg *prev
     }
     report_scan(&c, &m, &vt, &res, offs, n, digest_ok);
     if (deep)
-        rc = check_commits(&c, &m, offs, n, es);
+        rc = check_commits(&c, &m, offs, n, es, vr);
 out:
     free(offs);
     release_seg(&m);
@@ -424,13 +454,15 @@ static int verify_dir(const char *dir, int deep, dkv_progress_fn progress, void 
     }
     r->n_segments = n;
     ventries es = {0};
+    dkv_vrefs vr = {.open = NO_LSN};
     int rc = 0;
     const uint8_t *uuid0 = NULL;
     int prefix_ok = 1;
     for (size_t i = 0; i < n && !rc; i++) {
         size_t before = r->n_damage;
         const vseg *prev = i && vs[i - 1].header_ok ? &vs[i - 1] : NULL;
-        rc = verify_seg(dir, bases[i], i + 1 == n, prev, uuid0, deep, &es, r, &r->segments[i], &vs[i]);
+        rc = verify_seg(dir, bases[i], i + 1 == n, prev, uuid0, deep, &es, &vr, r,
+                        &r->segments[i], &vs[i]);
         if (!uuid0 && vs[i].header_ok)
             uuid0 = vs[i].h.uuid;
         r->frames_ok += r->segments[i].frames_ok;
@@ -446,11 +478,14 @@ static int verify_dir(const char *dir, int deep, dkv_progress_fn progress, void 
         add_range(r, NULL, r->segments[0].segment, 0, DKV_DAMAGE_MISSING, vs[n - 1].h.start_lsn,
                   bases[0] - 1, "segments holding lsns from start_lsn are missing");
     }
+    if (!rc && deep)
+        check_refs(&vr, &es, r);
     /* HEAD (FORMAT.md §2a): the newest segment it names must be there */
     verify_head(r, info, rc ? DKV_ENOENT : hr, why, uuid0, bases, n, vs);
     if (!rc && n == 0 && info->head_state == 0)
         report_misnamed(dir, r);
     free(es.v);
+    dkv__vrefs_free(&vr);
     free(bases);
     if (rc) {
         dkv_report_free(r);

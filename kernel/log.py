@@ -693,8 +693,9 @@ def verify(path: str | os.PathLike, deep: bool = False,
     """Check every segment of the log at ``path`` (no lock taken; nothing changes).
 
     ``deep`` also decodes COMMIT frames and checks that every DELTA/SNAP reference
-    resolves. Findings are returned, never raised. ``progress(done, total)`` is
-    called after each segment file.
+    resolves, and every reference to a journal record (FORMAT.md 5 ``jref``, 5a ``ir``).
+    Findings are returned, never raised. ``progress(done, total)`` is called after each
+    segment file.
     """
     path = os.fspath(path)
     out = ffi.new("dkv_report **")

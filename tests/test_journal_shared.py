@@ -31,6 +31,7 @@ from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict
 
 import durkv
+import durkv.log
 from durkv.errors import CorruptionError
 from durkv.langgraph import DurkvSaver, step, tool
 from durkv.log import SegmentLog
@@ -203,8 +204,10 @@ def test_prune_delete_runs_copy_then_compact_read_back(tmp_path):
     # records' copies, the journal's inputs the entries' copies
     forms = item_forms(path)
     assert forms["jref"] >= N - 2 and forms["placed"] >= N // 2 - 2, forms
-    # the journal "c" shares with "t" is copied once, naming both (FORMAT.md 5a)
+    # the journal "c" shares with "t" is copied once, naming both (FORMAT.md 5a), and a deep
+    # verify follows every reference (the copies' forward ones included)
     assert journal_copies(path) == {("c", "t"): records}
+    assert durkv.log.verify(str(path), deep=True).ok
     # a run deleted, its journal compacted away: the checkpoints that shared it read on
     with DurkvSaver.open(str(path)) as saver:
         saver.store.delete_runs(["t", "c"])
@@ -428,7 +431,9 @@ def test_sigkill_during_compaction_of_shared_messages_loses_nothing(tmp_path):
         landed += _kill_inside_compaction(path, rnd.uniform(0.0, span))
         with DurkvSaver.open(str(path)) as saver:
             assert state(saver) == expect
-            assert not saver.store.verify().damage
+            # deep: every jref and ir place resolves; an abandoned compaction's dead copies
+            # (whose references name LSNs the log reused) are not read
+            assert not saver.store.verify(deep=True).damage
     assert landed >= 1, "no kill landed inside a compaction: nothing proved"
     with DurkvSaver.open(str(path)) as saver:
         saver.store.compact()

@@ -165,10 +165,11 @@ def test_a_journal_copy_naming_no_run_is_refused(tmp_path, runs):
     with durkv.open(url, index_every=0) as s:
         _fill(s, "a", 2)
     rec = msgpack.packb({"e": 2, "s": "0", "i": 0})
+    C = durkv.log.FRAME_COMMIT
     with durkv.log.SegmentLog.open(url) as log:    # a compaction as a buggy writer wrote it
-        begin = log.append(encode_record(msgpack.packb([K_COMPACT_BEGIN])))
-        log.append(encode_record(msgpack.packb([K_COPY_JOURNAL, runs, rec])))
-        log.append(encode_record(msgpack.packb([K_COMPACT_END, begin])))
+        begin = log.append(encode_record(msgpack.packb([K_COMPACT_BEGIN])), frame_type=C)
+        log.append(encode_record(msgpack.packb([K_COPY_JOURNAL, runs, rec])), frame_type=C)
+        log.append(encode_record(msgpack.packb([K_COMPACT_END, begin])), frame_type=C)
     with pytest.raises(durkv.CorruptionError, match=rf"frame {begin + 1} .*names the runs"):
         with durkv.open(url, index_every=0) as s:   # (the open or the first read replays)
             s.journal("a")

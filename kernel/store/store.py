@@ -303,8 +303,8 @@ class Store:
 
     def verify(self, deep: bool = False) -> VerifyReport:
         """Check the stored bytes (``deep``: decode every frame and resolve its channel
-        references too): a :class:`durkv.backends.base.VerifyReport`, the same shape for
-        every backend.
+        references too, and on a local store its references to journal records): a
+        :class:`durkv.backends.base.VerifyReport`, the same shape for every backend.
 
         >>> import durkv
         >>> with durkv.open("memory://") as s:
