@@ -3,7 +3,8 @@
 Metadata lives in pyproject.toml; this file exists for the package-dir mapping,
 ``cffi_modules`` (cffi's setuptools hook) and the small CPython extensions
 ``durkv._listprefix``, ``durkv._journalscan``, ``durkv._recpack``,
-``durkv._commitframe``, ``durkv._commitpath``, ``durkv._chanenc``, ``durkv._lgcommit`` and ``durkv._msgunpack``, which pyproject.toml cannot express.
+``durkv._commitframe``, ``durkv._commitpath``, ``durkv._chanenc``, ``durkv._lgcommit``,
+``durkv._msgunpack`` and ``durkv._msgfields``, which pyproject.toml cannot express.
 """
 
 import sys
@@ -36,6 +37,8 @@ setup(
                  Extension("durkv._chanenc", ["csrc/chanenc.c"],
                            extra_compile_args=COMPILE_ARGS),
                  Extension("durkv._msgunpack", ["csrc/msgunpack.c"],
+                           extra_compile_args=COMPILE_ARGS),
+                 Extension("durkv._msgfields", ["csrc/msgfields.c"],
                            extra_compile_args=COMPILE_ARGS)],
     zip_safe=False,
 )

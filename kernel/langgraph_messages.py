@@ -22,6 +22,12 @@ serializer whenever that equality is not certain:
   ``OrderedDict``), a tuple, a set, a datetime, a nested model... (ormsgpack hands it to
   ``default``, which refuses), or does not encode (an int over 64 bits).
 
+A history passed again (the model step's, every turn) is not packed again: each message's
+field dict was copied when it was encoded (durkv's own copy: containers copied, immutable
+leaves shared) and packed from the copy, and the next call compares the fields with the
+copies by value, as msgpack would see them (``durkv._msgfields``, csrc/msgfields.c). A
+message whose fields cannot be copied so keeps the byte comparison.
+
 ``tests/test_langgraph_messages.py`` compares the bytes with the serializer's on every
 message class and on generated odd contents; and before its first use in a process,
 :func:`is_jsonplus` compares them on a few messages, so that a LangGraph that encodes
@@ -32,6 +38,8 @@ from __future__ import annotations
 
 from functools import partial
 from typing import Any, Callable
+
+from ._msgfields import copy_fields, same_fields
 
 __all__ = ["EncodedPrefix", "dumps_messages", "eligible", "is_jsonplus", "pack_msgpack"]
 
@@ -115,27 +123,35 @@ def _ext5_header(n: int) -> bytes:
 class EncodedPrefix:
     """What :func:`dumps_messages` proved about a list it encoded, for the next call on the
     list grown from it: its leading ``n`` items are messages of the classes ``types``
-    encoded from their fields, whose field dicts packed one after the other are ``fields``,
-    and whose bytes are ``items``."""
+    encoded from their fields, and their bytes are ``items``; ``copies`` holds durkv's own
+    copy of each one's field dict, as it was packed (``durkv._msgfields``), or, when some
+    could not be copied, ``copies`` is None and ``fields`` is their field dicts packed one
+    after the other."""
 
-    __slots__ = ("types", "fields", "items")
+    __slots__ = ("types", "fields", "items", "copies")
 
-    def __init__(self, types: list, fields: bytes, items: list[bytes]) -> None:
-        self.types, self.fields, self.items = types, fields, items
+    def __init__(self, types: list, fields: bytes | None, items: list[bytes],
+                 copies: list[dict] | None) -> None:
+        self.types, self.fields, self.items, self.copies = types, fields, items, copies
 
 
 def _same_prefix(objs: list, prior: EncodedPrefix) -> int:
     """How many leading items of ``objs`` have the bytes of ``prior``'s: all of them when
-    the same classes, no extra fields, and field dicts that pack to the same bytes (one C
-    call for the whole prefix: what decides is bytes, never an object's identity); else 0.
-    Those messages then have the fields, in the order and of the exact plain types, that
-    were checked when ``prior`` was encoded: their serializer's bytes are ``prior``'s."""
+    the same classes, no extra fields, and field dicts equal to ``prior``'s by value, as
+    msgpack encodes them (one C call for the whole prefix, against durkv's own copies:
+    same exact types, keys in the same order, the same float bits; a leaf is taken as
+    unchanged only when it is the very immutable object copied) -- or, without copies,
+    that pack to the same bytes; else 0. Those messages then have the fields, in the
+    order and of the exact plain types, that were checked when ``prior`` was encoded:
+    their serializer's bytes are ``prior``'s."""
     n = len(prior.types)
     if not n or len(objs) < n:
         return 0
     prefix = objs[:n]
     if list(map(type, prefix)) != prior.types:
         return 0
+    if prior.copies is not None:
+        return n if same_fields(prefix, prior.copies) else 0
     try:
         if any([x.__pydantic_extra__ for x in prefix]):
             return 0
@@ -163,7 +179,9 @@ def dumps_messages(objs: list, dumps: Callable[[Any], bytes], prior: EncodedPref
     k = 0 if prior is None else _same_prefix(objs, prior)
     out = prior.items[:k] if k else []
     types = prior.types[:k] if k else []
-    fields = [prior.fields] if k else []
+    # the leading items' field dicts: copied (the common case), or else packed
+    copies = (prior.copies[:k] if prior.copies is not None else None) if k else []
+    fields = [prior.fields] if k and copies is None else []
     leading = True          # every item so far encoded from its fields
     classes, packb, option = _classes, ormsgpack.packb, _OPTION
     for x in objs[k:] if k else objs:
@@ -173,21 +191,33 @@ def dumps_messages(objs: list, dumps: Callable[[Any], bytes], prior: EncodedPref
         if spec is not None:
             d = x.__dict__
             if not x.__pydantic_extra__ and tuple(d) == spec[0]:
+                # packed from durkv's copy when one can be taken (no caller's code runs
+                # between the copy and the pack: the bytes are the copy's)
+                c = copy_fields(d) if leading and copies is not None else None
                 try:
-                    body = packb([spec[1], spec[2], d, "model_validate_json"], option=option,
-                                 default=_refuse)
+                    body = packb([spec[1], spec[2], d if c is None else c,
+                                  "model_validate_json"], option=option, default=_refuse)
                 except Exception:   # something not exactly plain inside, or not encodable
                     pass
                 else:
                     out.append(_ext5_header(len(body)) + body)
                     if leading:     # the field dict's own bytes: between the class's name
                         types.append(type(x))           # and the method's
-                        fields.append(body[spec[3]:-_TAIL])
+                        if copies is not None and c is None:    # no copy: pack them all
+                            fields = [packb(list(copies), option=option)[
+                                1 if len(copies) < 16 else 3 if len(copies) < 65536 else 5:]]
+                            copies = None
+                        if copies is None:
+                            fields.append(body[spec[3]:-_TAIL])
+                        else:
+                            copies.append(c)
                     continue
         out.append(dumps(x))
         leading = False
-    state = EncodedPrefix(types, b"".join(fields), out[:len(types)]) if types else None
-    return out, state
+    if not types:
+        return out, None
+    return out, EncodedPrefix(types, None if copies is not None else b"".join(fields),
+                              out[:len(types)], copies)
 
 
 def _agrees() -> bool:

@@ -228,14 +228,94 @@ def test_an_unchanged_prefix_takes_the_previous_calls_bytes():
     lambda m: setattr(m, "mood", "extra"),                    # an extra field
     lambda m: object.__setattr__(m, "__dict__", dict(reversed(m.__dict__.items()))),
     lambda m: setattr(m, "name", -0.0),
-], ids=["content", "int", "float", "bool", "tuple", "extra", "reordered", "negzero"])
+    # nested, in place: durkv compares with its own copy, never the caller's containers
+    lambda m: m.additional_kwargs["nest"]["args"].update(q="other"),
+    lambda m: m.additional_kwargs["nest"]["args"].update(q=1.0),
+    lambda m: m.additional_kwargs["nest"]["list"].append(None),
+    lambda m: m.additional_kwargs["nest"]["list"].__setitem__(0, 1.0),
+    lambda m: m.additional_kwargs["nest"]["list"].__setitem__(0, True),
+    lambda m: m.additional_kwargs["nest"].update(list=tuple(m.additional_kwargs["nest"]["list"])),
+    lambda m: m.additional_kwargs["nest"].update(args=m.additional_kwargs["nest"].pop("args")),
+    lambda m: m.additional_kwargs["nest"].update(big=2 ** 70),
+    lambda m: setattr(m, "content", type("S", (str,), {})("q")),   # a str subclass
+    lambda m: m.additional_kwargs["nest"].update(f=float("-nan")),
+], ids=["content", "int", "float", "bool", "tuple", "extra", "reordered", "negzero",
+        "nested-str", "nested-int-to-float", "nested-append", "nested-float", "nested-bool",
+        "nested-tuple", "nested-reordered", "nested-bigint", "str-subclass", "nested-nan"])
 def test_a_prefix_item_changed_in_place_is_encoded_again(change):
-    msgs = [lc.HumanMessage(content="q", id="h", additional_kwargs={"k": 0.0}),
-            lc.AIMessage(content="a", id="a", additional_kwargs={"k": 0.0})]
+    def nest() -> dict:
+        return {"k": 0.0, "nest": {"args": {"q": 1}, "list": [1, "x"], "f": float("nan")}}
+    msgs = [lc.HumanMessage(content="q", id="h", additional_kwargs=nest()),
+            lc.AIMessage(content="a", id="a", additional_kwargs=nest())]
     _, state = _grow(msgs, None)
+    assert state.copies is not None     # the history is checked against durkv's copies
     change(msgs[0])                     # the same objects, passed again
-    items, _ = _grow(msgs + [lc.ToolMessage(content="t", tool_call_id="c")], state)
-    assert items[0] != state.items[0]
+    grown = msgs + [lc.ToolMessage(content="t", tool_call_id="c")]
+    assert lm._same_prefix(grown, state) == 0       # not taken as unchanged: encoded again
+    try:
+        REF.dumps(msgs[0])
+    except TypeError:                   # a big int: the serializer refuses it as well
+        return
+    _grow(grown, state)                 # to the serializer's bytes (a tuple, a str subclass:
+                                        # the same bytes as before, found by encoding)
+
+
+class _Watched(lc.AIMessage):
+    """A message class with a __getattribute__ of its own: its fields are read through the
+    attribute protocol, not from where pydantic keeps them."""
+
+    def __getattribute__(self, name):
+        return super().__getattribute__(name)
+
+
+def test_a_class_with_its_own_getattribute_is_checked_through_it():
+    msgs = [_Watched(content="a", id="a", additional_kwargs={"n": [1]}),
+            lc.AIMessage(content="b", id="b", additional_kwargs={"n": [1]})]
+    _, state = _grow(msgs, None)
+    assert state.copies is not None and lm._same_prefix(msgs, state) == 2
+    msgs[0].additional_kwargs["n"].append(2)
+    assert lm._same_prefix(msgs, state) == 0
+    msgs[0].additional_kwargs["n"].pop()
+    msgs[1].additional_kwargs["n"][0] = 1.0
+    assert lm._same_prefix(msgs, state) == 0
+    _grow(msgs, state)
+
+
+def test_equal_values_in_new_objects_keep_the_prefix():
+    """What decides is the value, as msgpack encodes it: a field replaced by an equal
+    str, int or float (the same bits) in a new object, or a copied container, keeps
+    the previous bytes."""
+    msgs = [lc.AIMessage(content="a" * 40, id="a",
+                         additional_kwargs={"n": 10 ** 12, "f": 0.5, "l": [{"x": "y"}]})]
+    items, state = _grow(msgs, None)
+    m = msgs[0]
+    m.content = "".join(["a"] * 40)                       # another str object, same value
+    m.additional_kwargs = {"n": int("1" + "0" * 12), "f": float("0.5"), "l": [{"x": "y"}]}
+    items2, state2 = _grow(msgs + [lc.HumanMessage(content="next")], state)
+    assert items2[0] is items[0] and len(state2.items) == 2
+
+
+_nested = st.recursive(_plain, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(first=_nested, second=_nested)
+def test_the_copies_decide_as_the_bytes_would(first, second):
+    """Differential: for any two plain values a field goes from and to, the history check
+    against durkv's copies keeps the prefix exactly when packing the fields again gives the
+    same bytes (the check it replaces)."""
+    msgs = [lc.AIMessage(content="a", id="a", additional_kwargs={"v": first})]
+    try:
+        _, state = _grow(msgs, None)
+    except Exception:       # a value the serializer refuses (a big int): nothing to check
+        return
+    if state is None or state.copies is None:
+        return
+    packed = b"".join(lm.ormsgpack.packb(c, option=lm._OPTION) for c in state.copies)
+    by_bytes = lm.EncodedPrefix(state.types, packed, state.items, None)
+    msgs[0].additional_kwargs["v"] = second
+    assert lm._same_prefix(msgs, state) == lm._same_prefix(msgs, by_bytes)
 
 
 def test_an_item_replaced_by_another_class_with_the_same_fields_is_encoded_again():

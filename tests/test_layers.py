@@ -14,8 +14,8 @@ each import of a durkv module is checked against three rules:
 2. **No private name crosses a module line:** no ``from durkv.x import _name``.
    The compiled modules ``durkv._seglog``, ``durkv._listprefix``,
    ``durkv._journalscan``, ``durkv._recpack``, ``durkv._commitframe``,
-   ``durkv._msgunpack``, ``durkv._chanenc``, ``durkv._commitpath`` and ``durkv._lgcommit``
-   are imported by
+   ``durkv._msgunpack``, ``durkv._chanenc``, ``durkv._commitpath``, ``durkv._lgcommit``
+   and ``durkv._msgfields`` are imported by
    the one module that wraps each (:data:`WRAPPERS`).
 3. **Every module has a rank:** a new module (``kernel/runtime/``, ``backends/s3/``)
    fails this test until it is placed in :data:`RANKS`, in the layer it belongs to.
@@ -113,6 +113,7 @@ RANKS = {
     # re-exported for LangGraph nodes: so it ranks above the runtime
     "durkv._msgunpack": 66.2,       # compiled (CPython extension): list items decoded in C
     "durkv._lgcommit": 66.3,        # compiled (CPython extension): LangGraphSerde.dumps, metadata
+    "durkv._msgfields": 66.4,       # compiled (CPython extension): a history checked by value
     "durkv.langgraph_messages": 66.5,   # LangChain messages encoded from their fields
     "durkv.langgraph_serde": 67,
     "durkv.langgraph_claim": 67,    # one driver per thread: the bracket of an invocation
@@ -143,7 +144,8 @@ WRAPPERS = {"durkv._seglog": "durkv.log", "durkv._listprefix": "durkv.store.delt
             "durkv._journalscan": "durkv.runtime.journal",
             "durkv._recpack": "durkv.store.writer", "durkv._commitframe": "durkv.payload",
             "durkv._msgunpack": "durkv.langgraph_serde", "durkv._chanenc": "durkv.store.delta",
-            "durkv._commitpath": "durkv.store.writer", "durkv._lgcommit": "durkv.langgraph_serde"}
+            "durkv._commitpath": "durkv.store.writer", "durkv._lgcommit": "durkv.langgraph_serde",
+            "durkv._msgfields": "durkv.langgraph_messages"}
 
 # Known violations: (importer, imported module, name) triples allowed one by one, each
 # with the reason it must stay. The store restructuring (issue 8 item 1) removed the last
@@ -396,6 +398,7 @@ LAYER_OF = (  # module prefix -> layer (first match); README names the layers to
     ("durkv._journalscan", "runtime"), ("durkv._recpack", "store"), ("durkv._commitframe", "log"),
     ("durkv._msgunpack", "langgraph"), ("durkv.durability", "errors"), ("durkv.fsync", "errors"),
     ("durkv._chanenc", "store"), ("durkv._commitpath", "store"), ("durkv._lgcommit", "langgraph"),
+    ("durkv._msgfields", "langgraph"),
 )
 
 
