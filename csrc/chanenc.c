@@ -1,6 +1,7 @@
 /* durkv._chanenc: one channel of a put encoded in one C call (kernel/store/delta.py).
  *
- * ChanEncoder(encoder, dumps, compress, min_bytes, chan_state, has_prefix, wrap) is
+ * ChanEncoder(encoder, dumps, compress, min_bytes, chan_state, has_prefix, wrap, serde)
+ * is
  * called as ``enc(ch, v, prev, lsn, entries, pend)`` -- the arguments of
  * ChannelEncoder.encode, which stays the definition -- and returns the new ChanState, or
  * None before doing anything when the case is not one it takes:
@@ -32,6 +33,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "plaincopy.h"
+
 enum { FULL = 1, DELTA = 2, SNAP = 3 };
 enum { F_ZSTD = 1, F_VALUE = 2, F_REFS = 4 };
 
@@ -40,12 +43,13 @@ static const char JREF_MAGIC[4] = {(char)0xc1, 0x6a, 0x72, 0x66};   /* payload.J
 
 static PyObject *s_loaded, *s_is_list, *s_obj, *s_raw, *s_as_is, *s_n, *s_first, *s_last,
     *s_mid, *s_vbytes, *s_base, *s_deltas, *s_fresh, *s_ref, *s_snapshot_every,
-    *s_prefix_check, *empty_args;
+    *s_prefix_check, *s_plain_tag, *empty_args;
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *encoder, *dumps, *compress, *chan_state, *has_prefix, *wrap;
+    PyObject *serde;        /* its plain_tag: the tag of items kept as copies, or None */
     Py_ssize_t min_bytes;
 } ChanEnc;
 
@@ -221,29 +225,71 @@ static Py_ssize_t delta_start(ChanEnc *e, PyObject *prev, PyObject *v)
     return t ? n : -1;
 }
 
-/* [dumps(v[i]) for i in range(start, len(v))], len(v) taken once (v[i] of the live list) */
-static PyObject *serialize_items(ChanEnc *e, PyObject *v, Py_ssize_t start)
+static int is_scalar(PyObject *x)
+{
+    PyTypeObject *t = Py_TYPE(x);
+    return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyFloat_Type
+        || t == &PyBytes_Type || t == &PyBool_Type || x == Py_None;
+}
+
+/* _serialize_items(v, start): ([dumps(v[i]) ...], [what the state keeps of v[i] ...]) for
+ * i in range(start, len(v)), len(v) taken once (v[i] of the live list). Kept: None for an
+ * immutable scalar; for plain data under a plain_tag, durkv's decoded-form copy, taken
+ * before dumps and serialized itself (so bytes and copy are one value), when its bytes
+ * are the tag's; else the bytes. */
+static PyObject *serialize_items(ChanEnc *e, PyObject *v, Py_ssize_t start, PyObject **kept)
 {
     Py_ssize_t n = PyList_GET_SIZE(v);
-    PyObject *raws = PyList_New(0);
-    if (raws == NULL)
-        return NULL;
+    PyObject *raws = PyList_New(0), *keep = PyList_New(0);
+    if (raws == NULL || keep == NULL)
+        goto fail;
+    int tag = -1;       /* read at every put: a serializer swapped in place is followed */
+    PyObject *t = PyObject_GetAttr(e->serde, s_plain_tag);
+    if (t == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            goto fail;
+        PyErr_Clear();
+    } else {
+        if (t != Py_None)
+            tag = (int)PyLong_AsLong(t);
+        Py_DECREF(t);
+        if (tag == -1 && PyErr_Occurred())
+            goto fail;
+    }
     for (Py_ssize_t i = start; i < n; i++) {
         PyObject *x = PyList_GetItem(v, i);     /* IndexError if dumps shortened it */
         if (x == NULL)
             goto fail;
-        Py_INCREF(x);
-        PyObject *r = PyObject_CallOneArg(e->dumps, x);
-        Py_DECREF(x);
-        if (r == NULL || PyList_Append(raws, r)) {
-            Py_XDECREF(r);
+        PyObject *cp = NULL;
+        if (is_scalar(x)) {
+            cp = Py_None;
+            Py_INCREF(cp);
+        } else if (tag >= 0 && (cp = plain_copy(x, PLAIN_AS_DECODED)) == NULL
+                   && PyErr_Occurred()) {
             goto fail;
         }
+        PyObject *src = cp != NULL && cp != Py_None ? cp : x;
+        Py_INCREF(src);
+        PyObject *r = PyObject_CallOneArg(e->dumps, src);
+        Py_DECREF(src);
+        if (r == NULL) {
+            Py_XDECREF(cp);
+            goto fail;
+        }
+        if (cp != NULL && cp != Py_None && !(PyBytes_Check(r) && PyBytes_GET_SIZE(r) >= 1
+                && (unsigned char)PyBytes_AS_STRING(r)[0] == (unsigned char)tag))
+            Py_CLEAR(cp);                   /* the serde wrote it another way: keep bytes */
+        int bad = PyList_Append(raws, r) || PyList_Append(keep, cp != NULL ? cp : r);
         Py_DECREF(r);
+        Py_XDECREF(cp);
+        if (bad)
+            goto fail;
     }
+    *kept = keep;
     return raws;
 fail:
-    Py_DECREF(raws);
+    Py_XDECREF(raws);
+    Py_XDECREF(keep);
     return NULL;
 }
 
@@ -344,44 +390,22 @@ fail:
     return NULL;
 }
 
-static int is_scalar(PyObject *x)
+/* 1: some item is kept as itself (None) or as a copy (a dict or list), not serialized:
+ * ChanState.as_is */
+static int has_unserialized(PyObject *list)
 {
-    PyTypeObject *t = Py_TYPE(x);
-    return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyFloat_Type
-        || t == &PyBytes_Type || t == &PyBool_Type || x == Py_None;
-}
-
-/* _bytes_kept(v, start, raws) */
-static PyObject *bytes_kept(PyObject *v, Py_ssize_t start, PyObject *raws)
-{
-    Py_ssize_t n = PyList_GET_SIZE(raws);
-    PyObject *out = PyList_New(n);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *x = PyList_GetItem(v, start + i);
-        if (x == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyObject *b = is_scalar(x) ? Py_None : PyList_GET_ITEM(raws, i);
-        Py_INCREF(b);
-        PyList_SET_ITEM(out, i, b);
-    }
-    return out;
-}
-
-static int has_none(PyObject *list)
-{
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++)
-        if (PyList_GET_ITEM(list, i) == Py_None)
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        PyObject *k = PyList_GET_ITEM(list, i);
+        if (k == Py_None || PyDict_CheckExact(k) || PyList_CheckExact(k))
             return 1;
+    }
     return 0;
 }
 
-/* _keep_items(c, v, prev, start, raws); start -1: a FULL list */
+/* _keep_items(c, v, prev, start, fresh); start -1: a FULL list; fresh: what the state keeps
+ * of v[start:] (serialize_items) */
 static int keep_items(PyObject *c, PyObject *v, PyObject *prev, Py_ssize_t start,
-                      PyObject *raws)
+                      PyObject *fresh)
 {
     PyObject *buf = NULL, *kept = NULL;
     int rc = -1;
@@ -389,8 +413,8 @@ static int keep_items(PyObject *c, PyObject *v, PyObject *prev, Py_ssize_t start
         return -1;
     if (start < 0) {
         buf = PyList_GetSlice(v, 0, PY_SSIZE_T_MAX);
-        kept = buf == NULL ? NULL : bytes_kept(v, 0, raws);
-        if (kept == NULL || set(c, s_as_is, has_none(kept) ? Py_True : Py_False))
+        kept = buf == NULL ? NULL : PyList_GetSlice(fresh, 0, PY_SSIZE_T_MAX);
+        if (kept == NULL || set(c, s_as_is, has_unserialized(kept) ? Py_True : Py_False))
             goto done;
     } else {
         buf = PyObject_GetAttr(prev, s_obj);
@@ -416,21 +440,13 @@ static int keep_items(PyObject *c, PyObject *v, PyObject *prev, Py_ssize_t start
         Py_DECREF(tail);
         if (bad)
             goto done;
-        PyObject *fresh = bytes_kept(v, start, raws);
-        if (fresh == NULL)
+        if (PyList_SetSlice(kept, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, fresh))
             goto done;
-        if (PyList_SetSlice(kept, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, fresh)) {
-            Py_DECREF(fresh);
-            goto done;
-        }
         PyObject *prev_as_is = PyObject_GetAttr(prev, s_as_is);
-        if (prev_as_is == NULL) {
-            Py_DECREF(fresh);
+        if (prev_as_is == NULL)
             goto done;
-        }
         int t = PyObject_IsTrue(prev_as_is);
-        PyObject *as_is = t > 0 ? prev_as_is : (has_none(fresh) ? Py_True : Py_False);
-        Py_DECREF(fresh);
+        PyObject *as_is = t > 0 ? prev_as_is : (has_unserialized(fresh) ? Py_True : Py_False);
         int bad2 = t < 0 || set(c, s_as_is, as_is);
         Py_DECREF(prev_as_is);
         if (bad2)
@@ -592,7 +608,8 @@ static int encode_list(ChanEnc *e, PyObject *c, PyObject *v, PyObject *prev,
         if (start == -2)
             return -1;
     }
-    PyObject *raws = serialize_items(e, v, start < 0 ? 0 : start);
+    PyObject *fresh = NULL;
+    PyObject *raws = serialize_items(e, v, start < 0 ? 0 : start, &fresh);
     if (raws == NULL)
         return -1;
     PyObject *wrefs = NULL, *own = NULL, *items = NULL;
@@ -614,7 +631,7 @@ static int encode_list(ChanEnc *e, PyObject *c, PyObject *v, PyObject *prev,
         goto done;
     long flags = 0;
     items = stored_items(e, own, &flags);
-    if (items == NULL || keep_items(c, v, prev, start, raws))
+    if (items == NULL || keep_items(c, v, prev, start, fresh))
         goto done;
     if (start < 0) {
         Py_INCREF(items);
@@ -630,6 +647,7 @@ done:
     Py_XDECREF(own);
     Py_XDECREF(wrefs);
     Py_DECREF(raws);
+    Py_DECREF(fresh);
     return rc;
 }
 
@@ -912,9 +930,10 @@ static PyObject *chanenc_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     PyObject *encoder, *dumps, *compress, *chan_state, *has_prefix, *wrap;
     Py_ssize_t min_bytes;
+    PyObject *serde;
     (void)kw;
-    if (!PyArg_ParseTuple(args, "OOOnO!OO", &encoder, &dumps, &compress, &min_bytes,
-                          &PyType_Type, &chan_state, &has_prefix, &wrap))
+    if (!PyArg_ParseTuple(args, "OOOnO!OOO", &encoder, &dumps, &compress, &min_bytes,
+                          &PyType_Type, &chan_state, &has_prefix, &wrap, &serde))
         return NULL;
     ChanEnc *e = (ChanEnc *)type->tp_alloc(type, 0);
     if (e == NULL)
@@ -927,6 +946,7 @@ static PyObject *chanenc_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     Py_INCREF(has_prefix); e->has_prefix = has_prefix;
     Py_INCREF(wrap); e->wrap = wrap;
     e->min_bytes = min_bytes;
+    Py_INCREF(serde); e->serde = serde;
     return (PyObject *)e;
 }
 
@@ -938,6 +958,7 @@ static int chanenc_traverse(ChanEnc *e, visitproc visit, void *arg)
     Py_VISIT(e->chan_state);
     Py_VISIT(e->has_prefix);
     Py_VISIT(e->wrap);
+    Py_VISIT(e->serde);
     return 0;
 }
 
@@ -949,6 +970,7 @@ static int chanenc_clear(ChanEnc *e)
     Py_CLEAR(e->chan_state);
     Py_CLEAR(e->has_prefix);
     Py_CLEAR(e->wrap);
+    Py_CLEAR(e->serde);
     return 0;
 }
 
@@ -1001,6 +1023,7 @@ PyMODINIT_FUNC PyInit__chanenc(void)
     INTERN(s_ref, "ref");
     INTERN(s_snapshot_every, "snapshot_every");
     INTERN(s_prefix_check, "_prefix_check");
+    INTERN(s_plain_tag, "plain_tag");
     if ((empty_args = PyTuple_New(0)) == NULL)
         return NULL;
     if (PyType_Ready(&ChanEncType) < 0)

@@ -10,12 +10,17 @@
  * join_tagged() is its read-side twin: it joins a list channel's serialized items
  * into one buffer so that get() deserializes them in one serializer call.
  *
+ * decoded_copy() takes the store's own copy of a plain-data list item, in the form the
+ * serializer reads it back (plaincopy.h): the state keeps that instead of its bytes.
+ *
  * This is a CPython extension, separate from the cffi segment log: it reads list
  * internals (PySequence_Fast_ITEMS), which cffi cannot.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+
+#include "plaincopy.h"
 
 /* has_prefix(new, old, n) -> bool: len(new) >= n, len(old) >= n, new[:n] == old[:n]. */
 static PyObject *has_prefix(PyObject *self, PyObject *args)
@@ -91,12 +96,27 @@ static PyObject *join_tagged(PyObject *self, PyObject *args)
     return out;
 }
 
+/* decoded_copy(v) -> copy | None: what the serializer reads back after writing plain
+ * data v, made from v itself (plaincopy.h, PLAIN_AS_DECODED); None when v is not plain
+ * data whose round trip is the identity. */
+static PyObject *decoded_copy(PyObject *self, PyObject *v)
+{
+    (void)self;
+    PyObject *c = plain_copy(v, PLAIN_AS_DECODED);
+    if (c != NULL || PyErr_Occurred())
+        return c;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"has_prefix", has_prefix, METH_VARARGS,
      "has_prefix(new, old, n) -> bool: both lists have n items and new[:n] == old[:n]."},
     {"join_tagged", join_tagged, METH_VARARGS,
      "join_tagged(prefix, items, tag) -> bytes | None: prefix + each item minus its first "
      "byte, if every item is bytes starting with tag."},
+    {"decoded_copy", decoded_copy, METH_O,
+     "decoded_copy(v) -> copy | None: what the serializer reads back after writing plain "
+     "data v, copied from v; None when its round trip would change it."},
     {NULL, NULL, 0, NULL},
 };
 

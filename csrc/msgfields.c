@@ -28,66 +28,7 @@
 #include <structmember.h>
 #include <string.h>
 
-#define MAX_DEPTH 64
-
-static int leaf_type(PyTypeObject *t)
-{
-    return t == &PyUnicode_Type || t == &PyBytes_Type || t == &PyLong_Type
-        || t == &PyFloat_Type || t == &PyBool_Type || t == Py_TYPE(Py_None);
-}
-
-/* A copy of v (new reference); NULL without an error set: not plain data. */
-static PyObject *copy(PyObject *v, int depth)
-{
-    PyTypeObject *t = Py_TYPE(v);
-    if (leaf_type(t)) {
-        Py_INCREF(v);
-        return v;
-    }
-    if (depth >= MAX_DEPTH)
-        return NULL;
-    if (t == &PyDict_Type) {
-        PyObject *out = PyDict_New(), *k, *x;
-        Py_ssize_t pos = 0;
-        if (!out)
-            return NULL;
-        while (PyDict_Next(v, &pos, &k, &x)) {
-            PyObject *c;
-            if (!PyUnicode_CheckExact(k) || !(c = copy(x, depth + 1))) {
-                Py_DECREF(out);
-                return NULL;
-            }
-            int rc = PyDict_SetItem(out, k, c);
-            Py_DECREF(c);
-            if (rc) {
-                Py_DECREF(out);
-                return NULL;
-            }
-        }
-        return out;
-    }
-    if (t == &PyList_Type || t == &PyTuple_Type) {
-        Py_ssize_t n = Py_SIZE(v);
-        PyObject *out = t == &PyList_Type ? PyList_New(n) : PyTuple_New(n);
-        if (!out)
-            return NULL;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            /* no Python code runs while the copy is taken: the list cannot change */
-            PyObject *c = copy(t == &PyList_Type ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i),
-                               depth + 1);
-            if (!c) {
-                Py_DECREF(out);
-                return NULL;
-            }
-            if (t == &PyList_Type)
-                PyList_SET_ITEM(out, i, c);
-            else
-                PyTuple_SET_ITEM(out, i, c);
-        }
-        return out;
-    }
-    return NULL;
-}
+#include "plaincopy.h"
 
 /* 1: a and b are the same plain value, as msgpack encodes it; 0: not (or not plain). */
 static int same(PyObject *a, PyObject *b, int depth)
@@ -95,7 +36,7 @@ static int same(PyObject *a, PyObject *b, int depth)
     PyTypeObject *t = Py_TYPE(a);
     if (t != Py_TYPE(b))
         return 0;
-    if (a == b && leaf_type(t))
+    if (a == b && plain_leaf_type(t))
         return 1;
     if (t == &PyUnicode_Type) {             /* code points: msgpack's UTF-8 follows */
         int c = PyUnicode_Compare(a, b);
@@ -120,7 +61,7 @@ static int same(PyObject *a, PyObject *b, int depth)
     }
     if (t == &PyBool_Type || t == Py_TYPE(Py_None))
         return 0;                           /* singletons: not the same object */
-    if (depth >= MAX_DEPTH)
+    if (depth >= PLAIN_MAX_DEPTH)
         return 0;
     if (t == &PyDict_Type) {
         if (PyDict_GET_SIZE(a) != PyDict_GET_SIZE(b))
@@ -152,7 +93,7 @@ static PyObject *copy_fields(PyObject *self, PyObject *d)
     (void)self;
     if (!PyDict_CheckExact(d))
         Py_RETURN_NONE;
-    PyObject *c = copy(d, 0);
+    PyObject *c = plain_copy(d, PLAIN_AS_IS);
     if (c)
         return c;
     if (PyErr_Occurred())

@@ -21,12 +21,16 @@
  * cure: MemoryError, and a BaseException that is not an Exception (KeyboardInterrupt)
  * raised by the hook.
  *
- * Every call builds new objects; nothing decoded is kept.
+ * Every call builds new objects; nothing decoded is kept. unpack_kept() builds a list
+ * channel's value from what the store keeps of each item (bytes to decode, or a copy of
+ * plain data in the form decoding builds: plaincopy.h, listprefix.c's decoded_copy).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "plaincopy.h"
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -308,6 +312,27 @@ static PyObject *decode(Reader *r, int depth)
     }
 }
 
+/* 1: b is bytes of at least two bytes, the first of them tag */
+static int tagged(PyObject *b, int tag)
+{
+    return PyBytes_Check(b) && PyBytes_GET_SIZE(b) >= 2
+        && (unsigned char)PyBytes_AS_STRING(b)[0] == (unsigned char)tag;
+}
+
+/* decode(b[1:]) of a tagged item, all of its bytes one value; NULL: an error, or *bailed */
+static PyObject *decode_item(PyObject *b, PyObject *hook, int *bailed)
+{
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(b);
+    Reader r = {p + 1, p + PyBytes_GET_SIZE(b), hook, 0};
+    PyObject *v = decode(&r, 0);
+    if (v != NULL && r.p != r.end) {   /* bytes left over: not one value */
+        Py_CLEAR(v);
+        r.bail = 1;
+    }
+    *bailed = v == NULL && r.bail;
+    return v;
+}
+
 /* unpack_items(items, tag, ext_hook) -> list | None: [decode(b[1:]) for b in items] when
  * every item is bytes starting with byte tag and decodes within the subset above, each
  * using all of its bytes; else None (decode with the serializer). */
@@ -319,28 +344,20 @@ static PyObject *unpack_items(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!iO", &PyList_Type, &items, &tag, &hook))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(items);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *b = PyList_GET_ITEM(items, i);
-        if (!PyBytes_Check(b) || PyBytes_GET_SIZE(b) < 2
-                || (unsigned char)PyBytes_AS_STRING(b)[0] != (unsigned char)tag)
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!tagged(PyList_GET_ITEM(items, i), tag))
             Py_RETURN_NONE;
-    }
     /* a hook may run any Python: decode from a copy of the list, which it cannot reach */
     items = PyList_GetSlice(items, 0, n);
     if (items == NULL)
         return NULL;
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(items, i));
-        Reader r = {p + 1, p + PyBytes_GET_SIZE(PyList_GET_ITEM(items, i)), hook, 0};
-        PyObject *v = decode(&r, 0);
-        if (v != NULL && r.p != r.end) {   /* bytes left over: not one value */
-            Py_CLEAR(v);
-            r.bail = 1;
-        }
+        int bailed;
+        PyObject *v = decode_item(PyList_GET_ITEM(items, i), hook, &bailed);
         if (v == NULL) {
             Py_CLEAR(out);
-            if (!r.bail)
+            if (!bailed)
                 break;                 /* MemoryError or KeyboardInterrupt: raise it */
             Py_DECREF(items);
             Py_RETURN_NONE;
@@ -351,10 +368,68 @@ static PyObject *unpack_items(PyObject *self, PyObject *args)
     return out;
 }
 
+/* unpack_kept(kept, objs, tag, ext_hook) -> list | None: a list channel's newest value from
+ * what the store keeps of each item (kernel/store/delta.py, ChanState.raw): None -> objs[i]
+ * (an immutable scalar, its own copy), an exact dict or list -> a copy of durkv's own
+ * decoded-form copy (containers new, leaves shared), bytes -> decoded as unpack_items
+ * decodes it. None when an item must be decoded by the serializer. */
+static PyObject *unpack_kept(PyObject *self, PyObject *args)
+{
+    PyObject *kept, *objs, *hook;
+    int tag;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!iO", &PyList_Type, &kept, &PyList_Type, &objs, &tag, &hook))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(kept);
+    if (PyList_GET_SIZE(objs) < n) {
+        PyErr_SetString(PyExc_ValueError, "unpack_kept: fewer objects than kept items");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(kept, i);
+        if (k != Py_None && !PyDict_CheckExact(k) && !PyList_CheckExact(k) && !tagged(k, tag))
+            Py_RETURN_NONE;
+    }
+    /* a hook may run any Python: work from copies of both lists, which it cannot reach */
+    kept = PyList_GetSlice(kept, 0, n);
+    objs = kept == NULL ? NULL : PyList_GetSlice(objs, 0, n);
+    if (objs == NULL) {
+        Py_XDECREF(kept);
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    int bailed = 0;
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(kept, i), *v;
+        if (k == Py_None) {
+            v = PyList_GET_ITEM(objs, i);
+            Py_INCREF(v);
+        } else if (PyDict_CheckExact(k) || PyList_CheckExact(k)) {
+            v = plain_copy(k, PLAIN_AS_DECODED);
+            bailed = v == NULL && !PyErr_Occurred();
+        } else {
+            v = decode_item(k, hook, &bailed);
+        }
+        if (v == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    Py_DECREF(kept);
+    Py_DECREF(objs);
+    if (out == NULL && bailed)
+        Py_RETURN_NONE;
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"unpack_items", unpack_items, METH_VARARGS,
      "unpack_items(items, tag, ext_hook) -> list | None: each tagged msgpack item decoded "
      "as ormsgpack decodes it, or None where the serializer must decode them."},
+    {"unpack_kept", unpack_kept, METH_VARARGS,
+     "unpack_kept(kept, objs, tag, ext_hook) -> list | None: a list channel's value from "
+     "what the store keeps of each item, or None where the serializer must decode."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,9 +39,9 @@ from ._lgcommit import Dumps as _Dumps
 from ._lgcommit import checkpoint_metadata as checkpoint_metadata_c
 from ._lgcommit import put_args as put_args_c
 from ._lgcommit import put_writes_args as put_writes_args_c
-from ._msgunpack import unpack_items
+from ._msgunpack import unpack_items, unpack_kept
 from .langgraph_messages import dumps_messages, is_jsonplus, pack_msgpack
-from .store.delta import join_tagged
+from .store.delta import join_tagged, kept_values
 
 __all__ = ["EMPTY", "LangGraphSerde", "checkpoint_metadata_c", "put_args_c",
            "put_writes_args_c"]
@@ -100,6 +100,28 @@ class LangGraphSerde:
         # what that serializer stores for None (its "null"), asked once: a superstep stores
         # ~2 Nones (a branch channel, a write), each a Python call into the serializer
         self._none = self._asked(None) if self._plain else None
+
+    @property
+    def plain_tag(self) -> int | None:
+        """The tag byte of the stored values that read back exactly as
+        ``durkv._listprefix.decoded_copy`` copies plain data (dicts with str keys, lists,
+        str/bytes/int/float/bool/None): msgpack under exactly LangGraph's
+        ``JsonPlusSerializer`` once its decoding agreed with the C decoder's; None under
+        any other serializer. The store keeps such list items as copies, not bytes."""
+        if self._plain and c_ext_hook(self._serde) is not None:
+            return _MSGPACK_TAG
+        return None
+
+    def loads_kept(self, kept: list, objs: list) -> list:
+        """A list channel's items from what the store keeps of each (``None``: ``objs[i]``,
+        an immutable scalar; a dict or list: a decoded-form copy, copied again; bytes:
+        deserialized), in one C pass where the serializer's decoding is the C decoder's."""
+        hook = c_ext_hook(self._serde)
+        if hook is not None:
+            out = unpack_kept(kept, objs, _MSGPACK_TAG, hook)
+            if out is not None:
+                return out
+        return kept_values(kept, objs, self.loads)
 
     @staticmethod
     def is_empty(value: Any) -> bool:

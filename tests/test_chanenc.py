@@ -120,12 +120,25 @@ def _state(c):
             id(c.first), id(c.last), id(c.mid), c.fresh)
 
 
+def _serde(kind):
+    """durkv's own serde, or LangGraph's as DurkvSaver wraps it (its plain-data items are
+    kept as copies, not bytes: ChanState.raw)."""
+    if kind == "durkv":
+        return {}
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from durkv.langgraph_serde import LangGraphSerde
+    return {"serde": LangGraphSerde(JsonPlusSerializer())}
+
+
+@pytest.mark.parametrize("serde", ["durkv", "langgraph"])
 @pytest.mark.parametrize("langgraph", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_c_and_python_encoders_write_the_same_log(tmp_path, monkeypatch, seed, langgraph):
-    c_run = _run(str(tmp_path / "c"), seed, langgraph)
+def test_c_and_python_encoders_write_the_same_log(tmp_path, monkeypatch, seed, langgraph,
+                                                  serde):
+    c_run = _run(str(tmp_path / "c"), seed, langgraph, **_serde(serde))
     _off(monkeypatch)
-    p_run = _run(str(tmp_path / "p"), seed, langgraph)
+    p_run = _run(str(tmp_path / "p"), seed, langgraph, **_serde(serde))
     assert p_run[0] == c_run[0]                 # the frames, byte for byte
     # the newest state, field by field, but the item identities (each run makes its own)
     assert [{k: v[:9] for k, v in st.items()} for st in p_run[1]] == \

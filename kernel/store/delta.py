@@ -52,8 +52,11 @@ compare uses; O(list length), in one serializer call where the serde has a
 store nor the objects that were put (as with LangGraph's InMemorySaver). An
 immutable scalar item (str, bytes, int, float, bool, None: exact types) is its
 own copy: its bytes are not kept and it is handed out as itself, so a text
-channel's newest state is held once (a mutable item: as object and as bytes).
-``get`` of an
+channel's newest state is held once. Under LangGraph's serializer a plain-data
+item (dicts with str keys, lists, such scalars) is kept as durkv's own copy in
+the form deserializing builds, and handed out as a fresh copy of that
+(containers new, immutable leaves shared): the same value and types as
+deserializing, without it (see ``_kept_items``). ``get`` of an
 older checkpoint reads it from the log (one ``read_channel`` per channel);
 ``history`` derives an older list from the newer one it just read when the
 newer entry extends it (a prefix slice: see :mod:`durkv.store.history`).
@@ -71,7 +74,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._chanenc import ChanEncoder
-from .._listprefix import has_prefix, join_tagged
+from .._listprefix import decoded_copy, has_prefix, join_tagged
 from ..errors import SerializationError
 from ..payload import (
     DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, JREF_MAGIC, SNAP, Codec, entry_at, pack_ref,
@@ -79,7 +82,8 @@ from ..payload import (
 from .index import Lane
 from .ckpthead import CkptHeads
 
-__all__ = ["ChannelEncoder", "ChanState", "NewestCheckpoint", "join_tagged", "list_loads"]
+__all__ = ["ChannelEncoder", "ChanState", "NewestCheckpoint", "join_tagged", "kept_values",
+           "list_loads"]
 
 _SCALARS = frozenset((str, int, float, bytes, bool, type(None)))
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -93,8 +97,10 @@ class ChanState:
     # class-level defaults keep construction cheap (it is on the commit path)
     is_list = False
     obj: list | None = None    # list channels: the items put (or read), the store's own
-    raw: list | None = None    # array, and their serialized bytes; the value is obj[:n]
-    as_is = False              # some raw[i] is None: obj[i] is immutable, its own copy
+    raw: list | None = None    # array, and what it keeps of each (_kept_items): its
+    #                            serialized bytes, None or a decoded-form copy; the value
+    #                            is obj[:n]
+    as_is = False              # some raw[i] is not serialized (None or a copy)
     n = 0
     first = last = mid = None  # fingerprint: obj[0], obj[n-1], obj[n//2] (references)
     vbytes = b""               # non-list channels: the serialized value
@@ -157,6 +163,8 @@ class ChannelEncoder:
         self._dumps = serde.dumps
         self._loads = serde.loads
         self._loads_list = list_loads(serde)     # many list items in one call
+        self._loads_kept = kept_loads(serde)
+        self._serde = serde
         self._codec = codec
         self._minb = codec.min_bytes
         self._compress = codec.compress      # the writer's compressor: under the lock
@@ -168,7 +176,7 @@ class ChannelEncoder:
         # (the threshold clamped to a C ssize_t: no item is that long, so nothing changes)
         self.encode_c = ChanEncoder(self, self._dumps, self._compress,
                                     max(-sys.maxsize, min(self._minb, sys.maxsize)), ChanState,
-                                    has_prefix, _serialization_error)
+                                    has_prefix, _serialization_error, serde)
 
     def encode(self, ch: str, v: Any, prev: ChanState | None, lsn: int, entries: list,
                pend: list | None = None) -> ChanState:
@@ -213,27 +221,47 @@ class ChannelEncoder:
         """A list value: DELTA entries when it extends the previous list ``prev`` (see the
         module docstring), else a FULL entry of one item per element."""
         start = self.delta_start(prev, v) if prev is not None else None
-        raws = self._serialize_items(v, start)
+        raws, kept = self._serialize_items(v, start)
         wrefs: list = []     # pending-write entries holding raws[:m]
         m = 0
         if pend and start is not None:
             wrefs, m = _match_writes(pend, raws)
         own = raws[m:] if m else raws
         items, flags = self._stored_items(own)
-        self._keep_items(c, v, prev, start, raws)
+        self._keep_items(c, v, prev, start, kept)
         if start is None:
             entries.append((FULL, items, flags, 0, 0, 0))
             c.base = pack_ref(*c.ref)
         else:
             self._append_deltas(c, prev, wrefs, items, flags, own, entries)
 
-    def _serialize_items(self, v: list, start: int | None) -> list[bytes]:
-        """The serde bytes of the items to store: ``v[start:]`` (a delta) or all of ``v``."""
+    def _plain_tag(self) -> int | None:
+        """The tag byte of the items the serde reads back exactly as ``decoded_copy``
+        copies plain data (LangGraphSerde's ``plain_tag``: its msgpack under LangGraph's
+        own serializer), or None: such items are kept as copies (:func:`_kept_items`).
+        Asked at every put: a serializer swapped in place is followed."""
+        return getattr(self._serde, "plain_tag", None)
+
+    def _serialize_items(self, v: list, start: int | None) -> tuple[list[bytes], list]:
+        """The serde bytes of the items to store, ``v[start:]`` (a delta) or all of ``v``,
+        and what the state keeps of each (see :func:`_kept_items`). A plain-data item's
+        copy is taken first and serialized itself, so its bytes and copy are one value
+        whatever another thread does to the item meanwhile."""
         dumps = self._dumps
-        n = len(v)
-        if start is not None and n - start == 1:     # the agent loop: one new item
-            return [dumps(v[start])]
-        return [dumps(v[i]) for i in range(start or 0, n)]
+        tag = self._plain_tag()
+        raws: list[bytes] = []
+        kept: list = []
+        for i in range(start or 0, len(v)):
+            x = v[i]
+            if type(x) in _SCALARS:
+                raws.append(dumps(x))
+                kept.append(None)
+                continue
+            cp = decoded_copy(x) if tag is not None else None
+            b = dumps(x if cp is None else cp)
+            raws.append(b)
+            kept.append(cp if cp is not None and b[:1] == bytes((tag,)) else b)
+        return raws, kept
 
     def _stored_items(self, raws: list[bytes]) -> tuple[list[bytes], int]:
         """The items as stored (each compressed when large) and the entry's flags."""
@@ -249,7 +277,7 @@ class ChannelEncoder:
 
     @staticmethod
     def _keep_items(c: ChanState, v: list, prev: ChanState | None, start: int | None,
-                    raws: list[bytes]) -> None:
+                    kept: list) -> None:
         """The store's own item arrays, never the caller's list: a later in-place edit of
         the caller's list can neither change the committed state nor hide from the next
         put's prefix compare. A delta extends the previous arrays in place when nothing
@@ -257,18 +285,17 @@ class ChannelEncoder:
         c.is_list = True
         if start is None:
             buf = list(v)
-            raws = _bytes_kept(v, 0, raws)
-            c.as_is = None in raws
+            raws = list(kept)
+            c.as_is = _unserialized(raws)
         else:
             buf, raws_before = prev.obj, prev.raw
             if len(buf) != start or len(raws_before) != start:
                 buf = buf[:start]
                 raws_before = raws_before[:start]
             buf.extend(v[start:])
-            new = _bytes_kept(v, start, raws)
-            raws_before.extend(new)
+            raws_before.extend(kept)
             raws = raws_before
-            c.as_is = prev.as_is or None in new
+            c.as_is = prev.as_is or _unserialized(kept)
         c.obj = buf
         c.raw = raws
         n = c.n = len(v)
@@ -393,8 +420,8 @@ class ChannelEncoder:
             obj = self._loads_list(raws)
             c.is_list = True
             c.obj = obj
-            c.raw = _bytes_kept(obj, 0, raws)
-            c.as_is = None in c.raw
+            c.raw = _kept_items(obj, raws, self._plain_tag())
+            c.as_is = _unserialized(c.raw)
             n = c.n = len(obj)
             if n:
                 c.first, c.last, c.mid = obj[0], obj[n - 1], obj[n >> 1]
@@ -411,10 +438,8 @@ class ChannelEncoder:
         # node's return value, already handed out), and an edit of what get() returned
         # must change neither them nor the committed state
         raws = c.raw[:c.n]
-        loads = self._loads
-        if c.as_is:             # immutable items kept as themselves (see _bytes_kept)
-            obj = c.obj
-            return [obj[i] if b is None else loads(b) for i, b in enumerate(raws)]
+        if c.as_is:             # items kept as themselves or as copies (see _kept_items)
+            return self._loads_kept(raws, c.obj)
         return self._loads_list(raws)
 
 
@@ -436,11 +461,53 @@ def list_loads(serde: Any) -> Any:
     return lambda raws: [loads(b) for b in raws]
 
 
-def _bytes_kept(items: list, start: int, raws: list[bytes]) -> list:
-    """The serialized bytes the state keeps of ``items[start:]`` (serialized ``raws``):
-    None for an immutable scalar (str, bytes, int, float, bool, None; exact types), which
-    ``value`` hands out as itself -- no edit of it can reach the committed state, and
-    keeping its bytes too would hold a text channel's newest state twice in memory."""
-    if len(raws) == 1:          # the agent loop: one new item
-        return [None if type(items[start]) in _SCALARS else raws[0]]
-    return [None if type(items[i]) in _SCALARS else b for i, b in enumerate(raws, start)]
+def kept_loads(serde: Any) -> Any:
+    """``f(kept, objs)``: a list channel's items from what the state keeps of each
+    (:func:`_kept_items`), each a new object but for an immutable scalar (itself): the
+    serde's one-pass form when it has one (LangGraphSerde's ``loads_kept``)."""
+    many = getattr(serde, "loads_kept", None)
+    if many is not None:
+        return many
+    loads = serde.loads
+    return lambda kept, objs: kept_values(kept, objs, loads)
+
+
+def kept_values(kept: list, objs: list, loads: Any) -> list:
+    """The definition of ``loads_kept``: ``objs[i]`` for None, a copy of a kept copy,
+    ``loads`` of bytes."""
+    return [objs[i] if k is None else decoded_copy(k) if type(k) in _COPIES else loads(k)
+            for i, k in enumerate(kept)]
+
+
+_COPIES = (dict, list)      # the types of a decoded-form copy the state keeps
+
+
+def _kept_items(items: list, raws: list[bytes], tag: int | None) -> list:
+    """What the state keeps of ``items`` (serialized ``raws``) to hand each out again:
+
+    - None for an immutable scalar (str, bytes, int, float, bool, None; exact types),
+      handed out as itself -- no edit of it can reach the committed state, and keeping its
+      bytes too would hold a text channel's newest state twice in memory;
+    - under a serde that names a ``plain_tag``, for plain data (dicts with str keys,
+      lists, such scalars) whose bytes carry that tag: durkv's own copy in the form
+      decoding builds (``durkv._listprefix.decoded_copy``: containers copied, immutable
+      leaves shared), handed out as a copy of it -- the value decoding the bytes gives,
+      without decoding (a list of 500 1 KiB messages: ~3x faster);
+    - else the bytes, deserialized afresh each time.
+
+    ``items`` must be the store's own objects or values taken before ``raws`` were made
+    from them (the put path takes its copies in :meth:`ChannelEncoder._serialize_items`);
+    here they are the objects a load decoded from ``raws``."""
+    out: list = []
+    for x, b in zip(items, raws):
+        if type(x) in _SCALARS:
+            out.append(None)
+            continue
+        cp = decoded_copy(x) if tag is not None and b[:1] == bytes((tag,)) else None
+        out.append(b if cp is None else cp)
+    return out
+
+
+def _unserialized(kept: list) -> bool:
+    """Whether some item is kept as itself or as a copy (ChanState.as_is)."""
+    return any(k is None or type(k) in _COPIES for k in kept)
