@@ -91,8 +91,10 @@ def test_optional_fields_are_left_out_as_the_writers_always_did():
         {"e": 2, "t": 1.5, "s": "0", "k": "step", "n": "plan", "fp": 7, "t0": 1.0, "r": b"\x01"})
     assert R.RunRecord(2.0, None, 1).pack() == {"e": 1, "t": 2.0, "fp": None, "tid": 1}
     assert R.IntentRecord(3.0, "1", "pay", 9, "k1", 0, 2, at_most_once=True).pack() == {
-        "e": 3, "t": 3.0, "s": "1", "n": "pay", "fp": 9, "key": "k1", "rc": 0, "g": 2,
-        "amo": True}
+        "e": 3, "t": 3.0, "s": "1", "n": "pay", "fp": 9, "key": "k1", "g": 2, "amo": True}
+    # the run's default key and retry 0 are left out: every reader derives them
+    assert R.IntentRecord(3.0, "1", "pay", 9, None, 1).pack() == {
+        "e": 3, "t": 3.0, "s": "1", "n": "pay", "fp": 9, "rc": 1}
     assert R.StatusRecord(4.0, "sleeping", until=9.0).pack() == {
         "e": 8, "t": 4.0, "st": "sleeping", "until": 9.0}
 

@@ -217,6 +217,10 @@ def test_version_drift(url, policy, caplog, drive):
             assert model.calls == ["a", "a"] and box.keys == ["r:1", "r:1#1"]
             assert [(e.step_id, e.generation) for e in j] == [("0", 0), ("1", 0), ("0", 1),
                                                                 ("1", 1)]
+            # the default key is left out of the INTENT and read back; a new key is kept
+            intents = [r for r in s.journal("r") if r["e"] == 3]
+            assert [r.get("key") for r in intents] == [None, "r:1#1"]
+            assert [e.idempotency_key for e in j if e.kind == "tool"] == ["r:1", "r:1#1"]
             drive(s, "r", scenario("p2", "2"), on_drift="fail")   # the rerun is the record
 
 

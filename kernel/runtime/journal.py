@@ -36,7 +36,7 @@ from .inputs import by_ref
 from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_RUN, E_STATUS,
                       E_STEP, E_TRY, E_WARN, ApprovalRecord, DecisionRecord, IntentRecord,
                       ReceiptRecord, ResolveRecord, RunRecord, StatusRecord, StepRecord,
-                      TryRecord, WarnRecord)
+                      TryRecord, WarnRecord, default_key)
 
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
            "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "CallState", "RunState", "RunInfo", "fold", "apply",
@@ -291,7 +291,7 @@ def _fold_intent(st: RunState, r: dict) -> None:
     e = _entry(st, sid, gen, "tool", name, fp, t)
     e.inputs = inputs if ir is None else by_ref(ir, st.find)   # refers to e's inputs before
     e.tool_version = tv
-    e.key = key
+    e.key = default_key(st.run_id, sid) if key is None else key    # left out: the default
     e.retry_count = rc
     e.at_most_once = bool(amo)
     e.comp_of = comp

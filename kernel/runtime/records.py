@@ -25,7 +25,7 @@ __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION
            "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "E_REPAIR", "E_REPAIR_ACK", "RunRecord", "StepRecord",
            "IntentRecord", "ReceiptRecord", "ApprovalRecord", "DecisionRecord",
            "ResolveRecord", "StatusRecord", "WarnRecord", "TryRecord", "RepairRecord",
-           "RepairAckRecord", "RECORD_TYPES",
+           "RepairAckRecord", "RECORD_TYPES", "default_key",
            "ALWAYS", "SET", "TRUE"]
 
 # journal events: the "e" field of a record (part of the format: never renumber)
@@ -128,6 +128,12 @@ class StepRecord(NamedTuple):
     RESULT = KEYS.index("r")    # the store's writer finds `r` here (FORMAT.md 5, `jref`)
 
 
+def default_key(run_id: str, step_id: str) -> str:
+    """The idempotency key of a step's tool call unless the journal says another: an
+    INTENT leaves its ``key`` out when it is this one (FORMAT.md 5a)."""
+    return f"{run_id}:{step_id}"
+
+
 class IntentRecord(NamedTuple):
     """INTENT: a tool is about to be called (one per attempt); journaled before the call."""
 
@@ -146,8 +152,9 @@ class IntentRecord(NamedTuple):
     inputs_by_ref: list | None = None   # `ir`, as a STEP's
     E = E_INTENT
     KEYS = ("t", "s", "n", "fp", "key", "rc", "g", "in", "tv", "amo", "comp", "cut", "ir")
-    KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, ALWAYS, TRUE, SET, SET, TRUE, SET, SET,
-            SET)
+    # key: None for the run's default key of the step (FORMAT.md 5a), which every reader
+    # derives; rc: 0 is the default of every reader
+    KEEP = (ALWAYS, ALWAYS, ALWAYS, ALWAYS, SET, TRUE, TRUE, SET, SET, TRUE, SET, SET, SET)
 
 
 class ReceiptRecord(NamedTuple):

@@ -53,7 +53,7 @@ from .journal import (LAZY_INPUTS, LAZY_RESULT, MISS, STATUSES, CallState, Journ
                       StepEntry, apply, apply_step, bulk_load, fold, fold_lazy, record_step, replays_as_asked)
 from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
-    WarnRecord,
+    WarnRecord, default_key,
 )
 from .plan import CALL, ONCE, RECORD, SLEEP, Plan, Recorded, drive, err_type, plain_version
 from .repair import damage_of
@@ -662,7 +662,7 @@ class Run:
         p.spec, p.comp_of, p.refs, p.encoded = spec, comp_of, refs, enc
         # an at-most-once tool's records get an fdatasync of their own under every policy
         p.synced = spec.at_most_once or SYNCED_TOOLS.get()
-        base = f"{self.run_id}:{sid}"
+        base = default_key(self.run_id, sid)
         p.key = base
         e = self._check(sid, "tool", spec.name, fp)
         if e is None:
@@ -709,7 +709,8 @@ class Run:
         held = self._repair is not None and self._repair.doubt(
             p.sid, p.gen, p.key, p.name, self._st.latest(p.sid))
         at_most_once = p.spec is not None and p.spec.at_most_once
-        rec = IntentRecord(t, p.sid, p.name, p.fp, p.key, p.rc, p.gen, p.inputs, p.version,
+        key = None if p.key == default_key(self.run_id, p.sid) else p.key   # derived
+        rec = IntentRecord(t, p.sid, p.name, p.fp, key, p.rc, p.gen, p.inputs, p.version,
                            at_most_once, p.comp_of, self._repair.ids[0] if held else None,
                            p.refs).pack()       # cut: no call follows
         # docs/GUARANTEES.md 16.9: an at-most-once tool's intent gets its own fdatasync, and
