@@ -244,10 +244,11 @@ def test_langgraph_messages_by_reference_and_the_same_fingerprint(tmp_path):
             msgs = turns(run, 20)
         recs = _steps(s, "r")
         # after the first turn: the previous record's items, the previous result (the AI
-        # message, by reference to that step's `r`), and the new tool message and kwargs
+        # message, by reference to that step's `r`: [g], the base's step), and the new
+        # tool message and kwargs
         for i, r in enumerate(recs[1:], 1):
             shape, base, new = r["ir"]
-            assert base == [str(i - 1), 0, 2 * i - 1] and new[0] == [str(i - 1), 0], i
+            assert base == [str(i - 1), 0, 2 * i - 1] and new[0] == [0], i
             assert [type(x) for x in new[1:]] == [bytes, bytes]
         v = Values(s.serde)
         for i, e in enumerate(run.journal()):
@@ -412,3 +413,27 @@ def test_a_kill_between_records_leaves_every_recorded_input_readable(tmp_path):
         with s.run("r") as run:         # a re-execution replays them all, then goes on
             _agent(run, len(entries) + 2, calls := [])
         assert len(calls) == 2
+
+
+def test_a_result_of_the_base_step_is_named_by_its_generation_alone():
+    """``[g]`` names a result of the base's own step (FORMAT.md 5a): rebuilt from that
+    step's record like ``[s, g]``; without a base, or a generation the journal lacks, the
+    inputs are unreadable (never partial)."""
+    from durkv.runtime.inputs import ByRef, Unreadable, by_ref
+
+    class Entry:
+        def __init__(self, inputs, result):
+            self.inputs, self.result = inputs, result
+
+    entries = {("a", 0): Entry(b"in-a", b"res-a0"), ("b", 1): Entry(None, b"res-b1")}
+
+    def find(s, g):
+        return entries.get((s, g))
+
+    x = by_ref([[2], ["a", 0, 1], [[0], ["b", 1]]], find)     # 2 list items + kwargs
+    assert x.base == b"in-a" and x.k == 1 and x.new == [b"res-a0", b"res-b1"]
+    gone = by_ref([[2], ["a", 0, 1], [[5], b"z"]], find)      # a generation not recorded
+    assert isinstance(gone.new[0], Unreadable) and "step a generation 5" in str(gone.new[0])
+    baseless = by_ref([[1], None, [[0]]], find)                # [g] needs a base
+    assert type(baseless) is ByRef and isinstance(baseless.base, Unreadable)
+    assert "malformed" in str(baseless.base)

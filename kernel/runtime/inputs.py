@@ -169,7 +169,9 @@ class InputRefs:
         for b in items[k:]:
             hit = results.get(fingerprint(b)) if results else None
             if hit is not None and hit[2] == b:
-                new.append([hit[0], hit[1]])
+                # [g]: a result of the base's own step (the previous model call's answer)
+                new.append([hit[1]] if ref is not None and hit[0] == ref[0]
+                           else [hit[0], hit[1]])
                 continue
             at = place(b) if place is not None and len(b) >= PLACED_ITEMS else None
             if at is not None:
@@ -270,10 +272,12 @@ def by_ref(ir: Any, find: Callable[[str, int], Any]) -> ByRef:
             if is_placed_item(x):
                 x = Placed(*x)
             elif type(x) is not bytes:
-                e = find(x[0], x[1])
+                # [s, g], or [g]: a result of the base's step (a base is required)
+                rs, rg = (base[0], x[0]) if len(x) == 1 and base is not None else x
+                e = find(rs, rg)
                 x = e.result if e is not None and e.result is not None else Unreadable(
-                    f"step {x[0]} generation {x[1]}, whose result is one of its items, is "
-                    "not in the journal")
+                    f"step {rs} generation {rg}, whose result is one of its items, is not in "
+                    "the journal")
             items.append(x)
         if type(k) is not int or k < 0 or k + len(items) != _count(shape):
             raise ValueError(f"{k} shared and {len(items)} new items for shape {shape}")
