@@ -14,6 +14,7 @@ and NullSaver (stores nothing: LangGraph's own checkpointing cost).
 | bytes-{N}               | bytes on disk per thread (largest N)   | <= 1/300 sqlite; <= 1/5 sqlite |
 |                         |                                        | with DeltaChannel              |
 | get-state-{N}           | graph.get_state latency                | <= 0.2x sqlite; flat in N      |
+| get-state-messages-{N}  | the same, state of LangChain messages  | <= 0.5x sqlite (issue 20)      |
 | history-{N}             | full get_state_history listing         | >= 5x sqlite                   |
 | threads-8               | 8 threads, 8 graphs, "sync", one store | >= 3x sqlite aggregate         |
 | sync-added-{N}          | (durkv - null saver) per superstep     | <= 1.3x one write+fdatasync of |
@@ -310,6 +311,32 @@ def test_get_state(benchmark, savers, kind, n):
             benchmark.extra_info["flat_vs_smallest_n"] = round(flat, 3)
             print(f"\nget_state durkv N={n} vs N={small}: {flat:.2f}x (flat = ~1x; "
                   f"N ratio {n / small:.1f}x)")
+
+
+@pytest.mark.parametrize("kind", ("sqlite", "durkv"))
+def test_get_state_messages(benchmark, savers, kind):
+    """graph.get_state of a graph whose state holds LangChain messages (add_messages, the
+    shape most agents have): each message is a pydantic object to build."""
+    n = min(N_LIST)
+    benchmark.group = f"get-state-messages-{n}"
+    key = ("messages", kind, n)
+    if key not in STORES:
+        saver, _paths = savers.open(kind)
+        graph = message_graph(n, "ai").compile(checkpointer=saver)
+        graph.invoke({"n": 0, "messages": []}, cfg(f"gsm-{kind}", n), durability="async")
+        STORES[key] = (saver, graph, f"gsm-{kind}")
+    _saver, graph, thread = STORES[key]
+    config = cfg(thread, n)
+    state = benchmark.pedantic(graph.get_state, args=(config,), rounds=20 if not QUICK else 5,
+                               iterations=1, warmup_rounds=1)
+    assert len(state.values["messages"]) == n and isinstance(state.values["messages"][0],
+                                                              AIMessage)
+    MEDIANS[("get_state_messages", kind, n)] = benchlib.bench_median(benchmark)
+    if kind == "durkv" and ("get_state_messages", "sqlite", n) in MEDIANS:
+        ratio = MEDIANS[("get_state_messages", kind, n)] / MEDIANS[
+            ("get_state_messages", "sqlite", n)]
+        record(benchmark, f"get_state N={n} AIMessages durkv/sqlite latency", ratio=ratio,
+               target="issue 20: <= 0.5x", ok=ratio <= 0.5)
 
 
 @pytest.mark.parametrize("kind", ("sqlite", "durkv"))

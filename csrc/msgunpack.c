@@ -368,30 +368,157 @@ static PyObject *unpack_items(PyObject *self, PyObject *args)
     return out;
 }
 
-/* unpack_kept(kept, objs, tag, ext_hook) -> list | None: a list channel's newest value from
- * what the store keeps of each item (kernel/store/delta.py, ChanState.raw): None -> objs[i]
- * (an immutable scalar, its own copy), an exact dict or list -> a copy of durkv's own
- * decoded-form copy (containers new, leaves shared), bytes -> decoded as unpack_items
- * decodes it. None when an item must be decoded by the serializer. */
+/* ---- pydantic messages kept as their fields ---------------------------------------------
+ *
+ * A LangChain message (a pydantic v2 model of a type LangGraph always allows) decodes by
+ * validating its fields again (cls(**fields): ~10 us). Once decoded, the store may keep it
+ * as (cls, fields, fields_set, extra) -- copies of what pydantic holds of that object,
+ * plain data only (plaincopy.h), its private attributes None -- and build each later read
+ * from them as pydantic's own __copy__ does (cls.__new__, the four slots set directly):
+ * the same object decoding the same bytes builds, its containers new. */
+
+static PyObject *s_dict, *s_fields_set, *s_extra, *s_private, *empty_tuple;
+
+static int interned(void)
+{
+    if (s_dict != NULL)
+        return 0;
+    s_dict = PyUnicode_InternFromString("__dict__");
+    s_fields_set = PyUnicode_InternFromString("__pydantic_fields_set__");
+    s_extra = PyUnicode_InternFromString("__pydantic_extra__");
+    s_private = PyUnicode_InternFromString("__pydantic_private__");
+    empty_tuple = PyTuple_New(0);
+    return s_dict && s_fields_set && s_extra && s_private && empty_tuple ? 0 : -1;
+}
+
+/* the kept form of model v, or NULL without an error: not one to keep */
+static PyObject *model_kept(PyObject *v)
+{
+    PyObject *d = NULL, *fs = NULL, *ex = NULL, *pv = NULL, *out = NULL;
+    PyObject *fields = NULL, *set = NULL, *extra = NULL;
+    if (interned())
+        return NULL;
+    d = PyObject_GetAttr(v, s_dict);
+    fs = d == NULL ? NULL : PyObject_GetAttr(v, s_fields_set);
+    ex = fs == NULL ? NULL : PyObject_GetAttr(v, s_extra);
+    pv = ex == NULL ? NULL : PyObject_GetAttr(v, s_private);
+    if (pv == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_Exception))
+            PyErr_Clear();              /* not laid out as pydantic v2 lays a model out */
+        goto done;
+    }
+    if (pv != Py_None || !PyDict_CheckExact(d) || !PySet_CheckExact(fs)
+            || !(ex == Py_None || PyDict_CheckExact(ex)))
+        goto done;
+    fields = plain_copy(d, PLAIN_AS_DECODED);
+    set = fields == NULL ? NULL : PyFrozenSet_New(fs);
+    if (set == NULL)
+        goto done;
+    if (ex == Py_None) {
+        extra = Py_None;
+        Py_INCREF(extra);
+    } else if ((extra = plain_copy(ex, PLAIN_AS_DECODED)) == NULL) {
+        goto done;
+    }
+    out = PyTuple_Pack(4, (PyObject *)Py_TYPE(v), fields, set, extra);
+done:
+    Py_XDECREF(d);
+    Py_XDECREF(fs);
+    Py_XDECREF(ex);
+    Py_XDECREF(pv);
+    Py_XDECREF(fields);
+    Py_XDECREF(set);
+    Py_XDECREF(extra);
+    return out;
+}
+
+/* a new model from its kept form (cls, fields, fields_set, extra); NULL: an error */
+static PyObject *model_of(PyObject *k)
+{
+    if (interned())
+        return NULL;
+    if (PyTuple_GET_SIZE(k) != 4 || !PyType_Check(PyTuple_GET_ITEM(k, 0))) {
+        PyErr_SetString(PyExc_TypeError, "a kept model is (cls, fields, fields_set, extra)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)PyTuple_GET_ITEM(k, 0);
+    PyObject *obj = cls->tp_new(cls, empty_tuple, NULL);
+    if (obj == NULL)
+        return NULL;
+    PyObject *d = plain_copy(PyTuple_GET_ITEM(k, 1), PLAIN_AS_DECODED);
+    PyObject *fs = d == NULL ? NULL : PySet_New(PyTuple_GET_ITEM(k, 2));
+    PyObject *ex = PyTuple_GET_ITEM(k, 3);
+    ex = fs == NULL ? NULL : ex == Py_None ? (Py_INCREF(ex), ex) : plain_copy(ex, PLAIN_AS_DECODED);
+    int rc = -1;
+    if (ex != NULL)     /* pydantic's __copy__: the slots set past the model's __setattr__ */
+        rc = PyObject_GenericSetAttr(obj, s_dict, d) || PyObject_GenericSetAttr(obj, s_fields_set, fs)
+            || PyObject_GenericSetAttr(obj, s_extra, ex) || PyObject_GenericSetAttr(obj, s_private, Py_None)
+            ? -1 : 0;
+    else if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "a kept model's fields are not plain data");
+    Py_XDECREF(d);
+    Py_XDECREF(fs);
+    Py_XDECREF(ex);
+    if (rc) {
+        Py_DECREF(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+static PyObject *py_model_of(PyObject *self, PyObject *k)
+{
+    (void)self;
+    if (!PyTuple_Check(k)) {
+        PyErr_SetString(PyExc_TypeError, "model_of(kept): a kept model is a tuple");
+        return NULL;
+    }
+    return model_of(k);
+}
+
+static PyObject *py_model_kept(PyObject *self, PyObject *v)
+{
+    (void)self;
+    PyObject *k = model_kept(v);
+    if (k != NULL || PyErr_Occurred())
+        return k;
+    Py_RETURN_NONE;
+}
+
+/* unpack_kept(kept, objs, n, tag, ext_hook, models) -> list | None: a list channel's first n
+ * items from what the store keeps of each (kernel/store/delta.py, ChanState.raw): None ->
+ * objs[i] (an immutable scalar, its own copy), an exact dict or list -> a copy of durkv's
+ * own decoded-form copy (containers new, leaves shared), a tuple -> a model built from its
+ * kept form, bytes -> decoded as unpack_items decodes it; a decoded object whose type is
+ * in the set `models` is then kept in `kept` by its fields (in place of its bytes, if
+ * they are still there), so the next read builds it instead of validating it again. None
+ * when an item must be decoded by the serializer. */
 static PyObject *unpack_kept(PyObject *self, PyObject *args)
 {
-    PyObject *kept, *objs, *hook;
+    PyObject *kept, *objs, *hook, *models, *orig;
+    Py_ssize_t n;
     int tag;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!iO", &PyList_Type, &kept, &PyList_Type, &objs, &tag, &hook))
+    if (!PyArg_ParseTuple(args, "O!O!niOO", &PyList_Type, &kept, &PyList_Type, &objs, &n, &tag,
+                          &hook, &models))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(kept);
-    if (PyList_GET_SIZE(objs) < n) {
-        PyErr_SetString(PyExc_ValueError, "unpack_kept: fewer objects than kept items");
+    if (n < 0 || PyList_GET_SIZE(kept) < n || PyList_GET_SIZE(objs) < n) {
+        PyErr_SetString(PyExc_ValueError, "unpack_kept: fewer kept items or objects than n");
+        return NULL;
+    }
+    if (models != Py_None && !PyAnySet_Check(models)) {
+        PyErr_SetString(PyExc_TypeError, "unpack_kept: models is a set of types or None");
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *k = PyList_GET_ITEM(kept, i);
-        if (k != Py_None && !PyDict_CheckExact(k) && !PyList_CheckExact(k) && !tagged(k, tag))
+        if (k != Py_None && !PyDict_CheckExact(k) && !PyList_CheckExact(k)
+                && !PyTuple_CheckExact(k) && !tagged(k, tag))
             Py_RETURN_NONE;
     }
     /* a hook may run any Python: work from copies of both lists, which it cannot reach */
-    kept = PyList_GetSlice(kept, 0, n);
+    orig = kept;
+    kept = PyList_GetSlice(orig, 0, n);
     objs = kept == NULL ? NULL : PyList_GetSlice(objs, 0, n);
     if (objs == NULL) {
         Py_XDECREF(kept);
@@ -407,8 +534,25 @@ static PyObject *unpack_kept(PyObject *self, PyObject *args)
         } else if (PyDict_CheckExact(k) || PyList_CheckExact(k)) {
             v = plain_copy(k, PLAIN_AS_DECODED);
             bailed = v == NULL && !PyErr_Occurred();
+        } else if (PyTuple_CheckExact(k)) {
+            v = model_of(k);
         } else {
             v = decode_item(k, hook, &bailed);
+            int known = v == NULL || models == Py_None ? 0
+                : PySet_Contains(models, (PyObject *)Py_TYPE(v));
+            if (known < 0) {
+                Py_CLEAR(v);
+            } else if (known) {
+                PyObject *form = model_kept(v);     /* before v is handed out */
+                if (form == NULL && PyErr_Occurred()) {
+                    Py_CLEAR(v);
+                } else if (form != NULL) {
+                    if (i < PyList_GET_SIZE(orig) && PyList_GET_ITEM(orig, i) == k)
+                        PyList_SetItem(orig, i, form);  /* steals form; `kept` holds k */
+                    else
+                        Py_DECREF(form);    /* the store's list changed meanwhile */
+                }
+            }
         }
         if (v == NULL) {
             Py_CLEAR(out);
@@ -428,8 +572,14 @@ static PyMethodDef methods[] = {
      "unpack_items(items, tag, ext_hook) -> list | None: each tagged msgpack item decoded "
      "as ormsgpack decodes it, or None where the serializer must decode them."},
     {"unpack_kept", unpack_kept, METH_VARARGS,
-     "unpack_kept(kept, objs, tag, ext_hook) -> list | None: a list channel's value from "
-     "what the store keeps of each item, or None where the serializer must decode."},
+     "unpack_kept(kept, objs, n, tag, ext_hook, models) -> list | None: a list channel's "
+     "first n items from what the store keeps of each, or None where the serializer must "
+     "decode; a decoded model of a type in models is kept by its fields from then on."},
+    {"model_kept", py_model_kept, METH_O,
+     "model_kept(model) -> tuple | None: the kept form (cls, fields, fields_set, extra) of a "
+     "pydantic v2 model of plain data, or None."},
+    {"model_of", py_model_of, METH_O,
+     "model_of(kept) -> model: a new model built from its kept form."},
     {NULL, NULL, 0, NULL},
 };
 

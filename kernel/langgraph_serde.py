@@ -39,7 +39,7 @@ from ._lgcommit import Dumps as _Dumps
 from ._lgcommit import checkpoint_metadata as checkpoint_metadata_c
 from ._lgcommit import put_args as put_args_c
 from ._lgcommit import put_writes_args as put_writes_args_c
-from ._msgunpack import unpack_items, unpack_kept
+from ._msgunpack import model_of, unpack_items, unpack_kept
 from .langgraph_messages import dumps_messages, is_jsonplus, pack_msgpack
 from .store.delta import join_tagged, kept_values
 
@@ -112,16 +112,24 @@ class LangGraphSerde:
             return _MSGPACK_TAG
         return None
 
-    def loads_kept(self, kept: list, objs: list) -> list:
-        """A list channel's items from what the store keeps of each (``None``: ``objs[i]``,
-        an immutable scalar; a dict or list: a decoded-form copy, copied again; bytes:
-        deserialized), in one C pass where the serializer's decoding is the C decoder's."""
+    def loads_kept(self, kept: list, objs: list, n: int) -> list:
+        """A list channel's first ``n`` items from what the store keeps of each, ``kept``
+        (``None``: ``objs[i]``, an immutable scalar; a dict or list: a decoded-form copy,
+        copied again; a tuple: a message kept by its fields, built again; bytes:
+        deserialized), each a new object, in one C pass where the serializer's decoding is
+        the C decoder's. A message of a type LangGraph always allows (:func:`kept_models`)
+        that is decoded here is kept by its fields in ``kept`` from then on
+        (``durkv._msgunpack``): the next read builds it as pydantic copies a model instead
+        of validating it again, the same object decoding builds."""
         hook = c_ext_hook(self._serde)
         if hook is not None:
-            out = unpack_kept(kept, objs, _MSGPACK_TAG, hook)
+            out = unpack_kept(kept, objs, n, _MSGPACK_TAG, hook, kept_models())
             if out is not None:
                 return out
-        return kept_values(kept, objs, self.loads)
+        return kept_values(kept[:n], objs, self._loads_kept_one)
+
+    def _loads_kept_one(self, k: Any) -> Any:
+        return model_of(k) if type(k) is tuple else self.loads(k)
 
     @staticmethod
     def is_empty(value: Any) -> bool:
@@ -212,6 +220,39 @@ class LangGraphSerde:
                     return out
         loads = self.loads
         return [loads(b) for b in items]
+
+
+def kept_models() -> frozenset:
+    """The types :meth:`LangGraphSerde.loads_kept` keeps by their fields once decoded: the
+    pydantic v2 models among the types LangGraph's serializer always allows
+    (``SAFE_MSGPACK_TYPES``: LangChain's messages and ``Document``), whose decoding -- the
+    class called on the stored fields -- depends on no allowlist. Empty when LangGraph does
+    not say which types those are."""
+    if not _kept_models:
+        _kept_models.append(_safe_models())
+    return _kept_models[0]
+
+
+_kept_models: list[frozenset] = []
+
+
+def _safe_models() -> frozenset:
+    try:
+        import importlib
+
+        import pydantic
+        from langgraph.checkpoint.serde._msgpack import SAFE_MSGPACK_TYPES
+    except Exception:   # noqa: BLE001 - an older or newer LangGraph: keep no message
+        return frozenset()
+    out = set()
+    for module, name in SAFE_MSGPACK_TYPES:
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except Exception:   # noqa: BLE001, S112 - a type this install does not have
+            continue
+        if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel):
+            out.add(cls)
+    return frozenset(out)
 
 
 def c_ext_hook(serde: Any) -> Any:

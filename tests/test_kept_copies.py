@@ -15,10 +15,13 @@ from __future__ import annotations
 import datetime
 import math
 import threading
+from typing import Annotated
 
 import pytest
 from langchain_core.messages import AIMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph.message import add_messages
+from typing_extensions import TypedDict
 
 import durkv
 from durkv._listprefix import decoded_copy
@@ -188,3 +191,147 @@ def test_another_serializer_gets_bytes_not_copies(tmp_path):
     with durkv.open(str(tmp_path / "d.durkv")) as s:   # durkv's own serde: bytes
         _put(s, "c1", None, [{"a": 1}])
         assert type(s._index.ix.lane("t", "").newest.chans["m"].raw[0]) is bytes
+
+
+# ---- LangChain messages kept by their fields once decoded --------------------------------
+
+class MessagesState(TypedDict):
+    messages: Annotated[list, add_messages]
+
+
+class MyAI(AIMessage):
+    """A user's subclass: not a type LangGraph always allows, so never kept as fields."""
+
+
+def _messages():
+    from langchain_core.documents import Document
+    from langchain_core.messages import (HumanMessage, RemoveMessage, SystemMessage,
+                                         ToolMessage)
+    return [
+        SystemMessage(content="be brief", id="s0"),
+        HumanMessage(content=[{"type": "text", "text": "hi"}, "there"], id="h1",
+                     additional_kwargs={"meta": {"nested": [1, 2.5, None]}}),
+        AIMessage(content="x" * 2000, id="a1",
+                  tool_calls=[{"name": "t", "args": {"q": [1, {"r": "s"}]}, "id": "c1"}],
+                  usage_metadata={"input_tokens": 1, "output_tokens": 2, "total_tokens": 3},
+                  response_metadata={"model": "m", "stop": None}),
+        ToolMessage(content="result", tool_call_id="c1", id="t1", artifact={"rows": [1, 2]}),
+        ToolMessage(content="when", tool_call_id="c2", id="t2",
+                    artifact={"at": datetime.datetime(2026, 12, 5)}),   # not plain data
+        AIMessage(content="extra", id="a2", custom_field=[1, 2]),       # pydantic extra
+        AIMessage(content="tuple", id="a3", response_metadata={"t": (1, 2)}),
+        RemoveMessage(id="a0"),
+        Document(page_content="doc", metadata={"k": "v"}, id="d1"),
+        MyAI(content="mine", id="m1"),
+    ]
+
+
+def _state_of(m):
+    """Everything pydantic holds of a model, as compared values."""
+    return (type(m), m.__dict__, m.__pydantic_fields_set__, m.__pydantic_extra__,
+            m.__pydantic_private__)
+
+
+def _same_model(a, b):
+    sa, sb = _state_of(a), _state_of(b)
+    return (sa[0] is sb[0] and same_typed(sa[1], sb[1]) and sa[2] == sb[2]
+            and same_typed(sa[3], sb[3]) and sa[4] == sb[4] and a == b
+            and a.model_dump() == b.model_dump())
+
+
+def test_messages_read_again_are_what_decoding_builds(tmp_path):
+    """The first read decodes each message (and keeps a LangChain one by its fields); every
+    later read builds it from them: equal, field for field, to a fresh decode of the stored
+    bytes, and to a reopened store's read of the log."""
+    msgs = _messages()
+    serde = _serde()
+    want = [serde.loads(serde.dumps(m)) for m in msgs]
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path, serde=_serde()) as s:
+        _put(s, "c1", None, msgs[:3])
+        _put(s, "c2", "c1", msgs)
+        reads = [s.get("t", "").values["m"] for _ in range(3)]
+        kept = s._index.ix.lane("t", "").newest.chans["m"].raw
+        kinds = [type(k).__name__ for k in kept]
+    for got in reads:
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert _same_model(g, w), (g, w)
+    assert reads[1][2] is not reads[2][2]                     # new objects every read
+    assert reads[1][2].tool_calls is not reads[2][2].tool_calls
+    # LangChain's messages and Document by their fields; the rest as bytes
+    # (a tuple in a message reads back as a list: its decoded fields are plain data)
+    assert kinds == ["tuple"] * 4 + ["bytes"] + ["tuple"] * 4 + ["bytes"], kinds
+    with durkv.open(path, serde=_serde()) as s:
+        for g, w in zip(s.get("t", "").values["m"], want):
+            assert _same_model(g, w)
+
+
+def test_an_edit_of_a_read_message_reaches_no_later_read(tmp_path):
+    from langchain_core.messages import HumanMessage
+    with durkv.open(str(tmp_path / "s.durkv"), serde=_serde()) as s:
+        ai = AIMessage(content=["part"], id="a1",
+                       tool_calls=[{"name": "t", "args": {"q": [1]}, "id": "c1"}])
+        _put(s, "c1", None, [HumanMessage(content="hi", id="h"), ai])
+        for _ in range(2):                          # the decoding read, then a built one
+            got = s.get("t", "").values["m"][1]
+            got.content.append("edited")
+            got.tool_calls[0]["args"]["q"].append(2)
+            got.additional_kwargs["x"] = 1
+            got.id = "changed"
+        again = s.get("t", "").values["m"][1]
+        assert again == ai and again.content == ["part"]
+        assert again.tool_calls == [{"name": "t", "args": {"q": [1]}, "id": "c1",
+                                     "type": "tool_call"}]
+
+
+def test_messages_kept_by_fields_read_under_another_serializer(tmp_path):
+    """Swapped to a serializer the C decoder does not stand in for, the messages kept by
+    their fields are still built from them (the bytes were LangGraph's own)."""
+    serde = _serde()
+    msgs = _messages()[:4]
+    with durkv.open(str(tmp_path / "s.durkv"), serde=serde) as s:
+        _put(s, "c1", None, msgs)
+        first = s.get("t", "").values["m"]                # decodes, keeps fields
+        serde.serde = _OtherSerde()
+        second = s.get("t", "").values["m"]
+        for a, b in zip(first, second):
+            assert _same_model(a, b)
+
+
+def test_a_graph_reads_its_messages_again_as_sqlite_saver_does(tmp_path):
+    """get_state of an add_messages graph, read again and again on DurkvSaver, equals
+    SqliteSaver's, message for message."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import START, StateGraph
+
+    from durkv.langgraph import DurkvSaver
+
+    def node(state):
+        k = len(state["messages"])
+        return {"messages": [AIMessage(content=f"turn {k}", id=f"a{k}",
+                                       tool_calls=[{"name": "t", "args": {"k": k},
+                                                    "id": f"c{k}"}])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("n", node)
+    g.add_edge(START, "n")
+    cfg = {"configurable": {"thread_id": "t"}}
+    conn = sqlite3.connect(str(tmp_path / "s.sqlite"), check_same_thread=False)
+    with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
+        graphs = [g.compile(checkpointer=saver), g.compile(checkpointer=SqliteSaver(conn))]
+        for graph in graphs:
+            for i in range(5):
+                graph.invoke({"messages": [("user", f"q{i}")]}, cfg)
+        ours = [graphs[0].get_state(cfg).values["messages"] for _ in range(3)]
+        theirs = graphs[1].get_state(cfg).values["messages"]
+    conn.close()
+    for got in ours:
+        assert len(got) == len(theirs) == 10
+        for a, b in zip(got, theirs):
+            # the user's messages get random ids from add_messages: all else is the same
+            assert type(a) is type(b) and a.model_dump(exclude={"id"}) == b.model_dump(
+                exclude={"id"})
+        assert [m.id for m in got] == [m.id for m in ours[0]]

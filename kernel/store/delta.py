@@ -163,7 +163,9 @@ class ChannelEncoder:
         self._dumps = serde.dumps
         self._loads = serde.loads
         self._loads_list = list_loads(serde)     # many list items in one call
-        self._loads_kept = kept_loads(serde)
+        # a serde's own reader of what the state keeps of a list's items (LangGraphSerde:
+        # in C, keeping decoded messages by their fields): given the store's arrays, n
+        self._loads_kept = getattr(serde, "loads_kept", None)
         self._serde = serde
         self._codec = codec
         self._minb = codec.min_bytes
@@ -437,9 +439,11 @@ class ChannelEncoder:
         # objects kept for the prefix compare: those are the caller's (a LangGraph
         # node's return value, already handed out), and an edit of what get() returned
         # must change neither them nor the committed state
+        if self._loads_kept is not None:
+            return self._loads_kept(c.raw, c.obj, c.n)
         raws = c.raw[:c.n]
         if c.as_is:             # items kept as themselves or as copies (see _kept_items)
-            return self._loads_kept(raws, c.obj)
+            return kept_values(raws, c.obj, self._loads)
         return self._loads_list(raws)
 
 
@@ -461,20 +465,10 @@ def list_loads(serde: Any) -> Any:
     return lambda raws: [loads(b) for b in raws]
 
 
-def kept_loads(serde: Any) -> Any:
-    """``f(kept, objs)``: a list channel's items from what the state keeps of each
-    (:func:`_kept_items`), each a new object but for an immutable scalar (itself): the
-    serde's one-pass form when it has one (LangGraphSerde's ``loads_kept``)."""
-    many = getattr(serde, "loads_kept", None)
-    if many is not None:
-        return many
-    loads = serde.loads
-    return lambda kept, objs: kept_values(kept, objs, loads)
-
-
 def kept_values(kept: list, objs: list, loads: Any) -> list:
-    """The definition of ``loads_kept``: ``objs[i]`` for None, a copy of a kept copy,
-    ``loads`` of bytes."""
+    """A list channel's items from what the state keeps of each (:func:`_kept_items`), each
+    a new object but for an immutable scalar (``objs[i]``, itself): a copy of a kept copy,
+    ``loads(k)`` of anything else."""
     return [objs[i] if k is None else decoded_copy(k) if type(k) in _COPIES else loads(k)
             for i, k in enumerate(kept)]
 
