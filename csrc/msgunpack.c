@@ -372,7 +372,8 @@ static PyObject *unpack_items(PyObject *self, PyObject *args)
  *
  * A LangChain message (a pydantic v2 model of a type LangGraph always allows) decodes by
  * validating its fields again (cls(**fields): ~10 us). Once decoded, the store may keep it
- * as (cls, fields, fields_set, extra) -- copies of what pydantic holds of that object,
+ * as (cls, fields, fields_set or None: every field, extra) -- copies of what pydantic
+ * holds of that object,
  * plain data only (plaincopy.h), its private attributes None -- and build each later read
  * from them as pydantic's own __copy__ does (cls.__new__, the four slots set directly):
  * the same object decoding the same bytes builds, its containers new. */
@@ -411,7 +412,24 @@ static PyObject *model_kept(PyObject *v)
             || !(ex == Py_None || PyDict_CheckExact(ex)))
         goto done;
     fields = plain_copy(d, PLAIN_AS_DECODED);
-    set = fields == NULL ? NULL : PyFrozenSet_New(fs);
+    if (fields == NULL)
+        goto done;
+    /* the fields set: None when it is every field in `fields` (a decoded message's: its
+     * stored fields are all of them), so the common case keeps no set */
+    int every = PySet_GET_SIZE(fs) == PyDict_GET_SIZE(fields);
+    if (every) {
+        PyObject *it = PyObject_GetIter(fs), *key;
+        if (it == NULL)
+            goto done;
+        while (every && (key = PyIter_Next(it)) != NULL) {
+            every = PyDict_Contains(fields, key) == 1;
+            Py_DECREF(key);
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred())
+            goto done;
+    }
+    set = every ? (Py_INCREF(Py_None), Py_None) : PyFrozenSet_New(fs);
     if (set == NULL)
         goto done;
     if (ex == Py_None) {
@@ -446,7 +464,8 @@ static PyObject *model_of(PyObject *k)
     if (obj == NULL)
         return NULL;
     PyObject *d = plain_copy(PyTuple_GET_ITEM(k, 1), PLAIN_AS_DECODED);
-    PyObject *fs = d == NULL ? NULL : PySet_New(PyTuple_GET_ITEM(k, 2));
+    PyObject *fs = d == NULL ? NULL : PySet_New(PyTuple_GET_ITEM(k, 2) == Py_None
+                                                ? d : PyTuple_GET_ITEM(k, 2));
     PyObject *ex = PyTuple_GET_ITEM(k, 3);
     ex = fs == NULL ? NULL : ex == Py_None ? (Py_INCREF(ex), ex) : plain_copy(ex, PLAIN_AS_DECODED);
     int rc = -1;

@@ -39,7 +39,7 @@ from ._lgcommit import Dumps as _Dumps
 from ._lgcommit import checkpoint_metadata as checkpoint_metadata_c
 from ._lgcommit import put_args as put_args_c
 from ._lgcommit import put_writes_args as put_writes_args_c
-from ._msgunpack import model_of, unpack_items, unpack_kept
+from ._msgunpack import model_kept, model_of, unpack_items, unpack_kept
 from .langgraph_messages import dumps_messages, is_jsonplus, pack_msgpack
 from .store.delta import join_tagged, kept_values
 
@@ -127,6 +127,14 @@ class LangGraphSerde:
             if out is not None:
                 return out
         return kept_values(kept[:n], objs, self._loads_kept_one)
+
+    def kept_form(self, obj: Any) -> tuple | None:
+        """How the store keeps ``obj``, an object it decoded with this serde: a message of
+        a type :func:`kept_models` names by its fields (``durkv._msgunpack.model_kept``),
+        or None (keep its bytes)."""
+        if type(obj) in kept_models() and c_ext_hook(self._serde) is not None:
+            return model_kept(obj)
+        return None
 
     def _loads_kept_one(self, k: Any) -> Any:
         return model_of(k) if type(k) is tuple else self.loads(k)

@@ -166,6 +166,8 @@ class ChannelEncoder:
         # a serde's own reader of what the state keeps of a list's items (LangGraphSerde:
         # in C, keeping decoded messages by their fields): given the store's arrays, n
         self._loads_kept = getattr(serde, "loads_kept", None)
+        # and how it keeps an object it decoded that is not plain data (a message), or None
+        self._kept_form = getattr(serde, "kept_form", None)
         self._serde = serde
         self._codec = codec
         self._minb = codec.min_bytes
@@ -422,7 +424,7 @@ class ChannelEncoder:
             obj = self._loads_list(raws)
             c.is_list = True
             c.obj = obj
-            c.raw = _kept_items(obj, raws, self._plain_tag())
+            c.raw = _kept_items(obj, raws, self._plain_tag(), self._kept_form)
             c.as_is = _unserialized(c.raw)
             n = c.n = len(obj)
             if n:
@@ -476,7 +478,8 @@ def kept_values(kept: list, objs: list, loads: Any) -> list:
 _COPIES = (dict, list)      # the types of a decoded-form copy the state keeps
 
 
-def _kept_items(items: list, raws: list[bytes], tag: int | None) -> list:
+def _kept_items(items: list, raws: list[bytes], tag: int | None,
+                kept_form: Any = None) -> list:
     """What the state keeps of ``items`` (serialized ``raws``) to hand each out again:
 
     - None for an immutable scalar (str, bytes, int, float, bool, None; exact types),
@@ -487,17 +490,22 @@ def _kept_items(items: list, raws: list[bytes], tag: int | None) -> list:
       decoding builds (``durkv._listprefix.decoded_copy``: containers copied, immutable
       leaves shared), handed out as a copy of it -- the value decoding the bytes gives,
       without decoding (a list of 500 1 KiB messages: ~3x faster);
+    - ``kept_form(x)`` when it is not None (LangGraphSerde: a LangChain message by its
+      fields), for an object that is what decoding its bytes builds;
     - else the bytes, deserialized afresh each time.
 
-    ``items`` must be the store's own objects or values taken before ``raws`` were made
-    from them (the put path takes its copies in :meth:`ChannelEncoder._serialize_items`);
-    here they are the objects a load decoded from ``raws``."""
+    ``items`` must be the objects a load decoded from ``raws``, the store's own (the put
+    path takes its copies in :meth:`ChannelEncoder._serialize_items`)."""
     out: list = []
     for x, b in zip(items, raws):
         if type(x) in _SCALARS:
             out.append(None)
             continue
-        cp = decoded_copy(x) if tag is not None and b[:1] == bytes((tag,)) else None
+        cp = None
+        if tag is not None and b[:1] == bytes((tag,)):
+            cp = decoded_copy(x)
+            if cp is None and kept_form is not None:
+                cp = kept_form(x)
         out.append(b if cp is None else cp)
     return out
 
