@@ -1,7 +1,6 @@
 /* durkv._chanenc: one channel of a put encoded in one C call (kernel/store/delta.py).
  *
- * ChanEncoder(encoder, dumps, compress, min_bytes, chan_state, has_prefix, wrap, serde)
- * is
+ * ChanEncoder(encoder, dumps, compress, min_bytes, chan_state, has_prefix, wrap, serde) is
  * called as ``enc(ch, v, prev, lsn, entries, pend)`` -- the arguments of
  * ChannelEncoder.encode, which stays the definition -- and returns the new ChanState, or
  * None before doing anything when the case is not one it takes:
@@ -17,7 +16,7 @@
  * only (the Python path loads it from the log first). The entries, the ChanState's
  * fields and the store's own item arrays are built as the Python methods build them
  * (encode, _encode_list, delta_start, _serialize_items, _match_writes, _stored_items,
- * _keep_items, _bytes_kept, _append_deltas); tests/test_chanenc.py compares the two over
+ * _keep_items, _append_deltas); tests/test_chanenc.py compares the two over
  * hostile values and whole stores' log bytes. An exception the Python path turns into a
  * SerializationError (the serializer's, the codec's on a list item) is turned into the
  * same one by ``wrap(ch, exc)``; any other propagates as it is.

@@ -373,10 +373,10 @@ static PyObject *unpack_items(PyObject *self, PyObject *args)
  * A LangChain message (a pydantic v2 model of a type LangGraph always allows) decodes by
  * validating its fields again (cls(**fields): ~10 us). Once decoded, the store may keep it
  * as (cls, fields, fields_set or None: every field, extra) -- copies of what pydantic
- * holds of that object,
- * plain data only (plaincopy.h), its private attributes None -- and build each later read
- * from them as pydantic's own __copy__ does (cls.__new__, the four slots set directly):
- * the same object decoding the same bytes builds, its containers new. */
+ * holds of that object, plain data only (plaincopy.h), its private attributes None -- and
+ * build each later read from them as pydantic's own __copy__ does (cls.__new__, the four
+ * slots set directly): the same object decoding the same bytes builds, its containers
+ * new. */
 
 static PyObject *s_dict, *s_fields_set, *s_extra, *s_private, *empty_tuple;
 
@@ -460,6 +460,10 @@ static PyObject *model_of(PyObject *k)
         return NULL;
     }
     PyTypeObject *cls = (PyTypeObject *)PyTuple_GET_ITEM(k, 0);
+    if (cls->tp_new == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a kept model's class cannot be instantiated");
+        return NULL;
+    }
     PyObject *obj = cls->tp_new(cls, empty_tuple, NULL);
     if (obj == NULL)
         return NULL;
@@ -467,12 +471,14 @@ static PyObject *model_of(PyObject *k)
     PyObject *fs = d == NULL ? NULL : PySet_New(PyTuple_GET_ITEM(k, 2) == Py_None
                                                 ? d : PyTuple_GET_ITEM(k, 2));
     PyObject *ex = PyTuple_GET_ITEM(k, 3);
-    ex = fs == NULL ? NULL : ex == Py_None ? (Py_INCREF(ex), ex) : plain_copy(ex, PLAIN_AS_DECODED);
+    ex = fs == NULL ? NULL
+        : ex == Py_None ? (Py_INCREF(ex), ex) : plain_copy(ex, PLAIN_AS_DECODED);
     int rc = -1;
     if (ex != NULL)     /* pydantic's __copy__: the slots set past the model's __setattr__ */
-        rc = PyObject_GenericSetAttr(obj, s_dict, d) || PyObject_GenericSetAttr(obj, s_fields_set, fs)
-            || PyObject_GenericSetAttr(obj, s_extra, ex) || PyObject_GenericSetAttr(obj, s_private, Py_None)
-            ? -1 : 0;
+        rc = PyObject_GenericSetAttr(obj, s_dict, d)
+            || PyObject_GenericSetAttr(obj, s_fields_set, fs)
+            || PyObject_GenericSetAttr(obj, s_extra, ex)
+            || PyObject_GenericSetAttr(obj, s_private, Py_None) ? -1 : 0;
     else if (!PyErr_Occurred())
         PyErr_SetString(PyExc_TypeError, "a kept model's fields are not plain data");
     Py_XDECREF(d);

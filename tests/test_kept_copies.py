@@ -338,3 +338,24 @@ def test_a_graph_reads_its_messages_again_as_sqlite_saver_does(tmp_path):
             assert type(a) is type(b) and a.model_dump(exclude={"id"}) == b.model_dump(
                 exclude={"id"})
         assert [m.id for m in got] == [m.id for m in ours[0]]
+
+
+def test_kept_model_forms_refuse_what_they_cannot_build():
+    from durkv._msgunpack import model_kept, model_of
+
+    assert model_kept({"a": 1}) is None and model_kept(MyAI(content="x")) is not None
+    assert model_kept(AIMessage(content="x", response_metadata={"s": {1}})) is None
+    made = AIMessage(content="x", id="a")                   # fields set: content and id
+    form = model_kept(made)
+    assert form[0] is AIMessage and form[2] == {"content", "id"}
+    assert model_of(form) == made and model_of(form).model_fields_set == {"content", "id"}
+    serde = _serde()
+    decoded = serde.loads(serde.dumps(made))                 # every field given: no set kept
+    assert model_kept(decoded)[2] is None
+    assert model_of(model_kept(decoded)).model_fields_set == decoded.model_fields_set
+    for bad in [(), (AIMessage, {}, None), ("x", {}, None, None), (AIMessage, {"c": {1}}, None,
+                                                                     None)]:
+        with pytest.raises((TypeError, AttributeError)):
+            model_of(bad)
+    with pytest.raises(TypeError):
+        model_of([AIMessage, {}, None, None])

@@ -56,7 +56,9 @@ channel's newest state is held once. Under LangGraph's serializer a plain-data
 item (dicts with str keys, lists, such scalars) is kept as durkv's own copy in
 the form deserializing builds, and handed out as a fresh copy of that
 (containers new, immutable leaves shared): the same value and types as
-deserializing, without it (see ``_kept_items``). ``get`` of an
+deserializing, without it (see ``_kept_items``); a LangChain message, once
+decoded, is kept by its fields and built again without validation
+(LangGraphSerde.loads_kept). ``get`` of an
 older checkpoint reads it from the log (one ``read_channel`` per channel);
 ``history`` derives an older list from the newer one it just read when the
 newer entry extends it (a prefix slice: see :mod:`durkv.store.history`).
@@ -98,8 +100,8 @@ class ChanState:
     is_list = False
     obj: list | None = None    # list channels: the items put (or read), the store's own
     raw: list | None = None    # array, and what it keeps of each (_kept_items): its
-    #                            serialized bytes, None or a decoded-form copy; the value
-    #                            is obj[:n]
+    #                            serialized bytes, None, a decoded-form copy, or (under
+    #                            LangGraphSerde) a message's fields; the value is obj[:n]
     as_is = False              # some raw[i] is not serialized (None or a copy)
     n = 0
     first = last = mid = None  # fingerprint: obj[0], obj[n-1], obj[n//2] (references)
@@ -264,7 +266,8 @@ class ChannelEncoder:
             cp = decoded_copy(x) if tag is not None else None
             b = dumps(x if cp is None else cp)
             raws.append(b)
-            kept.append(cp if cp is not None and b[:1] == bytes((tag,)) else b)
+            kept.append(cp if cp is not None and isinstance(b, bytes) and b[:1] == bytes((tag,))
+                        else b)
         return raws, kept
 
     def _stored_items(self, raws: list[bytes]) -> tuple[list[bytes], int]:
@@ -437,10 +440,10 @@ class ChannelEncoder:
             self.load(c)
         if not c.is_list:
             return self._loads(c.vbytes)
-        # a list's items are deserialized afresh from the bytes kept at put, never the
-        # objects kept for the prefix compare: those are the caller's (a LangGraph
-        # node's return value, already handed out), and an edit of what get() returned
-        # must change neither them nor the committed state
+        # a list's items are new objects made from what the state keeps of each (its bytes,
+        # or a copy: _kept_items), never the objects kept for the prefix compare: those
+        # are the caller's (a LangGraph node's return value, already handed out), and an
+        # edit of what get() returned must change neither them nor the committed state
         if self._loads_kept is not None:
             return self._loads_kept(c.raw, c.obj, c.n)
         raws = c.raw[:c.n]
