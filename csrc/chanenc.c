@@ -224,13 +224,6 @@ static Py_ssize_t delta_start(ChanEnc *e, PyObject *prev, PyObject *v)
     return t ? n : -1;
 }
 
-static int is_scalar(PyObject *x)
-{
-    PyTypeObject *t = Py_TYPE(x);
-    return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyFloat_Type
-        || t == &PyBytes_Type || t == &PyBool_Type || x == Py_None;
-}
-
 /* _serialize_items(v, start): ([dumps(v[i]) ...], [what the state keeps of v[i] ...]) for
  * i in range(start, len(v)), len(v) taken once (v[i] of the live list). Kept: None for an
  * immutable scalar; for plain data under a plain_tag, durkv's decoded-form copy, taken
@@ -260,7 +253,7 @@ static PyObject *serialize_items(ChanEnc *e, PyObject *v, Py_ssize_t start, PyOb
         if (x == NULL)
             goto fail;
         PyObject *cp = NULL;
-        if (is_scalar(x)) {
+        if (plain_leaf_type(Py_TYPE(x))) {     /* delta.py _SCALARS */
             cp = Py_None;
             Py_INCREF(cp);
         } else if (tag >= 0 && (cp = plain_copy(x, PLAIN_AS_DECODED)) == NULL
