@@ -152,3 +152,7 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Flush and release (locks, files). Idempotent."""
+
+    # Optional: ``step_ids`` (a bool attribute), true when journal records appended now may
+    # hold compact step ids (FORMAT.md 5a): only a local log whose active segment has flag
+    # STEP_IDS says so; a backend without it gets text ids.

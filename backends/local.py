@@ -193,6 +193,12 @@ class LocalBackend:
     def write_end_async(self) -> bool:
         return self._log.write_end_async()
 
+    @property
+    def step_ids(self) -> bool:
+        """Whether journal records appended now may hold compact step ids (FORMAT.md 5a):
+        the active segment's header has flag ``STEP_IDS`` (section 2)."""
+        return not self.read_only and self._log.step_ids
+
     def exclusive(self, on: bool) -> None:
         self._log.exclusive(on)
 

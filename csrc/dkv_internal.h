@@ -75,7 +75,14 @@ typedef struct {
     uint8_t uuid[16];
     uint64_t segment_no, base_lsn, start_lsn;
     uint32_t prev_digest;
+    uint32_t flags;         /* SEG_FLAG_* */
 } seg_header;
+
+/* Segment header flags (FORMAT.md §2). STEP_IDS: journal heads in the segment may hold
+ * compact step ids (§5a); every segment this version creates carries it. */
+#define SEG_FLAG_STEP_IDS 1u
+#define SEG_FLAGS_KNOWN SEG_FLAG_STEP_IDS
+#define SEG_FLAGS_NEW SEG_FLAG_STEP_IDS
 
 typedef struct {
     uint64_t count, first_lsn, last_lsn, data_end;

@@ -142,6 +142,7 @@ void dkv__header_encode(const seg_header *h, uint8_t out[HDR_LEN])
     memcpy(out, SEG_MAGIC, 8);
     put16(out + 8, FORMAT_VERSION);
     put16(out + 10, HDR_LEN);
+    put32(out + 12, h->flags);
     memcpy(out + 16, h->uuid, 16);
     put64(out + 32, h->segment_no);
     put64(out + 40, h->base_lsn);
@@ -163,7 +164,7 @@ int dkv__header_decode(const uint8_t *b, size_t avail, seg_header *h, const char
         w = "unsupported format version";
     else if (get16(b + 10) != HDR_LEN)
         w = "bad header_len";
-    else if (get32(b + 12) != 0)
+    else if (get32(b + 12) & ~SEG_FLAGS_KNOWN)
         w = "unknown header flags";
     if (w) {
         if (why)
@@ -175,6 +176,7 @@ int dkv__header_decode(const uint8_t *b, size_t avail, seg_header *h, const char
     h->base_lsn = get64(b + 40);
     h->start_lsn = get64(b + 48);
     h->prev_digest = get32(b + 56);
+    h->flags = get32(b + 12);
     return 0;
 }
 

@@ -10,6 +10,7 @@
 typedef struct {
     uint64_t base_lsn, segment_no, start_lsn;
     uint32_t prev_digest;
+    uint32_t flags;         /* the header's (SEG_FLAG_*) */
     int sealed;
     int removed;            /* below start_lsn and unlinked */
     uint64_t count;         /* frames, incl. pending ones in the active segment */

@@ -389,6 +389,7 @@ static int load_seg(dkv_log *log, uint64_t base, int is_last, load_result *lr)
     s->segment_no = h.segment_no;
     s->start_lsn = h.start_lsn;
     s->prev_digest = h.prev_digest;
+    s->flags = h.flags;
     uint64_t size = s->file_size;
     uint8_t tb[TRAILER_LEN];
     seg_trailer t;

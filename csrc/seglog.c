@@ -478,6 +478,7 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     h.base_lsn = log->next_lsn;
     h.start_lsn = start_lsn;
     h.prev_digest = prev_digest;
+    h.flags = SEG_FLAGS_NEW;
     if (dkv__segs_reserve(log))
         return DKV_ENOMEM;
     char path[DKV_PATH_MAX];
@@ -507,6 +508,7 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     s->segment_no = h.segment_no;
     s->start_lsn = start_lsn;
     s->prev_digest = prev_digest;
+    s->flags = h.flags;
     s->data_end = HDR_LEN;
     s->file_size = HDR_LEN;
     s->index_loaded = 1;
@@ -1076,6 +1078,7 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
         h.base_lsn = a->base_lsn;
         h.start_lsn = new_start_lsn;
         h.prev_digest = a->prev_digest;
+        h.flags = a->flags;     /* the segment keeps what it said it may hold */
         uint8_t hb[HDR_LEN];
         dkv__header_encode(&h, hb);
         const char *what = "write";
@@ -1194,6 +1197,15 @@ uint64_t dkv_commit_syncs(dkv_log *log)
     uint64_t n = log->commit_syncs;
     pthread_mutex_unlock(&log->mu);
     return n;
+}
+
+uint32_t dkv_active_flags(dkv_log *log)
+{
+    DKV_OWNED(log, 0);
+    pthread_mutex_lock(&log->mu);
+    uint32_t f = log->nsegs ? active(log)->flags : 0;
+    pthread_mutex_unlock(&log->mu);
+    return f;
 }
 
 /* Read without mu, as the LSNs are: a test or benchmark polls it while commits run. */

@@ -176,6 +176,9 @@ int dkv_wait_written(dkv_log *log, uint64_t lsn);
 uint64_t dkv_durable_lsn(dkv_log *log);
 /* fdatasyncs run by group-commit leaders of this handle (frames per sync: group size). */
 uint64_t dkv_commit_syncs(dkv_log *log);
+/* The header flags of the active segment as this handle last loaded it (FORMAT.md §2:
+ * bit 0 STEP_IDS), 0 when the log has none. */
+uint32_t dkv_active_flags(dkv_log *log);
 /* fdatasyncs run by this handle's async flusher (what makes async frames durable). */
 uint64_t dkv_flusher_syncs(dkv_log *log);
 /* Successful fdatasync calls the library made in this process, on any file (a witness for

@@ -487,6 +487,13 @@ class SegmentLog:
         return lib.dkv_commit_syncs(self._handle())
 
     @property
+    def step_ids(self) -> bool:
+        """Whether the active segment's header has flag ``STEP_IDS`` (FORMAT.md sections 2,
+        5a): journal records appended now may hold compact step ids. Every segment this
+        version creates has it; a store an older durkv created gets it at its next segment."""
+        return bool(lib.dkv_active_flags(self._handle()) & 1)
+
+    @property
     def flusher_syncs(self) -> int:
         """How many fdatasyncs the async flusher ran on this handle: what makes ``async``
         appends (and ``wait_written`` frames) durable within ``flush_interval_ms``."""

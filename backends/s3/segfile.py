@@ -20,6 +20,7 @@ __all__ = ["SegmentHeader", "SegmentTrailer", "read_header", "read_trailer", "cu
 HEADER_LEN = 64
 TRAILER_LEN = 48
 _MAGIC = b"DKVSEG\x00\x01"
+_KNOWN_FLAGS = 1        # STEP_IDS (FORMAT.md section 2): as the C log, refuse any other bit
 _SEAL_MAGIC = b"DKVSEAL\x01"
 _HEADER = struct.Struct("<8sHHI16sQQQII")
 _TRAILER = struct.Struct("<8sQQQQII")
@@ -47,7 +48,7 @@ def read_header(data: bytes) -> SegmentHeader | None:
         return None
     magic, version, hlen, flags, uuid, seg_no, base, start, _prev, hcrc = _HEADER.unpack_from(
         data, 0)
-    if (magic != _MAGIC or version != 1 or hlen != HEADER_LEN or flags != 0
+    if (magic != _MAGIC or version != 1 or hlen != HEADER_LEN or flags & ~_KNOWN_FLAGS
             or hcrc != crc32c(memoryview(data)[:60])):
         return None
     return SegmentHeader(uuid.hex(), seg_no, base, start)
