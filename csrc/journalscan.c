@@ -22,7 +22,8 @@
  *   where: each rest record's position in the log (a list of int);
  *   last:  (position, t) of the last lazy record, or None.
  *
- * "Plain" is conservative: e == 2, s a str, k/n str or missing, pv nil/str/missing, err
+ * "Plain" is conservative: e == 2, s a str (or a compact step id, docs/FORMAT.md 5a: read as
+ * its text, the str every reader makes of it), k/n str or missing, pv nil/str/missing, err
  * nil or missing, no ir, in and r bin/nil/missing, fp an int/nil/missing, t a number/nil/
  * missing, every key a str, and nothing in the map msgpack's decode could refuse or turn
  * into more than plain data (every str valid UTF-8, no extension type, no array or map as
@@ -162,6 +163,37 @@ static int str_at(cur_t *c, const char **s, size_t *n)
     return 1;
 }
 
+/* A compact step id at v (FORMAT.md 5a), whose bytes a skip has already bounded: extension 1
+ * of 16 bytes, or of 17 to 24 whose index does not begin with a zero byte. */
+static int step_ext(const uint8_t *v)
+{
+    return (v[0] == 0xd8 && v[1] == 1)
+           || (v[0] == 0xc7 && v[1] >= 17 && v[1] <= 24 && v[2] == 1 && v[19] != 0);
+}
+
+/* Its text, "U:N" (at most 57 characters), in out; returns the length. */
+static size_t step_ext_text(const uint8_t *v, char out[64])
+{
+    static const char hex[] = "0123456789abcdef";
+    const uint8_t *d = v[0] == 0xd8 ? v + 2 : v + 3;
+    size_t k = v[0] == 0xd8 ? 0 : (size_t)v[1] - 16, o = 0;
+    for (int i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            out[o++] = '-';
+        out[o++] = hex[d[i] >> 4], out[o++] = hex[d[i] & 15];
+    }
+    out[o++] = ':';
+    uint64_t n = be(d + 16, (int)k);
+    char digits[20];
+    int nd = 0;
+    do
+        digits[nd++] = (char)('0' + n % 10), n /= 10;
+    while (n);
+    while (nd)
+        out[o++] = digits[--nd];
+    return o;
+}
+
 /* The fields of a record map a replay reads; `plain` cleared by anything unusual. */
 typedef struct {
     int plain, e_is_step;
@@ -179,7 +211,7 @@ static void field(fields_t *f, const char *key, size_t kn, const uint8_t *v)
     if (kn == 1) {
         switch (key[0]) {
         case 'e': f->e_is_step = b == 0x02; break;     /* E_STEP: a positive fixint */
-        case 's': f->s = str ? v : NULL, f->plain &= str; break;
+        case 's': f->s = str || step_ext(v) ? v : NULL, f->plain &= f->s != NULL; break;
         case 'k': f->k = v, f->plain &= str; break;
         case 'n': f->n = v, f->plain &= str; break;
         case 'r': f->r = v, f->plain &= nil || bin; break;
@@ -263,6 +295,8 @@ static int read_record(cur_t *c, fields_t *f)
         int odd = 0;
         if (!need(c, 1) || skip_value(c, &odd))
             return -1;
+        if (odd && kn == 1 && key[0] == 's' && step_ext(v))
+            odd = 0;                    /* a compact step id: read as its text */
         f->plain &= !odd && (key == NULL || utf8_valid((const uint8_t *)key, kn));
         if (key != NULL)        /* read on past an odd key: `s` counts for every record */
             field(f, key, kn, v);
@@ -281,6 +315,11 @@ static PyObject *value(const uint8_t *v, const uint8_t *end)
     uint8_t b = v[0];
     if (kind == 's')
         return PyUnicode_DecodeUTF8((const char *)v + hdr, (Py_ssize_t)len, NULL);
+    if (kind == 'x' && step_ext(v)) {       /* only `s` is read where one may be */
+        char text[64];
+        size_t n = step_ext_text(v, text);
+        return PyUnicode_FromStringAndSize(text, (Py_ssize_t)n);
+    }
     if (kind == 'b')
         return PyBytes_FromStringAndSize((const char *)v + hdr, (Py_ssize_t)len);
     if (b == 0xc0)
@@ -382,6 +421,7 @@ typedef struct {
     Py_ssize_t len, pos;
     const char *sid;
     Py_ssize_t sidn;
+    char *sidbuf;               /* a compact step id's text (sid points here), else NULL */
     int state;
     PyObject *own;              /* add(): the payload (bytes) holding rec; NULL: the heads' */
 } entry_t;
@@ -585,7 +625,12 @@ static int read_head(Index *ix, cur_t *c, Py_ssize_t i)
         uint8_t sb = e->f.s[0];
         if (sb >= 0xa0 && sb <= 0xbf)   /* a fixstr, its bounds checked as the map was read */
             e->sid = (const char *)e->f.s + 1, sn = sb & 0x1f;
-        else if (!str_at(&sc, &e->sid, &sn))
+        else if (step_ext(e->f.s)) {    /* a compact step id: keyed by its text */
+            if ((e->sidbuf = PyMem_Malloc(64)) == NULL)
+                return PyErr_NoMemory(), -1;
+            sn = step_ext_text(e->f.s, e->sidbuf);
+            e->sid = e->sidbuf;
+        } else if (!str_at(&sc, &e->sid, &sn))
             e->sid = NULL, e->f.plain = 0;
         e->sidn = (Py_ssize_t)sn;
     }
@@ -697,8 +742,10 @@ done:
 
 static void index_dealloc(Index *ix)
 {
-    for (Py_ssize_t i = 0; ix->e != NULL && i < ix->n; i++)
+    for (Py_ssize_t i = 0; ix->e != NULL && i < ix->n; i++) {
         Py_XDECREF(ix->e[i].own);
+        PyMem_Free(ix->e[i].sidbuf);
+    }
     PyMem_Free(ix->e);
     PyMem_Free(ix->slots);
     PyMem_Free(ix->dense);
@@ -1175,14 +1222,19 @@ static PyObject *index_add(Index *ix, PyObject *payload)
     Index probe = *ix;
     probe.e = &one;
     memset(&one, 0, sizeof one);
-    if (read_head(&probe, &c, 0))
+    if (read_head(&probe, &c, 0)) {
+        PyMem_Free(one.sidbuf);
         return NULL;
-    if (c.p != c.end)
-        return bad(ix->n, "bytes after the head");
-    if (!one.f.plain || one.sid == NULL || lookup(ix, one.sid, one.sidn) != NULL)
+    }
+    if (c.p != c.end || !one.f.plain || one.sid == NULL
+            || lookup(ix, one.sid, one.sidn) != NULL || room(ix, one.sid, one.sidn)) {
+        PyMem_Free(one.sidbuf);     /* not held */
+        if (PyErr_Occurred())
+            return NULL;
+        if (c.p != c.end)
+            return bad(ix->n, "bytes after the head");
         Py_RETURN_FALSE;            /* not plain, or not its step id's first record */
-    if (room(ix, one.sid, one.sidn))
-        return NULL;
+    }
     Py_ssize_t i = ix->n++;
     one.pos = i, one.state = LAZY, one.own = Py_NewRef(payload);
     ix->e[i] = one;

@@ -7,13 +7,16 @@
  * ~12 us of interpreter work on every new step. journal_payload() writes the same bytes
  * from the record's fields in one pass:
  *
- *   journal_payload(kind, run_id, fields, e, keys, keep) -> bytes | None
- *   journal_payload(kind, run_id, map) -> bytes | None     (a record given as its map)
+ *   journal_payload(kind, run_id, fields, e, keys, keep, ids) -> bytes | None
+ *   journal_payload(kind, run_id, map, ids) -> bytes | None     (a record given as its map)
  *
  * fields: the record as a tuple (a NamedTuple of durkv.runtime.records); e: its event;
  * keys: each field's key on disk; keep: when a field is written -- 0 always, 1 unless None,
  * 2 unless false (records.ALWAYS, SET, TRUE): X.pack()'s rule, the map's keys in the same
- * order ("e" first).
+ * order ("e" first). ids: true when the log's active segment has flag STEP_IDS: a str value
+ * of the map (at any depth, never a key) that is a step id of the form UUID:N is written as
+ * its compact extension (docs/FORMAT.md 5a; durkv.store.stepids.with_step_ids is the same
+ * rule for the Python path).
  *
  * Values are encoded as msgpack-python's Packer(use_bin_type=True) encodes them: None,
  * bool, int (the smallest form; -2^63..2^64-1), float (float 64), str (fixstr/str8/16/32,
@@ -172,7 +175,67 @@ static int put_str(buf_t *b, PyObject *o)
     return put(b, s, (size_t)n);
 }
 
-static int pack(buf_t *b, PyObject *o, int depth)
+/* A compact step id (FORMAT.md 5a): when s[0..n) is "U:N" -- U a canonical lowercase
+ * UUID, N decimal below 2^64 with no leading zero --, the extension's data (the UUID's 16
+ * bytes, N big-endian in the fewest bytes, none for 0) in out; returns its length, else 0. */
+static size_t step_id_data(const char *s, size_t n, uint8_t out[24])
+{
+    if (n < 38 || n > 57 || s[36] != ':')
+        return 0;
+    size_t o = 0;
+    for (int i = 0; i < 36; i++) {
+        if (i == 8 || i == 13 || i == 18 || i == 23) {
+            if (s[i] != '-')
+                return 0;
+            continue;
+        }
+        int c = s[i], v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                                                                : -1;
+        if (v < 0)
+            return 0;
+        if (o & 1)
+            out[o++ / 2] |= (uint8_t)v;
+        else
+            out[o++ / 2] = (uint8_t)(v << 4);
+    }
+    if (n > 38 && s[37] == '0')
+        return 0;
+    uint64_t v = 0;
+    for (size_t i = 37; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return 0;
+        v = v * 10 + d;
+    }
+    size_t k = 0;
+    for (uint64_t x = v; x; x >>= 8)
+        k++;
+    for (size_t i = 0; i < k; i++)
+        out[16 + i] = (uint8_t)(v >> (8 * (k - 1 - i)));
+    return 16 + k;
+}
+
+/* A str value: its compact step id form when ids is set and it has one, else the str. */
+static int put_value_str(buf_t *b, PyObject *o, int ids)
+{
+    if (ids && PyUnicode_IS_COMPACT_ASCII(o)) {
+        uint8_t data[24];
+        size_t n = step_id_data((const char *)PyUnicode_DATA(o), (size_t)PyUnicode_GET_LENGTH(o),
+                                data);
+        if (n) {
+            uint8_t h[2] = {0xc7, (uint8_t)n};           /* ext 8: its length */
+            int r = n == 16 ? put1(b, 0xd8) : put(b, h, 2);   /* fixext 16 */
+            if (!r)
+                r = put1(b, 1);                         /* the extension type */
+            return r ? r : put(b, data, n);
+        }
+    }
+    return put_str(b, o);
+}
+
+static int pack(buf_t *b, PyObject *o, int depth, int ids)
 {
     if (depth > MAX_DEPTH)
         return FALLBACK;
@@ -183,7 +246,7 @@ static int pack(buf_t *b, PyObject *o, int depth)
     if (PyLong_CheckExact(o))
         return put_int(b, o);
     if (PyUnicode_CheckExact(o))
-        return put_str(b, o);
+        return put_value_str(b, o, ids);
     if (PyBytes_CheckExact(o)) {
         size_t n = (size_t)PyBytes_GET_SIZE(o);
         if (n > 0xffffffffu)
@@ -207,7 +270,7 @@ static int pack(buf_t *b, PyObject *o, int depth)
         if (put_len(b, (size_t)n, 0x90, 15, 0, 0xdc, 0xdd) < 0)
             return -1;
         for (Py_ssize_t i = 0; i < n; i++) {
-            int r = pack(b, items[i], depth + 1);
+            int r = pack(b, items[i], depth + 1, ids);
             if (r)
                 return r;
         }
@@ -221,9 +284,9 @@ static int pack(buf_t *b, PyObject *o, int depth)
         if (put_len(b, (size_t)n, 0x80, 15, 0, 0xde, 0xdf) < 0)
             return -1;
         while (PyDict_Next(o, &pos, &k, &v)) {
-            int r = pack(b, k, depth + 1);
+            int r = pack(b, k, depth + 1, 0);     /* a key is never a compact id */
             if (!r)
-                r = pack(b, v, depth + 1);
+                r = pack(b, v, depth + 1, ids);
             if (r)
                 return r;
         }
@@ -233,7 +296,7 @@ static int pack(buf_t *b, PyObject *o, int depth)
 }
 
 /* the record's map: "e" then each kept field, as X.pack() builds it */
-static int pack_map(buf_t *b, PyObject *fields, long e, PyObject *keys, PyObject *keep)
+static int pack_map(buf_t *b, PyObject *fields, long e, PyObject *keys, PyObject *keep, int ids)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(fields);
     uint8_t kept[64];
@@ -283,7 +346,7 @@ static int pack_map(buf_t *b, PyObject *fields, long e, PyObject *keys, PyObject
             return FALLBACK;
         r = put_str(b, k);
         if (!r)
-            r = pack(b, PyTuple_GET_ITEM(fields, i), 1);
+            r = pack(b, PyTuple_GET_ITEM(fields, i), 1, ids);
     }
     return r;
 }
@@ -291,11 +354,14 @@ static int pack_map(buf_t *b, PyObject *fields, long e, PyObject *keys, PyObject
 static PyObject *journal_payload(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 6 && nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "journal_payload(kind, run_id, fields, e, keys, keep) "
-                        "or journal_payload(kind, run_id, map) takes 6 or 3 arguments");
+    if (nargs != 7 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "journal_payload(kind, run_id, fields, e, keys, keep, "
+                        "ids) or journal_payload(kind, run_id, map, ids) takes 7 or 4 arguments");
         return NULL;
     }
+    int ids = PyObject_IsTrue(args[nargs - 1]);
+    if (ids < 0)
+        return NULL;
     PyObject *kind = args[0], *run_id = args[1], *fields = args[2];
     PyObject *keys = NULL, *keep = NULL;
     long e = 0;
@@ -303,7 +369,7 @@ static PyObject *journal_payload(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_TypeError, "journal_payload(int, str, ...)");
         return NULL;
     }
-    if (nargs == 3) {       /* a record given as its map: packed as msgpack packs a dict */
+    if (nargs == 4) {       /* a record given as its map: packed as msgpack packs a dict */
         if (!PyDict_CheckExact(fields)) {
             PyErr_SetString(PyExc_TypeError, "journal_payload(kind, run_id, map): a dict");
             return NULL;
@@ -336,7 +402,7 @@ static PyObject *journal_payload(PyObject *self, PyObject *const *args, Py_ssize
     if (!r)
         r = put_str(&b, run_id);
     if (!r)
-        r = keys == NULL ? pack(&b, fields, 1) : pack_map(&b, fields, e, keys, keep);
+        r = keys == NULL ? pack(&b, fields, 1, ids) : pack_map(&b, fields, e, keys, keep, ids);
     PyObject *out = NULL;
     if (!r && b.n - 4 > 0xffffffffu)
         r = FALLBACK;
@@ -358,8 +424,9 @@ static PyObject *journal_payload(PyObject *self, PyObject *const *args, Py_ssize
 
 static PyMethodDef methods[] = {
     {"journal_payload", (PyCFunction)(void (*)(void))journal_payload, METH_FASTCALL,
-     "journal_payload(kind, run_id, fields, e, keys, keep) or (kind, run_id, map) -> "
-     "bytes | None: a journal record's COMMIT payload (None: a value for the Python path)."},
+     "journal_payload(kind, run_id, fields, e, keys, keep, ids) or (kind, run_id, map, ids) "
+     "-> bytes | None: a journal record's COMMIT payload (None: a value for the Python path; "
+     "ids: pack step ids in their compact form, FORMAT.md 5a)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -68,6 +68,7 @@ RANKS = {
     # store (kernel/store/, durkv.store): checkpoints, channels, history, compaction
     "durkv._listprefix": 30,        # compiled (CPython extension)
     "durkv.serde": 30,
+    "durkv.store.stepids": 29.5,    # compact step ids in journal heads (FORMAT.md 5a)
     "durkv.store.index": 30,        # the in-memory index
     "durkv.store.records": 30,      # frame heads (typed), result types
     "durkv.store.ckpthead": 30.5,   # checkpoint heads: keyframes and zstd deltas

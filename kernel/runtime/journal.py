@@ -29,9 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import msgpack
-
 from .._journalscan import MISS, Index, StepEntry, index  # noqa: F401 - StepEntry for run.py (this module wraps _journalscan)
+from ..store.stepids import unpackb
 from .inputs import by_ref
 from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_RUN, E_STATUS,
                       E_STEP, E_TRY, E_WARN, ApprovalRecord, DecisionRecord, IntentRecord,
@@ -191,9 +190,9 @@ Lazy = tuple
 LAZY_INPUTS, LAZY_RESULT, LAZY_T, LAZY_RECORD = 5, 6, 7, 8
 
 
-def _unpackb(b: Any) -> Any:
-    # as the store decodes record heads (durkv.store.records): str as str, lists
-    return msgpack.unpackb(b, strict_map_key=False)
+# as the store decodes record heads (durkv.store.records): str as str, lists, a compact
+# step id (FORMAT.md 5a) as its str
+_unpackb = unpackb
 
 
 def fold_lazy(run_id: str, heads: Any) -> RunState:

@@ -64,6 +64,7 @@ from .records import (
     read_head,
 )
 from .replay import LogIndex
+from .stepids import with_step_ids
 
 __all__ = ["Compaction"]
 
@@ -247,9 +248,14 @@ class Compaction:
         """Each journal record again, under the runs it is indexed by (a copied journal's
         frames may name the source run), at the LSN :meth:`_plan_journals` gave it."""
         queue = self._ap.queue
+        # step ids compact as the writer packs them (FORMAT.md 5a): the copies land in the
+        # active segment or in later ones, which all have the flag once it has
+        ids = bool(getattr(self._b, "step_ids", False))
         for j, (lsn, runs) in enumerate(self._journal_order()):  # none: nothing planned
             h = JournalHead.of(read_head(self._frames(lsn), lsn), lsn)
             rec = self._placed_moved(h.rec)
+            if ids:
+                rec = with_step_ids(rec)
             got = queue(encode_record(JournalHead(K_COPY_JOURNAL, runs, rec).pack()))
             if got != self._journals_at + j:    # before END: the old data stays the store
                 raise BackendError(f"compaction of {self.url}: journal copy landed at LSN "

@@ -51,6 +51,7 @@ import msgpack
 from ..durability import DURABILITIES  # noqa: F401 - re-exported (records.__all__)
 from ..errors import ConfigError, CorruptionError
 from ..payload import decode_head
+from .stepids import unpackb
 
 __all__ = ["Checkpoint", "PendingWrite", "ChannelEntry", "DURABILITIES",
            "SPECIAL_WRITE_CHANNELS", "check_id", "check_ids", "check_limit", "check_opt_id",
@@ -130,9 +131,9 @@ class ChannelEntry:
     value: Any
 
 
-def _unpackb(b: bytes) -> Any:
-    # str as str, arrays as lists: msgpack's defaults (raw=False, use_list=True)
-    return msgpack.unpackb(b, strict_map_key=False)
+# str as str, arrays as lists: msgpack's defaults (raw=False, use_list=True); a compact
+# step id (FORMAT.md 5a) as its str
+_unpackb = unpackb
 
 
 def read_head(payload: bytes, lsn: int = -1) -> list:

@@ -26,6 +26,7 @@ from ..durability import STRENGTH
 from .._commitpath import encode_writes as _encode_writes
 from .._commitpath import put_args_ok as _put_args_ok
 from .._recpack import journal_payload
+from .stepids import with_step_ids
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from ..payload import F_ZSTD, FULL, JREF_MAGIC, Codec, encode_commit, encode_record, pack_jref
 from .appender import Appender
@@ -295,6 +296,8 @@ class Writer:
         self.results = JournalResults()
         self.items = WrittenItems()
         self._wfp: dict[int, tuple[int, int]] = {}   # xxh3 of recent write frames -> lsn, rank
+        self._step_ids = False      # the log's active segment has flag STEP_IDS (once true,
+                                    # every later segment has it: FORMAT.md section 2)
 
     def forget_retries(self) -> None:
         """A record changed what an identical put_writes would mean (delete, remove)."""
@@ -634,6 +637,12 @@ class Writer:
             return record
         return self.pack_journal(run_id, record)
 
+    def _check_step_ids(self) -> bool:
+        """Whether journal records may hold compact step ids now (FORMAT.md 5a): the
+        backend's log is local and its active segment has flag ``STEP_IDS``."""
+        self._step_ids = bool(getattr(self._ap.backend, "step_ids", False))
+        return self._step_ids
+
     def pack_journal(self, run_id: str, record: Any) -> "PackedRecord":
         """The COMMIT payload of a journal record: ``record`` is its map, or a typed record
         (a tuple whose type has ``E``, ``KEYS``, ``KEEP`` and ``pack()``:
@@ -644,8 +653,9 @@ class Writer:
         caller that keeps the bytes the log got (a Run's live steps) packs them here first.
         Bare bytes are not a record (they would be a frame nothing could read back)."""
         result = None
+        ids = self._step_ids or self._check_step_ids()
         if type(record) is dict:
-            payload = journal_payload(K_JOURNAL, run_id, record)
+            payload = journal_payload(K_JOURNAL, run_id, record, ids)
             if self.results.on and record.get("e") in (_E_STEP, _E_RECEIPT):
                 result = record.get("r")
         else:
@@ -654,13 +664,15 @@ class Writer:
             if e is None:
                 raise ConfigError(f"a journal record is a dict or a typed record "
                                   f"(durkv.runtime.records), got {cls.__name__}")
-            payload = journal_payload(K_JOURNAL, run_id, record, e, cls.KEYS, cls.KEEP)
+            payload = journal_payload(K_JOURNAL, run_id, record, e, cls.KEYS, cls.KEEP, ids)
             if self.results.on and (e == _E_STEP or e == _E_RECEIPT):
                 result = record[cls.RESULT]
             if payload is None:
                 record = record.pack()
         if payload is None:
             try:
+                if ids:
+                    record = with_step_ids(record)
                 hb = self._hpack.pack([K_JOURNAL, run_id, record])   # JournalHead's fields
             except Exception as e:
                 raise SerializationError(f"cannot encode a journal record of run "
