@@ -23,6 +23,8 @@ from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
 import durkv
+import durkv.backends.local  # noqa: F401 - imported once in the fork server: a child that
+# compiled it (CI writes no bytecode) spent ~45 ms of its 30 ms kill window doing so
 from durkv.langgraph import DurkvSaver, step, tool
 
 THREAD = "lg-agent"
