@@ -87,6 +87,21 @@ def _set_flags(seg: Path, flags: int) -> None:
     seg.write_bytes(bytes(b))
 
 
+def test_every_segment_the_log_makes_or_rewrites_keeps_the_flag(tmp_path):
+    """A roll makes a flagged segment, and so does compaction's rewrite of an empty active
+    segment's header with a new start (csrc/seglog.c dkv_seal): a segment that lost the
+    flag would hold compact ids an older durkv reads as something else."""
+    from durkv.log import SegmentLog
+    with SegmentLog.open(tmp_path / "l", durability="exit") as log:
+        log.append(b"a")
+        log.seal()                              # a new, empty active segment
+        log.seal(new_start_lsn=log.next_lsn)    # its header rewritten in place
+        assert log.step_ids and log.start_lsn == 1
+    assert seg_flags(tmp_path / "l") == [1]     # the sealed one removed below the start
+    with SegmentLog.open(tmp_path / "l", durability="exit") as log:
+        assert log.step_ids and log.start_lsn == 1
+
+
 def test_a_segment_with_a_flag_this_version_does_not_know_is_refused(tmp_path):
     """What an older durkv does with a STEP_IDS segment, shown with the next bit: the
     store is refused (damage named), never read with a field taken for something else."""
@@ -172,5 +187,12 @@ def test_compaction_copies_keep_the_compact_form(tmp_path):
         assert s.journal("run") == recs
     assert min(lsns) > 2                        # the copies
     assert all(U.encode() not in raw for raw in raws)
+    # the segments compaction made, and an empty active segment's header rewritten by a
+    # second compaction with nothing appended since, still say what they may hold
+    assert set(seg_flags(path)) == {1}
+    with durkv.open(str(path)) as s:
+        s.compact()
+        s.append_journal("run", step(f"{U}:9"))
+    assert set(seg_flags(path)) == {1}
     with durkv.open(str(path), read_only=True) as s:
-        assert s.journal("run") == recs and s.verify(deep=True).ok
+        assert s.journal("run") == recs + [step(f"{U}:9")] and s.verify(deep=True).ok
