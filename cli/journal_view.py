@@ -49,16 +49,19 @@ def print_journal(doc: dict[str, Any]) -> None:
                f"{len(doc['journal'])} journal entries")
     if run["message"]:
         click.echo(f"  {run['message']}")
-    click.echo(f"  {'STEP':<10} {'KIND':<8} {'ACTION':<22} {'VERSIONS':<12} {'STATE':<9} "
+    steps = [e["step_id"] + (f"#{e['generation']}" if e["generation"] else "")
+             for e in doc["journal"]]
+    # as wide as the longest step id: a LangGraph node's are `<task uuid>:<n>`, 38+ wide
+    w = max([10, *map(len, steps)])
+    click.echo(f"  {'STEP':<{w}} {'KIND':<8} {'ACTION':<22} {'VERSIONS':<12} {'STATE':<9} "
                f"{'TRIES':>5}  RESULT")
-    for e in doc["journal"]:
-        step = e["step_id"] + (f"#{e['generation']}" if e["generation"] else "")
+    for step, e in zip(steps, doc["journal"]):
         what = e["error_state"] or (e["approval_status"] if e["kind"] == "approval"
                                     else brief(e["result_receipt"], 60))
-        click.echo(f"  {step:<10} {e['kind']:<8} {e['planned_action'][:22]:<22} "
+        click.echo(f"  {step:<{w}} {e['kind']:<8} {e['planned_action'][:22]:<22} "
                    f"{_versions(e)[:12]:<12} {e['state']:<9} {e['retry_count']:>5}  {what}")
-        for w in e["warnings"]:
-            click.echo(f"  {'':<10} warning: {w}")
+        for warning in e["warnings"]:
+            click.echo(f"  {'':<{w}} warning: {warning}")
 
 
 def print_entry(e: dict[str, Any]) -> None:

@@ -39,6 +39,24 @@ def test_show_prints_the_journal(tmp_path):
     assert any(ln.split()[:5] == ["2", "approval", "publish", "-", "pending"] for ln in lines)
 
 
+def test_the_journal_table_stays_aligned_with_langgraph_step_ids(tmp_path):
+    """A step id of a call inside a LangGraph node is `<task uuid>:<n>` (38+ characters):
+    the STEP column widens to it, so every column starts under its header."""
+    path = str(tmp_path / "s.durkv")
+    sid = "0a46480b-33fa-f0f3-b8f3-a45efaa708b5:12"
+    with durkv.open(path) as s:
+        with s.run("r") as run:
+            run.step("model", lambda: 1, key=sid)
+            run.step("plan", lambda: 2)
+    r = CliRunner().invoke(cli, ["journal", path, "r"])
+    assert r.exit_code == 0, r.output
+    head, long, short = r.output.splitlines()[1:4]
+    assert long.startswith(f"  {sid} ") and short.startswith("  0 ")
+    for row in (long, short):
+        assert row.index(" step ") + 1 == head.index("KIND")
+        assert row.index(" done ") + 1 == head.index("STATE")
+
+
 def test_show_json_and_checkpoint_with_journal(tmp_path):
     path = _store(tmp_path)
     r = CliRunner().invoke(cli, ["show", "--json", path, "ticket-42"])
