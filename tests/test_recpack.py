@@ -243,3 +243,14 @@ def test_a_compact_step_id_no_writer_makes_is_refused(data):
         read_head(encode_record(head), 7)
     other = msgpack.packb([K_JOURNAL, "r", {"e": 2, "x": msgpack.ExtType(5, data)}])
     assert read_head(encode_record(other))[2]["x"] == msgpack.ExtType(5, data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sid=step_ids)
+def test_any_step_id_reads_back_as_the_str_it_was(sid):
+    """Compact or not, C's bytes decode to the very str (the type too), in every place."""
+    from durkv.store.stepids import unpackb
+    rec = StepRecord(1.0, sid, inputs_by_ref=[[1], [sid, 0, 1], [[0], [sid, 2]]])
+    got = unpackb(c_payload("r", rec, True)[4:-4])[2]
+    assert got == rec.pack()
+    assert type(got["s"]) is str and got["s"] == sid
