@@ -80,6 +80,15 @@ class LocalBackend:
     def append(self, payload: bytes, durability: str | None = None) -> int:
         return self._log.append(payload, frame_type=self._commit, durability=durability)
 
+    def journal_fast_path(self, durability: str) -> tuple | None:
+        """What run.step's C entry needs to append a record as :meth:`append_one` would,
+        under the store's policy ``durability`` (written as ``Appender.write_alone``
+        writes it): ``(log, frame type, policy code)``, or None for a read-only log."""
+        if self.read_only:
+            return None
+        d = "async" if durability == "sync" else durability
+        return self._log, self._commit, self._mod.DURABILITY_CODES[d]
+
     def append_one(self, payload: bytes, expect: int, durability: str | None = None) -> int:
         """A frame in a write section of its own, if the log's next LSN is ``expect``
         (else -1, nothing appended): ``SegmentLog.append_one``."""

@@ -1411,6 +1411,198 @@ static int encode_inputs(StepEntry *se, PyObject *values, PyObject *inl, PyObjec
     return 1;
 }
 
+/* ---- a new step's record appended from C ----
+ *
+ * Store.append_journal's one-call path (Writer.append_journal_alone, Appender.write_alone,
+ * the backend's and the log's append_one) for the record run.step's entry makes of a new
+ * step, without their nine Python frames (~1.5 us of a ~4 us step: docs/BENCHMARKS.md,
+ * issue 20). It runs only where that path would run as it stands -- Store._fast_journal
+ * set (a local log several processes may share, a policy under which no one waits for the
+ * record), no write section open in this process, the store open, compact step ids on (the
+ * active segment's flag), no journal results remembered, no index snapshot due, the record
+ * packed by csrc/recpack.c within max_commit_bytes -- and does what it does: under the
+ * store's lock, dkv_append_one through the log's handle (the GIL handed over, as cffi
+ * does) at the index's next LSN, then the index's scan_pos, the run's LSN list and the
+ * appender's next LSN. Anything else -- or a log that answers other than with an LSN
+ * (another process appended: DKV_MOVED; any error) -- takes nothing and appends nothing:
+ * the Python methods run as before (and raise the typed error). */
+
+typedef int64_t (*append_one_fn)(void *log, uint8_t type, const char *buf, uint32_t len,
+                                 int durability, uint64_t expect);
+static append_one_fn append_one;       /* bound from durkv.log (bind_append) */
+
+enum { F_FAST, F_ACQUIRE, F_RELEASE, F_WDEPTH, F_CLOSED, F_STEP_IDS, F_RESULTS, F_ON,
+       F_EVERY, F_INDEX_LSN, F_SCAN_POS, F_MAX, F_ADDR, F_NEXT, F_IX, F_ADD, F_E, F_KEYS,
+       F_KEEP, NF };
+static const char *const fnames[NF] = {
+    "_fast_journal", "acquire", "release", "_wdepth", "_closed", "_step_ids", "results", "on",
+    "index_every", "index_lsn", "scan_pos", "max_commit_bytes", "_addr", "next", "ix",
+    "add_journal", "E", "KEYS", "KEEP"};
+static PyObject *F[NF];
+
+/* obj.name as a C integer; -1 with an error set, or when not an exact int (then no error:
+ * *ok = 0) */
+static long long int_attr(PyObject *o, int i, int *ok)
+{
+    PyObject *v = PyObject_GetAttr(o, F[i]);
+    if (v == NULL)
+        return -1;
+    long long x = -1;
+    if (PyLong_CheckExact(v))
+        x = PyLong_AsLongLong(v);
+    else
+        *ok = 0;
+    Py_DECREF(v);
+    return x;
+}
+
+/* 1 when obj.name is True, 0 when anything else, -1 on error */
+static int is_true_attr(PyObject *o, int i)
+{
+    PyObject *v = PyObject_GetAttr(o, F[i]);
+    if (v == NULL)
+        return -1;
+    int t = v == Py_True;
+    Py_DECREF(v);
+    return t;
+}
+
+/* Under the store's lock: the payload appended (new ref), Py_None when not taken, NULL on
+ * error. */
+static PyObject *fast_append_locked(PyObject *store, PyObject *fast, PyObject *run_id,
+                                    PyObject *rec)
+{
+    PyObject *writer = PyTuple_GET_ITEM(fast, 1), *index = PyTuple_GET_ITEM(fast, 2);
+    PyObject *appender = PyTuple_GET_ITEM(fast, 3), *log = PyTuple_GET_ITEM(fast, 4);
+    PyObject *pack = PyTuple_GET_ITEM(fast, 7), *kind = PyTuple_GET_ITEM(fast, 8);
+    long type = PyLong_AsLong(PyTuple_GET_ITEM(fast, 5));
+    long policy = PyLong_AsLong(PyTuple_GET_ITEM(fast, 6));
+    if ((type == -1 || policy == -1) && PyErr_Occurred())
+        return NULL;
+    int ok = 1;
+    long long wdepth = int_attr(store, F_WDEPTH, &ok);
+    if (wdepth == -1 && PyErr_Occurred())
+        return NULL;
+    int closed = is_true_attr(store, F_CLOSED), ids = is_true_attr(writer, F_STEP_IDS);
+    if (closed < 0 || ids < 0)
+        return NULL;
+    if (!ok || wdepth != 0 || closed || !ids)
+        Py_RETURN_NONE;
+    PyObject *results = PyObject_GetAttr(writer, F[F_RESULTS]);
+    if (results == NULL)
+        return NULL;
+    int remembered = is_true_attr(results, F_ON);
+    Py_DECREF(results);
+    if (remembered)
+        return remembered < 0 ? NULL : Py_NewRef(Py_None);
+    long long every = int_attr(index, F_EVERY, &ok), at = int_attr(index, F_INDEX_LSN, &ok);
+    long long pos = int_attr(index, F_SCAN_POS, &ok);
+    long long max = int_attr(appender, F_MAX, &ok), addr = int_attr(log, F_ADDR, &ok);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!ok || pos < 0 || (every && pos - at >= every))
+        Py_RETURN_NONE;
+    /* Writer.pack_journal's C call for a typed record */
+    PyTypeObject *cls = Py_TYPE(rec);
+    PyObject *e = PyObject_GetAttr((PyObject *)cls, F[F_E]);
+    PyObject *keys = e ? PyObject_GetAttr((PyObject *)cls, F[F_KEYS]) : NULL;
+    PyObject *keep = keys ? PyObject_GetAttr((PyObject *)cls, F[F_KEEP]) : NULL;
+    PyObject *payload = NULL;
+    if (keep != NULL) {
+        PyObject *a[7] = {kind, run_id, rec, e, keys, keep, Py_True};
+        payload = PyObject_Vectorcall(pack, a, 7, NULL);
+    }
+    Py_XDECREF(e);
+    Py_XDECREF(keys);
+    Py_XDECREF(keep);
+    if (payload == NULL)
+        return NULL;
+    if (!PyBytes_CheckExact(payload) || PyBytes_GET_SIZE(payload) > max
+            || (uint64_t)PyBytes_GET_SIZE(payload) > UINT32_MAX)
+        return Py_DECREF(payload), Py_NewRef(Py_None);   /* the Python path's case */
+    const char *buf = PyBytes_AS_STRING(payload);
+    uint32_t len = (uint32_t)PyBytes_GET_SIZE(payload);
+    int64_t lsn;
+    Py_BEGIN_ALLOW_THREADS
+    lsn = append_one((void *)(uintptr_t)addr, (uint8_t)type, buf, len, (int)policy,
+                     (uint64_t)pos);
+    Py_END_ALLOW_THREADS
+    if (lsn < 0)
+        return Py_DECREF(payload), Py_NewRef(Py_None);
+    /* write_alone's and append_journal_alone's bookkeeping */
+    PyObject *end = PyLong_FromLongLong(lsn + 1), *at_lsn = PyLong_FromLongLong(lsn);
+    PyObject *ix = end && at_lsn ? PyObject_GetAttr(index, F[F_IX]) : NULL;
+    PyObject *o = NULL;
+    if (ix != NULL && !PyObject_SetAttr(appender, F[F_NEXT], end)
+            && !PyObject_SetAttr(index, F[F_SCAN_POS], end))
+        o = PyObject_CallMethodObjArgs(ix, F[F_ADD], run_id, at_lsn, NULL);
+    Py_XDECREF(end);
+    Py_XDECREF(at_lsn);
+    Py_XDECREF(ix);
+    if (o == NULL) {
+        Py_DECREF(payload);
+        return NULL;
+    }
+    Py_DECREF(o);
+    return payload;
+}
+
+/* The record `rec` of a new step appended from C (see above): its payload, Py_None when
+ * not taken (nothing appended), NULL on error. */
+static PyObject *fast_append(PyObject *store, PyObject *run_id, PyObject *rec)
+{
+    if (append_one == NULL || !PyUnicode_CheckExact(run_id))
+        Py_RETURN_NONE;
+    PyObject *fast = PyObject_GetAttr(store, F[F_FAST]);
+    if (fast == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();      /* not a Store: its own methods */
+        Py_RETURN_NONE;
+    }
+    if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 9) {
+        Py_DECREF(fast);
+        Py_RETURN_NONE;
+    }
+    PyObject *lock = PyTuple_GET_ITEM(fast, 0);
+    PyObject *got = PyObject_CallMethodNoArgs(lock, F[F_ACQUIRE]);
+    if (got == NULL) {
+        Py_DECREF(fast);
+        return NULL;
+    }
+    Py_DECREF(got);
+    PyObject *out = fast_append_locked(store, fast, run_id, rec);
+    /* released whatever happened, an error kept across the call */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *r = PyObject_CallMethodNoArgs(lock, F[F_RELEASE]);
+    Py_DECREF(fast);
+    if (r == NULL) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    Py_DECREF(r);
+    PyErr_Restore(type, value, tb);
+    return out;
+}
+
+/* bind_append(address): dkv_append_one's, from durkv.log */
+static PyObject *bind_append(PyObject *self, PyObject *addr)
+{
+    (void)self;
+    void *f = PyLong_AsVoidPtr(addr);
+    if (f == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "dkv_append_one's address is not 0");
+        return NULL;
+    }
+    append_one = (append_one_fn)(uintptr_t)f;
+    Py_RETURN_NONE;
+}
+
 /* The record of a new step that returned `value` (its bytes `r`): _record_step's, after
  * _outcome_fields. */
 static int record_new(StepEntry *se, PyObject *run, PyObject *refs, PyObject *sid,
@@ -1433,23 +1625,29 @@ static int record_new(StepEntry *se, PyObject *run, PyObject *refs, PyObject *si
         goto done;
     PyObject *nr[2] = {se->record_type, fields};
     if ((rec = PyObject_Vectorcall(se->new_record, nr, 2, NULL)) == NULL
-            || (store = attr(run, S_STORE)) == NULL || (run_id = attr(run, S_RUN_ID)) == NULL
-            || (packed = PyObject_CallMethodObjArgs(store, S[S_PACK], run_id, rec, NULL)) == NULL)
+            || (store = attr(run, S_STORE)) == NULL || (run_id = attr(run, S_RUN_ID)) == NULL)
         goto done;
-    /* Run._write(packed): a sync verb's record, appended as the policy says (an async
-     * verb's owes its fsync to its coroutine: _write decides) */
     PyObject *owed;
     if (PyContextVar_Get(se->owed, NULL, &owed) < 0)
         goto done;
-    o = owed == Py_None ? PyObject_CallMethodObjArgs(store, S[S_APPEND], run_id, packed, NULL)
-                        : PyObject_CallMethodOneArg(run, S[S_WRITE], packed);
+    /* a sync verb's record, appended here where Store.append_journal's one-call path would
+     * take it (fast_append); else Run._write(packed): appended as the policy says (an
+     * async verb's owes its fsync to its coroutine: _write decides) */
+    payload = owed == Py_None ? fast_append(store, run_id, rec) : Py_NewRef(Py_None);
+    if (payload == Py_None) {
+        Py_CLEAR(payload);
+        packed = PyObject_CallMethodObjArgs(store, S[S_PACK], run_id, rec, NULL);
+        o = packed == NULL ? NULL
+            : owed == Py_None ? PyObject_CallMethodObjArgs(store, S[S_APPEND], run_id, packed, NULL)
+            : PyObject_CallMethodOneArg(run, S[S_WRITE], packed);
+        if (o != NULL) {
+            Py_CLEAR(o);
+            payload = attr(packed, S_PAYLOAD);
+        }
+    }
     Py_DECREF(owed);
-    if (o == NULL)
-        goto done;
-    Py_CLEAR(o);
     /* journal.record_step */
-    if ((payload = attr(packed, S_PAYLOAD)) == NULL || (st = attr(run, S_ST)) == NULL
-            || (lazy = attr(st, S_LAZY)) == NULL)
+    if (payload == NULL || (st = attr(run, S_ST)) == NULL || (lazy = attr(st, S_LAZY)) == NULL)
         goto done;
     int held = 0;
     PyObject *rs = PyDict_GetItemWithError(se->globals, S[S_RECORD_STEP]);
@@ -1835,6 +2033,8 @@ static PyTypeObject StepEntryType = {
 static PyMethodDef methods[] = {
     {"index", index_heads, METH_O,
      "index(heads) -> (lazy, rest, where, last): a run's journal heads, read for a replay."},
+    {"bind_append", bind_append, METH_O,
+     "bind_append(address): dkv_append_one's, for run.step's own appends (durkv.log)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1852,6 +2052,9 @@ PyMODINIT_FUNC PyInit__journalscan(void)
         return NULL;
     for (int i = 0; i < NSTR; i++)
         if ((S[i] = PyUnicode_InternFromString(snames[i])) == NULL)
+            return NULL;
+    for (int i = 0; i < NF; i++)
+        if ((F[i] = PyUnicode_InternFromString(fnames[i])) == NULL)
             return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -39,6 +39,7 @@ FRAME_COMMIT = 2
 
 _NO_LSN = (1 << 64) - 1
 _DURABILITY = {SYNC: lib.DKV_SYNC, ASYNC: lib.DKV_ASYNC, EXIT: lib.DKV_EXIT}
+DURABILITY_CODES = dict(_DURABILITY)    # policy name -> the C library's code
 _RECOVERY = {
     "tolerate_tail": lib.DKV_RECOVER_TOLERATE_TAIL, "strict": lib.DKV_RECOVER_STRICT,
     "point_in_time": lib.DKV_RECOVER_POINT_IN_TIME, "salvage": lib.DKV_RECOVER_SALVAGE,
@@ -53,6 +54,8 @@ _append_lsn = lib.dkv_append_lsn
 _append_one = lib.dkv_append_one
 _MOVED = lib.DKV_MOVED
 _append_packed = lib.dkv_append_packed
+# dkv_append_one's address, for a C caller that appends through a handle's `_addr`
+APPEND_ONE_ADDRESS = int(ffi.cast("uintptr_t", ffi.addressof(lib, "dkv_append_one")))
 _read_alloc = lib.dkv_read_alloc
 _free = lib.dkv_free
 
@@ -250,6 +253,9 @@ class SegmentLog:
     def __init__(self, handle, path: str, durability: str, read_only: bool,
                  recovery_damage: Damage | None) -> None:
         self._h = handle
+        # the handle's address while it is open, else None: run.step's C entry appends
+        # through it (csrc/journalscan.c, fast_append)
+        self._addr = int(ffi.cast("uintptr_t", handle))
         # the log's next LSN, read in place: a cffi call hands the GIL over, and a commit
         # read it twice (a LangGraph saver commits on a thread the graph's loop contends with)
         self._next_at = lib.dkv_next_lsn_at(handle)
@@ -330,6 +336,7 @@ class SegmentLog:
         """In a forked child: close the handle without a flush (see :func:`_disown_all_in_child`)."""
         self._forked = True
         h, self._h = self._h, None
+        self._addr = None
         self._next_at = None
         _open_logs.discard(self)
         if h is not None:
@@ -339,6 +346,7 @@ class SegmentLog:
     def close(self) -> None:
         """Flush (every policy), stop the flusher, release the lock. Idempotent."""
         h, self._h = self._h, None
+        self._addr = None
         self._next_at = None
         if h is None:
             return

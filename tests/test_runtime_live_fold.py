@@ -152,8 +152,9 @@ def test_a_call_without_retry_writes_the_journal_the_attempts_generator_writes(t
 def test_new_steps_and_keyed_tools_under_async_journal_in_one_backend_call_each(tmp_path,
                                                                                 monkeypatch):
     """The live hot path end to end (issue 20): under ``async`` on a local store, each
-    record of a new step, a keyed tool (intent and receipt) and an ``astep`` is appended
-    by one ``append_one`` call -- no write section of its own (write_begin), no waits."""
+    record of a keyed tool (intent and receipt) and an ``astep`` is appended by one
+    ``append_one`` call -- no write section of its own (write_begin), no waits -- and a
+    new step's record by run.step's C entry itself, with no backend call at all."""
     from durkv.backends.local import LocalBackend
 
     calls = []
@@ -165,9 +166,11 @@ def test_new_steps_and_keyed_tools_under_async_journal_in_one_backend_call_each(
         with store.run("r") as run:
             run.step("warm", model, 0)      # the first record may catch the index up
             calls.clear()
+            before = store._b.next_lsn
             assert run.step("plan", model, 1) == MODEL_OUT
+            assert calls == [] and store._b.next_lsn == before + 1, calls
             assert run.tool(effect, 2) == {"done": 2, "key": "r:2"}
-            assert calls == ["append_one"] * 3, calls
+            assert calls == ["append_one"] * 2, calls
 
         async def steps():
             async with store.arun("a") as arun:

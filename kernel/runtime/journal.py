@@ -29,13 +29,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .._journalscan import MISS, Index, StepEntry, index  # noqa: F401 - StepEntry for run.py (this module wraps _journalscan)
+from .._journalscan import MISS, Index, StepEntry, bind_append, index  # noqa: F401 - StepEntry for run.py (this module wraps _journalscan)
+from ..log import APPEND_ONE_ADDRESS
 from ..store.stepids import unpackb
 from .inputs import by_ref
 from .records import (E_APPROVAL, E_DECISION, E_INTENT, E_RECEIPT, E_RESOLVE, E_RUN, E_STATUS,
                       E_STEP, E_TRY, E_WARN, ApprovalRecord, DecisionRecord, IntentRecord,
                       ReceiptRecord, ResolveRecord, RunRecord, StatusRecord, StepRecord,
                       TryRecord, WarnRecord, default_key)
+
+# run.step's entry appends a new step's record through the log's own call, on a local
+# store (csrc/journalscan.c, fast_append)
+bind_append(APPEND_ONE_ADDRESS)
 
 __all__ = ["E_RUN", "E_STEP", "E_INTENT", "E_RECEIPT", "E_APPROVAL", "E_DECISION",
            "E_RESOLVE", "E_STATUS", "E_WARN", "E_TRY", "CallState", "RunState", "RunInfo", "fold", "apply",

@@ -50,14 +50,14 @@ from .edits import Edits
 from .history import History
 from .reads import Reads
 from .records import (
-    DURABILITIES, K_REPAIR, ChannelEntry, Checkpoint, check_id, check_ids, check_limit,
+    DURABILITIES, K_JOURNAL, K_REPAIR, ChannelEntry, Checkpoint, check_id, check_ids, check_limit,
     check_opt_id, heads_of, JournalHead, RepairHead,
 )
 from .repair import CutContents, local_path, read_cut
 from .replay import LogIndex
 from .stats import StoreStats
 from .stats import collect as collect_stats
-from .writer import PackedRecord, Writer, check_put, check_writes
+from .writer import PackedRecord, Writer, check_put, check_writes, journal_payload
 
 __all__ = ["Store", "open_store"]
 
@@ -171,6 +171,7 @@ class Store:
                                 self._reads)
         self._edits = Edits(self._appender, self._index, self._writer, self._reads)
         self._load_index()
+        self._fast_journal = self._journal_fast_path(durability)
         # a cut by `recover --skip-corrupt` leaves a note (FORMAT.md 6a): looked for once
         # here, so that a store never repaired costs its runs nothing
         self._path = local_path(backend)
@@ -181,6 +182,20 @@ class Store:
                 # a compaction finished (END is durable) but its old frames were not removed
                 backend.remove_prefix(self._index.compacted_at)
         _stores.add(self)
+
+    def _journal_fast_path(self, durability: str) -> tuple | None:
+        """What run.step's C entry needs to append a new step's record itself, as
+        :meth:`append_journal`'s one-call path does (csrc/journalscan.c, fast_append): on
+        a local log several processes share, under a policy no one waits for the record
+        under; else None (the Python path)."""
+        b = self._b
+        if not self._shared or durability == "sync" or not hasattr(b, "journal_fast_path"):
+            return None
+        fast = b.journal_fast_path(durability)
+        if fast is None:
+            return None
+        return (self._lock, self._writer, self._index, self._appender, *fast,
+                journal_payload, K_JOURNAL)
 
     # -- the index, as the log builds it (durkv.store.replay) --------------------------------
 

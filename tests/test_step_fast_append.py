@@ -1,0 +1,117 @@
+"""run.step's C entry appends a new step's record itself (csrc/journalscan.c,
+fast_append) only where Store.append_journal's one-call path would, and otherwise leaves
+it to the Python methods having appended nothing: another process's frames, an index
+snapshot due, a `sync` store, a closed or forked handle. (That both paths write the same
+bytes: tests/test_runtime_stepentry.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import durkv
+import pytest
+from durkv.backends.local import LocalBackend
+from durkv.runtime.view import describe
+
+
+def model(i):
+    return {"answer": i}
+
+
+@pytest.fixture
+def backend_calls(monkeypatch):
+    calls = []
+    for name in ("write_begin", "append_one", "append"):
+        real = getattr(LocalBackend, name)
+        monkeypatch.setattr(LocalBackend, name, lambda self, *a, _n=name, _r=real, **k:
+                            calls.append(_n) or _r(self, *a, **k))
+    return calls
+
+
+def _steps(path, run_id, first, n, **kw):
+    with durkv.open(path, **kw) as store, store.run(run_id) as run:
+        return [run.step("model", model, i) for i in range(first, first + n)]
+
+
+def test_async_and_exit_take_it_sync_and_memory_do_not(tmp_path, backend_calls):
+    for policy, taken in (("async", True), ("exit", True), ("sync", False)):
+        path = str(tmp_path / policy)
+        with durkv.open(path, durability=policy) as store, store.run("r") as run:
+            run.step("model", model, 0)            # the first record may catch the index up
+            backend_calls.clear()
+            before = store._b.next_lsn
+            assert run.step("model", model, 1) == {"answer": 1}
+            assert store._b.next_lsn == before + 1
+            assert (backend_calls == []) is taken, (policy, backend_calls)
+        with durkv.open(path) as store:
+            assert [e.result_receipt for e in describe(store, "r")][:2] == [{"answer": 0},
+                                                                     {"answer": 1}]
+    with durkv.open("memory://", durability="async") as store:
+        assert store._fast_journal is None
+        with store.run("r") as run:
+            assert run.step("model", model, 2) == {"answer": 2}
+
+
+CHILD = """
+import sys, durkv
+with durkv.open(sys.argv[1], durability="async") as store, store.run("other") as run:
+    run.step("model", lambda i: {"child": i}, 7)
+"""
+
+
+def test_another_process_appended_the_step_goes_after_its_frames(tmp_path, backend_calls):
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path, durability="async") as store, store.run("r") as run:
+        run.step("model", model, 0)
+        run.step("model", model, 1)
+        subprocess.run([sys.executable, "-c", CHILD, path], check=True)
+        backend_calls.clear()
+        # the entry's append finds the log moved (DKV_MOVED: nothing appended); the
+        # Python path catches up with the child's frames, then appends
+        assert run.step("model", model, 2) == {"answer": 2}
+        assert "write_begin" in backend_calls, backend_calls
+        backend_calls.clear()
+        assert run.step("model", model, 3) == {"answer": 3}
+        assert backend_calls == []          # caught up: the entry appends again
+        assert [e.result_receipt for e in describe(store, "other")][0] == {"child": 7}
+    with durkv.open(path) as store:
+        assert [e.result_receipt for e in describe(store, "r")][:4] == [
+            {"answer": i} for i in range(4)]
+        assert store.verify(deep=True).ok
+
+
+def test_index_snapshots_fall_due_between_fast_appends(tmp_path):
+    path = str(tmp_path / "s.durkv")
+    assert _steps(path, "r", 0, 40, durability="async", index_every=7) == [
+        {"answer": i} for i in range(40)]
+    with durkv.open(path, index_every=7) as store:
+        assert [e.result_receipt for e in describe(store, "r")][:40] == [
+            {"answer": i} for i in range(40)]
+        assert store.verify(deep=True).ok
+
+
+def test_a_closed_store_or_a_forked_child_refuses(tmp_path):
+    path = str(tmp_path / "s.durkv")
+    store = durkv.open(path, durability="async")
+    run = store.run("r").__enter__()
+    run.step("model", model, 0)
+    pid = os.fork()
+    if pid == 0:        # the child: the parent's handle refuses, nothing is appended
+        try:
+            run.step("model", model, 1)
+            os._exit(1)
+        except durkv.DurkvError as e:
+            os._exit(0 if "fork" in str(e) else 2)
+        except BaseException:
+            os._exit(3)
+    assert os.waitpid(pid, 0)[1] == 0
+    before = store._b.next_lsn
+    store.close()
+    with pytest.raises(durkv.DurkvError, match="closed"):
+        run.step("model", model, 1)
+    with durkv.open(path) as again:
+        assert again._b.next_lsn >= before
+        assert [e.result_receipt for e in describe(again, "r")][:1] == [{"answer": 0}]
+        assert len([e for e in describe(again, "r") if e.kind == "step"]) == 1
