@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -470,6 +471,25 @@ static int roll(dkv_log *log, uint64_t new_start)
 }
 
 /* Create segment `next_lsn` (header written, fdatasync'd, directory fsync'd). mu held. */
+/* rename(2) that never replaces an existing file (a stale segment of that name is an error,
+ * as O_EXCL made it): 0 or -errno. Where the file system has no RENAME_NOREPLACE, the
+ * name is looked up first -- under WLOCK no other writer creates segments. */
+static int rename_noreplace(const char *from, const char *to)
+{
+#ifdef SYS_renameat2
+    if (syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, 1 /* RENAME_NOREPLACE */) == 0)
+        return 0;
+    if (errno != EINVAL && errno != ENOSYS)
+        return -errno;
+#endif
+    struct stat st;
+    if (lstat(to, &st) == 0)
+        return -EEXIST;
+    if (errno != ENOENT)
+        return -errno;
+    return rename(from, to) ? -errno : 0;
+}
+
 static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest)
 {
     seg_header h;
@@ -481,9 +501,14 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     h.flags = SEG_FLAGS_NEW;
     if (dkv__segs_reserve(log))
         return DKV_ENOMEM;
-    char path[DKV_PATH_MAX];
-    int fd = dkv__seg_path(path, log->dir, h.base_lsn)
-                 ? -1 : open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    /* The file appears under its name with its header whole (FORMAT.md §1): written and
+     * synced as <name>.tmp, then renamed -- never over an existing file. A kill during the
+     * creation leaves at most the .tmp (no reader lists it; the next creation of that name
+     * truncates it), never a segment shorter than its header. */
+    char name[64], path[DKV_PATH_MAX], tmp[DKV_PATH_MAX];
+    dkv__seg_name(name, h.base_lsn);
+    int fd = dkv__path(path, log->dir, "%s", name) || dkv__path(tmp, log->dir, "%s.tmp", name)
+                 ? -1 : open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
         if (log->nsegs)
@@ -499,9 +524,19 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
         rc = dkv__fdatasync(fd);
     }
     if (!rc) {
-        what = "directory fsync";
-        rc = dkv__dirfsync(log->dir);
+        what = "create segment";
+        rc = rename_noreplace(tmp, path);
     }
+    if (rc) {
+        /* no segment was made: the handle keeps its active one (and fails) */
+        close(fd);
+        unlink(tmp);
+        if (log->nsegs)
+            return fail(log, what, rc);
+        return dkv__io_error(log, -rc, "cannot create segment %s (%s)", path, what);
+    }
+    what = "directory fsync";
+    rc = dkv__dirfsync(log->dir);
     seg_t *s = &log->segs[log->nsegs++];
     memset(s, 0, sizeof *s);
     s->base_lsn = h.base_lsn;

@@ -180,6 +180,35 @@ def test_roll_fault(log_dir, no_faults, op):
     _check_reopen(log_dir, acked, {j: lt.payload(j, 500) for j in range(i + 1)})
 
 
+@pytest.mark.parametrize("nth", [1, 2, 3])
+@pytest.mark.parametrize("op", ["write", "fdatasync"])
+def test_a_segment_appears_with_its_header_whole(log_dir, no_faults, op, nth):
+    """A roll that stops before the new segment's header is synced -- as a kill between
+    creating the file and writing it would -- leaves no segment shorter than its header:
+    the header is written and synced as <name>.tmp, then renamed (FORMAT.md section 1).
+    verify then finds nothing to report, and the frames read back."""
+    log = SegmentLog.open(str(log_dir), durability="sync", segment_bytes=4096)
+    acked, i = {}, 0
+    try:
+        while len(lt.segment_files(log_dir)) < 2 or \
+                lt.segment_files(log_dir)[-1].stat().st_size + 500 + lt.FRAME_HDR <= 4096:
+            acked[log.append(lt.payload(i, 500))] = lt.payload(i, 500)
+            i += 1
+        no_faults(op, nth, errno.EIO)
+        with pytest.raises(LogFailedError):
+            for _ in range(3):            # one of these rolls
+                acked[log.append(lt.payload(i, 500))] = lt.payload(i, 500)
+                i += 1
+    finally:
+        no_faults(None)
+        _close_quietly(log)
+    assert all(f.stat().st_size >= 64 for f in lt.segment_files(log_dir))
+    assert not list(log_dir.glob("*.seg.tmp"))     # a failed creation removes its .tmp
+    rep = verify(str(log_dir))
+    assert rep.ok, rep.damage
+    _check_reopen(log_dir, acked, {j: lt.payload(j, 500) for j in range(i + 1)})
+
+
 def test_dirfsync_fault_creating_a_log(tmp_path, no_faults):
     no_faults("dirfsync", 1, errno.EIO)
     with pytest.raises(Exception) as ei:
