@@ -470,7 +470,6 @@ static int roll(dkv_log *log, uint64_t new_start)
     return fail(log, what, rc);
 }
 
-/* Create segment `next_lsn` (header written, fdatasync'd, directory fsync'd). mu held. */
 /* rename(2) that never replaces an existing file (a stale segment of that name is an error,
  * as O_EXCL made it): 0 or -errno. Where the file system has no RENAME_NOREPLACE, the
  * name is looked up first -- under WLOCK no other writer creates segments. */
@@ -490,6 +489,7 @@ static int rename_noreplace(const char *from, const char *to)
     return rename(from, to) ? -errno : 0;
 }
 
+/* Create segment `next_lsn` (header written, fdatasync'd, directory fsync'd). mu held. */
 static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest)
 {
     seg_header h;
