@@ -1425,7 +1425,9 @@ static int encode_inputs(StepEntry *se, PyObject *values, PyObject *inl, PyObjec
  * does) at the index's next LSN, then the index's scan_pos, the run's LSN list and the
  * appender's next LSN. Anything else -- or a log that answers other than with an LSN
  * (another process appended: DKV_MOVED; any error) -- takes nothing and appends nothing:
- * the Python methods run as before (and raise the typed error). */
+ * the Python methods run as before (and raise the typed error). Nor does it run when
+ * the store's pack_journal or append_journal is not Store's own (a subclass's, a wrapper
+ * a caller installed): those are called, as ever. */
 
 typedef int64_t (*append_one_fn)(void *log, uint8_t type, const char *buf, uint32_t len,
                                  int durability, uint64_t expect);
@@ -1433,11 +1435,11 @@ static append_one_fn append_one;       /* bound from durkv.log (bind_append) */
 
 enum { F_FAST, F_ACQUIRE, F_RELEASE, F_WDEPTH, F_CLOSED, F_STEP_IDS, F_RESULTS, F_ON,
        F_EVERY, F_INDEX_LSN, F_SCAN_POS, F_MAX, F_ADDR, F_NEXT, F_IX, F_ADD, F_E, F_KEYS,
-       F_KEEP, NF };
+       F_KEEP, F_PACK, F_APPEND, NF };
 static const char *const fnames[NF] = {
     "_fast_journal", "acquire", "release", "_wdepth", "_closed", "_step_ids", "results", "on",
     "index_every", "index_lsn", "scan_pos", "max_commit_bytes", "_addr", "next", "ix",
-    "add_journal", "E", "KEYS", "KEEP"};
+    "add_journal", "E", "KEYS", "KEEP", "pack_journal", "append_journal"};
 static PyObject *F[NF];
 
 /* obj.name as a C integer; -1 with an error set, or when not an exact int (then no error:
@@ -1465,6 +1467,23 @@ static int is_true_attr(PyObject *o, int i)
     int t = v == Py_True;
     Py_DECREF(v);
     return t;
+}
+
+/* 1 when store.<name> is Store's own method (`original`), not overridden or wrapped --
+ * by a subclass, on the class or on the instance: those are called, as the Python path
+ * calls them; 0 when not; -1 on error. */
+static int own_method(PyObject *store, int name, PyObject *original)
+{
+    /* the class's (a subclass's override, or a wrapper set on the class, differ), then
+     * the instance's own dict; looked up without making a bound method */
+    if (_PyType_Lookup(Py_TYPE(store), F[name]) != original)
+        return 0;
+    PyObject **dict = _PyObject_GetDictPtr(store);
+    if (dict == NULL || *dict == NULL)
+        return 1;
+    if (PyDict_GetItemWithError(*dict, F[name]) != NULL)
+        return 0;
+    return PyErr_Occurred() ? -1 : 1;
 }
 
 /* Under the store's lock: the payload appended (new ref), Py_None when not taken, NULL on
@@ -1560,9 +1579,16 @@ static PyObject *fast_append(PyObject *store, PyObject *run_id, PyObject *rec)
         PyErr_Clear();      /* not a Store: its own methods */
         Py_RETURN_NONE;
     }
-    if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 9) {
+    if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 11) {
         Py_DECREF(fast);
         Py_RETURN_NONE;
+    }
+    int own = own_method(store, F_PACK, PyTuple_GET_ITEM(fast, 9));
+    if (own == 1)
+        own = own_method(store, F_APPEND, PyTuple_GET_ITEM(fast, 10));
+    if (own != 1) {
+        Py_DECREF(fast);
+        return own < 0 ? NULL : Py_NewRef(Py_None);
     }
     PyObject *lock = PyTuple_GET_ITEM(fast, 0);
     PyObject *got = PyObject_CallMethodNoArgs(lock, F[F_ACQUIRE]);

@@ -170,3 +170,28 @@ def test_processes_and_threads_step_into_one_store(tmp_path):
                 steps = [e for e in describe(store, f"p{k}-{t}") if e.kind == "step"]
                 assert [e.result_receipt["i"] for e in steps] == list(range(300))
         assert store.verify(deep=True).ok
+
+
+@pytest.mark.parametrize("where", ["class", "instance"])
+def test_a_wrapped_append_journal_is_called_as_ever(tmp_path, monkeypatch, where):
+    """A caller that wraps the store's append_journal (or pack_journal) -- to watch its
+    records, say -- sees a new step's record: the entry appends itself only through
+    Store's own methods."""
+    from durkv.store import Store
+
+    seen = []
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path, durability="async") as store, store.run("r") as run:
+        run.step("model", model, 0)
+        real = Store.append_journal
+        if where == "class":
+            monkeypatch.setattr(Store, "append_journal", lambda self, run_id, rec, **k:
+                                seen.append(run_id) or real(self, run_id, rec, **k))
+        else:
+            monkeypatch.setattr(store, "append_journal", lambda run_id, rec, **k:
+                                seen.append(run_id) or real(store, run_id, rec, **k))
+        assert run.step("model", model, 1) == {"answer": 1}
+        assert seen == ["r"]
+        monkeypatch.undo()
+        assert run.step("model", model, 2) == {"answer": 2}
+        assert seen == ["r"]                # Store's own again: the entry appends itself

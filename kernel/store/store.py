@@ -187,7 +187,9 @@ class Store:
         """What run.step's C entry needs to append a new step's record itself, as
         :meth:`append_journal`'s one-call path does (csrc/journalscan.c, fast_append): on
         a local log several processes share, under a policy no one waits for the record
-        under; else None (the Python path)."""
+        under; else None (the Python path). The entry checks that the store's
+        ``pack_journal`` and ``append_journal`` are still these (not overridden or
+        wrapped) at every record."""
         b = self._b
         if not self._shared or durability == "sync" or not hasattr(b, "journal_fast_path"):
             return None
@@ -195,7 +197,7 @@ class Store:
         if fast is None:
             return None
         return (self._lock, self._writer, self._index, self._appender, *fast,
-                journal_payload, K_JOURNAL)
+                journal_payload, K_JOURNAL, Store.pack_journal, Store.append_journal)
 
     # -- the index, as the log builds it (durkv.store.replay) --------------------------------
 
