@@ -195,3 +195,29 @@ def test_a_wrapped_append_journal_is_called_as_ever(tmp_path, monkeypatch, where
         monkeypatch.undo()
         assert run.step("model", model, 2) == {"answer": 2}
         assert seen == ["r"]                # Store's own again: the entry appends itself
+
+
+def test_an_async_step_record_is_fdatasynced_by_the_flusher(tmp_path, backend_calls):
+    """The async promise for a record the entry appended itself (a power loss is not a
+    kill: the witness is the log's durable position and the flusher's fdatasyncs): it is
+    written before run.step returns and made durable within flush_interval_ms, with no
+    flush asked for."""
+    import time
+
+    path = str(tmp_path / "s.durkv")
+    with durkv.open(path, durability="async", flush_interval_ms=10) as store, \
+            store.run("r") as run:
+        run.step("model", model, 0)
+        log = store._b._log
+        store.flush()               # nothing owed: only this record can make the flusher sync
+        time.sleep(0.05)
+        backend_calls.clear()
+        syncs = log.flusher_syncs
+        run.step("model", model, 1)
+        lsn = store._b.next_lsn - 1
+        assert backend_calls == []                  # the entry appended it
+        deadline = time.monotonic() + 5
+        while log.durable_lsn <= lsn and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert log.durable_lsn > lsn
+        assert log.flusher_syncs > syncs
