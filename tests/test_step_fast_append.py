@@ -1,14 +1,15 @@
 """run.step's C entry appends a new step's record itself (csrc/journalscan.c,
 fast_append) only where Store.append_journal's one-call path would, and otherwise leaves
 it to the Python methods having appended nothing: another process's frames, an index
-snapshot due, a `sync` store, a closed or forked handle. (That both paths write the same
-bytes: tests/test_runtime_stepentry.py.)"""
+snapshot due, a `sync` store, a closed or forked handle, a store whose append_journal is
+wrapped. (That both paths write the same bytes: tests/test_runtime_stepentry.py.)"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 
 import durkv
 import pytest
@@ -202,8 +203,6 @@ def test_an_async_step_record_is_fdatasynced_by_the_flusher(tmp_path, backend_ca
     kill: the witness is the log's durable position and the flusher's fdatasyncs): it is
     written before run.step returns and made durable within flush_interval_ms, with no
     flush asked for."""
-    import time
-
     path = str(tmp_path / "s.durkv")
     with durkv.open(path, durability="async", flush_interval_ms=10) as store, \
             store.run("r") as run:
