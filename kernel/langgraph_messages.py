@@ -24,9 +24,10 @@ serializer whenever that equality is not certain:
 
 A history passed again (the model step's, every turn) is not packed again: each message's
 field dict was copied when it was encoded (durkv's own copy: containers copied, immutable
-leaves shared) and packed from the copy, and the next call compares the fields with the
-copies by value, as msgpack would see them (``durkv._msgfields``, csrc/msgfields.c). A
-message whose fields cannot be copied so keeps the byte comparison.
+leaves shared) and packed from the copy, the copy is kept flattened into one array, and
+the next call compares the fields with it by value, as msgpack would see them
+(``durkv._msgfields``, csrc/msgfields.c). A message whose fields cannot be copied so keeps
+the byte comparison.
 
 ``tests/test_langgraph_messages.py`` compares the bytes with the serializer's on every
 message class and on generated odd contents; and before its first use in a process,
@@ -39,7 +40,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable
 
-from ._msgfields import copy_fields, same_fields
+from ._msgfields import copy_fields, same_fields, witness
 
 __all__ = ["EncodedPrefix", "dumps_messages", "eligible", "is_jsonplus", "pack_msgpack"]
 
@@ -147,11 +148,11 @@ def _same_prefix(objs: list, prior: EncodedPrefix) -> int:
     n = len(prior.types)
     if not n or len(objs) < n:
         return 0
+    if prior.copies is not None:    # the classes too, in the same pass
+        return n if same_fields(objs, prior.copies) else 0
     prefix = objs[:n]
     if list(map(type, prefix)) != prior.types:
         return 0
-    if prior.copies is not None:
-        return n if same_fields(prefix, prior.copies) else 0
     try:
         if any([x.__pydantic_extra__ for x in prefix]):
             return 0
@@ -204,13 +205,13 @@ def dumps_messages(objs: list, dumps: Callable[[Any], bytes], prior: EncodedPref
                     if leading:     # the field dict's own bytes: between the class's name
                         types.append(type(x))           # and the method's
                         if copies is not None and c is None:    # no copy: pack them all
-                            fields = [packb(list(copies), option=option)[
+                            fields = [packb([w.fields() for w in copies], option=option)[
                                 1 if len(copies) < 16 else 3 if len(copies) < 65536 else 5:]]
                             copies = None
                         if copies is None:
                             fields.append(body[spec[3]:-_TAIL])
                         else:
-                            copies.append(c)
+                            copies.append(witness(c, type(x)))
                     continue
         out.append(dumps(x))
         leading = False

@@ -312,10 +312,65 @@ def test_the_copies_decide_as_the_bytes_would(first, second):
         return
     if state is None or state.copies is None:
         return
-    packed = b"".join(lm.ormsgpack.packb(c, option=lm._OPTION) for c in state.copies)
+    packed = b"".join(lm.ormsgpack.packb(c.fields(), option=lm._OPTION) for c in state.copies)
     by_bytes = lm.EncodedPrefix(state.types, packed, state.items, None)
     msgs[0].additional_kwargs["v"] = second
     assert lm._same_prefix(msgs, state) == lm._same_prefix(msgs, by_bytes)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_nested)
+def test_a_flattened_copy_is_the_copy(value):
+    """The history keeps each copy flattened (``durkv._msgfields.Fields``): built again it
+    is the copy -- the same keys in the same order, the same exact types, the very
+    leaves -- so it packs to the same bytes, and a message whose fields are the copy's
+    matches it while one whose value differs does not."""
+    from durkv._msgfields import copy_fields, same_fields, witness
+
+    fields = {"content": "c", "additional_kwargs": {"v": value}, "id": None}
+    copy = copy_fields(fields)
+    if copy is None:                    # nested past the limit
+        return
+    w = witness(copy, lc.AIMessage)
+    again = w.fields()
+
+    def shape(v):
+        if type(v) is dict:
+            return ("d", [(k, shape(x)) for k, x in v.items()])
+        if type(v) in (list, tuple):
+            return (type(v).__name__, [shape(x) for x in v])
+        return id(v)                    # a leaf: the very object
+    assert shape(again) == shape(copy) and again is not copy
+    def packed(v):
+        try:
+            return lm.ormsgpack.packb(v, option=lm._OPTION)
+        except TypeError as e:          # an int past 64 bits: refused alike
+            return str(e)
+    assert packed(again) == packed(copy)
+    msg = lc.AIMessage(content="c", additional_kwargs={"v": value})
+    w = witness(copy_fields(msg.__dict__), lc.AIMessage)
+    assert same_fields([msg], [w]) and same_fields([msg, "more"], [w])
+    assert not same_fields([msg], [witness(copy_fields(msg.__dict__), lc.AIMessageChunk)])
+    msg.additional_kwargs["v"] = [value]
+    assert not same_fields([msg], [w])
+
+
+def test_a_flattened_copy_is_made_of_plain_data_only():
+    from durkv._msgfields import Fields, copy_fields, same_fields, witness
+
+    for bad in ({"s": {1, 2}}, {1: "int key"}, [1], "text", {"m": lc.AIMessage(content="x")}):
+        with pytest.raises(TypeError, match="plain data"):
+            witness(bad, lc.AIMessage)
+    msg = lc.AIMessage(content="x")
+    copy = copy_fields(msg.__dict__)
+    with pytest.raises(TypeError):
+        witness(copy, "AIMessage")              # a class, not its name
+    assert isinstance(witness(copy, lc.AIMessage), Fields)
+    assert not same_fields([msg], [copy])       # only a Fields is a witness
+    assert same_fields([msg], [witness(copy, lc.AIMessage)])
+    assert not same_fields([], [witness(copy, lc.AIMessage)])   # fewer objects than copies
+    with pytest.raises(TypeError):
+        Fields()                                # made by witness() only
 
 
 def test_an_item_replaced_by_another_class_with_the_same_fields_is_encoded_again():
