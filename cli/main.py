@@ -154,8 +154,9 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
     of the active segment) is removed. Mid-log corruption is refused unless
     --skip-corrupt is given: then the log is cut at the last good frame before
     the damage and the lost LSN range is reported. Every removed byte is first
-    copied to PATH/quarantine/ and fsync'd; nothing is deleted. Running it twice
-    is a no-op. Takes the writer lock: stop the writer first.
+    copied to PATH/quarantine/ and fsync'd; no frame is deleted (the *.tmp files
+    a writer killed mid-roll left, a header or HEAD's next version, are removed).
+    Running it twice is a no-op. Takes the writer lock: stop the writer first.
 
     A cut of more than a torn tail also names the runs and threads whose records
     it may have removed (REPAIR record, docs/GUARANTEES.md 16a): those runs are

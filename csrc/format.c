@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/random.h>
@@ -41,6 +42,8 @@ static int fault_hit(int op)
     if (fault_nth[op] > 0 && --fault_nth[op] == 0)
         e = fault_err[op];
     pthread_mutex_unlock(&fault_mu);
+    if (e == DKV_FAULT_KILL)    /* the process dies before the call, as under kill -9 */
+        kill(getpid(), SIGKILL);
     return e;
 }
 

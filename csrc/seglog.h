@@ -284,8 +284,10 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_progress_fn 
 void dkv_report_free(dkv_report *r);
 void dkv_free(void *p);
 
-/* Test hook: make the nth next call of op fail with errno err.
+/* Test hook: make the nth next call of op fail with errno err, or, with err
+ * DKV_FAULT_KILL (-1), SIGKILL the process right there: a crash at an exact point.
  * op: 1 write, 2 fdatasync, 3 directory fsync. n=0 disables. Process-wide. */
+#define DKV_FAULT_KILL -1
 int dkv_fault_inject(int op, int nth, int err);
 
 /* The floor under a commit (rawio.c): n x write(size) to path (created/truncated), each

@@ -676,6 +676,37 @@ static int move_damaged(const char *dir, const dkv_report *r, const cut_plan *p,
                     : cut_file(dir, p->sr->segment, p->cut);
 }
 
+/* Remove the transient files a writer killed mid-way leaves (FORMAT.md §1, §2a): a
+ * <segment>.tmp (a segment being created: its header, no frame) and HEAD.tmp (HEAD's next
+ * version). No reader lists them and they hold no frame; under the exclusive writer lock
+ * nobody is making one. 0, or a DKV_E* code (the error message set). */
+static int remove_transients(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return dkv__io_error(NULL, errno, "cannot list %s", dir);
+    int rc = 0, removed = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        const char *s = e->d_name;
+        int seg_tmp = strlen(s) == 24 && strspn(s, "0123456789abcdef") == 16
+                      && !strcmp(s + 16, ".seg.tmp");
+        if (!seg_tmp && strcmp(s, "HEAD.tmp"))
+            continue;
+        char p[DKV_PATH_MAX];
+        if (dkv__path(p, dir, "%s", s))
+            continue;
+        if (!unlink(p))
+            removed++;
+        else if (errno != ENOENT)
+            rc = dkv__io_error(NULL, errno, "cannot remove %s (a file a writer killed while "
+                               "creating it left; it holds no frame)", p);
+    }
+    closedir(d);
+    int f = !rc && removed ? dkv__dirfsync(dir) : 0;
+    return f ? dkv__io_error(NULL, -f, "cannot fsync %s", dir) : rc;
+}
+
 int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_progress_fn progress,
                 void *ctx, dkv_report **out)
 {
@@ -683,8 +714,13 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_progress_fn 
     dkv__set_error(NULL, "%s", "");
     int lfd = -1;
     int rc = dry_run ? 0 : take_writer_lock(dir, &lfd);
-    if (rc)
+    if (!rc && !dry_run)
+        rc = remove_transients(dir);
+    if (rc) {
+        if (lfd >= 0)
+            close(lfd);
         return rc;
+    }
     vseg *vs = NULL;
     dkv_report *r;
     vdir_info vi;

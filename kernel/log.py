@@ -737,7 +737,9 @@ def recover(path: str | os.PathLike, *, skip_corrupt: bool = False,
             progress: Callable[[int, int], None] | None = None) -> Report:
     """Repair the log at ``path``: quarantine + truncate a torn tail; with
     ``skip_corrupt``, cut the log at the first damage (every removed byte is copied to
-    ``quarantine/`` first). Idempotent. ``dry_run`` changes nothing and reports the plan.
+    ``quarantine/`` first). It also removes the ``<segment>.tmp`` and ``HEAD.tmp`` a writer
+    killed mid-roll can leave (no frame in them, FORMAT.md 1). Idempotent. ``dry_run``
+    changes nothing and reports the plan.
 
     A cut of more than a torn tail is announced first by a durable note in ``repairs/``
     (docs/FORMAT.md 6a; ``report.repair`` is its id): the next store open names the runs
@@ -815,9 +817,13 @@ def fdatasync_count() -> int:
     return lib.dkv_fdatasync_count()
 
 
-def fault_inject(op: str | None, nth: int = 1, err: int = _errno.EIO) -> None:
+def fault_inject(op: str | None, nth: int = 1, err: int = _errno.EIO, *,
+                 kill: bool = False) -> None:
     """Test hook: make the ``nth`` next ``op`` ("write", "fdatasync", "dirfsync") in this
-    process fail with errno ``err``. ``op=None`` clears every injected fault."""
+    process fail with errno ``err`` -- or, with ``kill``, SIGKILL the process just before
+    it (a crash at an exact point). ``op=None`` clears every injected fault."""
+    if kill:
+        err = lib.DKV_FAULT_KILL
     if op is None:
         for code in _FAULT_OPS.values():
             lib.dkv_fault_inject(code, 0, 0)

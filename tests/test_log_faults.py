@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 
 import logtools as lt
 import pytest
 from durkv.errors import DurkvError, LogFailedError
-from durkv.log import SegmentLog, verify
+from durkv.log import SegmentLog, recover, verify
 
 ERRS = {errno.EIO: ("Input/output error", "EIO"), errno.ENOSPC: ("No space left", "ENOSPC")}
 
@@ -207,6 +209,48 @@ def test_a_segment_appears_with_its_header_whole(log_dir, no_faults, op, nth):
     rep = verify(str(log_dir))
     assert rep.ok, rep.damage
     _check_reopen(log_dir, acked, {j: lt.payload(j, 500) for j in range(i + 1)})
+
+
+_ROLL_AND_DIE = """
+import sys
+sys.path.insert(0, {tests!r})
+import logtools as lt
+from durkv.log import SegmentLog, fault_inject
+log = SegmentLog.open({d!r}, durability="sync", segment_bytes=4096)
+i = 0
+while len(lt.segment_files({d!r})) < 2 or (
+        lt.segment_files({d!r})[-1].stat().st_size + 500 + lt.FRAME_HDR <= 4096):
+    print(log.append(lt.payload(i, 500)), flush=True)
+    i += 1
+fault_inject({op!r}, {nth}, kill=True)      # dies in the next roll: the segment, HEAD
+for _ in range(3):
+    print(log.append(lt.payload(i, 500)), flush=True)
+    i += 1
+"""
+
+
+def test_recover_removes_what_a_writer_killed_mid_roll_left(tmp_path):
+    """A writer SIGKILLed at each write and sync of a roll (a crash at an exact point, the
+    fault hook's kill) can leave a <segment>.tmp or HEAD.tmp, which no reader lists
+    (FORMAT.md section 1). The store opens and verifies clean, and recover removes them;
+    every acknowledged frame reads back."""
+    tests = os.path.dirname(__file__)
+    left = set()
+    # each kill point of a roll: the seal's, the segment's .tmp, its rename, HEAD's
+    for op, nth in [*((op, n) for op in ("write", "fdatasync") for n in (1, 2, 3, 4)),
+                    ("dirfsync", 1), ("dirfsync", 2)]:
+        d = str(tmp_path / f"{op}{nth}")
+        out = subprocess.run([sys.executable, "-c", _ROLL_AND_DIE.format(
+            tests=tests, d=d, op=op, nth=nth)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == -9, out.stderr
+        acked = {int(x): lt.payload(j, 500) for j, x in enumerate(out.stdout.split())}
+        tmps = sorted(p.name for p in (tmp_path / f"{op}{nth}").glob("*.tmp"))
+        left.update(t if t == "HEAD.tmp" else "<segment>.tmp" for t in tmps)
+        assert verify(d).ok
+        recover(d)
+        assert not list((tmp_path / f"{op}{nth}").glob("*.tmp")), (op, nth, tmps)
+        _check_reopen(d, acked, {j: lt.payload(j, 500) for j in range(len(acked) + 3)})
+    assert left == {"<segment>.tmp", "HEAD.tmp"}      # the kills did leave both kinds
 
 
 def test_dirfsync_fault_creating_a_log(tmp_path, no_faults):
