@@ -1315,7 +1315,7 @@ static PyObject *S[NSTR];
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *general, *at, *end, *fingerprint, *new_record, *record_type, *apply_step;
+    PyObject *general, *at, *end, *fingerprint, *record_type, *apply_step;
     PyObject *record_step, *globals;    /* journal.record_step, and where run.py names it */
     PyObject *owed;                     /* aio.OWED */
     PyObject *cls;                      /* Run: a subclass's overrides are honored (general) */
@@ -1433,13 +1433,14 @@ typedef int64_t (*append_one_fn)(void *log, uint8_t type, const char *buf, uint3
                                  int durability, uint64_t expect);
 static append_one_fn append_one;       /* bound from durkv.log (bind_append) */
 
-enum { F_FAST, F_ACQUIRE, F_RELEASE, F_WDEPTH, F_CLOSED, F_STEP_IDS, F_RESULTS, F_ON,
+enum { F_FAST, F_WDEPTH, F_CLOSED, F_STEP_IDS, F_RESULTS, F_ON,
        F_EVERY, F_INDEX_LSN, F_SCAN_POS, F_MAX, F_ADDR, F_NEXT, F_IX, F_ADD, F_E, F_KEYS,
-       F_KEEP, F_PACK, F_APPEND, NF };
+       F_KEEP, F_PACK, F_APPEND, F_JOURNALS, F_APPEND_LSN, NF };
 static const char *const fnames[NF] = {
-    "_fast_journal", "acquire", "release", "_wdepth", "_closed", "_step_ids", "results", "on",
+    "_fast_journal", "_wdepth", "_closed", "_step_ids", "results", "on",
     "index_every", "index_lsn", "scan_pos", "max_commit_bytes", "_addr", "next", "ix",
-    "add_journal", "E", "KEYS", "KEEP", "pack_journal", "append_journal"};
+    "add_journal", "E", "KEYS", "KEEP", "pack_journal", "append_journal", "journals",
+    "append"};
 static PyObject *F[NF];
 
 /* obj.name as a C integer; -1 with an error set, or when not an exact int (then no error:
@@ -1486,6 +1487,34 @@ static int own_method(PyObject *store, int name, PyObject *original)
     return PyErr_Occurred() ? -1 : 1;
 }
 
+/* cls.<name> (new ref): a plain class attribute (no __get__) as the type's cached lookup
+ * finds it -- what getattr returns for it, without the metatype's machinery -- else by
+ * getattr */
+static PyObject *class_attr(PyTypeObject *cls, int name)
+{
+    PyObject *v = _PyType_Lookup(cls, F[name]);
+    if (v != NULL && Py_TYPE(v)->tp_descr_get == NULL
+            && _PyType_Lookup(Py_TYPE(cls), F[name]) == NULL)
+        return Py_NewRef(v);
+    return PyObject_GetAttr((PyObject *)cls, F[name]);
+}
+
+/* ix.add_journal(run_id, lsn): a run with LSNs already gets the new one appended to its
+ * array here, without the method's Python frame; a run's first, by the method */
+static PyObject *add_journal(PyObject *ix, PyObject *run_id, PyObject *lsn)
+{
+    PyObject *journals = PyObject_GetAttr(ix, F[F_JOURNALS]);
+    if (journals == NULL)
+        return NULL;
+    PyObject *lsns = PyDict_CheckExact(journals) ? PyDict_GetItemWithError(journals, run_id)
+                                                 : NULL;
+    PyObject *o = lsns != NULL ? PyObject_CallMethodOneArg(lsns, F[F_APPEND_LSN], lsn)
+                  : PyErr_Occurred() ? NULL
+                  : PyObject_CallMethodObjArgs(ix, F[F_ADD], run_id, lsn, NULL);
+    Py_DECREF(journals);
+    return o;
+}
+
 /* Under the store's lock: the payload appended (new ref), Py_None when not taken, NULL on
  * error. */
 static PyObject *fast_append_locked(PyObject *store, PyObject *fast, PyObject *run_id,
@@ -1523,9 +1552,9 @@ static PyObject *fast_append_locked(PyObject *store, PyObject *fast, PyObject *r
         Py_RETURN_NONE;
     /* Writer.pack_journal's C call for a typed record */
     PyTypeObject *cls = Py_TYPE(rec);
-    PyObject *e = PyObject_GetAttr((PyObject *)cls, F[F_E]);
-    PyObject *keys = e ? PyObject_GetAttr((PyObject *)cls, F[F_KEYS]) : NULL;
-    PyObject *keep = keys ? PyObject_GetAttr((PyObject *)cls, F[F_KEEP]) : NULL;
+    PyObject *e = class_attr(cls, F_E);
+    PyObject *keys = e ? class_attr(cls, F_KEYS) : NULL;
+    PyObject *keep = keys ? class_attr(cls, F_KEEP) : NULL;
     PyObject *payload = NULL;
     if (keep != NULL) {
         PyObject *a[7] = {kind, run_id, rec, e, keys, keep, Py_True};
@@ -1554,7 +1583,7 @@ static PyObject *fast_append_locked(PyObject *store, PyObject *fast, PyObject *r
     PyObject *o = NULL;
     if (ix != NULL && !PyObject_SetAttr(appender, F[F_NEXT], end)
             && !PyObject_SetAttr(index, F[F_SCAN_POS], end))
-        o = PyObject_CallMethodObjArgs(ix, F[F_ADD], run_id, at_lsn, NULL);
+        o = add_journal(ix, run_id, at_lsn);
     Py_XDECREF(end);
     Py_XDECREF(at_lsn);
     Py_XDECREF(ix);
@@ -1579,7 +1608,7 @@ static PyObject *fast_append(PyObject *store, PyObject *run_id, PyObject *rec)
         PyErr_Clear();      /* not a Store: its own methods */
         Py_RETURN_NONE;
     }
-    if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 11) {
+    if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 12) {
         Py_DECREF(fast);
         Py_RETURN_NONE;
     }
@@ -1590,8 +1619,7 @@ static PyObject *fast_append(PyObject *store, PyObject *run_id, PyObject *rec)
         Py_DECREF(fast);
         return own < 0 ? NULL : Py_NewRef(Py_None);
     }
-    PyObject *lock = PyTuple_GET_ITEM(fast, 0);
-    PyObject *got = PyObject_CallMethodNoArgs(lock, F[F_ACQUIRE]);
+    PyObject *got = call0(PyTuple_GET_ITEM(fast, 0));     /* the store's lock.acquire */
     if (got == NULL) {
         Py_DECREF(fast);
         return NULL;
@@ -1601,7 +1629,7 @@ static PyObject *fast_append(PyObject *store, PyObject *run_id, PyObject *rec)
     /* released whatever happened, an error kept across the call */
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    PyObject *r = PyObject_CallMethodNoArgs(lock, F[F_RELEASE]);
+    PyObject *r = call0(PyTuple_GET_ITEM(fast, 11));      /* ... and its release */
     Py_DECREF(fast);
     if (r == NULL) {
         Py_XDECREF(type);
@@ -1631,27 +1659,37 @@ static PyObject *bind_append(PyObject *self, PyObject *addr)
 
 /* The record of a new step that returned `value` (its bytes `r`): _record_step's, after
  * _outcome_fields. */
-static int record_new(StepEntry *se, PyObject *run, PyObject *refs, PyObject *sid,
-                      PyObject *name, PyObject *fp, PyObject *whole, PyObject *t0, PyObject *r)
+/* tuple.__new__(record_type, items) without a tuple of the fields in between: what
+ * tuple's own __new__ does for a subclass (tp_alloc of n items, each a new reference) */
+static PyObject *new_record(StepEntry *se, PyObject *const *items, Py_ssize_t n)
 {
-    PyObject *clock = attr(run, S_CLOCK), *t = clock ? call0(clock) : NULL;
-    Py_XDECREF(clock);
+    PyTypeObject *t = (PyTypeObject *)se->record_type;
+    PyObject *rec = t->tp_alloc(t, n);
+    for (Py_ssize_t i = 0; rec != NULL && i < n; i++)
+        PyTuple_SET_ITEM(rec, i, Py_NewRef(items[i]));
+    return rec;
+}
+
+static int record_new(StepEntry *se, PyObject *run, PyObject *clock, PyObject *refs,
+                      PyObject *sid, PyObject *name, PyObject *fp, PyObject *whole,
+                      PyObject *t0, PyObject *r)
+{
+    PyObject *t = call0(clock);
     if (t == NULL)
         return -1;
     PyObject *tries = PyList_New(0), *zero = PyLong_FromLong(0);
-    PyObject *fields = tries && zero ? PyTuple_Pack(13, t, sid, S[S_STEP], name, fp, t0, zero,
-                                                    whole, Py_None, tries, Py_None, r, Py_None)
-                                     : NULL;
-    Py_XDECREF(tries);
-    Py_XDECREF(zero);
     PyObject *rec = NULL, *store = NULL, *run_id = NULL, *packed = NULL, *payload = NULL,
              *st = NULL, *lazy = NULL, *o = NULL;
     int ok = -1;
-    if (fields == NULL)
-        goto done;
-    PyObject *nr[2] = {se->record_type, fields};
-    if ((rec = PyObject_Vectorcall(se->new_record, nr, 2, NULL)) == NULL
-            || (store = attr(run, S_STORE)) == NULL || (run_id = attr(run, S_RUN_ID)) == NULL)
+    if (tries != NULL && zero != NULL) {
+        PyObject *fields[13] = {t, sid, S[S_STEP], name, fp, t0, zero, whole, Py_None, tries,
+                                Py_None, r, Py_None};
+        rec = new_record(se, fields, 13);
+    }
+    Py_XDECREF(tries);
+    Py_XDECREF(zero);
+    if (rec == NULL || (store = attr(run, S_STORE)) == NULL
+            || (run_id = attr(run, S_RUN_ID)) == NULL)
         goto done;
     PyObject *owed;
     if (PyContextVar_Get(se->owed, NULL, &owed) < 0)
@@ -1744,7 +1782,6 @@ done:
     Py_XDECREF(run_id);
     Py_XDECREF(store);
     Py_XDECREF(rec);
-    Py_XDECREF(fields);
     Py_DECREF(t);
     return ok;
 }
@@ -1759,7 +1796,7 @@ static PyObject *new_step(StepEntry *se, PyObject *run, PyObject *sid, PyObject 
     if (values == NULL)
         return NULL;
     PyObject *fast = attr(values, S_FAST), *refs = NULL, *whole = NULL, *fp = NULL;
-    PyObject *inl = NULL, *al = NULL, *value = NULL, *t0 = NULL;
+    PyObject *inl = NULL, *al = NULL, *value = NULL, *clock = NULL, *t0 = NULL;
     int is_fast = fast == Py_True;
     Py_XDECREF(fast);
     if (fast == NULL)
@@ -1789,10 +1826,7 @@ static PyObject *new_step(StepEntry *se, PyObject *run, PyObject *sid, PyObject 
         goto fail;
     if (enc == 0)
         goto decline;
-    PyObject *clock = attr(run, S_CLOCK);      /* _plan_step: t0 */
-    t0 = clock ? call0(clock) : NULL;
-    Py_XDECREF(clock);
-    if (t0 == NULL)
+    if ((clock = attr(run, S_CLOCK)) == NULL || (t0 = call0(clock)) == NULL)   /* _plan_step */
         goto fail;
     value = PyObject_Vectorcall(fn, argv, (size_t)argc, NULL);
     PyObject *exc = NULL, *r = NULL;
@@ -1835,7 +1869,7 @@ static PyObject *new_step(StepEntry *se, PyObject *run, PyObject *sid, PyObject 
         }
         goto fail;
     }
-    int rc = record_new(se, run, refs, sid, name, fp, whole, t0, r);
+    int rc = record_new(se, run, clock, refs, sid, name, fp, whole, t0, r);
     Py_DECREF(r);
     if (rc)
         goto fail;
@@ -1845,6 +1879,7 @@ out:
     Py_XDECREF(whole);
     Py_XDECREF(fp);
     Py_XDECREF(inl);
+    Py_XDECREF(clock);
     Py_XDECREF(t0);
     return value;
 decline:
@@ -1939,24 +1974,27 @@ done:
 
 static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"general", "at", "end", "fingerprint", "new_record",
-                             "record_type", "apply_step", "record_step", "globals", "owed",
-                             "cls", "small", NULL};
-    PyObject *g, *at, *end, *fp, *nr, *rt, *ap, *rs, *gl, *ow, *cls;
+    static char *kwlist[] = {"general", "at", "end", "fingerprint", "record_type",
+                             "apply_step", "record_step", "globals", "owed", "cls", "small",
+                             NULL};
+    PyObject *g, *at, *end, *fp, *rt, *ap, *rs, *gl, *ow, *cls;
     Py_ssize_t small;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO!O!O!n", kwlist, &g, &at, &end, &fp,
-                                     &nr, &rt, &ap, &rs, &PyDict_Type, &gl,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO!OOO!O!O!n", kwlist, &g, &at, &end, &fp,
+                                     &PyType_Type, &rt, &ap, &rs, &PyDict_Type, &gl,
                                      &PyContextVar_Type, &ow, &PyType_Type, &cls, &small))
         return NULL;
+    /* new_record allocates it as tuple.__new__ does */
+    if (!PyType_IsSubtype((PyTypeObject *)rt, &PyTuple_Type))
+        return PyErr_Format(PyExc_TypeError, "record_type: a tuple subclass (a NamedTuple), "
+                            "not %R", rt);
     StepEntry *se = (StepEntry *)type->tp_alloc(type, 0);
     if (se == NULL)
         return NULL;
     se->vectorcall = (vectorcallfunc)step_call;
     se->general = Py_NewRef(g), se->at = Py_NewRef(at), se->end = Py_NewRef(end);
-    se->fingerprint = Py_NewRef(fp), se->new_record = Py_NewRef(nr);
-    se->record_type = Py_NewRef(rt), se->apply_step = Py_NewRef(ap);
-    se->record_step = Py_NewRef(rs), se->globals = Py_NewRef(gl), se->owed = Py_NewRef(ow);
-    se->cls = Py_NewRef(cls);
+    se->fingerprint = Py_NewRef(fp), se->record_type = Py_NewRef(rt);
+    se->apply_step = Py_NewRef(ap), se->record_step = Py_NewRef(rs);
+    se->globals = Py_NewRef(gl), se->owed = Py_NewRef(ow), se->cls = Py_NewRef(cls);
     se->small = small;
     return (PyObject *)se;
 }
@@ -1967,7 +2005,6 @@ static int step_clear(StepEntry *se)
     Py_CLEAR(se->at);
     Py_CLEAR(se->end);
     Py_CLEAR(se->fingerprint);
-    Py_CLEAR(se->new_record);
     Py_CLEAR(se->record_type);
     Py_CLEAR(se->apply_step);
     Py_CLEAR(se->record_step);
@@ -1983,7 +2020,6 @@ static int step_traverse(StepEntry *se, visitproc visit, void *arg)
     Py_VISIT(se->at);
     Py_VISIT(se->end);
     Py_VISIT(se->fingerprint);
-    Py_VISIT(se->new_record);
     Py_VISIT(se->record_type);
     Py_VISIT(se->apply_step);
     Py_VISIT(se->record_step);

@@ -227,3 +227,41 @@ def test_wrong_arguments_are_reported_as_run_step(tmp_path):
                 run.step("name")
     finally:
         store.close()
+
+
+def test_the_entrys_appends_are_indexed_as_a_reopen_indexes_them(tmp_path):
+    """The entry appends a new step's record itself and notes its LSN in the run's list
+    (a run's first by Index.add_journal, the others in C): runs stepped in turn hold
+    the LSN lists a reopen rebuilds from the log."""
+    path = str(tmp_path / "s")
+    with durkv.open(path, durability="async") as store:
+        assert store._fast_journal is not None      # the C append is what is tested
+        runs = [store.run(f"r{i}") for i in range(3)]
+        for run in runs:
+            run.__enter__()
+        for i in range(20):
+            for run in runs:
+                assert run.step("m", lambda x: [x], i) == [i]
+        for run in runs:
+            run.__exit__(None, None, None)
+        live = {r: list(v) for r, v in store._index.ix.journals.items()}
+    with durkv.open(path) as store:
+        assert {r: list(v) for r, v in store._index.ix.journals.items()} == live
+        assert [len(live[f"r{i}"]) for i in range(3)] == [22] * 3    # RUN, 20 steps, END
+        for i in range(3):
+            with store.run(f"r{i}") as run:
+                assert [run.step("m", lambda x: 1 / 0, k) for k in range(20)] == [
+                    [k] for k in range(20)]
+
+
+def test_the_entry_refuses_a_record_type_that_is_not_a_tuple():
+    from durkv.runtime import run as run_mod
+    kw = dict(general=Run._step, at=Run._step_at, end=Run._new_step_end,
+              fingerprint=run_mod.fingerprint, apply_step=run_mod.apply_step,
+              record_step=run_mod.record_step, globals=vars(run_mod), owed=run_mod.OWED,
+              cls=Run, small=run_mod.SMALL_INPUTS)
+    entry = type(Run.__dict__["step"])
+    assert entry(record_type=run_mod.StepRecord, **kw) is not None
+    for bad in (dict, list):
+        with pytest.raises(TypeError, match="record_type: a tuple subclass"):
+            entry(record_type=bad, **kw)

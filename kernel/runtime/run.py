@@ -1015,6 +1015,6 @@ def _kwargs_of(p: Plan, kwargs: dict) -> dict:
 # a caller's wrong arguments are reported by the definition: named as the caller wrote it
 Run._step.__qualname__ = "Run.step"
 Run.step = StepEntry(general=Run._step, at=Run._step_at, end=Run._new_step_end,
-                     fingerprint=fingerprint, new_record=_new_record, record_type=StepRecord,
+                     fingerprint=fingerprint, record_type=StepRecord,
                      apply_step=apply_step, record_step=record_step, globals=globals(),
                      owed=OWED, cls=Run, small=SMALL_INPUTS)

@@ -196,8 +196,9 @@ class Store:
         fast = b.journal_fast_path(durability)
         if fast is None:
             return None
-        return (self._lock, self._writer, self._index, self._appender, *fast,
-                journal_payload, K_JOURNAL, Store.pack_journal, Store.append_journal)
+        return (self._lock.acquire, self._writer, self._index, self._appender, *fast,
+                journal_payload, K_JOURNAL, Store.pack_journal, Store.append_journal,
+                self._lock.release)
 
     # -- the index, as the log builds it (durkv.store.replay) --------------------------------
 
