@@ -1101,7 +1101,11 @@ static PyObject *decode(cur_t *c, int depth)
     return d;
 }
 
-static PyObject *result_of(const uint8_t *v, const uint8_t *end, PyObject *loads)
+/* The recorded result at v: decoded here, or by `loads` -- the serde's own, for what
+ * the native decode does not read; NULL: `run`'s _loads, looked up only then (run.step's
+ * entry: most replays never need it) */
+static PyObject *result_of(const uint8_t *v, const uint8_t *end, PyObject *loads,
+                           PyObject *run)
 {
     cur_t c = {v, end, NULL};
     size_t hdr;
@@ -1116,7 +1120,9 @@ static PyObject *result_of(const uint8_t *v, const uint8_t *end, PyObject *loads
     PyObject *b = PyBytes_FromStringAndSize((const char *)v + hdr, (Py_ssize_t)len);
     if (b == NULL)
         return NULL;
-    o = PyObject_CallOneArg(loads, b);
+    PyObject *own = loads == NULL ? PyObject_GetAttrString(run, "_loads") : NULL;
+    o = loads != NULL || own != NULL ? PyObject_CallOneArg(loads ? loads : own, b) : NULL;
+    Py_XDECREF(own);
     Py_DECREF(b);
     return o;
 }
@@ -1132,7 +1138,7 @@ static PyObject *index_replay(Index *ix, PyObject *const *args, Py_ssize_t nargs
 }
 
 /* Index.replay's test and answer for the lazy entry `e` (NULL: MISS); a[0:5] are its
- * arguments after the step id. */
+ * arguments after the step id (a[4], loads, NULL: a[-1]'s _loads, the run's). */
 static PyObject *replay_entry(Index *ix, entry_t *e, PyObject *const *a)
 {
     PyObject *const *args = a - 1;
@@ -1150,7 +1156,7 @@ static PyObject *replay_entry(Index *ix, entry_t *e, PyObject *const *a)
             || !same_version(f->pv, end, args[4]) || !same_inputs(f->in, end, args[2], args[3]))
         return Py_NewRef(MISS);
     ix->hint = e - ix->e + 1;
-    return result_of(f->r, end, args[5]);       /* f->r read before loads() may run */
+    return result_of(f->r, end, args[5], args[0]);  /* f->r read before loads() may run */
 }
 
 /* ---- a live run's own new step: held as its record's bytes ---------------------------- */
@@ -1302,11 +1308,11 @@ static PyTypeObject IndexType = {
  *   which records and raises as _once does. tests/test_runtime_stepentry.py compares the
  *   records of both paths byte for byte. */
 
-enum { S_PLAIN, S_N, S_ST, S_LAZY, S_LOADS, S_ENTRIES, S_VALUES, S_FAST, S_REFS, S_WHOLE,
+enum { S_PLAIN, S_N, S_ST, S_LAZY, S_ENTRIES, S_VALUES, S_FAST, S_REFS, S_WHOLE,
        S_DUMPS, S_CLOCK, S_STORE, S_RUN_ID, S_PACK, S_WRITE, S_PAYLOAD, S_UPDATED, S_OOO,
        S_SEEN, S_CANON, S_BASES, S_RECORDED, S_STEP, S_RECORD_STEP, S_APPEND, NSTR };
 static const char *const snames[NSTR] = {
-    "_plain", "_n", "_st", "lazy", "_loads", "entries", "_values", "_fast", "_refs", "whole",
+    "_plain", "_n", "_st", "lazy", "entries", "_values", "_fast", "_refs", "whole",
     "dumps", "_clock", "store", "run_id", "pack_journal", "_write", "payload", "updated",
     "out_of_order", "_seen", "canonical_bytes", "bases", "recorded", "step", "record_step",
     "append_journal"};
@@ -1922,12 +1928,8 @@ static PyObject *step_call(StepEntry *se, PyObject *const *args, size_t nargsf,
         Index *ix = (Index *)lazy;
         entry_t *e = lazy_of(ix, n, 1);
         if (e != NULL) {            /* a record of this id: a replay, or the Python path */
-            PyObject *loads = attr(run, S_LOADS);
-            if (loads == NULL)
-                goto done;
-            PyObject *a[6] = {NULL, name, argt, EMPTY, Py_None, loads};
+            PyObject *a[6] = {run, name, argt, EMPTY, Py_None, NULL};   /* loads: run's */
             out = replay_entry(ix, e, a + 1);
-            Py_DECREF(loads);
             if (out != MISS)
                 goto done;
             Py_CLEAR(out);
