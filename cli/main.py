@@ -155,7 +155,8 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
     --skip-corrupt is given: then the log is cut at the last good frame before
     the damage and the lost LSN range is reported. Every removed byte is first
     copied to PATH/quarantine/ and fsync'd; no frame is deleted (the *.tmp files
-    a writer killed mid-roll left, a header or HEAD's next version, are removed).
+    a writer killed mid-roll left, a header or HEAD's next version, are removed,
+    and counted in the output).
     Running it twice is a no-op. Takes the writer lock: stop the writer first.
 
     A cut of more than a torn tail also names the runs and threads whose records
@@ -213,13 +214,16 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
         verb = "would remove" if dry_run else "removed"
         for d in report.damage:
             click.echo(f"{verb}: {reports.damage_line(d)}")
+        if report.transients:
+            click.echo(f"{verb}: {report.transients} file(s) a writer killed mid-roll left "
+                       "(<segment>.tmp / HEAD.tmp; they hold no frame)")
         for p, n in kept.items():
             click.echo(f"kept: {p} ({output.human_bytes(n)})")
-        if not report.damage:
+        if not report.damage and not report.transients:
             click.echo("nothing to recover: the log is clean")
         elif dry_run:
-            click.echo(f"dry run: nothing changed; removed bytes would be copied to "
-                       f"{where}/quarantine/")
+            click.echo("dry run: nothing changed" + (
+                f"; removed bytes would be copied to {where}/quarantine/" if report.damage else ""))
         if after is not None:
             click.echo(f"{'ok' if clean else 'DAMAGED'}: {reports.summary(after)}")
         if repair is not None:

@@ -114,6 +114,8 @@ typedef struct {
     dkv_damage *damage;             /* every finding, in file order */
     uint64_t frames_ok;
     uint64_t next_lsn;              /* LSN after the last readable frame */
+    uint64_t transients;            /* recover: <segment>.tmp / HEAD.tmp files removed
+                                       (under dry_run: found, and left) */
 } dkv_report;
 
 const char *dkv_strerror(int code);

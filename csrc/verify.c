@@ -679,10 +679,13 @@ static int move_damaged(const char *dir, const dkv_report *r, const cut_plan *p,
 /* Remove the transient files a writer killed mid-way leaves (FORMAT.md §1, §2a): a
  * <segment>.tmp (a segment being created: its header, no frame) and HEAD.tmp (HEAD's next
  * version). No reader lists them and they hold no frame; under the exclusive writer lock
- * nobody is making one. 0, or a DKV_E* code (the error message set). */
-static int remove_transients(const char *dir)
+ * nobody is making one. *n: how many were removed (dry_run: found, none removed), for the
+ * operator's report. 0, or a DKV_E* code (the error message set). */
+static int remove_transients(const char *dir, int dry_run, uint64_t *n)
 {
     DIR *d = opendir(dir);
+    if (!d && dry_run)
+        return 0;                   /* the verify that follows names what is wrong */
     if (!d)
         return dkv__io_error(NULL, errno, "cannot list %s", dir);
     int rc = 0, removed = 0;
@@ -696,8 +699,10 @@ static int remove_transients(const char *dir)
         char p[DKV_PATH_MAX];
         if (dkv__path(p, dir, "%s", s))
             continue;
-        if (!unlink(p))
-            removed++;
+        if (dry_run)
+            (*n)++;
+        else if (!unlink(p))
+            removed++, (*n)++;
         else if (errno != ENOENT)
             rc = dkv__io_error(NULL, errno, "cannot remove %s (a file a writer killed while "
                                "creating it left; it holds no frame)", p);
@@ -713,9 +718,10 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_progress_fn 
     *out = NULL;
     dkv__set_error(NULL, "%s", "");
     int lfd = -1;
+    uint64_t transients = 0;
     int rc = dry_run ? 0 : take_writer_lock(dir, &lfd);
-    if (!rc && !dry_run)
-        rc = remove_transients(dir);
+    if (!rc)
+        rc = remove_transients(dir, dry_run, &transients);
     if (rc) {
         if (lfd >= 0)
             close(lfd);
@@ -727,6 +733,7 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_progress_fn 
     if ((rc = verify_dir(dir, 0, progress, ctx, &r, &vs, &vi)))
         goto done;
     *out = r;
+    r->transients = transients;
     if (!r->n_damage)
         goto done;
     if (r->n_segments == 0 && vi.head_state == 0) {

@@ -98,6 +98,9 @@ class Report:
     frames_ok: int = 0
     next_lsn: int = 0
     repair: str | None = None   # recover: the id of the repair note of a cut (FORMAT.md 6a)
+    # recover: the <segment>.tmp / HEAD.tmp files a killed writer left that it removed
+    # (under dry_run: found, and left)
+    transients: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,7 +142,7 @@ def _report(r) -> Report:
         ))
     damage = [_damage(r.damage[i]) for i in range(r.n_damage)]
     return Report(ok=not damage, segments=segs, damage=damage, frames_ok=int(r.frames_ok),
-                  next_lsn=int(r.next_lsn))
+                  next_lsn=int(r.next_lsn), transients=int(r.transients))
 
 
 # ---------------------------------------------------------------- errors

@@ -332,6 +332,26 @@ def test_recover_dry_run_changes_nothing(run, clean_log):
     assert not (clean_log / "quarantine").exists() or not lt.quarantine_files(clean_log)
 
 
+def test_recover_tells_the_operator_of_a_killed_writers_leftover_files(run, clean_log):
+    """A writer killed mid-roll can leave <segment>.tmp / HEAD.tmp (FORMAT.md 1): no frame
+    in them, no reader lists them. recover removes them and says so; --dry-run only says."""
+    leftovers = [clean_log / "00000000000000aa.seg.tmp", clean_log / "HEAD.tmp"]
+    for p in leftovers:
+        p.write_bytes(b"DKVSEG01" + bytes(56))
+    plan = run("recover", "--dry-run", clean_log)
+    assert plan.exit_code == 0, plan.output
+    assert "would remove: 2 file(s) a writer killed mid-roll left" in plan.stdout
+    assert "nothing to recover" not in plan.stdout
+    assert all(p.exists() for p in leftovers)
+    assert _json(run("recover", "--dry-run", "--json", clean_log))["report"]["transients"] == 2
+    done = run("recover", "--json", clean_log)
+    assert done.exit_code == 0 and _json(done)["report"]["transients"] == 2
+    assert not any(p.exists() for p in leftovers)
+    assert run("verify", clean_log).exit_code == 0
+    again = run("recover", clean_log)
+    assert "nothing to recover" in again.stdout and "file(s)" not in again.stdout
+
+
 def test_recover_refuses_mid_log_corruption_then_skip_corrupt(run, clean_log):
     seg, frame = _flip_mid_log(clean_log)
     before = lt.snapshot(clean_log)

@@ -247,8 +247,11 @@ def test_recover_removes_what_a_writer_killed_mid_roll_left(tmp_path):
         tmps = sorted(p.name for p in (tmp_path / f"{op}{nth}").glob("*.tmp"))
         left.update(t if t == "HEAD.tmp" else "<segment>.tmp" for t in tmps)
         assert verify(d).ok
-        recover(d)
+        assert recover(d, dry_run=True).transients == len(tmps)     # told, and left
+        assert sorted(p.name for p in (tmp_path / f"{op}{nth}").glob("*.tmp")) == tmps
+        assert recover(d).transients == len(tmps)
         assert not list((tmp_path / f"{op}{nth}").glob("*.tmp")), (op, nth, tmps)
+        assert recover(d).transients == 0
         _check_reopen(d, acked, {j: lt.payload(j, 500) for j in range(len(acked) + 3)})
     assert left == {"<segment>.tmp", "HEAD.tmp"}      # the kills did leave both kinds
 
