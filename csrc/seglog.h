@@ -238,6 +238,11 @@ int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_o
 int dkv_payload_bytes(dkv_log *log, const uint64_t *lsns, size_t n, uint64_t *total,
                      size_t *done);
 
+/* Check n LSNs stored as little-endian u64 (a K_INDEX snapshot's arrays, FORMAT.md 5):
+ * 0 each in [lo, hi) and in order, 1 one outside [lo, hi), 2 out of order. order: 0 any,
+ * 1 non-decreasing, 2 strictly ascending. */
+int dkv_lsns_check(const uint8_t *le, size_t n, uint64_t lo, uint64_t hi, int order);
+
 /* Seal the active segment and start a new one (new_start_lsn: 0 keeps start_lsn;
  * otherwise sets it, see FORMAT.md §7, and unlinks sealed segments below it). */
 int dkv_seal(dkv_log *log, uint64_t new_start_lsn);

@@ -679,6 +679,13 @@ def _check_lsn(lsn: object) -> None:
         raise ConfigError(f"an LSN is an int from 0 to 2**63-1, got {lsn!r}")
 
 
+def check_lsns(le: bytes, lo: int, hi: int, order: int = 0) -> int:
+    """Check LSNs stored as little-endian u64 bytes (a K_INDEX snapshot's arrays) in one
+    C pass: 0 each in ``[lo, hi)`` and in ``order`` (0 any, 1 non-decreasing, 2 strictly
+    ascending), 1 one outside the range, 2 out of order."""
+    return lib.dkv_lsns_check(le, len(le) // 8, lo, hi, order)
+
+
 def _split_items(data: bytes, n: int) -> list[bytes]:
     items = []
     off = 0

@@ -248,6 +248,10 @@ def test_close_writes_a_snapshot_only_after_commits(url):
         assert read_head(backend_of(s).read(end - 1))[0] == K_INDEX
 
 
+def _u64(*lsns):
+    return b"".join(n.to_bytes(8, "little") for n in lsns)
+
+
 def _bad_snapshots(s):
     """Append K_INDEX records that must all be rejected."""
     good = index_of(s).index_lsn
@@ -261,6 +265,14 @@ def _bad_snapshots(s):
         [K_INDEX, 1, lsn + 4, -1, [["t", [["", ["a"], (10 ** 9).to_bytes(8, "little"),
                                            b"", b"", None]]]]],   # an LSN from the future
         [K_INDEX, 1, lsn + 5, lsn + 9, ix],             # compacted_at from the future
+        # a version the reader takes, whose arrays fail their checks (FORMAT.md 5)
+        [K_INDEX, 3, lsn + 6, -1, ix, [["r", _u64(2, 1)]]],           # a journal out of order
+        [K_INDEX, 3, lsn + 7, -1, ix, [["r", _u64(1, 1)]]],           # ... an LSN twice
+        [K_INDEX, 3, lsn + 8, -1, ix, [["r", _u64(1, 10 ** 9)]]],     # ... one from the future
+        [K_INDEX, 3, lsn + 9, -1, [["t", [["", ["a", "b"], _u64(1, 2), _u64(2, 1), _u64(1, 2),
+                                           None]]]], []],            # write keys unsorted
+        [K_INDEX, 3, lsn + 10, -1, [["t", [["", ["a"], _u64(10 ** 9), b"", b"", None]]]],
+         []],                                                        # a lane LSN from the future
     ]
     for h in bad:
         append_frame(s, encode_commit(pack_head(h), ()), "exit")
