@@ -128,20 +128,27 @@ def test_replay_of_a_recorded_run(benchmark, bench_root):
     with durkv.open(path, durability="exit") as store:
         _durkv_steps(store, "r", N_STEPS)
     took = []
+    opened = []
 
     def replay():
+        t_open = time.perf_counter()
         with durkv.open(path) as store:
             t0 = time.perf_counter()
             with store.run("r") as run:      # reads and folds the journal, then replays
                 for i in range(N_STEPS):
                     run.step("model", model, i)
             took.append(time.perf_counter() - t0)
+            opened.append(t0 - t_open)
 
     benchmark.pedantic(replay, rounds=3, iterations=1)
     rate = N_STEPS / statistics.median(took)
+    # the target's span is the run's open and its replay; the store's own open (its log's
+    # active segment read and checked whole, FORMAT.md 3-4) is reported beside it
+    with_store = N_STEPS / statistics.median(a + b for a, b in zip(took, opened))
     record(benchmark, "replay of a recorded run (steps/s)", ratio=rate / 500_000,
            target=">= 500,000 steps/s", ok=rate >= 500_000, steps_per_s=round(rate),
-           steps=N_STEPS)
+           steps=N_STEPS, store_open_ms=round(statistics.median(opened) * 1e3, 1),
+           steps_per_s_with_store_open=round(with_store))
 
 
 def _tools(store, run_id, n, fn=effect):
