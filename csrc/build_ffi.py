@@ -15,7 +15,8 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ["crc32c.c", "format.c", "seglog.c", "read.c", "open.c", "commit.c", "verify.c",
-           "vrefs.c", "head.c", "segfd.c", "damage.c", "rawio.c", "util.c", "recover_open.c", "lsnarray.c"]
+           "vrefs.c", "head.c", "segfd.c", "damage.c", "rawio.c", "util.c", "recover_open.c",
+           "lsnarray.c"]
 
 
 def _cdef() -> str:
