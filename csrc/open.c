@@ -776,9 +776,10 @@ static int adopt_roll(dkv_log *log, seg_t *a, const seg_trailer *t, uint64_t siz
 
 /* Read what follows segment a's known frames in its file (fd, size bytes) in windows of
  * TAIL_WINDOW bytes and up, indexing the frames it finds (and continuing *digest, if
- * given). A window whose remainder after its frames is all zero is the zero slack
- * (FORMAT.md §3, §12): the end. A frame across a window's end, or bad bytes, double the
- * window until it holds the rest of the file; *bad = 1 if that rest is not all zero. */
+ * given). A window whose remainder after its frames is all zero, a frame header long or
+ * running to the file's end, is the zero slack (FORMAT.md §3, §12): the end. A frame
+ * across a window's end, or bad bytes, double the window until it holds the rest of the
+ * file; *bad = 1 if that rest is not all zero. */
 #define TAIL_WINDOW (4u << 10)
 static int read_new_frames(dkv_log *log, seg_t *a, int fd, uint64_t size, uint32_t *digest,
                            int *bad)
@@ -822,6 +823,11 @@ static int read_new_frames(dkv_log *log, seg_t *a, int fd, uint64_t size, uint32
         }
         if (sr.kind)
             *bad = 1;
+        if (!sr.kind && !whole && (uint64_t)r == n && (uint64_t)r - sr.end < FRAME_HDR)
+            /* zeros that end the window short of a frame header are not the slack: the
+             * next frame's crc may begin with them (its type byte, 16 bytes in, is never
+             * 0). The next window starts at them. */
+            continue;
         if (sr.kind || sr.end < (uint64_t)r || (uint64_t)r < n)
             break;              /* bad bytes, the zero slack, or the file was shorter */
     }

@@ -177,6 +177,64 @@ def test_a_dead_writers_torn_tail_is_quarantined_by_the_next_writer(tmp_path):
     assert verify(path).ok
 
 
+def test_a_catch_up_reads_past_a_window_that_ends_in_a_frames_zero_first_byte(tmp_path):
+    """A catch-up reads another writer's frames in windows from 4 KiB. A window that ends
+    one byte into a frame whose crc begins with a zero byte ends in a single zero byte:
+    that is not the zero slack (a frame header's type byte, 16 bytes in, is never 0), and
+    taking it for the end of data made the writer append over the other's frames (a
+    kill -9 test's store, CI, 2026-12-06). Writer `w` lays frames so that each round's
+    first window ends one byte into a probe frame; rounds go on until that byte is 0
+    (1 in 256) a few times; the writer `h` and a reader must each see every frame."""
+    path = str(tmp_path / "log")
+    frame_hdr, window = 24, 4096
+    with SegmentLog.open(path, durability="async") as w, SegmentLog.open(path) as h, \
+            SegmentLog.open(path, read_only=True) as r:
+        seg = os.path.join(path, "0000000000000000.seg")
+        end, hits = 64, 0                       # the segment header's end: data starts there
+        for i in range(20000):
+            w.append(bytes(window - 1 - frame_hdr))              # ends 1 byte before the window's
+            w.append(struct.pack("<Q", i))                       # the probe frame
+            with open(seg, "rb") as f:
+                probe_first = os.pread(f.fileno(), 1, end + window - 1)[0]
+            h.refresh()                         # an empty write section: its catch-up
+            r.refresh()
+            assert h.next_lsn == r.next_lsn == w.next_lsn, (i, probe_first)
+            end += window - 1 + frame_hdr + 8
+            hits += probe_first == 0
+            if hits == 3:
+                break
+        assert hits == 3
+        lsn = w.next_lsn
+        assert h.append(b"h") == lsn            # after w's frames, not over them
+        assert w.read(h.next_lsn - 2) == struct.pack("<Q", i)   # the last probe, whole
+    assert verify(path, deep=True).ok
+
+
+def test_a_writer_that_adopts_a_roll_cuts_the_dead_rollers_torn_frames_first(tmp_path):
+    """The roller sealed a segment, created the next and died inside the write(2) of its
+    first frames there: another writer's catch-up adopts the new segment and quarantines
+    those torn bytes before it appends, as for an active segment it already had."""
+    path = str(tmp_path / "log")
+    with SegmentLog.open(path, segment_bytes=4096) as a, \
+            SegmentLog.open(path, segment_bytes=4096) as b:
+        assert b.append(b"b0") == 0                     # b's active segment is the first
+        for i in range(4):                              # a's fourth frame rolls
+            a.append(bytes([i + 1]) * 1000)
+        segs = sorted(f for f in os.listdir(path) if f.endswith(".seg"))
+        assert len(segs) == 2
+        torn = b"\x17" * 300                            # a dead roller's partial frame
+        with open(os.path.join(path, segs[1]), "ab") as f:
+            f.write(torn)
+        assert b.append(b"b5") == 5                     # after a's frames, past the seal
+        q = os.listdir(os.path.join(path, "quarantine"))
+        assert len(q) == 1 and q[0].startswith(segs[1] + ".")
+        with open(os.path.join(path, "quarantine", q[0]), "rb") as f:
+            assert f.read() == torn
+        a.refresh()                                     # a's catch-up finds no damage
+        assert a.read(5) == b"b5" and b.read(4) == bytes([4]) * 1000
+    assert verify(path, deep=True).ok
+
+
 _HOLDER = r"""
 import sys, time
 from durkv.log import SegmentLog
