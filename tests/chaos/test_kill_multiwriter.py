@@ -26,10 +26,10 @@ from chaos.harness import ForkServer
 import durkv
 from durkv.log import verify
 
-pytestmark = pytest.mark.chaos
-
 CHILD = Path(__file__).with_name("multiwriter_child.py")
 SLOW = os.environ.get("DURKV_SLOW_TESTS") == "1"
+# the slow run's kill budget is an hour: the default 300 s timeout would cut it short
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(4200 if SLOW else 300)]
 LOCK_TIMEOUT = 10.0     # the default lock_timeout_ms, in seconds
 
 
