@@ -210,6 +210,41 @@ def test_a_catch_up_reads_past_a_window_that_ends_in_a_frames_zero_first_byte(tm
     assert verify(path, deep=True).ok
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_catch_ups_at_random_points_see_exactly_the_other_writers_frames(tmp_path, seed):
+    """Frames of random sizes (zero-filled, random, or one byte) from 0 to 3 windows long,
+    into small segments (rolls) and the zero slack; another writer and a reader catch up
+    after a random number of them, and append in turn: both always see every frame, at its
+    LSN, byte for byte."""
+    import random
+    rnd = random.Random(seed)
+    path = str(tmp_path / "log")
+    want: list[bytes] = []
+    with SegmentLog.open(path, durability="async", segment_bytes=256 << 10) as w, \
+            SegmentLog.open(path, durability="async", segment_bytes=256 << 10) as h, \
+            SegmentLog.open(path, read_only=True) as r:
+        for _ in range(300):
+            for _ in range(rnd.randint(1, 12)):
+                n = rnd.choice([0, 1, rnd.randint(2, 100), rnd.randint(100, 12288)])
+                p = bytes(n) if rnd.random() < 0.3 else rnd.randbytes(n)
+                assert w.append(p) == len(want)
+                want.append(p)
+            h.refresh()
+            r.refresh()
+            assert h.next_lsn == r.next_lsn == len(want)
+            for lsn in (len(want) - 1, rnd.randrange(len(want))):
+                assert h.read(lsn) == r.read(lsn) == want[lsn]
+            if rnd.random() < 0.3:              # the other writer appends in turn
+                p = rnd.randbytes(rnd.randint(0, 5000))
+                assert h.append(p) == len(want)
+                want.append(p)
+                w.refresh()
+                assert w.next_lsn == len(want)
+    assert verify(path, deep=True).ok
+    with SegmentLog.open(path, read_only=True) as r:
+        assert [p for _, p in r.scan()] == want
+
+
 def test_a_writer_that_adopts_a_roll_cuts_the_dead_rollers_torn_frames_first(tmp_path):
     """The roller sealed a segment, created the next and died inside the write(2) of its
     first frames there: another writer's catch-up adopts the new segment and quarantines
