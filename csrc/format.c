@@ -10,14 +10,16 @@
 #include <stdlib.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dkv_internal.h"
 
 /* ---- fault injection: op 1 write, 2 fdatasync, 3 dir fsync ---- */
-static int fault_nth[4], fault_err[4];
+static int fault_nth[4], fault_err[4], fault_pause_ms[4];
 static int fault_armed;     /* any fault_nth > 0: the hot path skips the lock otherwise */
 static pthread_mutex_t fault_mu = PTHREAD_MUTEX_INITIALIZER;
+#define FAULT_PAUSE (-2)    /* fault_err's value for a pause (dkv_fault_pause) */
 
 int dkv_fault_inject(int op, int nth, int err)
 {
@@ -32,18 +34,34 @@ int dkv_fault_inject(int op, int nth, int err)
     return 0;
 }
 
+int dkv_fault_pause(int op, int nth, int ms)
+{
+    if (ms < 0 || dkv_fault_inject(op, nth, FAULT_PAUSE))
+        return DKV_EINVAL;
+    pthread_mutex_lock(&fault_mu);
+    fault_pause_ms[op] = ms;
+    pthread_mutex_unlock(&fault_mu);
+    return 0;
+}
+
 /* 0, or the errno to fail this call with. */
 static int fault_hit(int op)
 {
-    int e = 0;
+    int e = 0, ms = 0;
     if (!__atomic_load_n(&fault_armed, __ATOMIC_ACQUIRE))
         return 0;
     pthread_mutex_lock(&fault_mu);
     if (fault_nth[op] > 0 && --fault_nth[op] == 0)
-        e = fault_err[op];
+        e = fault_err[op], ms = fault_pause_ms[op];
     pthread_mutex_unlock(&fault_mu);
     if (e == DKV_FAULT_KILL)    /* the process dies before the call, as under kill -9 */
         kill(getpid(), SIGKILL);
+    if (e == FAULT_PAUSE) {     /* a slow disk: the call runs, late */
+        struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        while (nanosleep(&t, &t) && errno == EINTR)
+            ;
+        e = 0;
+    }
     return e;
 }
 

@@ -296,6 +296,9 @@ void dkv_free(void *p);
  * op: 1 write, 2 fdatasync, 3 directory fsync. n=0 disables. Process-wide. */
 #define DKV_FAULT_KILL -1
 int dkv_fault_inject(int op, int nth, int err);
+/* Test hook: the nth next call of op sleeps ms milliseconds first, then runs (a slow
+ * disk at an exact point: what waits for it, and what does not). */
+int dkv_fault_pause(int op, int nth, int ms);
 
 /* The floor under a commit (rawio.c): n x write(size) to path (created/truncated), each
  * followed by fdatasync when do_sync. Plain system calls: no fault hook, not counted.

@@ -828,10 +828,11 @@ def fdatasync_count() -> int:
 
 
 def fault_inject(op: str | None, nth: int = 1, err: int = _errno.EIO, *,
-                 kill: bool = False) -> None:
+                 kill: bool = False, pause_ms: int | None = None) -> None:
     """Test hook: make the ``nth`` next ``op`` ("write", "fdatasync", "dirfsync") in this
     process fail with errno ``err`` -- or, with ``kill``, SIGKILL the process just before
-    it (a crash at an exact point). ``op=None`` clears every injected fault."""
+    it (a crash at an exact point); or, with ``pause_ms``, sleep that long before it and
+    then run it (a slow disk at an exact point). ``op=None`` clears every injected fault."""
     if kill:
         err = lib.DKV_FAULT_KILL
     if op is None:
@@ -840,8 +841,10 @@ def fault_inject(op: str | None, nth: int = 1, err: int = _errno.EIO, *,
         return
     if op not in _FAULT_OPS:
         raise ConfigError(f"fault op must be one of {', '.join(_FAULT_OPS)}; got {op!r}")
-    if lib.dkv_fault_inject(_FAULT_OPS[op], nth, err):
-        raise ConfigError(f"bad fault injection nth={nth}")
+    bad = (lib.dkv_fault_pause(_FAULT_OPS[op], nth, pause_ms) if pause_ms is not None
+           else lib.dkv_fault_inject(_FAULT_OPS[op], nth, err))
+    if bad:
+        raise ConfigError(f"bad fault injection nth={nth} pause_ms={pause_ms}")
 
 
 def raw_write_loop(path: str | os.PathLike, n: int, size: int, *, sync: bool) -> None:
