@@ -866,6 +866,16 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
                 return rc;
             continue;
         }
+        if (log->pend_len && log->leader && log->lead_sync && !log->rolling &&
+            (!log->shared || holds_section(log))) {
+            /* a leader's fdatasync runs and its frames are written: these follow now, as
+             * write_exit writes them, not after the fsync. A caller in a section (the
+             * store holds its lock around one) would keep every other thread waiting for
+             * the disk. */
+            if ((rc = write_pending(log)))
+                return rc;
+            continue;
+        }
         pthread_cond_wait(&log->cv, &log->mu);
     }
 }

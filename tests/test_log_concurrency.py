@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import logtools as lt
 import pytest
-from durkv.log import SegmentLog, verify
+from durkv.log import SegmentLog, fault_inject, fdatasync_count, verify
 
 SLOW = os.environ.get("DURKV_SLOW_TESTS") == "1"
 
@@ -134,3 +135,35 @@ def test_sync_waiters_share_fsyncs_and_all_return(log_dir):
         for t in ts:
             t.join()
         assert not errs, errs
+
+
+def test_a_section_writes_its_frames_while_another_threads_fdatasync_runs(log_dir):
+    """A thread's `sync` append leads an fdatasync, paused here (a slow disk). Another
+    thread, inside a write section (as the store appends a keyed tool's intent, holding
+    its lock), appends `async`: its frame is written while that fdatasync runs, and the
+    append returns before it -- the disk holds up only the thread that waits for it.
+    (It waited for the fsync: eight threads' tool calls ran at one thread's rate.)"""
+    with SegmentLog.open(str(log_dir), durability="sync") as log:
+        log.append(b"before")
+        seg = os.path.join(str(log_dir), "0000000000000000.seg")
+        size = os.path.getsize(seg)
+        fault_inject("fdatasync", 1, pause_ms=1500)
+        try:
+            a = threading.Thread(target=log.append, args=(b"a" * 100,))
+            a.start()
+            deadline = time.monotonic() + 10
+            while os.path.getsize(seg) == size and time.monotonic() < deadline:
+                time.sleep(0.005)           # a's frame is written; its fsync comes next
+            time.sleep(0.2)                 # ... and is paused now
+            syncs = fdatasync_count()
+            log.write_begin()
+            lsn = log.append(b"b", durability="async")
+            log.write_end()
+            assert fdatasync_count() == syncs, "the async append waited for a's fdatasync"
+            assert a.is_alive()
+            a.join()
+        finally:
+            fault_inject(None)
+        assert log.read(lsn) == b"b" and log.read(lsn - 1) == b"a" * 100
+        assert log.durable_lsn >= lsn       # a's frame, below b's, is durable
+    assert verify(str(log_dir)).ok
