@@ -36,12 +36,12 @@ int dkv_fault_inject(int op, int nth, int err)
 
 int dkv_fault_pause(int op, int nth, int ms)
 {
-    if (ms < 0 || dkv_fault_inject(op, nth, FAULT_PAUSE))
+    if (op < 1 || op > 3 || ms < 0)
         return DKV_EINVAL;
     pthread_mutex_lock(&fault_mu);
-    fault_pause_ms[op] = ms;
+    fault_pause_ms[op] = ms;        /* before the fault is armed: its hit reads it */
     pthread_mutex_unlock(&fault_mu);
-    return 0;
+    return dkv_fault_inject(op, nth, FAULT_PAUSE);
 }
 
 /* 0, or the errno to fail this call with. */
