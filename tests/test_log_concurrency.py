@@ -143,7 +143,10 @@ def test_a_section_writes_its_frames_while_another_threads_fdatasync_runs(log_di
     its lock), appends `async`: its frame is written while that fdatasync runs, and the
     append returns before it -- the disk holds up only the thread that waits for it.
     (It waited for the fsync: eight threads' tool calls ran at one thread's rate.)"""
-    with SegmentLog.open(str(log_dir), durability="sync") as log:
+    # the flusher kept out (a minute): every fdatasync here is a's, so the durable
+    # position is exact -- the power-loss witness that a's fsync claims no frame written
+    # after it began
+    with SegmentLog.open(str(log_dir), durability="sync", flush_interval_ms=60000) as log:
         log.append(b"before")
         seg = os.path.join(str(log_dir), "0000000000000000.seg")
         size = os.path.getsize(seg)
@@ -161,9 +164,11 @@ def test_a_section_writes_its_frames_while_another_threads_fdatasync_runs(log_di
             log.write_end()
             assert fdatasync_count() == syncs, "the async append waited for a's fdatasync"
             assert a.is_alive()
+            assert log.durable_lsn == lsn - 1   # a's frame is written, not yet durable
             a.join()
         finally:
             fault_inject(None)
         assert log.read(lsn) == b"b" and log.read(lsn - 1) == b"a" * 100
-        assert log.durable_lsn >= lsn       # a's frame, below b's, is durable
+        # a's fsync covers a's frame, not b's, written while it ran
+        assert log.durable_lsn == lsn
     assert verify(str(log_dir)).ok
