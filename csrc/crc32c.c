@@ -1,8 +1,9 @@
 /* CRC-32C (Castagnoli), RFC 3720: reflected polynomial 0x82F63B78, pre/post inversion.
  *
- * Two implementations with identical results: SSE4.2's crc32 instruction (8 bytes per
- * instruction) where the CPU has it, chosen at run time so one build runs on any x86-64;
- * and a portable slicing-by-8 table walk for every other CPU. `seed` is a previous result,
+ * Three implementations with identical results, chosen at run time so one build runs on
+ * any x86-64: PCLMULQDQ folding for buffers of 64 bytes and more, SSE4.2's crc32
+ * instruction (8 bytes per instruction) for shorter ones or CPUs without PCLMULQDQ, and a
+ * portable slicing-by-8 table walk for every other CPU. `seed` is a previous result,
  * so crc(crc(0, a), b) == crc(0, a || b) (docs/FORMAT.md, top).
  */
 #include <pthread.h>
@@ -121,6 +122,7 @@ uint32_t dkv__crc32c_mult(uint32_t a, uint32_t b)
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <nmmintrin.h>
+#include <wmmintrin.h>
 
 __attribute__((target("sse4.2")))
 static uint64_t crc32c_sse42_raw(uint64_t c, const uint8_t *p, size_t len)
@@ -240,7 +242,63 @@ static void crc32c_x3_sse42(const uint32_t seed[3], const uint8_t *const p[3],
     out[2] = ~(uint32_t)crc32c_sse42_raw(c2, d + m, len[2] - m);
 }
 
+/* Long buffers: carry-less multiplication (PCLMULQDQ) folds 64 bytes at a time, four
+ * 16-byte lanes, and the crc32 instruction reduces what is left. On CPUs whose crc32
+ * instruction issues once every three cycles (AMD's), the three-stream loop above runs at
+ * ~2 bytes a cycle and this at several times that.
+ *
+ * The math (reflected bit order: a 16-byte block loaded little-endian has the message's
+ * first bit, the highest power, at bit 0). A block X = L x^64 + H followed by D bits is
+ * X x^D = L x^(D+64) + H x^D (mod P). clmul of L (bit i: x^(63-i)) and a constant whose
+ * bit j is x^(63-j) of k gives L k x in the block's own layout (bit m: x^(127-m)), so the
+ * constants are k = x^(D+63) and x^(D-1) mod P, bit-reflected, in the high 32 bits
+ * (tests/test_crc32c.py derives them again from the polynomial). What is folded is
+ * congruent to the message read so far, so the crc32 instruction over the last block from
+ * state 0 finishes the crc; the initial state is xored into the first four bytes. */
+#define PCLMUL_MIN 64     /* the loop's first four blocks; from here on it is faster */
+
+static const uint64_t fold512[2] = {0x1c19243b00000000ull, 0x75bba45b00000000ull};
+static const uint64_t fold128[2] = {0x3743f7bd00000000ull, 0x3171d43000000000ull};
+
+__attribute__((target("sse4.2,pclmul")))
+static inline __m128i fold(__m128i x, __m128i k, __m128i next)
+{
+    __m128i lo = _mm_clmulepi64_si128(x, k, 0x00), hi = _mm_clmulepi64_si128(x, k, 0x11);
+    return _mm_xor_si128(_mm_xor_si128(lo, hi), next);
+}
+
+__attribute__((target("sse4.2,pclmul")))
+static uint32_t crc32c_pclmul(uint32_t seed, const uint8_t *p, size_t len)
+{
+    const __m128i k4 = _mm_loadu_si128((const __m128i *)fold512);
+    const __m128i k1 = _mm_loadu_si128((const __m128i *)fold128);
+    __m128i x0 = _mm_loadu_si128((const __m128i *)p);
+    __m128i x1 = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i x2 = _mm_loadu_si128((const __m128i *)(p + 32));
+    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 48));
+    x0 = _mm_xor_si128(x0, _mm_cvtsi32_si128((int)~seed));
+    p += 64;
+    len -= 64;
+    while (len >= 64) {
+        x0 = fold(x0, k4, _mm_loadu_si128((const __m128i *)p));
+        x1 = fold(x1, k4, _mm_loadu_si128((const __m128i *)(p + 16)));
+        x2 = fold(x2, k4, _mm_loadu_si128((const __m128i *)(p + 32)));
+        x3 = fold(x3, k4, _mm_loadu_si128((const __m128i *)(p + 48)));
+        p += 64;
+        len -= 64;
+    }
+    x1 = fold(x0, k1, x1);
+    x2 = fold(x1, k1, x2);
+    x0 = fold(x2, k1, x3);
+    for (; len >= 16; p += 16, len -= 16)
+        x0 = fold(x0, k1, _mm_loadu_si128((const __m128i *)p));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(x0));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(x0, x0)));
+    return ~(uint32_t)crc32c_sse42_raw(c, p, len);
+}
+
 static int hw_state = -1;   /* -1 unknown; benign race: every thread computes the same value */
+static int clmul_state = -1;
 
 int dkv_crc32c_hw(void)
 {
@@ -251,8 +309,19 @@ int dkv_crc32c_hw(void)
     return hw_state;
 }
 
+int dkv_crc32c_clmul(void)
+{
+    if (clmul_state < 0) {
+        __builtin_cpu_init();
+        clmul_state = dkv_crc32c_hw() && __builtin_cpu_supports("pclmul") ? 1 : 0;
+    }
+    return clmul_state;
+}
+
 uint32_t dkv_crc32c(uint32_t seed, const uint8_t *buf, size_t len)
 {
+    if (len >= PCLMUL_MIN && dkv_crc32c_clmul())
+        return crc32c_pclmul(seed, buf, len);
     if (dkv_crc32c_hw())
         return crc32c_sse42(seed, buf, len);
     return dkv_crc32c_portable(seed, buf, len);
@@ -260,6 +329,12 @@ uint32_t dkv_crc32c(uint32_t seed, const uint8_t *buf, size_t len)
 void dkv__crc32c_x3(const uint32_t seed[3], const uint8_t *const p[3], const size_t len[3],
                     uint32_t out[3])
 {
+    if (dkv_crc32c_clmul() && len[0] >= PCLMUL_MIN && len[1] >= PCLMUL_MIN &&
+        len[2] >= PCLMUL_MIN) {
+        for (int i = 0; i < 3; i++)         /* faster still than three streams (above) */
+            out[i] = crc32c_pclmul(seed[i], p[i], len[i]);
+        return;
+    }
     if (dkv_crc32c_hw()) {
         crc32c_x3_sse42(seed, p, len, out);
         return;
@@ -269,6 +344,7 @@ void dkv__crc32c_x3(const uint32_t seed[3], const uint8_t *const p[3], const siz
 }
 #else
 int dkv_crc32c_hw(void) { return 0; }
+int dkv_crc32c_clmul(void) { return 0; }
 
 void dkv__crc32c_x3(const uint32_t seed[3], const uint8_t *const p[3], const size_t len[3],
                     uint32_t out[3])

@@ -121,6 +121,7 @@ typedef struct {
 const char *dkv_strerror(int code);
 const char *dkv_damage_name(int kind);
 int dkv_crc32c_hw(void);                                  /* 1 if SSE4.2 is in use */
+int dkv_crc32c_clmul(void);                               /* 1 if PCLMULQDQ folds long buffers */
 uint32_t dkv_crc32c(uint32_t seed, const uint8_t *buf, size_t len);
 uint32_t dkv_crc32c_portable(uint32_t seed, const uint8_t *buf, size_t len);
 

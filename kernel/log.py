@@ -821,6 +821,11 @@ def crc32c_hw() -> bool:
     return bool(lib.dkv_crc32c_hw())
 
 
+def crc32c_clmul() -> bool:
+    """True if :func:`crc32c` folds buffers of 64 bytes and more with PCLMULQDQ."""
+    return bool(lib.dkv_crc32c_clmul())
+
+
 def fdatasync_count() -> int:
     """Successful fdatasyncs the log library made in this process, on any file (frames,
     segment headers, seals, HEAD): a witness that durable really means synced."""
