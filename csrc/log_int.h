@@ -206,8 +206,10 @@ typedef struct {
     int kind;               /* DKV_DAMAGE_NONE: loaded cleanly */
     uint64_t off;
     char detail[160];
-    uint8_t *file;          /* the active segment's bytes */
+    uint8_t *file;          /* the bytes of a segment left unsealed, when read whole */
     uint64_t size;
+    int chunked;            /* the active segment, checked in chunks: digest holds its */
+    uint32_t digest;        /* running digest of [0, data_end) and file is NULL */
     scan_result scan;
 } load_result;
 
