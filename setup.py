@@ -25,7 +25,7 @@ setup(
     ext_modules=[Extension("durkv._listprefix", ["csrc/listprefix.c"],
                            depends=["csrc/plaincopy.h"], extra_compile_args=COMPILE_ARGS),
                  Extension("durkv._journalscan", ["csrc/journalscan.c"],
-                           extra_compile_args=COMPILE_ARGS),
+                           depends=["csrc/prefault.h"], extra_compile_args=COMPILE_ARGS),
                  Extension("durkv._recpack", ["csrc/recpack.c"],
                            extra_compile_args=COMPILE_ARGS),
                  Extension("durkv._commitframe", ["csrc/commitframe.c"],

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "log_int.h"
+#include "prefault.h"
 
 /* The segment holding lsn (the newest one whose base_lsn is <= lsn). mu held. */
 static seg_t *find_seg(dkv_log *log, uint64_t lsn)
@@ -212,23 +213,21 @@ static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scrat
         pthread_mutex_unlock(&log->mu);
         return 0;
     }
-    uint64_t i0 = lo - s->base_lsn, i1 = hi - s->base_lsn;
-    for (uint64_t k = i0; k < i1; k++)
-        if (!s->index[k]) {                     /* lost to damage (salvage): stop before it */
-            i1 = k;
-            break;
-        }
-    /* The range ends where the next indexed frame starts: the last frame stays out when
-     * its successor is not indexed (the caller reads it alone). */
-    if (i1 >= s->n_index || !s->index[i1])
-        i1--;
+    /* Frames i0..i1-1 in one pread, which ends where frame i1 starts: i1 grows while that
+     * frame is indexed (one lost to damage, in salvage, is not), is at most the first one
+     * past the range, and the span stays within RUN_READ_MAX bytes (one buffer, reused: no
+     * page faults per MB). The last wanted frame stays out when its successor is not
+     * indexed (the caller reads it alone). Only the frames read are looked at: a journal
+     * of n records is read in O(n), not O(n) per MB. */
+    uint64_t i0 = lo - s->base_lsn, want = hi - s->base_lsn, i1 = i0;
+    if (s->index[i0])
+        while (i1 < want && i1 + 1 < s->n_index && s->index[i1 + 1] &&
+               s->index[i1 + 1] - s->index[i0] <= RUN_READ_MAX)
+            i1++;
     if (i1 <= i0 + 1) {
         pthread_mutex_unlock(&log->mu);
         return 0;
     }
-    /* At most RUN_READ_MAX bytes per pread (one buffer, reused: no page faults per MB). */
-    while (i1 > i0 + 1 && s->index[i1] - s->index[i0] > RUN_READ_MAX)
-        i1 = i0 + (i1 - i0) / 2;
     uint64_t off = s->index[i0], end = s->index[i1];
     uint32_t seed = dkv__seed(log->uuid, s->segment_no);
     int fd = -1, own = 0;
@@ -238,17 +237,14 @@ static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scrat
     }
     dkv__fd_pin(log);
     pthread_mutex_unlock(&log->mu);
-    size_t flen = (size_t)(end - off);
-    uint8_t *f = flen <= RUN_READ_MAX ? scratch : malloc(flen);
-    int r = f ? dkv__pread_all(fd, f, flen, off) : -ENOMEM;
+    size_t flen = (size_t)(end - off);       /* at most RUN_READ_MAX: scratch holds it */
+    uint8_t *f = scratch;
+    int r = dkv__pread_all(fd, f, flen, off);
     dkv__fd_unpin(log);
     if (own)
         close(fd);
-    if (r < 0 || (size_t)r != flen) {
-        if (f != scratch)
-            free(f);
-        return r == -ENOMEM ? DKV_ENOMEM : 0;   /* an I/O error: the per-frame read reports it */
-    }
+    if (r < 0 || (size_t)r != flen)
+        return 0;                               /* an I/O error: the per-frame read reports it */
     /* Every frame checked as dkv_read_alloc does (seeded crc, its LSN), back to back. */
     size_t pos = 0;
     uint64_t n = i1 - i0, k;
@@ -260,15 +256,10 @@ static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scrat
             FRAME_HDR + (uint64_t)l > flen - pos)
             break;
         int rc = put_head(log, lo + k, f + pos + FRAME_HDR, l, out, len, cap);
-        if (rc) {
-            if (f != scratch)
-                free(f);
+        if (rc)
             return rc;
-        }
         pos += FRAME_HDR + (size_t)l;
     }
-    if (f != scratch)
-        free(f);
     *done = k;      /* a frame that did not check: the caller rereads it alone and reports */
     return 0;
 }
@@ -341,16 +332,19 @@ int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_o
     uint8_t *out = malloc(cap);
     if (!out)
         return DKV_ENOMEM;
+    dkv_prefault(out, cap);
     out[0] = 0xdd;                  /* msgpack array 32: big-endian count */
     out[1] = (uint8_t)(n >> 24);
     out[2] = (uint8_t)(n >> 16);
     out[3] = (uint8_t)(n >> 8);
     out[4] = (uint8_t)n;
     uint8_t *scratch = NULL;
-    for (size_t i = 0; i < n;) {
-        size_t j = i + 1;
-        while (j < n && lsns[j] == lsns[j - 1] + 1)
-            j++;
+    for (size_t i = 0, j = 0; i < n;) {
+        if (j <= i) {               /* lsns[i..j) consecutive: found once per run */
+            j = i + 1;
+            while (j < n && lsns[j] == lsns[j - 1] + 1)
+                j++;
+        }
         uint64_t done = 0;
         if (j - i > 1 && !scratch && !(scratch = malloc(RUN_READ_MAX))) {
             free(out);

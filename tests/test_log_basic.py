@@ -448,3 +448,38 @@ def test_lsn_arguments_that_are_not_lsns_are_config_errors(log_dir, bad):
         if bad != -1:
             with pytest.raises(ConfigError, match="an LSN is an int"):
                 log.read(bad)
+
+
+def test_read_heads_over_many_megabytes_equals_the_heads_read_one_by_one(log_dir):
+    # dkv_read_heads reads runs of neighbouring frames 1 MiB at a time: runs that span many
+    # MB, broken by DATA frames and by LSNs left out, a head larger than a pread's MiB, and
+    # frames still pending under `async` -- every head, in order, as read_frame gives it
+    import random
+
+    import msgpack
+    from durkv.payload import decode_commit, encode_record
+
+    rng = random.Random(7)
+    wanted = []
+    with SegmentLog.open(log_dir, durability="async") as log:
+        for i in range(2500):
+            if i % 97 == 5:
+                log.append(b"data frame %d" % i)                 # not a COMMIT: not asked
+                continue
+            size = (3 << 19) if i == 1234 else rng.randrange(0, 4000)
+            head = msgpack.packb([11, "r", {"i": i, "v": b"h" * size}])
+            lsn = log.append(encode_record(head), frame_type=FRAME_COMMIT)
+            if i % 41 != 3:                                       # some left out
+                wanted.append(lsn)
+
+        def one_by_one(lg):
+            heads = [decode_commit(lg.read(lsn))[0] for lsn in wanted]
+            return b"\xdd" + len(heads).to_bytes(4, "big") + b"".join(heads)
+
+        expect = one_by_one(log)
+        assert len(expect) > 5 << 20
+        assert bytes(log.read_heads(wanted)) == expect            # some of it pending
+    with SegmentLog.open(log_dir, read_only=True) as r:
+        assert bytes(r.read_heads(wanted)) == expect
+        assert bytes(r.read_heads(wanted[::-1])) == b"\xdd" + len(wanted).to_bytes(4, "big") \
+            + b"".join(decode_commit(r.read(lsn))[0] for lsn in wanted[::-1])
