@@ -242,10 +242,11 @@ static void crc32c_x3_sse42(const uint32_t seed[3], const uint8_t *const p[3],
     out[2] = ~(uint32_t)crc32c_sse42_raw(c2, d + m, len[2] - m);
 }
 
-/* Long buffers: carry-less multiplication (PCLMULQDQ) folds 64 bytes at a time, four
- * 16-byte lanes, and the crc32 instruction reduces what is left. On CPUs whose crc32
- * instruction issues once every three cycles (AMD's), the three-stream loop above runs at
- * ~2 bytes a cycle and this at several times that.
+/* Buffers of 64 bytes and more (len >= PCLMUL_MIN): carry-less multiplication
+ * (PCLMULQDQ) folds 64 bytes at a time, four 16-byte lanes, and the crc32 instruction
+ * reduces what is left. Where the crc32 instruction issues only every third cycle (this
+ * project's AMD EPYC), the three streams above gain nothing over one, and this runs at
+ * twice their speed (FORMAT.md, design notes).
  *
  * The math (reflected bit order: a 16-byte block loaded little-endian has the message's
  * first bit, the highest power, at bit 0). A block X = L x^64 + H followed by D bits is

@@ -220,7 +220,7 @@ static int read_run_heads(dkv_log *log, uint64_t lo, uint64_t hi, uint8_t *scrat
      * indexed (the caller reads it alone). Only the frames read are looked at: a journal
      * of n records is read in O(n), not O(n) per MB. */
     uint64_t i0 = lo - s->base_lsn, want = hi - s->base_lsn, i1 = i0;
-    if (s->index[i0])
+    if (i0 < s->n_index && s->index[i0])
         while (i1 < want && i1 + 1 < s->n_index && s->index[i1 + 1] &&
                s->index[i1 + 1] - s->index[i0] <= RUN_READ_MAX)
             i1++;
@@ -332,14 +332,21 @@ int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_o
     uint8_t *out = malloc(cap);
     if (!out)
         return DKV_ENOMEM;
-    dkv_prefault(out, cap);
     out[0] = 0xdd;                  /* msgpack array 32: big-endian count */
     out[1] = (uint8_t)(n >> 24);
     out[2] = (uint8_t)(n >> 16);
     out[3] = (uint8_t)(n >> 8);
     out[4] = (uint8_t)n;
     uint8_t *scratch = NULL;
+    size_t faulted = 0;     /* out[0, faulted) is faulted in: two preads' heads ahead of len */
     for (size_t i = 0, j = 0; i < n;) {
+        if (len + RUN_READ_MAX > faulted && faulted < cap) {
+            /* ahead of the heads, not the whole bound: a bound of checkpoints' frames can be
+             * many times their heads, and would stay resident while the buffer lives */
+            size_t to = cap - len > 2 * RUN_READ_MAX ? len + 2 * RUN_READ_MAX : cap;
+            dkv_prefault(out + faulted, to - faulted);
+            faulted = to;
+        }
         if (j <= i) {               /* lsns[i..j) consecutive: found once per run */
             j = i + 1;
             while (j < n && lsns[j] == lsns[j - 1] + 1)
