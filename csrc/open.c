@@ -365,16 +365,13 @@ static int scan_active_chunked(seg_t *s, uint32_t seed, int want_digest, uint64_
     uint8_t *b = malloc(cap);
     if (!b)
         return -ENOMEM;
+    /* b holds the file's [boff, boff + have); the digest has taken [0, dig_off) */
     uint64_t boff = 0, off = HDR_LEN, dig_off = 0, lsn = s->base_lsn;
     size_t have = 0;
     uint32_t dig = seed;
-    int rc = chunk_fill(s->fd, b, cap, boff, &have, size), clean = 0;
+    int rc = chunk_fill(s->fd, b, cap, boff, &have, size);
     s->n_index = 0;
-    while (!rc) {
-        if (off >= *size) {
-            clean = 1;
-            break;
-        }
+    while (!rc && off < *size) {
         size_t pos = (size_t)(off - boff);
         /* the whole frame in b, when the file holds it: its header, then its length */
         uint64_t need = FRAME_HDR;
@@ -403,21 +400,8 @@ static int scan_active_chunked(seg_t *s, uint32_t seed, int want_digest, uint64_
         uint32_t len;
         uint64_t flsn;
         uint8_t type;
-        if (dkv__frame_check(b + pos, have - pos, seed, lsn, 0, &len, &flsn, &type)) {
-            /* the end of data only if the rest of the file is zero (the slack, §3) */
-            if (want_digest)
-                dig = dkv_crc32c(dig, b + (dig_off - boff), (size_t)(off - dig_off));
-            dig_off = off;
-            clean = dkv__all_zero(b + pos, have - pos);
-            while (clean && boff + have < *size) {
-                boff += have;
-                have = 0;
-                if ((rc = chunk_fill(s->fd, b, cap, boff, &have, size)))
-                    break;
-                clean = dkv__all_zero(b, have);
-            }
-            break;
-        }
+        if (dkv__frame_check(b + pos, have - pos, seed, lsn, 0, &len, &flsn, &type))
+            break;                      /* the frames end here */
         if (dkv__index_push(s, off)) {
             rc = -ENOMEM;
             break;
@@ -425,8 +409,20 @@ static int scan_active_chunked(seg_t *s, uint32_t seed, int want_digest, uint64_
         off += FRAME_HDR + len;
         lsn++;
     }
-    if (clean && !rc && want_digest && off > dig_off)
-        dig = dkv_crc32c(dig, b + (dig_off - boff), (size_t)(off - dig_off));
+    int clean = 0;
+    if (!rc) {
+        if (want_digest)            /* b still holds [dig_off, off) */
+            dig = dkv_crc32c(dig, b + (dig_off - boff), (size_t)(off - dig_off));
+        /* the end of data only if the rest of the file is zero (the slack, §3) */
+        clean = dkv__all_zero(b + (off - boff), have - (size_t)(off - boff));
+        while (clean && boff + have < *size) {
+            boff += have;
+            have = 0;
+            if ((rc = chunk_fill(s->fd, b, cap, boff, &have, size)))
+                break;
+            clean = dkv__all_zero(b, have);
+        }
+    }
     free(b);
     if (rc)
         return rc;
