@@ -58,7 +58,7 @@ def test_hw_reports_clmul_only_with_sse42():
 @pytest.mark.parametrize("seed", [0, 1, 0xFFFFFFFF, 0x12345678])
 def test_folded_lengths_equal_portable(seed):
     """Every length across the fold's edges: its first four blocks (64), its 16-byte
-    steps and the tail the crc32 instruction finishes, at every alignment mod 16."""
+    steps and the tail the crc32 instruction finishes, each at a random alignment."""
     rng = random.Random(seed)
     blob = bytes(rng.getrandbits(8) for _ in range(200_000))
     mv = memoryview(blob)
