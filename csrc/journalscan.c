@@ -117,7 +117,24 @@ static int header(const cur_t *c, size_t *hdr, uint64_t *len)
     return kind;
 }
 
-static int utf8_valid(const uint8_t *s, size_t n);
+static int utf8_decodes(const uint8_t *s, size_t n);
+
+/* s[0:n] is UTF-8 Python decodes: ASCII at once (8 bytes a test: keys, names and step
+ * ids are read at every record of an open), anything else asked of Python's decoder. */
+static inline int utf8_valid(const uint8_t *s, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        if (w & 0x8080808080808080ULL)
+            return utf8_decodes(s, n);
+    }
+    for (; i < n; i++)
+        if (s[i] >= 0x80)
+            return utf8_decodes(s, n);
+    return 1;
+}
 
 /* Skip one object (depth-limited); 0 ok, -1 malformed. With `odd`, set *odd when msgpack's
  * decode of it could fail or build more than plain data: a str that is not UTF-8, an
@@ -211,14 +228,21 @@ static void field(fields_t *f, const char *key, size_t kn, const uint8_t *v)
     /* by length, then bytes: a record has ~10 keys, each read once per record at an open
      * and at every live step held (a chain of memcmp was ~250 instructions a key) */
     if (kn == 1) {
-        switch (key[0]) {
-        case 'e': f->e_is_step = b == 0x02; break;     /* E_STEP: a positive fixint */
-        case 's': f->s = str || step_ext(v) ? v : NULL, f->plain &= f->s != NULL; break;
-        case 'k': f->k = v, f->plain &= str; break;
-        case 'n': f->n = v, f->plain &= str; break;
-        case 'r': f->r = v, f->plain &= nil || bin; break;
-        case 't': f->t = v, f->plain &= nil || intv || b == 0xca || b == 0xcb; break;
-        }
+        /* tests in the order a record lists its keys (runtime/records.py KEYS): a chain
+         * the branch predictor follows, where a switch's one indirect jump missed */
+        char k0 = key[0];
+        if (k0 == 'e')
+            f->e_is_step = b == 0x02;   /* E_STEP: a positive fixint */
+        else if (k0 == 't')
+            f->t = v, f->plain &= nil || intv || b == 0xca || b == 0xcb;
+        else if (k0 == 's')
+            f->s = str || step_ext(v) ? v : NULL, f->plain &= f->s != NULL;
+        else if (k0 == 'k')
+            f->k = v, f->plain &= str;
+        else if (k0 == 'n')
+            f->n = v, f->plain &= str;
+        else if (k0 == 'r')
+            f->r = v, f->plain &= nil || bin;
     } else if (kn == 2) {
         if (key[0] == 'p' && key[1] == 'v')
             f->pv = v, f->plain &= str || nil;
@@ -233,8 +257,9 @@ static void field(fields_t *f, const char *key, size_t kn, const uint8_t *v)
 }
 
 /* skip(c, 1, odd) of a head's item or a record's value: a scalar, a short str or a bin8
- * read in line (most are; `odd` may be NULL as for skip), anything else by skip. */
-static int skip_value(cur_t *c, int *odd)
+ * read in line (most are; `odd` may be NULL as for skip), anything else by skip. Inlined:
+ * an open calls it for every field of every record. */
+static inline __attribute__((always_inline)) int skip_value(cur_t *c, int *odd)
 {
     /* the size of a fixed-width scalar by its first byte, 0xc0-0xd3 (0: not one) */
     static const uint8_t width[20] = {1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 5, 9, 2, 3, 5, 9, 2, 3, 5, 9};
@@ -562,17 +587,13 @@ static entry_t *lazy_of(const Index *ix, PyObject *key, int numbers)
     return e != NULL && e->state == LAZY && e->pos < ix->limit ? e : NULL;
 }
 
-/* s[0:n] is UTF-8 Python decodes (ASCII at once; anything else: asked). */
-static int utf8_valid(const uint8_t *s, size_t n)
+/* utf8_valid's answer for bytes that are not all ASCII */
+static int utf8_decodes(const uint8_t *s, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        if (s[i] >= 0x80) {
-            PyObject *o = PyUnicode_DecodeUTF8((const char *)s, (Py_ssize_t)n, NULL);
-            if (o == NULL)
-                return PyErr_Clear(), 0;
-            Py_DECREF(o);
-            return 1;
-        }
+    PyObject *o = PyUnicode_DecodeUTF8((const char *)s, (Py_ssize_t)n, NULL);
+    if (o == NULL)
+        return PyErr_Clear(), 0;
+    Py_DECREF(o);
     return 1;
 }
 

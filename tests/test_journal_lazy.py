@@ -659,6 +659,23 @@ def test_a_record_whose_decode_could_fail_is_never_left_lazy():
     assert list(lazy) == ["u"] and where == []
 
 
+def test_long_strings_are_checked_as_utf8_at_every_byte():
+    # the check reads 8 bytes at a time, then the rest one by one: a byte that is not
+    # ASCII anywhere in a 1..24-byte value or key is judged by Python's decoder
+    from durkv._journalscan import index
+    for n in range(1, 25):
+        for at in range(n):
+            for text, bad in ((b"a" * at + b"\xff" + b"b" * (n - at - 1), True),
+                              (b"a" * at + "é".encode() + b"b" * (n - at - 1), False)):
+                rec = msgpack.packb({"e": 2, "s": "u", "x": "Z", "r": b"\x01"})
+                for key_or_value in (b"\xa1x", b"\xa1Z"):       # x: a key, Z: a value
+                    raw = bytes([0xa0 + len(text)]) + text
+                    heads = b"\x91\x93\x0b\xa1r" + rec.replace(key_or_value, raw)
+                    lazy, _rest, where, _last = index(heads)
+                    assert (list(lazy), where) == (([], [0]) if bad else (["u"], [])), \
+                        (n, at, text, key_or_value)
+
+
 # ---- LIVE: a run's own new plain steps held in the index (journal.record_step) ----------
 
 def _clock():
