@@ -710,7 +710,9 @@ static int build(Index *ix, PyObject *rest, PyObject *where, Py_ssize_t *last)
         PyErr_NoMemory();
         return -1;
     }
+    dkv_hugepages(ix->e, (size_t)ix->cap * sizeof(entry_t));
     dkv_prefault(ix->e, (size_t)ix->cap * sizeof(entry_t));
+    dkv_hugepages(ix->slots, cap * sizeof(slot_t));
     dkv_prefault(ix->slots, cap * sizeof(slot_t));
     for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++)
         if (read_head(ix, &c, i) || sort_head(ix, i, rest, where, last))

@@ -332,6 +332,7 @@ int dkv_read_heads(dkv_log *log, const uint64_t *lsns, size_t n, uint8_t **buf_o
     uint8_t *out = malloc(cap);
     if (!out)
         return DKV_ENOMEM;
+    dkv_hugepages(out, cap);
     out[0] = 0xdd;                  /* msgpack array 32: big-endian count */
     out[1] = (uint8_t)(n >> 24);
     out[2] = (uint8_t)(n >> 16);
