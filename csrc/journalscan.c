@@ -332,6 +332,26 @@ static int read_record(cur_t *c, fields_t *f)
     return 0;
 }
 
+/* The str of the UTF-8 bytes s[0:n]: ASCII copied into a new compact str at once (8 bytes
+ * a test, as utf8_valid), anything else by Python's decoder (its error, if not UTF-8). */
+static PyObject *text(const char *s, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        if (w & 0x8080808080808080ULL)
+            return PyUnicode_DecodeUTF8(s, (Py_ssize_t)n, NULL);
+    }
+    for (; i < n; i++)
+        if ((uint8_t)s[i] >= 0x80)
+            return PyUnicode_DecodeUTF8(s, (Py_ssize_t)n, NULL);
+    PyObject *o = PyUnicode_New((Py_ssize_t)n, 127);
+    if (o != NULL)
+        memcpy(PyUnicode_1BYTE_DATA(o), s, n);
+    return o;
+}
+
 /* The Python object msgpack decodes the scalar at v to (str, bin, int, float, nil). */
 static PyObject *value(const uint8_t *v, const uint8_t *end)
 {
@@ -341,7 +361,7 @@ static PyObject *value(const uint8_t *v, const uint8_t *end)
     int kind = header(&c, &hdr, &len);
     uint8_t b = v[0];
     if (kind == 's')
-        return PyUnicode_DecodeUTF8((const char *)v + hdr, (Py_ssize_t)len, NULL);
+        return text((const char *)v + hdr, (size_t)len);
     if (kind == 'x' && step_ext(v)) {       /* only `s` is read where one may be */
         char text[64];
         size_t n = step_ext_text(v, text);
@@ -1069,6 +1089,24 @@ static PyObject *interned(PyObject *k)
     return k;
 }
 
+/* The cached key (a new reference) whose text is the short str at c->p, the cursor moved
+ * past it; NULL (nothing read) when there is none: the cache holds only ASCII keys, so
+ * the same bytes are the same text, and no str is made and dropped for it. */
+static PyObject *cached_key(cur_t *c)
+{
+    uint8_t b = c->p < c->end ? c->p[0] : 0;
+    size_t n = b & 0x1f;
+    if (b < 0xa0 || b > 0xbf || (size_t)(c->end - c->p) <= n)
+        return NULL;
+    const char *s = (const char *)c->p + 1;
+    PyObject *k = key_cache[fnv(s, (Py_ssize_t)n) & 63];
+    if (k == NULL || PyUnicode_GET_LENGTH(k) != (Py_ssize_t)n
+            || memcmp(PyUnicode_DATA(k), s, n) != 0)
+        return NULL;
+    c->p += 1 + n;
+    return Py_NewRef(k);
+}
+
 /* The object msgpack.unpackb(raw=False, strict_map_key=False) gives the value at c->p,
  * for the native types; NULL (no exception set) for anything else -- an extension type,
  * an error msgpack would raise --: the caller asks the serde. */
@@ -1114,10 +1152,13 @@ static PyObject *decode(cur_t *c, int depth)
     }
     PyObject *d = _PyDict_NewPresized((Py_ssize_t)len);
     for (uint64_t i = 0; d != NULL && i < len; i++) {
-        PyObject *k = decode(c, depth + 1);
+        PyObject *k = cached_key(c);
+        if (k == NULL) {
+            k = decode(c, depth + 1);
+            if (k != NULL && PyUnicode_CheckExact(k))
+                k = interned(k);                /* as msgpack does its map keys */
+        }
         PyObject *x = k == NULL ? NULL : decode(c, depth + 1);
-        if (k != NULL && PyUnicode_CheckExact(k))
-            k = interned(k);                    /* as msgpack does its map keys */
         if (x == NULL || PyDict_SetItem(d, k, x) < 0) {
             PyErr_Clear();
             Py_CLEAR(d);

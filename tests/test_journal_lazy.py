@@ -436,7 +436,8 @@ NATIVE = [None, True, False, 0, 1, -1, 31, 32, 127, 128, 255, 256, 65535, 65536,
           b"x" * 255, b"x" * 256, b"x" * 65536, [], [1] * 15, [1] * 16, [None] * 65536, {},
           {str(i): i for i in range(15)}, {str(i): i for i in range(16)},
           {1: "int key", None: 2, b"b": 3, 1.5: 4, False: 5, -7: [{}]},
-          {"a": [{"b": [None, True, 2.5, b"\xc4"]}], "c": {"d": "e" * 40}}]
+          {"a": [{"b": [None, True, 2.5, b"\xc4"]}], "c": {"d": "e" * 40}},
+          "a" * 9 + "é", "é" + "a" * 20, "a" * 15 + "\x7f", {"ключ": 1, "k": {"ключ": "é" * 9}}]
 OTHER = [2**64, -2**63 - 1, (1, 2), [1, (2,)], {3}, frozenset([4]), bytearray(b"ab"),
          datetime.datetime(2026, 12, 3, 18, 0, tzinfo=datetime.timezone.utc),
          collections.OrderedDict(a=1), {"k": {"x"}}, _Colour.RED,
