@@ -54,6 +54,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "asciitext.h"
 #include "prefault.h"
 
 #define MAX_DEPTH 512
@@ -119,21 +120,11 @@ static int header(const cur_t *c, size_t *hdr, uint64_t *len)
 
 static int utf8_decodes(const uint8_t *s, size_t n);
 
-/* s[0:n] is UTF-8 Python decodes: ASCII at once (8 bytes a test: keys, names and step
- * ids are read at every record of an open), anything else asked of Python's decoder. */
+/* s[0:n] is UTF-8 Python decodes: ASCII at once (keys, names and step ids are read at
+ * every record of an open), anything else asked of Python's decoder. */
 static inline int utf8_valid(const uint8_t *s, size_t n)
 {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, s + i, 8);
-        if (w & 0x8080808080808080ULL)
-            return utf8_decodes(s, n);
-    }
-    for (; i < n; i++)
-        if (s[i] >= 0x80)
-            return utf8_decodes(s, n);
-    return 1;
+    return dkv_is_ascii(s, n) || utf8_decodes(s, n);
 }
 
 /* Skip one object (depth-limited); 0 ok, -1 malformed. With `odd`, set *odd when msgpack's
@@ -332,24 +323,12 @@ static int read_record(cur_t *c, fields_t *f)
     return 0;
 }
 
-/* The str of the UTF-8 bytes s[0:n]: ASCII copied into a new compact str at once (8 bytes
- * a test, as utf8_valid), anything else by Python's decoder (its error, if not UTF-8). */
+/* The str of the UTF-8 bytes s[0:n]: ASCII made at once (asciitext.h), anything else by
+ * Python's decoder (its error, if not UTF-8). */
 static PyObject *text(const char *s, size_t n)
 {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, s + i, 8);
-        if (w & 0x8080808080808080ULL)
-            return PyUnicode_DecodeUTF8(s, (Py_ssize_t)n, NULL);
-    }
-    for (; i < n; i++)
-        if ((uint8_t)s[i] >= 0x80)
-            return PyUnicode_DecodeUTF8(s, (Py_ssize_t)n, NULL);
-    PyObject *o = PyUnicode_New((Py_ssize_t)n, 127);
-    if (o != NULL)
-        memcpy(PyUnicode_1BYTE_DATA(o), s, n);
-    return o;
+    const unsigned char *u = (const unsigned char *)s;
+    return dkv_is_ascii(u, n) ? dkv_ascii_str(u, n) : PyUnicode_DecodeUTF8(s, (Py_ssize_t)n, NULL);
 }
 
 /* The Python object msgpack decodes the scalar at v to (str, bin, int, float, nil). */

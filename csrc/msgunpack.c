@@ -30,10 +30,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "asciitext.h"
 #include "plaincopy.h"
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 
 #define MAX_DEPTH 512          /* ormsgpack's own limit is above 1,000: deeper -> fallback */
 
@@ -78,41 +76,15 @@ static int length(Reader *r, int n, size_t *out)
 
 static PyObject *decode(Reader *r, int depth);
 
-/* all bytes below 0x80? 64 at a time with SSE2, else eight (Python's own UTF-8 decoder
- * checks and copies a word per step: most of a 1 KiB message's cost) */
-static int is_ascii(const unsigned char *p, size_t n)
-{
-    size_t i = 0;
-#ifdef __SSE2__
-    for (; i + 64 <= n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(p + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(p + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(p + i + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(p + i + 48));
-        if (_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d))))
-            return 0;
-    }
-#endif
-    uint64_t acc = 0, w;
-    for (; i + 8 <= n; i += 8) {
-        memcpy(&w, p + i, 8);
-        acc |= w;
-    }
-    for (; i < n; i++)
-        acc |= p[i];
-    return (acc & 0x8080808080808080ULL) == 0;
-}
-
 static PyObject *str_of(Reader *r, size_t n)
 {
     if (!need(r, n))
         return NULL;
     PyObject *s;
-    if (is_ascii(r->p, n)) {       /* the same str PyUnicode_DecodeUTF8 builds, copied */
-        s = PyUnicode_New((Py_ssize_t)n, 127);
+    if (dkv_is_ascii(r->p, n)) {   /* the same str PyUnicode_DecodeUTF8 builds, copied */
+        s = dkv_ascii_str(r->p, n);
         if (s == NULL)
             return NULL;
-        memcpy(PyUnicode_DATA(s), r->p, n);
     } else {
         s = PyUnicode_DecodeUTF8((const char *)r->p, (Py_ssize_t)n, NULL);
         if (s == NULL) {
@@ -135,7 +107,7 @@ static PyObject *key_cache[KEY_SLOTS];
 
 static PyObject *key_of(Reader *r, size_t n)
 {
-    if (n > KEY_MAX || !need(r, n) || !is_ascii(r->p, n))
+    if (n > KEY_MAX || !need(r, n) || !dkv_is_ascii(r->p, n))
         return str_of(r, n);
     uint32_t h = 2166136261u;              /* FNV-1a of the bytes: the slot */
     for (size_t i = 0; i < n; i++)
