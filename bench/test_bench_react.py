@@ -43,7 +43,7 @@ import durkv  # noqa: E402
 from durkv.langgraph import DurkvSaver, step, tool  # noqa: E402
 
 N = int(os.environ.get("DURKV_BENCH_REACT_N", "100" if QUICK else "1000"))
-ROUNDS = 1 if QUICK else 3
+ROUNDS = 1 if QUICK else 5
 _TEXT = "observe the result, plan the next call, keep the user's goal in view. " * 4
 
 
