@@ -32,6 +32,7 @@ would cost. Env: DURKV_BENCH_N (default "500,2000"; quick "100"), DURKV_BENCH_QU
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import sqlite3
 import threading
@@ -50,6 +51,7 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langchain_core.messages import AIMessage  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.graph.message import add_messages  # noqa: E402
+from langgraph.graph import END, START, StateGraph  # noqa: E402
 from typing_extensions import TypedDict  # noqa: E402
 
 from durkv.cli.benchgraph import NullSaver, agent_graph, cfg  # noqa: E402
@@ -356,6 +358,70 @@ def test_history(benchmark, savers, kind):
         ratio = MEDIANS[("history", "sqlite")] / MEDIANS[("history", kind)]
         record(benchmark, f"history N={n} speed vs sqlite", ratio=ratio, target=">= 5x sqlite",
                ok=ratio >= 5)
+
+
+# ---- how far the saves trail an `async` loop ----------------------------------------------
+
+N_LAG = 200 if QUICK else 2000
+
+
+class _LagState(TypedDict):
+    n: int
+    messages: Annotated[list, operator.add]
+
+
+def _rss() -> int:
+    """The process's resident bytes now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("kind", ("null", "sqlite", "durkv"))
+def test_async_saves_behind(benchmark, savers, kind):
+    """Under LangGraph's ``durability="async"`` each checkpoint is saved in its executor
+    while the loop goes on: how many checkpoints the loop has made that are not saved yet
+    (what a kill at that superstep loses), looked at every 100 supersteps of an N_LAG-
+    superstep run, and the growth of the process's resident memory meanwhile (each
+    queued checkpoint holds its own state). Reported side by side; the test suite holds
+    durkv's bound (tests/test_langgraph_async_saves.py)."""
+    benchmark.group = f"async-saves-behind-{N_LAG}"
+    saver, _ = savers.open(kind)
+    saved = [0]
+    put = saver.put
+
+    def counting_put(*args, **kwargs):
+        out = put(*args, **kwargs)
+        saved[0] += 1
+        return out
+
+    saver.put = counting_put
+    behind: list[int] = []
+    rss: list[int] = []
+
+    def agent(s):
+        if s["n"] % 100 == 0:
+            behind.append(s["n"] + 1 - saved[0])
+            rss.append(_rss())
+        return {"n": s["n"] + 1, "messages": [message(s["n"])]}
+
+    g = StateGraph(_LagState)
+    g.add_node("agent", agent)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < N_LAG else END)
+    graph = g.compile(checkpointer=saver)
+
+    def once():
+        saved[0] = 0
+        behind.clear()
+        rss[:] = [_rss()]
+        graph.invoke({"n": 0, "messages": []}, cfg("lag", N_LAG), durability="async")
+
+    benchmark.pedantic(once, rounds=1, iterations=1)
+    benchmark.extra_info.update(max_behind=max(behind), last_behind=behind[-1],
+                                supersteps=N_LAG,
+                                rss_growth_mib=round((max(rss) - rss[0]) / 2**20, 1))
+    print(f"\nasync saves behind, {kind}: at most {max(behind)} of {N_LAG} checkpoints "
+          f"unsaved; resident memory +{(max(rss) - rss[0]) / 2**20:.1f} MiB")
 
 
 # ---- 8 threads, 8 graphs, one store ------------------------------------------------------

@@ -38,6 +38,11 @@ What it adds over them:
   under a pinned ``"exit"``, which buffers them too); ``durability=None``
   (the default) follows LangGraph per call.
 
+  Under LangGraph's ``"async"`` the loop does not wait for a save, and saves that
+  release the GIL trail a busy loop without bound; once one lands more than 20 ms
+  late, the loop's next ``get_next_version`` waits until the saves have caught up
+  (docs/GUARANTEES.md section 1).
+
 - **DeltaChannel without walking blobs.** A channel whose version moved with
   no value stored (LangGraph's ``DeltaChannel`` between snapshots) is stored
   as :data:`~durkv.langgraph_serde.EMPTY` and read back as absent;
@@ -64,6 +69,7 @@ import threading
 import time
 from collections import ChainMap, deque
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -109,11 +115,40 @@ POLICY_FOR_MODE = {"sync": "sync", "async": "async", "exit": "async"}
 
 _POLICIES = frozenset(DURABILITIES)
 _DEFAULT_MODE = "async"  # what LangGraph uses when invoke/stream get no durability=
+# an `async` checkpoint saved more than _LAG_S after LangGraph made it is late: the loop
+# then waits, at most _WAIT_SAVES_S, for the saves to catch up (DurkvSaver._wait_for_saves)
+_LAG_S = 0.02
+_WAIT_SAVES_S = 0.1
 _RUN_ENDING = frozenset((INTERRUPT, ERROR))
 _MISSING_THREAD = (
     "checkpointer needs configurable.thread_id; "
     "pass config={'configurable': {'thread_id': ...}}"
 )
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _newest_version(checkpoint: Mapping[str, Any]) -> int:
+    """The highest of ``checkpoint``'s channel versions, or 0 if they are not ints."""
+    try:
+        v = max(checkpoint["channel_versions"].values(), default=0)
+    except (KeyError, TypeError, AttributeError):
+        return 0
+    return v if type(v) is int else 0
+
+
+def _age(checkpoint: Mapping[str, Any]) -> float:
+    """Seconds since LangGraph made ``checkpoint`` (its ``ts``, UTC); 0.0 if unreadable."""
+    try:
+        return time.time() - datetime.fromisoformat(checkpoint["ts"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return 0.0
 
 
 def _conf(config: RunnableConfig | None) -> dict[str, Any]:
@@ -290,6 +325,16 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         # looks for its checkpoint, so a put that lands after that look sees it counted
         self._landed = threading.Condition()
         self._waiting = 0
+        # LangGraph's `async` loop saves each checkpoint in its executor, each save after
+        # the previous one; a save that releases the GIL (a write, a compression) waits
+        # up to the interpreter's switch interval for the busy loop to give it back, so the
+        # saves fall behind without bound (docs/GUARANTEES.md section 1). The monotonic time
+        # a save landed late (its checkpoint older than _LAG_S), else 0.0: the loop's next
+        # get_next_version waits until the saves have caught up with it
+        self._late = 0.0
+        self._saved = 0                 # the newest version saved while the loop was late
+        self._wanted = 0                # the version the waiting loop made last
+        self._caught_up = threading.Event()
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -419,6 +464,13 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     def put(self, config: RunnableConfig, checkpoint: Checkpoint,
             metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         """Commit one checkpoint: its changed channels, versions and metadata, as one frame."""
+        return self._put(config, checkpoint, metadata, new_versions, True)
+
+    def _put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+             new_versions: ChannelVersions, threaded: bool) -> RunnableConfig:
+        """:meth:`put`; ``threaded``: called in a thread of its own (LangGraph's executor),
+        whose lateness the loop's thread waits out (an ``aput`` runs on the event loop,
+        which must not block)."""
         # put_args_py in one C call for LangGraph's plain dicts (csrc/lgcommit.c)
         got = put_args_c(config, checkpoint, metadata, new_versions, EMPTY)
         if got is None:
@@ -428,6 +480,14 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         self.store.put(thread_id, ns, cid, checkpoint=record, metadata=metadata, values=values,
                        versions=versions, parent_id=parent_id, durability=self._policy(conf),
                        all_values=all_values)
+        # LangGraph's `async` loop goes on while this runs (whatever durkv policy is pinned)
+        if threaded and (conf.get(CONFIG_KEY_DURABILITY) or _DEFAULT_MODE) == "async":
+            if self._late:      # the loop waits, or will: how far the saves have come
+                self._saved = _newest_version(checkpoint)
+                if self._saved >= self._wanted:
+                    self._caught_up.set()
+            elif _age(checkpoint) > _LAG_S:
+                self._late = time.monotonic()
         if self._waiting:
             with self._landed:
                 self._landed.notify_all()
@@ -528,6 +588,9 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         conf = _conf(config)
         cid = conf.get("checkpoint_id")
         claim_for_loop(self, _thread_id(conf), conf.get("checkpoint_ns") or "")
+        # a loop entering has no saves of its own pending: an earlier invocation's late
+        # saves, drained as it returned, are nothing for it to wait for
+        self._late, self._saved = 0.0, 0
         self._catch_up()
         ck = self.store.get(_thread_id(conf), conf.get("checkpoint_ns") or "", cid)
         if ck is None:
@@ -707,6 +770,8 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         string version (a thread migrated from another saver) continues in
         SqliteSaver's format so versions stay comparable.
         """
+        if self._late:
+            self._wait_for_saves(current)
         if current is None:
             return 1
         try:
@@ -719,6 +784,21 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         except (TypeError, ValueError):
             raise ConfigError(f"not a channel version: {current!r} (an int, or a string in "
                               "SqliteSaver's format)") from None
+
+    def _wait_for_saves(self, current: Any) -> None:
+        """Called by LangGraph's loop as it versions a superstep's writes, after a save
+        landed late: wait (GIL released) until the newest checkpoint the loop made, of
+        version ``current``, is saved, so that the saves keep up with the loop
+        (docs/GUARANTEES.md section 1). At most _WAIT_SAVES_S; a lateness seen more than a
+        second ago (an old checkpoint put again), string versions and an event loop's
+        thread (whose own saves would wait behind it) wait for nothing."""
+        late = self._late
+        if time.monotonic() - late < 1.0 and type(current) is int and not _in_event_loop():
+            self._caught_up.clear()
+            self._wanted = current      # before the look below: a save after it will set
+            if self._saved < current:
+                self._caught_up.wait(_WAIT_SAVES_S)
+        self._late = 0.0
 
     # ---- async -----------------------------------------------------------------------
     #
@@ -741,7 +821,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         if self._policy(_conf(config)) == "sync":
             return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
-        return self.put(config, checkpoint, metadata, new_versions)
+        return self._put(config, checkpoint, metadata, new_versions, False)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
