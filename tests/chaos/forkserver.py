@@ -55,6 +55,10 @@ def run_child(main, argv: list[str], err_path: str) -> None:
         os.close(0)         # the server's commands are not the child's
         main(argv)
         code = 0
+    except SystemExit as e:     # main's own exit (a worker whose parent has gone): no traceback
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()
     finally:
