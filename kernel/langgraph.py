@@ -332,7 +332,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         # a save landed late (its checkpoint older than _LAG_S), else 0.0: the loop's next
         # get_next_version waits until the saves have caught up with it
         self._late = 0.0
-        self._saved = 0                 # the newest version saved while the loop was late
+        self._saved = 0                 # the newest version an `async` save landed
         self._wanted = 0                # the version the waiting loop made last
         self._caught_up = threading.Event()
 
@@ -482,9 +482,9 @@ class DurkvSaver(BaseCheckpointSaver[int]):
                        all_values=all_values)
         # LangGraph's `async` loop goes on while this runs (whatever durkv policy is pinned)
         if threaded and (conf.get(CONFIG_KEY_DURABILITY) or _DEFAULT_MODE) == "async":
-            if self._late:      # the loop waits, or will: how far the saves have come
-                self._saved = _newest_version(checkpoint)
-                if self._saved >= self._wanted:
+            self._saved = saved = _newest_version(checkpoint)     # how far the saves came
+            if self._late:      # the loop waits, or will
+                if saved >= self._wanted:
                     self._caught_up.set()
             elif _age(checkpoint) > _LAG_S:
                 self._late = time.monotonic()

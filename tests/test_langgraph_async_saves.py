@@ -132,6 +132,21 @@ def test_an_old_checkpoint_put_costs_at_most_one_short_wait(tmp_path):
         assert first < 1.0 and second < 0.05, (first, second)
 
 
+def test_a_late_save_of_the_newest_checkpoint_needs_no_wait(tmp_path):
+    """The loop waits for the save of the newest version it made; when the late save is
+    that one (durkv.langgraph.step/tool waited for it), there is nothing to wait for."""
+    with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
+        ck = empty_checkpoint()
+        ck["ts"] = (datetime.now(timezone.utc) - timedelta(seconds=0.5)).isoformat()
+        ck["channel_versions"] = {"n": 7, "messages": 6}
+        saver.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, ck,
+                  {"source": "loop", "step": 6}, {"n": 7})
+        assert saver._late      # it was late
+        t0 = time.monotonic()
+        assert saver.get_next_version(7, None) == 8
+        assert time.monotonic() - t0 < 0.08     # not the 0.1 s wait for a save to come
+
+
 def test_an_event_loop_never_waits_for_saves(tmp_path):
     with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
         _old_put(saver)
