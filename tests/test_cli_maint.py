@@ -419,10 +419,29 @@ def _kill_inside_compaction(d: Path, delay: float) -> bool:
     return landed
 
 
+def _verify_after_kill(d: Path) -> None:
+    """verify is clean after a SIGKILL, but for the one frame the kill may have cut: Linux
+    stops a write(2) of more than a page between pages when SIGKILL arrives, so a frame
+    being written (the index snapshot `compact` writes as it closes: 13 KiB here) can be
+    left torn at the end of the active segment, unacknowledged. verify reports that torn
+    tail; the next writer's open moves it to quarantine/, and then verify is clean."""
+    got = run("verify", "--json", d)
+    if got.exit_code == 0:
+        return
+    report = json.loads(got.stdout)
+    active = [x["segment"] for x in report["segments"] if not x["sealed"]]
+    assert [(x["kind"], [x["segment"]]) for x in report["damage"]] == [("torn_tail", active)], \
+        report
+    with durkv.open(str(d)):
+        pass
+    assert run("verify", "-q", d).exit_code == 0
+
+
 def test_sigkill_during_compact_loses_nothing(tmp_path):
     """`durkv compact` killed at random moments of its compaction (GUARANTEES "Compaction"): every
-    thread reads as before, verify is clean, and a last compaction still removes the
-    deleted thread's bytes."""
+    thread reads as before, verify is clean (or, once the next writer's open has moved a
+    frame the kill cut to quarantine/), and a last compaction still removes the deleted
+    thread's bytes."""
     rnd = random.Random(19)
     d = tmp_path / "agent.durkv"
     fill(d, threads=8, steps=60, marker_thread="t3")
@@ -440,7 +459,7 @@ def test_sigkill_during_compact_loses_nothing(tmp_path):
     for _ in range(40 if SLOW else 8):
         landed += _kill_inside_compaction(d, rnd.uniform(0.0, span))
         assert snapshot(d) == expect
-        assert run("verify", "-q", d).exit_code == 0
+        _verify_after_kill(d)
     assert landed >= 2, f"only {landed} kill(s) landed inside a compaction: nothing proved"
     assert run("compact", "-q", d).exit_code == 0
     assert snapshot(d) == expect
