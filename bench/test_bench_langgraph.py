@@ -32,7 +32,6 @@ would cost. Env: DURKV_BENCH_N (default "500,2000"; quick "100"), DURKV_BENCH_QU
 from __future__ import annotations
 
 import itertools
-import operator
 import os
 import sqlite3
 import threading
@@ -51,7 +50,6 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langchain_core.messages import AIMessage  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.graph.message import add_messages  # noqa: E402
-from langgraph.graph import END, START, StateGraph  # noqa: E402
 from typing_extensions import TypedDict  # noqa: E402
 
 from durkv.cli.benchgraph import NullSaver, agent_graph, cfg  # noqa: E402
@@ -365,11 +363,6 @@ def test_history(benchmark, savers, kind):
 N_LAG = 200 if QUICK else 2000
 
 
-class _LagState(TypedDict):
-    n: int
-    messages: Annotated[list, operator.add]
-
-
 def _rss() -> int:
     """The process's resident bytes now (Linux)."""
     with open("/proc/self/statm") as f:
@@ -398,17 +391,13 @@ def test_async_saves_behind(benchmark, savers, kind):
     behind: list[int] = []
     rss: list[int] = []
 
-    def agent(s):
-        if s["n"] % 100 == 0:
-            behind.append(s["n"] + 1 - saved[0])
+    def make(i):        # the agent loop's message i, looked around first
+        if i % 100 == 0:
+            behind.append(i + 1 - saved[0])
             rss.append(_rss())
-        return {"n": s["n"] + 1, "messages": [message(s["n"])]}
+        return message(i)
 
-    g = StateGraph(_LagState)
-    g.add_node("agent", agent)
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < N_LAG else END)
-    graph = g.compile(checkpointer=saver)
+    graph = agent_graph(N_LAG, make=make).compile(checkpointer=saver)
 
     def once():
         saved[0] = 0

@@ -13,45 +13,31 @@ its checkpoint was made, until the saves have caught up (docs/GUARANTEES.md sect
 from __future__ import annotations
 
 import asyncio
-import operator
 import subprocess
 import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Annotated
-
 import pytest
 
 pytest.importorskip("langgraph.checkpoint.base")
 
 from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
-from langgraph.graph import END, START, StateGraph  # noqa: E402
-from typing_extensions import TypedDict  # noqa: E402
 
-from durkv.cli.benchgraph import cfg  # noqa: E402
+from durkv.cli.benchgraph import agent_graph, cfg  # noqa: E402
 from durkv.cli.benchwork import message  # noqa: E402
 from durkv.langgraph import DurkvSaver  # noqa: E402
 
 N = 2000
 
 
-class State(TypedDict):
-    n: int
-    messages: Annotated[list, operator.add]
-
-
 def loop_graph(n: int, at_step):
-    """The agent loop: one ~1 KiB message a superstep; ``at_step(i)`` runs in the node."""
-    def agent(s):
-        at_step(s["n"])
-        return {"n": s["n"] + 1, "messages": [message(s["n"])]}
+    """The agent loop (one ~1 KiB message a superstep); ``at_step(i)`` runs in the node."""
+    def make(i):
+        at_step(i)
+        return message(i)
 
-    g = StateGraph(State)
-    g.add_node("agent", agent)
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < n else END)
-    return g
+    return agent_graph(n, make=make)
 
 
 def test_the_saves_keep_up_with_an_async_loop(tmp_path):
