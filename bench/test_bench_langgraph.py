@@ -448,8 +448,8 @@ def _spin(seconds: float, releases: int) -> None:
 class _SpinSaver(NullSaver):
     """Stores nothing, but spends ``put_s``/``writes_s`` of CPU in each call: a saver
     exactly as costly as durkv's commits measured alone, giving the GIL up ``releases``
-    times a call (durkv's commit gives it up four times: three calls into the C log and
-    one zstd compress)."""
+    times a call (durkv's commit gives it up to four times: three calls into the C log
+    and a zstd compress)."""
 
     def __init__(self, put_s: float, writes_s: float, releases: int) -> None:
         super().__init__()
