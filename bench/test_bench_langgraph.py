@@ -24,7 +24,7 @@ and NullSaver (stores nothing: LangGraph's own checkpointing cost).
 |                         | dict messages and AIMessages           | <= 2.1x N=2,000                |
 | async-cpu-floor-{N}     | async vs null: a saver spinning as     | reported (why async >= 0.8x    |
 |                         | long as durkv's commits take alone,    | null is missed: issue 20)      |
-|                         | with 0 or 1 GIL release a call; durkv  |                                |
+|                         | with 0 or 1 GIL hand-off a call; durkv |                                |
 
 "Raw appended payload" is the sum of each message's serialized size (the bytes
 LangGraph's serde makes of it), i.e. what storing each message once, as is,
@@ -434,33 +434,34 @@ class _RecordingSaver(NullSaver):
         self.calls.append(("put_writes", (config, writes, task_id, task_path)))
 
 
-def _spin(seconds: float, releases: int) -> None:
-    """Hold the GIL and one CPU for ``seconds`` (a pure-Python loop), giving the GIL up
-    ``releases`` times midway (``time.sleep(0)``: what each C call that drops it does)."""
-    for i in range(releases + 1):
-        end = time.perf_counter() + seconds / (releases + 1)
+def _spin(seconds: float, handoffs: int) -> None:
+    """Hold the GIL and one CPU for ``seconds`` (a pure-Python loop), handing the GIL to
+    a waiting thread ``handoffs`` times midway (``time.sleep(0)`` always lets it run; a
+    short C call that releases the GIL only sometimes does)."""
+    for i in range(handoffs + 1):
+        end = time.perf_counter() + seconds / (handoffs + 1)
         while time.perf_counter() < end:
             pass
-        if i < releases:
+        if i < handoffs:
             time.sleep(0)
 
 
 class _SpinSaver(NullSaver):
     """Stores nothing, but spends ``put_s``/``writes_s`` of CPU in each call: a saver
-    exactly as costly as durkv's commits measured alone, giving the GIL up ``releases``
-    times a call (durkv's commit gives it up to four times: three calls into the C log
-    and a zstd compress)."""
+    exactly as costly as durkv's commits measured alone, handing the GIL over
+    ``handoffs`` times a call (durkv's commit releases it in up to four short C calls:
+    three into the C log and a zstd compress)."""
 
-    def __init__(self, put_s: float, writes_s: float, releases: int) -> None:
+    def __init__(self, put_s: float, writes_s: float, handoffs: int) -> None:
         super().__init__()
-        self.put_s, self.writes_s, self.releases = put_s, writes_s, releases
+        self.put_s, self.writes_s, self.handoffs = put_s, writes_s, handoffs
 
     def put(self, config, checkpoint, metadata, new_versions):
-        _spin(self.put_s, self.releases)
+        _spin(self.put_s, self.handoffs)
         return super().put(config, checkpoint, metadata, new_versions)
 
     def put_writes(self, config, writes, task_id, task_path=""):
-        _spin(self.writes_s, self.releases)
+        _spin(self.writes_s, self.handoffs)
 
 
 def _commit_costs(savers, calls: list, rounds: int) -> tuple[float, float]:
@@ -489,8 +490,8 @@ def test_async_cpu_floor(benchmark, savers, n):
     """Why ``async >= 0.8x null`` is missed, measured. The agent loop under LangGraph's
     ``durability="async"``, in alternating rounds of one run, on: the null saver; a saver
     that stores nothing but spins (GIL held) for as long as DurkvSaver's ``put`` and
-    ``put_writes`` take when replayed alone on one thread; the same spinning saver giving
-    the GIL up once a call; and DurkvSaver. The first spinning saver's ratio is the best
+    ``put_writes`` take when replayed alone on one thread; the same spinning saver handing
+    the GIL over once a call; and DurkvSaver. The first spinning saver's ratio is the best
     any saver of durkv's commit cost reaches here; the second shows what one GIL hand-off
     a call costs when LangGraph's loop runs on while the executor's thread saves."""
     benchmark.group = f"async-cpu-floor-{n}"
@@ -499,7 +500,7 @@ def test_async_cpu_floor(benchmark, savers, n):
         {"n": 0, "messages": []}, cfg("recorded", n), durability="async")
     put_s, writes_s = _commit_costs(savers, recording.calls, 1 if QUICK else 3)
     kinds = {"null": NullSaver(), "spin": _SpinSaver(put_s, writes_s, 0),
-             "spin-1-release": _SpinSaver(put_s, writes_s, 1), "durkv": savers.open("durkv")[0]}
+             "spin-1-handoff": _SpinSaver(put_s, writes_s, 1), "durkv": savers.open("durkv")[0]}
     graphs = {k: agent_graph(n).compile(checkpointer=s) for k, s in kinds.items()}
     times: dict[str, list[float]] = {k: [] for k in graphs}
     rounds = itertools.count()
