@@ -522,6 +522,7 @@ const char *dkv_strerror(int code)
     case DKV_ENOLSN: return "no such lsn";
     case DKV_EFORKED: return "the handle was opened by another process (this one is a fork)";
     case DKV_MOVED: return "the log moved past the caller's view (nothing appended)";
+    case DKV_WOULD_WAIT: return "the call would wait (nothing done)";
     default: return "unknown error";
     }
 }

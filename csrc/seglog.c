@@ -765,6 +765,25 @@ int dkv_write_begin(dkv_log *log)
     return rc;
 }
 
+int dkv_write_begin_try(dkv_log *log)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    pthread_mutex_lock(&log->mu);
+    int rc = dkv__usable(log, 1);
+    if (!rc && log->shared) {
+        /* write_enter's cases that never wait: a nested section, or a free section under
+         * this process's lease (WLOCK kept, nothing to catch up with). Waiting for another
+         * thread's section, for WLOCK or reading other processes' frames is the blocking
+         * call's: the other section's thread may need the caller's GIL to end it. */
+        if (holds_section(log) || (!log->wheld && log->lease))
+            rc = write_enter(log);
+        else
+            rc = DKV_WOULD_WAIT;
+    }
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
 /* End the calling thread's section (mu held). owe_flush: when this is the outermost end,
  * every frame appended so far owes the flusher an fdatasync (an async commit's promise):
  * flush_want is raised before the write, as an async append raises it, so the flusher
@@ -897,6 +916,23 @@ int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len
     uint64_t lsn = 0;
     pthread_mutex_lock(&log->mu);
     int rc = append_locked(log, type, &b, &len, 1, durability, &lsn);
+    pthread_mutex_unlock(&log->mu);
+    return rc ? rc : (int64_t)lsn;
+}
+
+int64_t dkv_append_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                       int durability)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    const uint8_t *b = (const uint8_t *)buf;
+    uint64_t lsn = 0;
+    pthread_mutex_lock(&log->mu);
+    if (durability < 0)
+        durability = log->opt.durability;
+    /* a sync append waits for an fdatasync; one outside a section may wait for another
+     * thread's section: the blocking call's, as dkv_write_begin_try's cases are */
+    int rc = durability == DKV_SYNC || (log->shared && !holds_section(log)) ? DKV_WOULD_WAIT
+             : append_locked(log, type, &b, &len, 1, durability, &lsn);
     pthread_mutex_unlock(&log->mu);
     return rc ? rc : (int64_t)lsn;
 }

@@ -38,6 +38,8 @@
 /* not an error: dkv_append_one's answer when the log is not where the caller expected
  * (nothing appended); negative so that it is never an LSN */
 #define DKV_MOVED -14
+/* not an error: the try calls' answer when they would wait (nothing done) */
+#define DKV_WOULD_WAIT -15
 
 /* durability policies */
 #define DKV_SYNC 0
@@ -150,6 +152,13 @@ int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int
  * immutable byte string without a copy) and the LSN as the result: >= 0 is the frame's
  * LSN, < 0 a DKV_E* code. The hot path of the Python wrapper. */
 int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len, int durability);
+/* dkv_append_lsn when it cannot wait for another thread that may need the caller's GIL:
+ * in this thread's own write section (or on a handle that shares no write lock), under
+ * `exit` or `async`. Otherwise DKV_WOULD_WAIT, nothing appended: call dkv_append_lsn. Its
+ * waits are the log's own threads' (a leader's write, back-pressure, a roll), which never
+ * take a GIL (see dkv_write_begin_try). */
+int64_t dkv_append_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                       int durability);
 /* One frame in a write section of its own: dkv_write_begin, dkv_append_lsn and
  * dkv_write_end in one call, under the same rules as the three (WLOCK taken, other
  * processes' frames caught up with, the frame written under `durability` before the
@@ -203,6 +212,12 @@ uint64_t dkv_start_lsn(dkv_log *log);
  * lock_timeout_ms. dkv_write_end writes every frame appended in the section (no fsync)
  * and releases the lock. */
 int dkv_write_begin(dkv_log *log);
+/* dkv_write_begin when it returns without waiting: a nested section, or the section free
+ * and this process holding WLOCK's lease (no other process appended since its last
+ * section). Otherwise DKV_WOULD_WAIT, nothing held: call dkv_write_begin. For a caller that
+ * keeps a Python thread's GIL through the call (durkv._heldcall): every wait it would
+ * have is on another thread that may need that GIL to go on. */
+int dkv_write_begin_try(dkv_log *log);
 int dkv_write_end(dkv_log *log);
 /* dkv_write_end, and when it ends the outermost section (returns 0) every frame appended
  * so far is written and owes the flusher an fdatasync within flush_interval_ms, as

@@ -27,6 +27,8 @@ from typing import Any, Callable
 from dataclasses import asdict, dataclass, field
 
 from ._seglog import ffi, lib
+from ._heldcall import append as _held_append, begin as _held_begin, bind as _held_bind
+from ._heldcall import end as _held_end, end_async as _held_end_async
 from . import repairnotes
 from .durability import ASYNC, DURABILITIES, EXIT, SYNC
 from .errors import (
@@ -56,6 +58,14 @@ _MOVED = lib.DKV_MOVED
 _append_packed = lib.dkv_append_packed
 # dkv_append_one's address, for a C caller that appends through a handle's `_addr`
 APPEND_ONE_ADDRESS = int(ffi.cast("uintptr_t", ffi.addressof(lib, "dkv_append_one")))
+# A commit's short log calls keep the GIL (csrc/heldcall.c): a cffi call hands it over,
+# and a graph's loop thread waiting for it made each commit cost twice its CPU. A try
+# call that would wait returns _WOULD_WAIT and the cffi call (releasing the GIL) is made.
+# HELD_CALLS False makes every call through cffi (bench/: the two side by side).
+HELD_CALLS = True
+_WOULD_WAIT = lib.DKV_WOULD_WAIT
+_held_bind(*(int(ffi.cast("uintptr_t", ffi.addressof(lib, f))) for f in (
+    "dkv_write_begin_try", "dkv_append_try", "dkv_write_end", "dkv_write_end_async")))
 _read_alloc = lib.dkv_read_alloc
 _free = lib.dkv_free
 
@@ -377,6 +387,13 @@ class SegmentLog:
         store's write lock and the log has caught up with every frame other processes
         appended, so ``next_lsn`` is the LSN the next append gets. Sections nest. Raises
         StoreLockedError (naming the holder's pid) after ``lock_timeout_ms``."""
+        a = self._addr
+        if a is not None and HELD_CALLS:
+            rc = _held_begin(a)
+            if rc == 0:
+                return
+            if rc != _WOULD_WAIT:
+                raise _error(rc, self._h, self.path, "write_begin")
         h = self._h
         if h is None:
             h = self._handle()
@@ -387,10 +404,11 @@ class SegmentLog:
     def write_end(self) -> None:
         """Close the section: its frames are written to the OS (not fsync'd: ``flush`` or
         ``wait_durable`` does that, outside the lock) and the write lock is released."""
-        h = self._h
-        if h is None:
-            h = self._handle()
-        rc = lib.dkv_write_end(h)
+        a = self._addr
+        if a is not None and HELD_CALLS:
+            rc = _held_end(a)
+        else:
+            rc = lib.dkv_write_end(self._handle())
         if rc:
             raise _error(rc, h, self.path, "write_end")
 
@@ -399,12 +417,13 @@ class SegmentLog:
         appended so far is written to the OS and owed an fdatasync by the flusher: what
         :meth:`wait_written` of the last of them would add, in the same call. False: it
         wrote nothing (a nested section): wait for the frames as usual."""
-        h = self._h
-        if h is None:
-            h = self._handle()
-        rc = lib.dkv_write_end_async(h)
+        a = self._addr
+        if a is not None and HELD_CALLS:
+            rc = _held_end_async(a)
+        else:
+            rc = lib.dkv_write_end_async(self._handle())
         if rc < 0:
-            raise _error(rc, h, self.path, "write_end")
+            raise _error(rc, self._h, self.path, "write_end")
         return rc == 0
 
     def exclusive(self, on: bool) -> None:
@@ -426,8 +445,15 @@ class SegmentLog:
         # bytes pass to `const char *` without a copy; the LSN is the return value. In a
         # write section an `exit` frame is only queued in C (no write, no lock): the
         # section's end writes every frame of it in one write(2)
-        r = _append_lsn(h, frame_type, payload, len(payload),
-                        -1 if durability is None else _DURABILITY[durability])
+        pol = -1 if durability is None else _DURABILITY[durability]
+        a = self._addr
+        if a is not None and HELD_CALLS:
+            r = _held_append(a, frame_type, payload, pol)
+            if r >= 0:
+                return r
+            if r != _WOULD_WAIT:
+                raise _error(r, self._h, self.path, "append")
+        r = _append_lsn(h, frame_type, payload, len(payload), pol)
         if r < 0:
             raise _error(r, h, self.path, "append")
         return r
