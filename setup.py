@@ -4,7 +4,8 @@ Metadata lives in pyproject.toml; this file exists for the package-dir mapping,
 ``cffi_modules`` (cffi's setuptools hook) and the small CPython extensions
 ``durkv._listprefix``, ``durkv._journalscan``, ``durkv._recpack``,
 ``durkv._commitframe``, ``durkv._commitpath``, ``durkv._chanenc``, ``durkv._lgcommit``,
-``durkv._msgunpack`` and ``durkv._msgfields``, which pyproject.toml cannot express.
+``durkv._msgunpack``, ``durkv._msgfields``, ``durkv._heldcall`` and ``durkv._zstdheld``,
+which pyproject.toml cannot express.
 """
 
 import sys
@@ -41,6 +42,10 @@ setup(
                            depends=["csrc/asciitext.h", "csrc/plaincopy.h"],
                            extra_compile_args=COMPILE_ARGS),
                  Extension("durkv._msgfields", ["csrc/msgfields.c"],
-                           depends=["csrc/plaincopy.h"], extra_compile_args=COMPILE_ARGS)],
+                           depends=["csrc/plaincopy.h"], extra_compile_args=COMPILE_ARGS),
+                 Extension("durkv._heldcall", ["csrc/heldcall.c"],
+                           extra_compile_args=COMPILE_ARGS),
+                 Extension("durkv._zstdheld", ["csrc/zstdheld.c"], libraries=["dl"],
+                           extra_compile_args=COMPILE_ARGS)],
     zip_safe=False,
 )

@@ -37,6 +37,7 @@ from typing import Callable, NamedTuple
 import msgpack
 import zstandard
 
+from ._zstdheld import Compressor as _HeldCompressor, available as _held_available
 from ._commitframe import encode_commit as _encode_commit
 from .errors import CorruptionError
 
@@ -44,7 +45,7 @@ __all__ = [
     "FULL", "DELTA", "SNAP", "F_ZSTD", "F_VALUE", "F_REFS", "CommitEntry", "encode_commit",
     "encode_record", "decode_commit", "decode_head", "entry_at", "entry_header", "snap_ref_at",
     "snap_refs", "resolve_channel", "pack_ref", "unpack_ref", "Codec", "JREF_MAGIC",
-    "pack_jref", "unpack_jref",
+    "pack_jref", "unpack_jref", "zstd_compressor",
 ]
 
 FULL, DELTA, SNAP = 1, 2, 3
@@ -314,6 +315,31 @@ def _no_resolver(item: bytes) -> bytes:
                           "to read it from", kind="bad_record")
 
 
+# libzstd.so.1 bound by durkv._zstdheld: compress through it (the GIL held) when True
+HELD_ZSTD = _held_available
+
+
+def zstd_compressor(level: int, dict_data: bytes | None = None,
+                    checksum: bool = False) -> Callable[[bytes], bytes]:
+    """``compress(data) -> bytes``: one zstd frame of ``data`` at ``level``, its content
+    size written, a checksum when ``checksum``; with ``dict_data``, compressed against those
+    bytes as a raw-content dictionary and naming no dictionary id. Through the system's
+    libzstd with the GIL held (csrc/zstdheld.c: a release on a commit's thread wakes a
+    graph's loop thread) when it is there, else ``zstandard``; any zstd reader reads
+    either's frames. Not thread-safe: one thread at a time, as a zstandard compressor."""
+    if HELD_ZSTD:
+        return _HeldCompressor(level, dict_data, checksum).compress
+    if dict_data is None:
+        return zstandard.ZstdCompressor(level=level, write_checksum=checksum).compress
+    n = len(dict_data)
+    params = zstandard.ZstdCompressionParameters.from_level(
+        level, source_size=n, dict_size=n, write_checksum=int(checksum), write_dict_id=0,
+        write_content_size=1)
+    d = zstandard.ZstdCompressionDict(dict_data, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    d.precompute_compress(compression_params=params)
+    return zstandard.ZstdCompressor(dict_data=d, compression_params=params).compress
+
+
 class Codec:
     """Per-item compression with a size threshold (see the module docstring).
 
@@ -330,7 +356,7 @@ class Codec:
         self._level = level
         # compress(data) -> bytes: one compressor, for the one thread that holds the store's
         # write lock (the commit path: no thread-local lookup per item)
-        self.compress = zstandard.ZstdCompressor(level=level).compress
+        self.compress = zstd_compressor(level)
         self._local = threading.local()     # pack()/unpack() run on any thread: one each
         # resolve(jref item) -> the bytes it stands for: the store's (Reads.journal_item)
         self.resolve: Callable[[bytes], bytes] = _no_resolver
@@ -340,8 +366,8 @@ class Codec:
         if len(data) >= self.min_bytes or data[:4] in _MAGICS:
             c = getattr(self._local, "c", None)
             if c is None:
-                c = self._local.c = zstandard.ZstdCompressor(level=self._level)
-            return c.compress(data), True
+                c = self._local.c = zstd_compressor(self._level)
+            return c(data), True
         return data, False
 
     def unpack(self, data: bytes) -> bytes:

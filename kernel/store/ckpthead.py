@@ -34,7 +34,7 @@ import msgpack
 import zstandard
 
 from ..errors import CorruptionError, NotFoundError
-from ..payload import decode_head
+from ..payload import decode_head, zstd_compressor
 from .records import K_CKPT, K_COPY_CKPT, CkptDeltaHead, CkptHead, read_head
 
 __all__ = ["CkptHeads", "KEYFRAME_EVERY"]
@@ -67,16 +67,13 @@ class _Keyframe:
         self.rekeyed = rekeyed  # it replaced a keyframe retired for compressing poorly
         self.retire = False     # retired for that: the next put is the next keyframe
 
-    def compressor(self) -> Any:
-        if self.comp is None:
-            n = len(self.hb)
-            params = zstandard.ZstdCompressionParameters.from_level(
-                3, source_size=n, dict_size=n, write_checksum=1, write_dict_id=0,
-                write_content_size=1)
-            d = zstandard.ZstdCompressionDict(self.hb, dict_type=_RAW)
-            d.precompute_compress(compression_params=params)
-            self.comp = zstandard.ZstdCompressor(dict_data=d, compression_params=params)
-        return self.comp
+    def compress(self, tail: bytes) -> bytes:
+        """``tail`` as a zstd frame against the keyframe's head (a raw-content dictionary,
+        no dictionary id, checksummed: FORMAT.md 5); the compressor is made once."""
+        comp = self.comp
+        if comp is None:
+            comp = self.comp = zstd_compressor(3, self.hb, checksum=True)
+        return comp(tail)
 
 
 class CkptHeads:
@@ -115,7 +112,7 @@ class CkptHeads:
                     misses, skip = kf.misses, kf.skip - 1
                 else:
                     tail = packb(head[4:])     # a tuple or list: a msgpack array
-                    z = kf.compressor().compress(tail)
+                    z = kf.compress(tail)
                     if len(z) <= KEEP * len(tail):       # it saves at least a quarter
                         out = packb((head[0], head[1], head[2], head[3], kf.lsn, z))
                         # over POOR of the full head: a keyframe unlike the heads that
