@@ -394,9 +394,9 @@ def test_the_writer_keyframes_every_64_deltas_and_backs_off_on_ciphertext(monkey
     assert all(kinds[1:KEYFRAME_EVERY + 1])
     # ciphertext: no delta saves a quarter; attempts back off (not one per put)
     tries = []
-    real = ckpthead._Keyframe.compressor
-    monkeypatch.setattr(ckpthead._Keyframe, "compressor",
-                        lambda self: tries.append(1) or real(self))
+    real = ckpthead._Keyframe.compress
+    monkeypatch.setattr(ckpthead._Keyframe, "compress",
+                        lambda self, tail: tries.append(1) or real(self, tail))
     heads = ckpthead.CkptHeads()
     for i in range(300):
         hb = heads.pack(_head(i, os.urandom(1000)))

@@ -14,8 +14,8 @@ each import of a durkv module is checked against three rules:
 2. **No private name crosses a module line:** no ``from durkv.x import _name``.
    The compiled modules ``durkv._seglog``, ``durkv._listprefix``,
    ``durkv._journalscan``, ``durkv._recpack``, ``durkv._commitframe``,
-   ``durkv._msgunpack``, ``durkv._chanenc``, ``durkv._commitpath``, ``durkv._lgcommit``
-   and ``durkv._msgfields`` are imported by
+   ``durkv._msgunpack``, ``durkv._chanenc``, ``durkv._commitpath``, ``durkv._lgcommit``,
+   ``durkv._msgfields``, ``durkv._heldcall`` and ``durkv._zstdheld`` are imported by
    the one module that wraps each (:data:`WRAPPERS`).
 3. **Every module has a rank:** a new module (``kernel/runtime/``, ``backends/s3/``)
    fails this test until it is placed in :data:`RANKS`, in the layer it belongs to.
@@ -44,6 +44,8 @@ RANKS = {
     # log: the C segment log and the commit-payload format it frames
     "durkv._seglog": 10,            # compiled (cffi)
     "durkv._commitframe": 10.5,     # compiled (CPython extension): COMMIT payload layout
+    "durkv._zstdheld": 10.5,        # compiled (CPython extension): zstd, the GIL held
+    "durkv._heldcall": 10.5,        # compiled (CPython extension): log calls, the GIL held
     "durkv.payload": 11,            # commit-payload codec, shared by the log and the store
     "durkv.repairnotes": 11.5,      # repairs/<id>.json: a cut's durable witness (FORMAT 6a)
     "durkv.log": 12,
@@ -146,7 +148,8 @@ WRAPPERS = {"durkv._seglog": "durkv.log", "durkv._listprefix": "durkv.store.delt
             "durkv._recpack": "durkv.store.writer", "durkv._commitframe": "durkv.payload",
             "durkv._msgunpack": "durkv.langgraph_serde", "durkv._chanenc": "durkv.store.delta",
             "durkv._commitpath": "durkv.store.writer", "durkv._lgcommit": "durkv.langgraph_serde",
-            "durkv._msgfields": "durkv.langgraph_messages"}
+            "durkv._msgfields": "durkv.langgraph_messages", "durkv._heldcall": "durkv.log",
+            "durkv._zstdheld": "durkv.payload"}
 
 # Known violations: (importer, imported module, name) triples allowed one by one, each
 # with the reason it must stay. The store restructuring (issue 8 item 1) removed the last
@@ -399,7 +402,7 @@ LAYER_OF = (  # module prefix -> layer (first match); README names the layers to
     ("durkv._journalscan", "runtime"), ("durkv._recpack", "store"), ("durkv._commitframe", "log"),
     ("durkv._msgunpack", "langgraph"), ("durkv.durability", "errors"), ("durkv.fsync", "errors"),
     ("durkv._chanenc", "store"), ("durkv._commitpath", "store"), ("durkv._lgcommit", "langgraph"),
-    ("durkv._msgfields", "langgraph"),
+    ("durkv._msgfields", "langgraph"), ("durkv._heldcall", "log"), ("durkv._zstdheld", "log"),
 )
 
 
