@@ -28,7 +28,9 @@ import durkv.backends.local  # noqa: F401 - imported once in the fork server: a 
 from durkv.langgraph import DurkvSaver, step, tool
 
 THREAD = "lg-agent"
-STEPS = 300
+# enough for the default run's 50 kills: a kill lets ~6-7 supersteps through (the graph
+# finished after 43-46 kills of 300 once commits kept the GIL)
+STEPS = 500
 
 
 class State(TypedDict):
