@@ -59,6 +59,8 @@ from durkv.cli.benchgraph import NullSaver, agent_graph, cfg  # noqa: E402
 from durkv.cli.benchwork import message  # noqa: E402
 from durkv.langgraph import DurkvSaver  # noqa: E402
 from durkv.payload import decode_head  # noqa: E402
+import durkv.log  # noqa: E402
+import durkv.payload  # noqa: E402
 
 N_LIST = [int(x) for x in os.environ.get("DURKV_BENCH_N", "100" if QUICK else "500,2000").split(",")]
 N_MAX = max(N_LIST)
@@ -485,6 +487,16 @@ def _commit_costs(savers, calls: list, rounds: int) -> tuple[float, float]:
     return tuple(sorted(v)[len(v) // 2] for v in per.values())     # type: ignore[return-value]
 
 
+def _held(on: bool) -> None:
+    """Make the commit path's log calls and compresses keep the GIL (durkv's default) or
+    hand it over as cffi's calls and zstandard's compress do (``durkv-cffi``)."""
+    durkv.log.HELD_CALLS = on
+    durkv.payload.HELD_ZSTD = on and HELD_ZSTD
+
+
+HELD_ZSTD = durkv.payload.HELD_ZSTD     # libzstd.so.1 was found
+
+
 @pytest.mark.parametrize("n", N_LIST[:1])
 def test_async_cpu_floor(benchmark, savers, n):
     """Why ``async >= 0.8x null`` is missed, measured. The agent loop under LangGraph's
@@ -493,14 +505,20 @@ def test_async_cpu_floor(benchmark, savers, n):
     ``put_writes`` take when replayed alone on one thread; the same spinning saver handing
     the GIL over once a call; and DurkvSaver. The first spinning saver's ratio is the best
     any saver of durkv's commit cost reaches here; the second shows what one GIL hand-off
-    a call costs when LangGraph's loop runs on while the executor's thread saves."""
+    a call costs when LangGraph's loop runs on while the executor's thread saves.
+    ``durkv-cffi`` is DurkvSaver with its commit's GIL releases back (the log's calls
+    through cffi, compresses through zstandard): what the GIL-held path gained."""
     benchmark.group = f"async-cpu-floor-{n}"
     recording = _RecordingSaver()
     agent_graph(n).compile(checkpointer=recording).invoke(
         {"n": 0, "messages": []}, cfg("recorded", n), durability="async")
     put_s, writes_s = _commit_costs(savers, recording.calls, 1 if QUICK else 3)
+    _held(False)                # the store's Codec takes its compressor at open
+    cffi_saver = savers.open("durkv")[0]
+    _held(True)
     kinds = {"null": NullSaver(), "spin": _SpinSaver(put_s, writes_s, 0),
-             "spin-1-handoff": _SpinSaver(put_s, writes_s, 1), "durkv": savers.open("durkv")[0]}
+             "spin-1-handoff": _SpinSaver(put_s, writes_s, 1), "durkv": savers.open("durkv")[0],
+             "durkv-cffi": cffi_saver}
     graphs = {k: agent_graph(n).compile(checkpointer=s) for k, s in kinds.items()}
     times: dict[str, list[float]] = {k: [] for k in graphs}
     rounds = itertools.count()
@@ -508,10 +526,14 @@ def test_async_cpu_floor(benchmark, savers, n):
     def one_round():
         r = next(rounds)
         for kind in (list(graphs) if r % 2 == 0 else list(graphs)[::-1]):
-            t0 = time.perf_counter()
-            graphs[kind].invoke({"n": 0, "messages": []}, cfg(f"floor-{r}", n),
-                                durability="async")
-            times[kind].append(time.perf_counter() - t0)
+            _held(kind != "durkv-cffi")
+            try:
+                t0 = time.perf_counter()
+                graphs[kind].invoke({"n": 0, "messages": []}, cfg(f"floor-{r}", n),
+                                    durability="async")
+                times[kind].append(time.perf_counter() - t0)
+            finally:
+                _held(True)
 
     benchmark.pedantic(one_round, rounds=1 if QUICK else 7, iterations=1)
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
