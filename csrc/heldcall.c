@@ -1,34 +1,36 @@
 /* durkv._heldcall: the segment log's short calls of a commit, made with the GIL held.
  *
- * bind(begin_try, append_try, end, end_async): the addresses of dkv_write_begin_try,
- * dkv_append_try, dkv_write_end and dkv_write_end_async in durkv._seglog (durkv.log
- * binds them at import). Then, each a C call that keeps the caller's GIL:
+ * bind(begin_try, append_try, end_try): the addresses of dkv_write_begin_try,
+ * dkv_append_try and dkv_write_end_try in durkv._seglog (durkv.log binds them at import).
+ * Then, each a C call that keeps the caller's GIL:
  *
  *   begin(addr) -> rc                       dkv_write_begin_try(log)
  *   append(addr, type, payload, dur) -> r   dkv_append_try(log, type, payload, dur)
- *   end(addr) -> rc                         dkv_write_end(log)
- *   end_async(addr) -> rc                   dkv_write_end_async(log)
+ *   end(addr) -> rc                         dkv_write_end_try(log, 0)
+ *   end_async(addr) -> rc                   dkv_write_end_try(log, 1)
  *
  * ``addr`` is a SegmentLog's ``_addr`` (its dkv_log *); ``payload`` bytes. The results are
- * the C functions' own; DKV_WOULD_WAIT from the two try calls means "would wait": the caller
- * makes durkv._seglog's blocking call, which releases the GIL (durkv.log).
+ * the C functions' own; DKV_WOULD_WAIT means "would wait, or move 64 KiB or more": the
+ * caller makes durkv._seglog's blocking call, which releases the GIL (durkv.log).
  *
  * Why: a cffi call releases the GIL around every C call. A LangGraph graph's loop thread
  * waits for that GIL while a saver commits on another thread; each release wakes it, and
  * a commit of four releases cost about twice its CPU inside a graph (docs/BENCHMARKS.md,
  * "Issue 20: the GIL-held commit path"). Holding the GIL is safe only where the call never
  * waits for a thread that may need it: the try calls refuse those waits (another thread's
- * section, WLOCK, a catch-up, an fdatasync), and the section's end waits only for the
+ * section, WLOCK, a catch-up, an fdatasync, a long write), and what they wait for is the
  * log's own threads, which never take a GIL (csrc/seglog.h).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 
-typedef int (*log_fn)(void *);
+typedef int (*begin_fn)(void *);
+typedef int (*end_fn)(void *, int);
 typedef int64_t (*append_fn)(void *, uint8_t, const char *, uint32_t, int);
 
-static log_fn begin_try, end_sync, end_async;
+static begin_fn begin_try;
+static end_fn end_try;
 static append_fn append_try;
 
 static void *address(PyObject *o)
@@ -46,23 +48,22 @@ static void *address(PyObject *o)
 static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    if (n != 4) {
-        PyErr_SetString(PyExc_TypeError, "bind(begin_try, append_try, end, end_async)");
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "bind(begin_try, append_try, end_try)");
         return NULL;
     }
-    void *f[4];
-    for (int i = 0; i < 4; i++)
+    void *f[3];
+    for (int i = 0; i < 3; i++)
         if ((f[i] = address(args[i])) == NULL)
             return NULL;
-    begin_try = (log_fn)(uintptr_t)f[0];
+    begin_try = (begin_fn)(uintptr_t)f[0];
     append_try = (append_fn)(uintptr_t)f[1];
-    end_sync = (log_fn)(uintptr_t)f[2];
-    end_async = (log_fn)(uintptr_t)f[3];
+    end_try = (end_fn)(uintptr_t)f[2];
     Py_RETURN_NONE;
 }
 
-/* one log call on `addr` (args[0]) with the GIL held */
-static PyObject *call_log(log_fn fn, PyObject *const *args, Py_ssize_t n, const char *name)
+/* the log handle of a one-argument call (args[0]), or NULL with an exception */
+static void *log_arg(const void *fn, PyObject *const *args, Py_ssize_t n, const char *name)
 {
     if (n != 1) {
         PyErr_Format(PyExc_TypeError, "%s(addr) takes one argument", name);
@@ -72,28 +73,28 @@ static PyObject *call_log(log_fn fn, PyObject *const *args, Py_ssize_t n, const 
         PyErr_SetString(PyExc_RuntimeError, "durkv._heldcall is not bound (durkv.log binds it)");
         return NULL;
     }
-    void *log = address(args[0]);
-    if (log == NULL)
-        return NULL;
-    return PyLong_FromLong(fn(log));
+    return address(args[0]);
 }
 
 static PyObject *begin(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    return call_log(begin_try, args, n, "begin");
+    void *log = log_arg((const void *)begin_try, args, n, "begin");
+    return log ? PyLong_FromLong(begin_try(log)) : NULL;
 }
 
 static PyObject *end(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    return call_log(end_sync, args, n, "end");
+    void *log = log_arg((const void *)end_try, args, n, "end");
+    return log ? PyLong_FromLong(end_try(log, 0)) : NULL;
 }
 
-static PyObject *end_async_(PyObject *self, PyObject *const *args, Py_ssize_t n)
+static PyObject *end_async(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    return call_log(end_async, args, n, "end_async");
+    void *log = log_arg((const void *)end_try, args, n, "end_async");
+    return log ? PyLong_FromLong(end_try(log, 1)) : NULL;
 }
 
 static PyObject *append(PyObject *self, PyObject *const *args, Py_ssize_t n)
@@ -132,15 +133,15 @@ static PyObject *append(PyObject *self, PyObject *const *args, Py_ssize_t n)
 
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
-     "bind(begin_try, append_try, end, end_async): the log functions' addresses."},
+     "bind(begin_try, append_try, end_try): the log functions' addresses."},
     {"begin", (PyCFunction)(void (*)(void))begin, METH_FASTCALL,
      "begin(addr) -> dkv_write_begin_try's result, the GIL held."},
     {"append", (PyCFunction)(void (*)(void))append, METH_FASTCALL,
      "append(addr, type, payload, durability) -> dkv_append_try's result, the GIL held."},
     {"end", (PyCFunction)(void (*)(void))end, METH_FASTCALL,
-     "end(addr) -> dkv_write_end's result, the GIL held."},
-    {"end_async", (PyCFunction)(void (*)(void))end_async_, METH_FASTCALL,
-     "end_async(addr) -> dkv_write_end_async's result, the GIL held."},
+     "end(addr) -> dkv_write_end_try(log, 0)'s result, the GIL held."},
+    {"end_async", (PyCFunction)(void (*)(void))end_async, METH_FASTCALL,
+     "end_async(addr) -> dkv_write_end_try(log, 1)'s result, the GIL held."},
     {NULL, NULL, 0, NULL},
 };
 

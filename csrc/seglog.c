@@ -22,6 +22,9 @@
 #include "log_int.h"
 
 #define GROUP_CAP (1u << 20)        /* appenders wait while a leader runs and this much is queued */
+/* the try calls (dkv_*_try) refuse to move this much or more with the caller's GIL held:
+ * a write that long is worth handing the GIL over */
+#define TRY_MAX_BYTES (64u << 10)
 #define EXIT_SPILL (4u << 20)       /* exit policy writes (no fsync) past this much buffered, */
 #define EXIT_HARD (32u << 20)       /* in the background (flusher thread) up to this much */
 
@@ -821,6 +824,15 @@ static int write_end_call(dkv_log *log, int owe_flush)
 int dkv_write_end(dkv_log *log) { return write_end_call(log, 0); }
 int dkv_write_end_async(dkv_log *log) { return write_end_call(log, 1); }
 
+int dkv_write_end_try(dkv_log *log, int owe_flush)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    pthread_mutex_lock(&log->mu);
+    int rc = log->pend_len >= TRY_MAX_BYTES ? DKV_WOULD_WAIT : write_end_locked(log, owe_flush);
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
 static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
                          const uint32_t *lens, uint32_t n, int durability, uint64_t *first)
 {
@@ -931,7 +943,8 @@ int64_t dkv_append_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len
         durability = log->opt.durability;
     /* a sync append waits for an fdatasync; one outside a section may wait for another
      * thread's section: the blocking call's, as dkv_write_begin_try's cases are */
-    int rc = durability == DKV_SYNC || (log->shared && !holds_section(log)) ? DKV_WOULD_WAIT
+    int rc = durability == DKV_SYNC || (log->shared && !holds_section(log))
+             || len >= TRY_MAX_BYTES || log->pend_len >= TRY_MAX_BYTES ? DKV_WOULD_WAIT
              : append_locked(log, type, &b, &len, 1, durability, &lsn);
     pthread_mutex_unlock(&log->mu);
     return rc ? rc : (int64_t)lsn;

@@ -154,9 +154,10 @@ int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int
 int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len, int durability);
 /* dkv_append_lsn when it cannot wait for another thread that may need the caller's GIL:
  * in this thread's own write section (or on a handle that shares no write lock), under
- * `exit` or `async`. Otherwise DKV_WOULD_WAIT, nothing appended: call dkv_append_lsn. Its
- * waits are the log's own threads' (a leader's write, back-pressure, a roll), which never
- * take a GIL (see dkv_write_begin_try). */
+ * `exit` or `async`, a frame under 64 KiB while under 64 KiB waits to be written.
+ * Otherwise DKV_WOULD_WAIT, nothing appended: call dkv_append_lsn. Its waits are the
+ * log's own threads' (a leader's write, back-pressure, a roll), which never take a GIL
+ * (see dkv_write_begin_try). */
 int64_t dkv_append_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
                        int durability);
 /* One frame in a write section of its own: dkv_write_begin, dkv_append_lsn and
@@ -225,6 +226,10 @@ int dkv_write_end(dkv_log *log);
  * (from Python, one GIL hand-off instead of two). Returns 1 when it wrote nothing (a
  * nested section, or a handle that shares no write lock): wait for the frames as usual. */
 int dkv_write_end_async(dkv_log *log);
+/* dkv_write_end (owe_flush 0) or dkv_write_end_async (1) when under 64 KiB waits to be
+ * written; otherwise DKV_WOULD_WAIT, the section still held: call the blocking one. Its
+ * waits are the log's own threads' (see dkv_append_try). */
+int dkv_write_end_try(dkv_log *log, int owe_flush);
 /* Several writers: the store's shared watermark (WSHM, FORMAT.md §12): frames below
  * *durable were fdatasync'd by some process; *publishes counts the fdatasyncs (and
  * failures) published so far. DKV_EINVAL on a handle that shares none (read-only). A

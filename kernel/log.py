@@ -59,13 +59,13 @@ _append_packed = lib.dkv_append_packed
 # dkv_append_one's address, for a C caller that appends through a handle's `_addr`
 APPEND_ONE_ADDRESS = int(ffi.cast("uintptr_t", ffi.addressof(lib, "dkv_append_one")))
 # A commit's short log calls keep the GIL (csrc/heldcall.c): a cffi call hands it over,
-# and a graph's loop thread waiting for it made each commit cost twice its CPU. A try
-# call that would wait returns _WOULD_WAIT and the cffi call (releasing the GIL) is made.
+# and a graph's loop thread waits for it. A try call that would wait (or write 64 KiB or
+# more) returns _WOULD_WAIT and the cffi call (releasing the GIL) is made.
 # HELD_CALLS False makes every call through cffi (bench/: the two side by side).
 HELD_CALLS = True
 _WOULD_WAIT = lib.DKV_WOULD_WAIT
 _held_bind(*(int(ffi.cast("uintptr_t", ffi.addressof(lib, f))) for f in (
-    "dkv_write_begin_try", "dkv_append_try", "dkv_write_end", "dkv_write_end_async")))
+    "dkv_write_begin_try", "dkv_append_try", "dkv_write_end_try")))
 _read_alloc = lib.dkv_read_alloc
 _free = lib.dkv_free
 
@@ -405,9 +405,8 @@ class SegmentLog:
         """Close the section: its frames are written to the OS (not fsync'd: ``flush`` or
         ``wait_durable`` does that, outside the lock) and the write lock is released."""
         a = self._addr
-        if a is not None and HELD_CALLS:
-            rc = _held_end(a)
-        else:
+        rc = _held_end(a) if a is not None and HELD_CALLS else _WOULD_WAIT
+        if rc == _WOULD_WAIT:
             rc = lib.dkv_write_end(self._handle())
         if rc:
             raise _error(rc, h, self.path, "write_end")
@@ -418,9 +417,8 @@ class SegmentLog:
         :meth:`wait_written` of the last of them would add, in the same call. False: it
         wrote nothing (a nested section): wait for the frames as usual."""
         a = self._addr
-        if a is not None and HELD_CALLS:
-            rc = _held_end_async(a)
-        else:
+        rc = _held_end_async(a) if a is not None and HELD_CALLS else _WOULD_WAIT
+        if rc == _WOULD_WAIT:
             rc = lib.dkv_write_end_async(self._handle())
         if rc < 0:
             raise _error(rc, self._h, self.path, "write_end")

@@ -93,6 +93,24 @@ def test_append_try_refuses_sync_and_appends_outside_a_section(tmp_path):
         assert [p for _, p in log.scan()] == [b"x", b"y", b"z"]
 
 
+def test_try_calls_refuse_to_move_64_kib_with_the_gil_held(tmp_path):
+    big = b"b" * (64 << 10)
+    with SegmentLog.open(str(tmp_path / "log"), durability="async") as log:
+        log.append(b"x")
+        log.write_begin()
+        assert _heldcall.append(log._addr, L.FRAME_DATA, big, EXIT) == WOULD_WAIT
+        assert log.append(big, durability="exit") == 1        # through cffi
+        for i in range(2, 5):     # small frames, but 64 KiB already waits to be written
+            assert _heldcall.append(log._addr, L.FRAME_DATA, b"s", EXIT) == WOULD_WAIT
+            assert log.append(b"s", durability="exit") == i
+        assert _heldcall.end_async(log._addr) == WOULD_WAIT   # the section is still held
+        assert _heldcall.begin(log._addr) == 0                # (nested: it is this thread's)
+        assert _heldcall.end(log._addr) == WOULD_WAIT
+        log.write_end()                                       # the nested one, blocking
+        assert log.write_end_async() is True                  # the outermost: written
+        assert log.read(1) == big and log.read(4) == b"s"
+
+
 def test_begin_try_refuses_when_another_handle_holds_wlock(tmp_path):
     path = str(tmp_path / "log")
     with SegmentLog.open(path, durability="async") as a, SegmentLog.open(path) as b:
