@@ -26,7 +26,7 @@ setup(
     ext_modules=[Extension("durkv._listprefix", ["csrc/listprefix.c"],
                            depends=["csrc/plaincopy.h"], extra_compile_args=COMPILE_ARGS),
                  Extension("durkv._journalscan", ["csrc/journalscan.c"],
-                           depends=["csrc/asciitext.h", "csrc/prefault.h"],
+                           depends=["csrc/asciitext.h", "csrc/prefault.h", "csrc/seglog.h"],
                            extra_compile_args=COMPILE_ARGS),
                  Extension("durkv._recpack", ["csrc/recpack.c"],
                            extra_compile_args=COMPILE_ARGS),

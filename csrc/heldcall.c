@@ -1,13 +1,15 @@
 /* durkv._heldcall: the segment log's short calls of a commit, made with the GIL held.
  *
- * bind(begin_try, append_try, end_try): the addresses of dkv_write_begin_try,
- * dkv_append_try and dkv_write_end_try in durkv._seglog (durkv.log binds them at import).
- * Then, each a C call that keeps the caller's GIL:
+ * bind(begin_try, append_try, end_try, one_try): the addresses of dkv_write_begin_try,
+ * dkv_append_try, dkv_write_end_try and dkv_append_one_try in durkv._seglog (durkv.log
+ * binds them at import). Then, each a C call that keeps the caller's GIL:
  *
  *   begin(addr) -> rc                       dkv_write_begin_try(log)
  *   append(addr, type, payload, dur) -> r   dkv_append_try(log, type, payload, dur)
  *   end(addr) -> rc                         dkv_write_end_try(log, 0)
  *   end_async(addr) -> rc                   dkv_write_end_try(log, 1)
+ *   append_one(addr, type, payload, dur, expect) -> r
+ *                                           dkv_append_one_try(log, ..., expect)
  *
  * ``addr`` is a SegmentLog's ``_addr`` (its dkv_log *); ``payload`` bytes. The results are
  * the C functions' own; DKV_WOULD_WAIT means "would wait, or move 64 KiB or more": the
@@ -28,10 +30,12 @@
 typedef int (*begin_fn)(void *);
 typedef int (*end_fn)(void *, int);
 typedef int64_t (*append_fn)(void *, uint8_t, const char *, uint32_t, int);
+typedef int64_t (*append_one_fn)(void *, uint8_t, const char *, uint32_t, int, uint64_t);
 
 static begin_fn begin_try;
 static end_fn end_try;
 static append_fn append_try;
+static append_one_fn append_one_try;
 
 static void *address(PyObject *o)
 {
@@ -48,17 +52,18 @@ static void *address(PyObject *o)
 static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    if (n != 3) {
-        PyErr_SetString(PyExc_TypeError, "bind(begin_try, append_try, end_try)");
+    if (n != 4) {
+        PyErr_SetString(PyExc_TypeError, "bind(begin_try, append_try, end_try, one_try)");
         return NULL;
     }
-    void *f[3];
-    for (int i = 0; i < 3; i++)
+    void *f[4];
+    for (int i = 0; i < 4; i++)
         if ((f[i] = address(args[i])) == NULL)
             return NULL;
     begin_try = (begin_fn)(uintptr_t)f[0];
     append_try = (append_fn)(uintptr_t)f[1];
     end_try = (end_fn)(uintptr_t)f[2];
+    append_one_try = (append_one_fn)(uintptr_t)f[3];
     Py_RETURN_NONE;
 }
 
@@ -97,6 +102,31 @@ static PyObject *end_async(PyObject *self, PyObject *const *args, Py_ssize_t n)
     return log ? PyLong_FromLong(end_try(log, 1)) : NULL;
 }
 
+/* the frame arguments of append/append_one (args[0..3]): 0, or -1 with an exception */
+static int frame_args(PyObject *const *args, void **log, uint8_t *type, int *dur)
+{
+    if ((*log = address(args[0])) == NULL)
+        return -1;
+    long t = PyLong_AsLong(args[1]);
+    if (t == -1 && PyErr_Occurred())
+        return -1;
+    if (!PyBytes_CheckExact(args[2])) {
+        PyErr_Format(PyExc_TypeError, "payload must be bytes, not %.80s",
+                     Py_TYPE(args[2])->tp_name);
+        return -1;
+    }
+    long d = PyLong_AsLong(args[3]);
+    if (d == -1 && PyErr_Occurred())
+        return -1;
+    if (t < 0 || t > 255 || d < -1 || d > 2 || (uint64_t)PyBytes_GET_SIZE(args[2]) > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "append: frame type, durability or length out of range");
+        return -1;
+    }
+    *type = (uint8_t)t;
+    *dur = (int)d;
+    return 0;
+}
+
 static PyObject *append(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
@@ -108,36 +138,48 @@ static PyObject *append(PyObject *self, PyObject *const *args, Py_ssize_t n)
         PyErr_SetString(PyExc_RuntimeError, "durkv._heldcall is not bound (durkv.log binds it)");
         return NULL;
     }
-    void *log = address(args[0]);
-    if (log == NULL)
+    void *log;
+    uint8_t type;
+    int dur;
+    if (frame_args(args, &log, &type, &dur))
         return NULL;
-    long type = PyLong_AsLong(args[1]);
-    if (type == -1 && PyErr_Occurred())
-        return NULL;
-    if (!PyBytes_CheckExact(args[2])) {
-        PyErr_Format(PyExc_TypeError, "payload must be bytes, not %.80s",
-                     Py_TYPE(args[2])->tp_name);
-        return NULL;
-    }
-    long dur = PyLong_AsLong(args[3]);
-    if (dur == -1 && PyErr_Occurred())
-        return NULL;
-    Py_ssize_t len = PyBytes_GET_SIZE(args[2]);
-    if (type < 0 || type > 255 || dur < -1 || dur > 2 || (uint64_t)len > UINT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "append: frame type, durability or length out of range");
+    return PyLong_FromLongLong(append_try(log, type, PyBytes_AS_STRING(args[2]),
+                                          (uint32_t)PyBytes_GET_SIZE(args[2]), dur));
+}
+
+static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    (void)self;
+    if (n != 5) {
+        PyErr_SetString(PyExc_TypeError, "append_one(addr, type, payload, durability, expect)");
         return NULL;
     }
-    return PyLong_FromLongLong(append_try(log, (uint8_t)type, PyBytes_AS_STRING(args[2]),
-                                          (uint32_t)len, (int)dur));
+    if (append_one_try == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "durkv._heldcall is not bound (durkv.log binds it)");
+        return NULL;
+    }
+    void *log;
+    uint8_t type;
+    int dur;
+    if (frame_args(args, &log, &type, &dur))
+        return NULL;
+    unsigned long long expect = PyLong_AsUnsignedLongLong(args[4]);
+    if (expect == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLongLong(append_one_try(log, type, PyBytes_AS_STRING(args[2]),
+                                              (uint32_t)PyBytes_GET_SIZE(args[2]), dur,
+                                              (uint64_t)expect));
 }
 
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
-     "bind(begin_try, append_try, end_try): the log functions' addresses."},
+     "bind(begin_try, append_try, end_try, one_try): the log functions' addresses."},
     {"begin", (PyCFunction)(void (*)(void))begin, METH_FASTCALL,
      "begin(addr) -> dkv_write_begin_try's result, the GIL held."},
     {"append", (PyCFunction)(void (*)(void))append, METH_FASTCALL,
      "append(addr, type, payload, durability) -> dkv_append_try's result, the GIL held."},
+    {"append_one", (PyCFunction)(void (*)(void))append_one, METH_FASTCALL,
+     "append_one(addr, type, payload, durability, expect) -> dkv_append_one_try's result."},
     {"end", (PyCFunction)(void (*)(void))end, METH_FASTCALL,
      "end(addr) -> dkv_write_end_try(log, 0)'s result, the GIL held."},
     {"end_async", (PyCFunction)(void (*)(void))end_async, METH_FASTCALL,

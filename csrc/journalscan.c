@@ -56,6 +56,7 @@
 
 #include "asciitext.h"
 #include "prefault.h"
+#include "seglog.h"           /* DKV_WOULD_WAIT */
 
 #define MAX_DEPTH 512
 
@@ -1474,8 +1475,8 @@ static int encode_inputs(StepEntry *se, PyObject *values, PyObject *inl, PyObjec
  * record), no write section open in this process, the store open, compact step ids on (the
  * active segment's flag), no journal results remembered, no index snapshot due, the record
  * packed by csrc/recpack.c within max_commit_bytes -- and does what it does: under the
- * store's lock, dkv_append_one through the log's handle (the GIL handed over, as cffi
- * does) at the index's next LSN, then the index's scan_pos, the run's LSN list and the
+ * store's lock, dkv_append_one through the log's handle at the index's next LSN (the GIL
+ * kept when dkv_append_one_try can, else handed over, as cffi does), then the index's scan_pos, the run's LSN list and the
  * appender's next LSN. Anything else -- or a log that answers other than with an LSN
  * (another process appended: DKV_MOVED; any error) -- takes nothing and appends nothing:
  * the Python methods run as before (and raise the typed error). Nor does it run when
@@ -1484,7 +1485,9 @@ static int encode_inputs(StepEntry *se, PyObject *values, PyObject *inl, PyObjec
 
 typedef int64_t (*append_one_fn)(void *log, uint8_t type, const char *buf, uint32_t len,
                                  int durability, uint64_t expect);
-static append_one_fn append_one;       /* bound from durkv.log (bind_append) */
+/* bound from durkv.log (bind_append): dkv_append_one, and dkv_append_one_try, called first
+ * with the GIL held (csrc/heldcall.c says why); only its refusal hands the GIL over */
+static append_one_fn append_one, append_one_try;
 
 enum { F_FAST, F_WDEPTH, F_CLOSED, F_STEP_IDS, F_RESULTS, F_ON,
        F_EVERY, F_INDEX_LSN, F_SCAN_POS, F_MAX, F_ADDR, F_NEXT, F_IX, F_ADD, F_E, F_KEYS,
@@ -1623,11 +1626,14 @@ static PyObject *fast_append_locked(PyObject *store, PyObject *fast, PyObject *r
         return Py_DECREF(payload), Py_NewRef(Py_None);   /* the Python path's case */
     const char *buf = PyBytes_AS_STRING(payload);
     uint32_t len = (uint32_t)PyBytes_GET_SIZE(payload);
-    int64_t lsn;
-    Py_BEGIN_ALLOW_THREADS
-    lsn = append_one((void *)(uintptr_t)addr, (uint8_t)type, buf, len, (int)policy,
-                     (uint64_t)pos);
-    Py_END_ALLOW_THREADS
+    int64_t lsn = append_one_try((void *)(uintptr_t)addr, (uint8_t)type, buf, len, (int)policy,
+                                 (uint64_t)pos);
+    if (lsn == DKV_WOULD_WAIT) {
+        Py_BEGIN_ALLOW_THREADS
+        lsn = append_one((void *)(uintptr_t)addr, (uint8_t)type, buf, len, (int)policy,
+                         (uint64_t)pos);
+        Py_END_ALLOW_THREADS
+    }
     if (lsn < 0)
         return Py_DECREF(payload), Py_NewRef(Py_None);
     /* write_alone's and append_journal_alone's bookkeeping */
@@ -1696,17 +1702,26 @@ static PyObject *fast_append(PyObject *store, PyObject *run_id, PyObject *rec)
     return out;
 }
 
-/* bind_append(address): dkv_append_one's, from durkv.log */
-static PyObject *bind_append(PyObject *self, PyObject *addr)
+/* bind_append((one, one_try)): dkv_append_one's and dkv_append_one_try's addresses, from
+ * durkv.log */
+static PyObject *bind_append(PyObject *self, PyObject *addrs)
 {
     (void)self;
-    void *f = PyLong_AsVoidPtr(addr);
-    if (f == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "dkv_append_one's address is not 0");
+    void *f[2];
+    if (!PyTuple_CheckExact(addrs) || PyTuple_GET_SIZE(addrs) != 2) {
+        PyErr_SetString(PyExc_TypeError, "bind_append((dkv_append_one, dkv_append_one_try))");
         return NULL;
     }
-    append_one = (append_one_fn)(uintptr_t)f;
+    for (int i = 0; i < 2; i++) {
+        f[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(addrs, i));
+        if (f[i] == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a log function's address is not 0");
+            return NULL;
+        }
+    }
+    append_one = (append_one_fn)(uintptr_t)f[0];
+    append_one_try = (append_one_fn)(uintptr_t)f[1];
     Py_RETURN_NONE;
 }
 
@@ -2145,7 +2160,8 @@ static PyMethodDef methods[] = {
     {"index", index_heads, METH_O,
      "index(heads) -> (lazy, rest, where, last): a run's journal heads, read for a replay."},
     {"bind_append", bind_append, METH_O,
-     "bind_append(address): dkv_append_one's, for run.step's own appends (durkv.log)."},
+     "bind_append((one, one_try)): dkv_append_one's and dkv_append_one_try's addresses, "
+     "for run.step's own appends (durkv.log)."},
     {NULL, NULL, 0, NULL},
 };
 

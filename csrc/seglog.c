@@ -950,21 +950,25 @@ int64_t dkv_append_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len
     return rc ? rc : (int64_t)lsn;
 }
 
-int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
-                       int durability, uint64_t expect)
+/* dkv_append_one's work, mu held. try_only: refuse with DKV_WOULD_WAIT, nothing done,
+ * whatever dkv_write_begin_try or dkv_append_try would refuse. */
+static int64_t append_one_locked(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                                 int durability, uint64_t expect, int try_only)
 {
-    DKV_OWNED(log, DKV_EFORKED);
     const uint8_t *b = (const uint8_t *)buf;
     uint64_t lsn = 0;
-    pthread_mutex_lock(&log->mu);
-    /* dkv_write_begin's part: the section (WLOCK, and the catch-up if the lease lapsed) */
     int rc = dkv__usable(log, 1);
-    if (!rc && log->shared)
-        rc = write_enter(log);
-    if (rc) {
-        pthread_mutex_unlock(&log->mu);
+    if (rc)
         return rc;
+    if (try_only) {
+        int d = durability < 0 ? log->opt.durability : durability;
+        if (d == DKV_SYNC || len >= TRY_MAX_BYTES || log->pend_len >= TRY_MAX_BYTES
+                || (log->shared && !holds_section(log) && (log->wheld || !log->lease)))
+            return DKV_WOULD_WAIT;
     }
+    /* dkv_write_begin's part: the section (WLOCK, and the catch-up if the lease lapsed) */
+    if (log->shared && (rc = write_enter(log)))
+        return rc;
     /* the caller's view of the log is behind (another process appended): it takes those
      * frames in before its own, so append nothing and end the section */
     int moved = log->next_lsn != expect;
@@ -973,10 +977,29 @@ int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len
     /* dkv_write_end's part, also after a failed append (the section is released, as the
      * caller's write_end would release it) */
     int rc2 = log->shared ? write_end_locked(log, 0) : 0;
-    pthread_mutex_unlock(&log->mu);
     if (rc || rc2)
         return rc ? rc : rc2;
     return moved ? DKV_MOVED : (int64_t)lsn;
+}
+
+int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                       int durability, uint64_t expect)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    pthread_mutex_lock(&log->mu);
+    int64_t r = append_one_locked(log, type, buf, len, durability, expect, 0);
+    pthread_mutex_unlock(&log->mu);
+    return r;
+}
+
+int64_t dkv_append_one_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                           int durability, uint64_t expect)
+{
+    DKV_OWNED(log, DKV_EFORKED);
+    pthread_mutex_lock(&log->mu);
+    int64_t r = append_one_locked(log, type, buf, len, durability, expect, 1);
+    pthread_mutex_unlock(&log->mu);
+    return r;
 }
 
 int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,

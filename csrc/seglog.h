@@ -171,6 +171,11 @@ int64_t dkv_append_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len
  * DKV_E* code. The hot path of a run's journal record (one GIL hand-off, not three). */
 int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
                        int durability, uint64_t expect);
+/* dkv_append_one when it cannot wait for another thread that may need the caller's GIL:
+ * refused (DKV_WOULD_WAIT, nothing done) where dkv_write_begin_try or dkv_append_try
+ * would refuse -- a section that would wait, `sync`, 64 KiB or more to move. */
+int64_t dkv_append_one_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                           int durability, uint64_t expect);
 /* Append n frames as one group (one write, one fsync under sync); LSNs are first..first+n-1.
  * The n payloads are packed back to back in `data` (lens[i] bytes each). */
 int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,

@@ -27,7 +27,8 @@ from typing import Any, Callable
 from dataclasses import asdict, dataclass, field
 
 from ._seglog import ffi, lib
-from ._heldcall import append as _held_append, begin as _held_begin, bind as _held_bind
+from ._heldcall import append as _held_append, append_one as _held_append_one
+from ._heldcall import begin as _held_begin, bind as _held_bind
 from ._heldcall import end as _held_end, end_async as _held_end_async
 from . import repairnotes
 from .durability import ASYNC, DURABILITIES, EXIT, SYNC
@@ -56,8 +57,10 @@ _append_lsn = lib.dkv_append_lsn
 _append_one = lib.dkv_append_one
 _MOVED = lib.DKV_MOVED
 _append_packed = lib.dkv_append_packed
-# dkv_append_one's address, for a C caller that appends through a handle's `_addr`
-APPEND_ONE_ADDRESS = int(ffi.cast("uintptr_t", ffi.addressof(lib, "dkv_append_one")))
+# dkv_append_one's and dkv_append_one_try's addresses, for a C caller that appends through
+# a handle's `_addr` (the try first, with the GIL held: see HELD_CALLS below)
+APPEND_ONE_ADDRESS = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f)))
+                           for f in ("dkv_append_one", "dkv_append_one_try"))
 # A commit's short log calls keep the GIL (csrc/heldcall.c): a cffi call hands it over,
 # and a graph's loop thread waits for it. A try call that would wait (or write 64 KiB or
 # more) returns _WOULD_WAIT and the cffi call (releasing the GIL) is made.
@@ -65,7 +68,7 @@ APPEND_ONE_ADDRESS = int(ffi.cast("uintptr_t", ffi.addressof(lib, "dkv_append_on
 HELD_CALLS = True
 _WOULD_WAIT = lib.DKV_WOULD_WAIT
 _held_bind(*(int(ffi.cast("uintptr_t", ffi.addressof(lib, f))) for f in (
-    "dkv_write_begin_try", "dkv_append_try", "dkv_write_end_try")))
+    "dkv_write_begin_try", "dkv_append_try", "dkv_write_end_try", "dkv_append_one_try")))
 _read_alloc = lib.dkv_read_alloc
 _free = lib.dkv_free
 
@@ -466,7 +469,11 @@ class SegmentLog:
         ``payload`` is ``bytes`` (passed to C without a copy)."""
         h = self._h if self._h is not None else self._handle()
         pol = _DURABILITY[durability] if durability is not None else -1
-        r = _append_one(h, frame_type, payload, len(payload), pol, expect)
+        a = self._addr
+        r = (_held_append_one(a, frame_type, payload, pol, expect) if HELD_CALLS
+             else _WOULD_WAIT)
+        if r == _WOULD_WAIT:
+            r = _append_one(h, frame_type, payload, len(payload), pol, expect)
         if r >= 0:
             return r
         if r == _MOVED:
