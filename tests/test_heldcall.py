@@ -125,6 +125,38 @@ def test_begin_try_refuses_when_another_handle_holds_wlock(tmp_path):
     assert verify(path, deep=True).ok
 
 
+def test_append_one_try_keeps_append_ones_answers_and_refuses_the_waits(tmp_path):
+    path = str(tmp_path / "log")
+    with SegmentLog.open(path, durability="async") as a, SegmentLog.open(path) as b:
+        assert a.append_one(b"a0", 0) == 0           # blocking: WLOCK, then the lease
+        assert _heldcall.append_one(a._addr, L.FRAME_DATA, b"a1", ASYNC, 1) == 1
+        assert _heldcall.append_one(a._addr, L.FRAME_DATA, b"no", SYNC, 2) == WOULD_WAIT
+        assert _heldcall.append_one(a._addr, L.FRAME_DATA, b"n" * (64 << 10), ASYNC,
+                                    2) == WOULD_WAIT
+        assert b.append(b"b2") == 2                 # b takes WLOCK: a's lease is gone
+        assert _heldcall.append_one(a._addr, L.FRAME_DATA, b"no", ASYNC, 2) == WOULD_WAIT
+        assert a.append_one(b"a?", 2) == -1          # moved: b's frame is news to a's view
+        assert a.append_one(b"a3", 3) == 3
+        assert _heldcall.append_one(a._addr, L.FRAME_DATA, b"a?", ASYNC, 9) == L.lib.DKV_MOVED
+        entered, release = threading.Event(), threading.Event()
+
+        def holder():
+            a.write_begin()
+            entered.set()
+            release.wait()
+            a.write_end()
+
+        t = threading.Thread(target=holder)
+        t.start()
+        entered.wait()
+        assert _heldcall.append_one(a._addr, L.FRAME_DATA, b"no", ASYNC, 4) == WOULD_WAIT
+        release.set()
+        t.join()
+    with SegmentLog.open(path, read_only=True) as r:
+        assert [p for _, p in r.scan()] == [b"a0", b"a1", b"b2", b"a3"]
+    assert verify(path, deep=True).ok
+
+
 def test_held_calls_refuse_bad_arguments(tmp_path):
     with SegmentLog.open(str(tmp_path / "log"), durability="async") as log:
         with pytest.raises(TypeError):
