@@ -412,7 +412,7 @@ class SegmentLog:
         if rc == _WOULD_WAIT:
             rc = lib.dkv_write_end(self._handle())
         if rc:
-            raise _error(rc, h, self.path, "write_end")
+            raise _error(rc, self._h, self.path, "write_end")
 
     def write_end_async(self) -> bool:
         """:meth:`write_end`, and when it ends the outermost section (True) every frame

@@ -157,6 +157,16 @@ def test_append_one_try_keeps_append_ones_answers_and_refuses_the_waits(tmp_path
     assert verify(path, deep=True).ok
 
 
+@pytest.mark.parametrize("held", [True, False])
+def test_an_end_without_a_begin_is_a_typed_error_either_way(tmp_path, monkeypatch, held):
+    monkeypatch.setattr(L, "HELD_CALLS", held)
+    with SegmentLog.open(str(tmp_path / "log"), durability="async") as log:
+        for end in (log.write_end, log.write_end_async):
+            with pytest.raises(durkv.ConfigError, match="without dkv_write_begin"):
+                end()
+        assert log.append(b"fine") == 0
+
+
 def test_held_calls_refuse_bad_arguments(tmp_path):
     with SegmentLog.open(str(tmp_path / "log"), durability="async") as log:
         with pytest.raises(TypeError):
