@@ -67,45 +67,58 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t n)
     Py_RETURN_NONE;
 }
 
-/* the log handle of a one-argument call (args[0]), or NULL with an exception */
-static void *log_arg(const void *fn, PyObject *const *args, Py_ssize_t n, const char *name)
+/* 0 when a call of `n` arguments (`want` wanted) may go to `fn`, else -1 with an error */
+static int callable_with(const void *fn, Py_ssize_t n, Py_ssize_t want, const char *usage)
 {
-    if (n != 1) {
-        PyErr_Format(PyExc_TypeError, "%s(addr) takes one argument", name);
-        return NULL;
+    if (n != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, not %zd", usage, want, n);
+        return -1;
     }
     if (fn == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "durkv._heldcall is not bound (durkv.log binds it)");
-        return NULL;
+        return -1;
     }
-    return address(args[0]);
+    return 0;
 }
 
 static PyObject *begin(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    void *log = log_arg((const void *)begin_try, args, n, "begin");
+    void *log = callable_with((const void *)begin_try, n, 1, "begin(addr)") ? NULL
+                : address(args[0]);
     return log ? PyLong_FromLong(begin_try(log)) : NULL;
 }
 
 static PyObject *end(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    void *log = log_arg((const void *)end_try, args, n, "end");
+    void *log = callable_with((const void *)end_try, n, 1, "end(addr)") ? NULL
+                : address(args[0]);
     return log ? PyLong_FromLong(end_try(log, 0)) : NULL;
 }
 
 static PyObject *end_async(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    void *log = log_arg((const void *)end_try, args, n, "end_async");
+    void *log = callable_with((const void *)end_try, n, 1, "end_async(addr)") ? NULL
+                : address(args[0]);
     return log ? PyLong_FromLong(end_try(log, 1)) : NULL;
 }
 
-/* the frame arguments of append/append_one (args[0..3]): 0, or -1 with an exception */
-static int frame_args(PyObject *const *args, void **log, uint8_t *type, int *dur)
+/* A frame's arguments, args[0..3] = (addr, type, payload, durability), of a call of `n`
+ * arguments to `fn`: 0, or -1 with an exception. */
+typedef struct {
+    void *log;
+    uint8_t type;
+    const char *buf;
+    uint32_t len;
+    int dur;
+} frame_t;
+
+static int frame_args(const void *fn, PyObject *const *args, Py_ssize_t n, Py_ssize_t want,
+                      const char *usage, frame_t *f)
 {
-    if ((*log = address(args[0])) == NULL)
+    if (callable_with(fn, n, want, usage) || (f->log = address(args[0])) == NULL)
         return -1;
     long t = PyLong_AsLong(args[1]);
     if (t == -1 && PyErr_Occurred())
@@ -118,56 +131,39 @@ static int frame_args(PyObject *const *args, void **log, uint8_t *type, int *dur
     long d = PyLong_AsLong(args[3]);
     if (d == -1 && PyErr_Occurred())
         return -1;
-    if (t < 0 || t > 255 || d < -1 || d > 2 || (uint64_t)PyBytes_GET_SIZE(args[2]) > UINT32_MAX) {
+    Py_ssize_t len = PyBytes_GET_SIZE(args[2]);
+    if (t < 0 || t > 255 || d < -1 || d > 2 || (uint64_t)len > UINT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "append: frame type, durability or length out of range");
         return -1;
     }
-    *type = (uint8_t)t;
-    *dur = (int)d;
+    f->type = (uint8_t)t;
+    f->buf = PyBytes_AS_STRING(args[2]);
+    f->len = (uint32_t)len;
+    f->dur = (int)d;
     return 0;
 }
 
 static PyObject *append(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    if (n != 4) {
-        PyErr_SetString(PyExc_TypeError, "append(addr, type, payload, durability)");
+    frame_t f;
+    if (frame_args((const void *)append_try, args, n, 4,
+                   "append(addr, type, payload, durability)", &f))
         return NULL;
-    }
-    if (append_try == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "durkv._heldcall is not bound (durkv.log binds it)");
-        return NULL;
-    }
-    void *log;
-    uint8_t type;
-    int dur;
-    if (frame_args(args, &log, &type, &dur))
-        return NULL;
-    return PyLong_FromLongLong(append_try(log, type, PyBytes_AS_STRING(args[2]),
-                                          (uint32_t)PyBytes_GET_SIZE(args[2]), dur));
+    return PyLong_FromLongLong(append_try(f.log, f.type, f.buf, f.len, f.dur));
 }
 
 static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    if (n != 5) {
-        PyErr_SetString(PyExc_TypeError, "append_one(addr, type, payload, durability, expect)");
-        return NULL;
-    }
-    if (append_one_try == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "durkv._heldcall is not bound (durkv.log binds it)");
-        return NULL;
-    }
-    void *log;
-    uint8_t type;
-    int dur;
-    if (frame_args(args, &log, &type, &dur))
+    frame_t f;
+    if (frame_args((const void *)append_one_try, args, n, 5,
+                   "append_one(addr, type, payload, durability, expect)", &f))
         return NULL;
     unsigned long long expect = PyLong_AsUnsignedLongLong(args[4]);
     if (expect == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    return PyLong_FromLongLong(append_one_try(log, type, PyBytes_AS_STRING(args[2]),
-                                              (uint32_t)PyBytes_GET_SIZE(args[2]), dur,
+    return PyLong_FromLongLong(append_one_try(f.log, f.type, f.buf, f.len, f.dur,
                                               (uint64_t)expect));
 }
 

@@ -982,24 +982,26 @@ static int64_t append_one_locked(dkv_log *log, uint8_t type, const char *buf, ui
     return moved ? DKV_MOVED : (int64_t)lsn;
 }
 
-int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
-                       int durability, uint64_t expect)
+static int64_t append_one_call(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                               int durability, uint64_t expect, int try_only)
 {
     DKV_OWNED(log, DKV_EFORKED);
     pthread_mutex_lock(&log->mu);
-    int64_t r = append_one_locked(log, type, buf, len, durability, expect, 0);
+    int64_t r = append_one_locked(log, type, buf, len, durability, expect, try_only);
     pthread_mutex_unlock(&log->mu);
     return r;
+}
+
+int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
+                       int durability, uint64_t expect)
+{
+    return append_one_call(log, type, buf, len, durability, expect, 0);
 }
 
 int64_t dkv_append_one_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
                            int durability, uint64_t expect)
 {
-    DKV_OWNED(log, DKV_EFORKED);
-    pthread_mutex_lock(&log->mu);
-    int64_t r = append_one_locked(log, type, buf, len, durability, expect, 1);
-    pthread_mutex_unlock(&log->mu);
-    return r;
+    return append_one_call(log, type, buf, len, durability, expect, 1);
 }
 
 int dkv_append_packed(dkv_log *log, uint8_t type, const char *data, const uint32_t *lens,
