@@ -34,6 +34,8 @@
 #define ZSTD_c_checksumFlag 201
 #define ZSTD_c_dictIDFlag 202
 
+#define DICT_MAGIC "\x37\xa4\x30\xec"     /* ZSTD_MAGIC_DICTIONARY, little-endian */
+
 #define RELEASE_OVER (64 << 10)
 
 static struct {
@@ -126,7 +128,16 @@ static int comp_init(Compressor *c, PyObject *args, PyObject *kw)
             || zfail(Z.setParameter(c->cctx, ZSTD_c_contentSizeFlag, 1), "content size"))
         goto done;
     if (dict.buf != NULL) {
-        /* bytes that do not begin with zstd's dictionary magic are raw content */
+        /* ZSTD_createCDict reads bytes that begin with zstd's dictionary magic as a
+         * formatted dictionary, any others as raw content; only raw content is asked for
+         * here, and the stable API has no way to say so (durkv.payload hands such bytes
+         * to zstandard, which does) */
+        if (dict.len >= 4 && memcmp(dict.buf, DICT_MAGIC, 4) == 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "dict begins with zstd's dictionary magic (37 a4 30 ec): libzstd "
+                            "would not read it as raw content; compress with zstandard");
+            goto done;
+        }
         if ((c->cdict = Z.createCDict(dict.buf, (size_t)dict.len, level)) == NULL) {
             PyErr_NoMemory();
             goto done;

@@ -55,6 +55,7 @@ _U32 = struct.Struct("<I")
 _ENTRY = struct.Struct("<BBHIQII")   # kind flags reserved depth prev_lsn prev_idx n_items
 _REF = struct.Struct("<QI")
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZDICT_MAGIC = b"\x37\xa4\x30\xec"   # a formatted zstd dictionary's first bytes
 JREF_MAGIC = b"\xc1\x6a\x72\x66"  # an item naming a journal result (FORMAT.md 5, `jref`)
 _MAGICS = (_ZSTD_MAGIC, JREF_MAGIC)
 
@@ -327,7 +328,9 @@ def zstd_compressor(level: int, dict_data: bytes | None = None,
     libzstd with the GIL held (csrc/zstdheld.c: a release on a commit's thread wakes a
     graph's loop thread) when it is there, else ``zstandard``; any zstd reader reads
     either's frames. Not thread-safe: one thread at a time, as a zstandard compressor."""
-    if HELD_ZSTD:
+    # libzstd's stable API reads a dictionary that begins with its magic as a formatted
+    # one: such bytes go to zstandard, which is told they are raw content
+    if HELD_ZSTD and (dict_data is None or dict_data[:4] != _ZDICT_MAGIC):
         return _HeldCompressor(level, dict_data, checksum).compress
     if dict_data is None:
         return zstandard.ZstdCompressor(level=level, write_checksum=checksum).compress

@@ -351,6 +351,26 @@ def test_held_compressor_refuses_bad_input():
 
 
 @pytest.mark.parametrize("held", [True, False])
+def test_a_dictionary_that_begins_with_zstds_magic_is_raw_content(monkeypatch, held):
+    """libzstd's stable API would read such bytes as a formatted dictionary (it failed
+    with a MemoryError); the held compressor refuses them and zstd_compressor takes them
+    to zstandard, so the frame still decodes against the raw bytes."""
+    if held and not _zstdheld.available:
+        pytest.skip("no libzstd.so.1 on this machine")
+    monkeypatch.setattr(P, "HELD_ZSTD", held)
+    hb = b"\x37\xa4\x30\xec" + bytes(range(256)) * 4
+    if held:
+        with pytest.raises(ValueError, match="dictionary magic"):
+            _zstdheld.Compressor(3, hb, True)
+    data = b"a head's fields " * 40 + bytes(range(256))
+    f = P.zstd_compressor(3, hb, checksum=True)(data)
+    fp = zstandard.get_frame_parameters(f)
+    assert (fp.dict_id, fp.has_checksum) == (0, True)
+    dct = zstandard.ZstdCompressionDict(hb, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    assert zstandard.ZstdDecompressor(dict_data=dct).decompress(f) == data
+
+
+@pytest.mark.parametrize("held", [True, False])
 def test_stores_written_either_way_read_back_the_same(tmp_path, monkeypatch, held):
     """The compressor is the writer's choice alone: a store written with libzstd reads
     back exactly as one written with zstandard (checkpoint head deltas, big items)."""
