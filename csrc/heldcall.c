@@ -20,8 +20,10 @@
  * a commit of four releases cost about twice its CPU inside a graph (docs/BENCHMARKS.md,
  * "Issue 20: the GIL-held commit path"). Holding the GIL is safe only where the call never
  * waits for a thread that may need it: the try calls refuse those waits (another thread's
- * section, WLOCK, a catch-up, an fdatasync, a long write), and what they wait for is the
- * log's own threads, which never take a GIL (csrc/seglog.h).
+ * section, WLOCK, a catch-up), and the long ones too, so that other threads are not held
+ * up (an fdatasync, a roll, a long write, another leader's write, a mutex held past a
+ * short spin); what they wait for is the log's own short work, which never takes a GIL
+ * (csrc/seglog.h).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -25,6 +25,8 @@
 /* the try calls (dkv_*_try) refuse to move this much or more with the caller's GIL held:
  * a write that long is worth handing the GIL over */
 #define TRY_MAX_BYTES (64u << 10)
+#define TRY_LOCK_NS 20000u          /* the try calls spin this long for mu: its ordinary
+                                     * holds (a flusher's look, an append) are shorter */
 #define EXIT_SPILL (4u << 20)       /* exit policy writes (no fsync) past this much buffered, */
 #define EXIT_HARD (32u << 20)       /* in the background (flusher thread) up to this much */
 
@@ -768,10 +770,47 @@ int dkv_write_begin(dkv_log *log)
     return rc;
 }
 
+/* The try calls' lock: mu, unless another thread keeps it longer than a short spin.
+ * Threads hold mu through disk work at times (a roll's or a seal's fdatasyncs, a
+ * catch-up's reads, write_pending's write): with the GIL held, waiting behind that would
+ * stop every Python thread, so the caller makes the blocking call instead. 0: mu is held. */
+static int try_lock(dkv_log *log)
+{
+    uint64_t until = 0;
+    for (unsigned i = 0;; i++) {
+        if (pthread_mutex_trylock(&log->mu) == 0)
+            return 0;
+        if (i % 16 == 0) {
+            uint64_t now = dkv__mono_ns();
+            if (!until)
+                until = now + TRY_LOCK_NS;
+            else if (now >= until)
+                return DKV_WOULD_WAIT;
+        }
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    }
+}
+
+/* mu held: appending a frame of `frame_bytes` (header included; 0: no frame) or ending a
+ * section now could wait for disk work the blocking call is for: a roll (another
+ * thread's, or this frame's own when it does not fit in the active segment: fdatasyncs, a
+ * directory fsync) or another leader's write (an `exit` spill writes up to 32 MiB) */
+static int would_block(dkv_log *log, size_t frame_bytes)
+{
+    const seg_t *a = active(log);
+    return log->rolling || (log->leader && !log->lead_sync)
+        || (frame_bytes && a->count > 0 && a->data_end + frame_bytes > log->opt.segment_bytes);
+}
+
 int dkv_write_begin_try(dkv_log *log)
 {
     DKV_OWNED(log, DKV_EFORKED);
-    pthread_mutex_lock(&log->mu);
+    if (try_lock(log))
+        return DKV_WOULD_WAIT;
     int rc = dkv__usable(log, 1);
     if (!rc && log->shared) {
         /* write_enter's cases that never wait: a nested section, or a free section under
@@ -827,8 +866,10 @@ int dkv_write_end_async(dkv_log *log) { return write_end_call(log, 1); }
 int dkv_write_end_try(dkv_log *log, int owe_flush)
 {
     DKV_OWNED(log, DKV_EFORKED);
-    pthread_mutex_lock(&log->mu);
-    int rc = log->pend_len >= TRY_MAX_BYTES ? DKV_WOULD_WAIT : write_end_locked(log, owe_flush);
+    if (try_lock(log))
+        return DKV_WOULD_WAIT;
+    int rc = log->pend_len >= TRY_MAX_BYTES || would_block(log, 0) ? DKV_WOULD_WAIT
+             : write_end_locked(log, owe_flush);
     pthread_mutex_unlock(&log->mu);
     return rc;
 }
@@ -938,13 +979,15 @@ int64_t dkv_append_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len
     DKV_OWNED(log, DKV_EFORKED);
     const uint8_t *b = (const uint8_t *)buf;
     uint64_t lsn = 0;
-    pthread_mutex_lock(&log->mu);
+    if (try_lock(log))
+        return DKV_WOULD_WAIT;
     if (durability < 0)
         durability = log->opt.durability;
     /* a sync append waits for an fdatasync; one outside a section may wait for another
      * thread's section: the blocking call's, as dkv_write_begin_try's cases are */
     int rc = durability == DKV_SYNC || (log->shared && !holds_section(log))
-             || len >= TRY_MAX_BYTES || log->pend_len >= TRY_MAX_BYTES ? DKV_WOULD_WAIT
+             || len >= TRY_MAX_BYTES || log->pend_len >= TRY_MAX_BYTES
+             || would_block(log, (size_t)FRAME_HDR + len) ? DKV_WOULD_WAIT
              : append_locked(log, type, &b, &len, 1, durability, &lsn);
     pthread_mutex_unlock(&log->mu);
     return rc ? rc : (int64_t)lsn;
@@ -963,6 +1006,7 @@ static int64_t append_one_locked(dkv_log *log, uint8_t type, const char *buf, ui
     if (try_only) {
         int d = durability < 0 ? log->opt.durability : durability;
         if (d == DKV_SYNC || len >= TRY_MAX_BYTES || log->pend_len >= TRY_MAX_BYTES
+                || would_block(log, (size_t)FRAME_HDR + len)
                 || (log->shared && !holds_section(log) && (log->wheld || !log->lease)))
             return DKV_WOULD_WAIT;
     }
@@ -986,7 +1030,10 @@ static int64_t append_one_call(dkv_log *log, uint8_t type, const char *buf, uint
                                int durability, uint64_t expect, int try_only)
 {
     DKV_OWNED(log, DKV_EFORKED);
-    pthread_mutex_lock(&log->mu);
+    if (!try_only)
+        pthread_mutex_lock(&log->mu);
+    else if (try_lock(log))
+        return DKV_WOULD_WAIT;
     int64_t r = append_one_locked(log, type, buf, len, durability, expect, try_only);
     pthread_mutex_unlock(&log->mu);
     return r;

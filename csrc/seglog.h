@@ -154,10 +154,12 @@ int dkv_append(dkv_log *log, uint8_t type, const uint8_t *buf, uint32_t len, int
 int64_t dkv_append_lsn(dkv_log *log, uint8_t type, const char *buf, uint32_t len, int durability);
 /* dkv_append_lsn when it cannot wait for another thread that may need the caller's GIL:
  * in this thread's own write section (or on a handle that shares no write lock), under
- * `exit` or `async`, a frame under 64 KiB while under 64 KiB waits to be written.
- * Otherwise DKV_WOULD_WAIT, nothing appended: call dkv_append_lsn. Its waits are the
- * log's own threads' (a leader's write, back-pressure, a roll), which never take a GIL
- * (see dkv_write_begin_try). */
+ * `exit` or `async`, a frame under 64 KiB while under 64 KiB waits to be written, no
+ * roll running and none needed for this frame, no other leader writing. Otherwise
+ * DKV_WOULD_WAIT, nothing appended: call dkv_append_lsn. Every try call also refuses when
+ * another thread holds the handle's mutex past a short spin (~20 us: it may be doing disk
+ * work under it). What a try call still waits for is the log's own short work, which
+ * never takes a GIL (see dkv_write_begin_try). */
 int64_t dkv_append_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
                        int durability);
 /* One frame in a write section of its own: dkv_write_begin, dkv_append_lsn and
@@ -173,7 +175,8 @@ int64_t dkv_append_one(dkv_log *log, uint8_t type, const char *buf, uint32_t len
                        int durability, uint64_t expect);
 /* dkv_append_one when it cannot wait for another thread that may need the caller's GIL:
  * refused (DKV_WOULD_WAIT, nothing done) where dkv_write_begin_try or dkv_append_try
- * would refuse -- a section that would wait, `sync`, 64 KiB or more to move. */
+ * would refuse -- a section that would wait, `sync`, 64 KiB or more to move, a roll or
+ * another leader's write, the mutex busy. */
 int64_t dkv_append_one_try(dkv_log *log, uint8_t type, const char *buf, uint32_t len,
                            int durability, uint64_t expect);
 /* Append n frames as one group (one write, one fsync under sync); LSNs are first..first+n-1.
@@ -232,8 +235,8 @@ int dkv_write_end(dkv_log *log);
  * nested section, or a handle that shares no write lock): wait for the frames as usual. */
 int dkv_write_end_async(dkv_log *log);
 /* dkv_write_end (owe_flush 0) or dkv_write_end_async (1) when under 64 KiB waits to be
- * written; otherwise DKV_WOULD_WAIT, the section still held: call the blocking one. Its
- * waits are the log's own threads' (see dkv_append_try). */
+ * written and no roll or other leader's write runs; otherwise DKV_WOULD_WAIT, the
+ * section still held: call the blocking one (see dkv_append_try). */
 int dkv_write_end_try(dkv_log *log, int owe_flush);
 /* Several writers: the store's shared watermark (WSHM, FORMAT.md §12): frames below
  * *durable were fdatasync'd by some process; *publishes counts the fdatasyncs (and

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import zstandard
@@ -109,6 +110,89 @@ def test_try_calls_refuse_to_move_64_kib_with_the_gil_held(tmp_path):
         log.write_end()                                       # the nested one, blocking
         assert log.write_end_async() is True                  # the outermost: written
         assert log.read(1) == big and log.read(4) == b"s"
+
+
+def test_try_calls_refuse_a_frame_that_rolls_the_segment(tmp_path):
+    """A roll fdatasyncs the old segment twice and makes the next one (a header sync, a
+    rename, a directory fsync): the blocking call's, never done with the GIL held."""
+    with SegmentLog.open(str(tmp_path / "log"), durability="async", segment_bytes=8192) as log:
+        log.write_begin()
+        i = 0
+        while True:
+            segs, lsn = len(log.segments()), log.next_lsn
+            r = _heldcall.append(log._addr, L.FRAME_DATA, b"f" * 1000, EXIT)
+            if r == WOULD_WAIT:
+                break
+            assert r == lsn
+            i += 1
+        assert i > 0 and (len(log.segments()), log.next_lsn) == (segs, lsn)  # nothing done
+        syncs = L.fdatasync_count()
+        assert log.append(b"f" * 1000, durability="exit") == lsn       # cffi rolls
+        assert len(log.segments()) == segs + 1 and L.fdatasync_count() > syncs
+        log.write_end()
+        nxt = log.next_lsn
+    with SegmentLog.open(str(tmp_path / "one"), durability="async", segment_bytes=8192) as log:
+        log.write_begin()
+        log.write_end()               # this process's lease: append_one's try may enter
+        while (r := _heldcall.append_one(log._addr, L.FRAME_DATA, b"f" * 1000, ASYNC,
+                                         log.next_lsn)) != WOULD_WAIT:
+            assert r >= 0
+        assert log.next_lsn == nxt    # the same frames as above fit one segment
+        assert log.append_one(b"f" * 1000, nxt) == nxt
+    assert verify(str(tmp_path / "log"), deep=True).ok
+    assert verify(str(tmp_path / "one"), deep=True).ok
+
+
+def test_try_calls_refuse_while_another_thread_does_disk_work_under_the_mutex(tmp_path):
+    """A seal holds the handle's mutex through its fdatasyncs (here each held up 300 ms):
+    a try call gives up on the mutex after a short spin instead of keeping the GIL through
+    that wait, and the blocking call then waits for the seal, GIL released."""
+    with SegmentLog.open(str(tmp_path / "log"), durability="async") as log:
+        log.append(b"x")
+        log.write_begin()
+        log.write_end()
+        L.fault_inject("fdatasync", 1, pause_ms=300)
+        sealer = threading.Thread(target=log.seal)
+        try:
+            sealer.start()
+            t0 = time.monotonic()
+            while (r := _heldcall.begin(log._addr)) == 0:   # until the seal holds mu
+                assert _heldcall.end(log._addr) == 0
+                assert time.monotonic() - t0 < 0.25, "the seal never held the mutex"
+            assert r == WOULD_WAIT
+            assert time.monotonic() - t0 < 0.25    # refused without waiting the 300 ms
+            assert _heldcall.append_one(log._addr, L.FRAME_DATA, b"y", ASYNC, 1) == WOULD_WAIT
+            assert log.append_one(b"y", 1) == 1     # cffi: waits for the seal, then appends
+        finally:
+            sealer.join()
+            L.fault_inject(None)
+        assert [p for _, p in log.scan()] == [b"x", b"y"]
+    assert verify(str(tmp_path / "log"), deep=True).ok
+
+
+def test_a_section_end_refuses_to_wait_for_another_leaders_write(tmp_path):
+    """Under `exit`, 4 MiB buffered in a section is written by the flusher in the
+    background (a spill; here its write held up 400 ms). A held end meanwhile would wait
+    for that write with the GIL held: it refuses, and the blocking end waits instead."""
+    with SegmentLog.open(str(tmp_path / "log"), durability="exit") as log:
+        log.write_begin()
+        log.write_end()
+        log.write_begin()
+        L.fault_inject("write", 1, pause_ms=400)
+        try:
+            for _ in range(4):      # 1 MiB frames (through cffi): past 4 MiB, a spill
+                log.append(b"s" * (1 << 20))     # (then nothing is pending: only the
+                                                 # flusher's write could make end wait)
+            until = time.monotonic() + 0.3
+            while time.monotonic() < until:
+                t0 = time.monotonic()
+                assert _heldcall.end(log._addr) == WOULD_WAIT
+                assert time.monotonic() - t0 < 0.15
+        finally:
+            L.fault_inject(None)
+        log.write_end()
+        assert [len(p) for _, p in log.scan()] == [1 << 20] * 4
+    assert verify(str(tmp_path / "log"), deep=True).ok
 
 
 def test_begin_try_refuses_when_another_handle_holds_wlock(tmp_path):
