@@ -469,9 +469,9 @@ class SegmentLog:
         ``payload`` is ``bytes`` (passed to C without a copy)."""
         h = self._h if self._h is not None else self._handle()
         pol = _DURABILITY[durability] if durability is not None else -1
-        a = self._addr
-        r = (_held_append_one(a, frame_type, payload, pol, expect) if HELD_CALLS
-             else _WOULD_WAIT)
+        a = self._addr      # None once closed: no held call on it
+        r = (_held_append_one(a, frame_type, payload, pol, expect)
+             if a is not None and HELD_CALLS else _WOULD_WAIT)
         if r == _WOULD_WAIT:
             r = _append_one(h, frame_type, payload, len(payload), pol, expect)
         if r >= 0:
