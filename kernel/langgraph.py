@@ -69,6 +69,7 @@ import threading
 import time
 from collections import ChainMap, deque
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -126,12 +127,31 @@ _MISSING_THREAD = (
 )
 
 
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+class _LoopSaves:
+    """One LangGraph loop's `async` saves, as DurkvSaver's lateness wait sees them.
+
+    LangGraph's `async` loop saves each checkpoint in its executor, each save after the
+    previous one; a save that releases the GIL (a write, a compression) waits up to the
+    interpreter's switch interval for the busy loop to give it back, so the saves fall
+    behind without bound (docs/GUARANTEES.md section 1). A save that lands late (its
+    checkpoint older than _LAG_S) marks its loop late, and that loop's next
+    get_next_version waits until its saves have caught up with it.
+
+    One per loop, never per saver: graphs that share a saver (a server's threads, a
+    subgraph) neither wake nor hold up each other's loops. A loop makes its own as it
+    enters (get_tuple) in its context (_LOOP_SAVES); LangGraph's executor runs each save
+    in a copy of the loop thread's context, so the save finds the same one."""
+
+    __slots__ = ("late", "saved", "wanted", "caught_up")
+
+    def __init__(self) -> None:
+        self.late = 0.0         # the monotonic time a save landed late, else 0.0
+        self.saved = 0          # the newest version a save landed
+        self.wanted = 0         # the version the waiting loop made last
+        self.caught_up = threading.Event()
+
+
+_LOOP_SAVES: ContextVar[_LoopSaves | None] = ContextVar("durkv_loop_saves", default=None)
 
 
 def _newest_version(checkpoint: Mapping[str, Any]) -> int:
@@ -325,16 +345,6 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         # looks for its checkpoint, so a put that lands after that look sees it counted
         self._landed = threading.Condition()
         self._waiting = 0
-        # LangGraph's `async` loop saves each checkpoint in its executor, each save after
-        # the previous one; a save that releases the GIL (a write, a compression) waits
-        # up to the interpreter's switch interval for the busy loop to give it back, so the
-        # saves fall behind without bound (docs/GUARANTEES.md section 1). The monotonic time
-        # a save landed late (its checkpoint older than _LAG_S), else 0.0: the loop's next
-        # get_next_version waits until the saves have caught up with it
-        self._late = 0.0
-        self._saved = 0                 # the newest version an `async` save landed
-        self._wanted = 0                # the version the waiting loop made last
-        self._caught_up = threading.Event()
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -468,9 +478,9 @@ class DurkvSaver(BaseCheckpointSaver[int]):
 
     def _put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
              new_versions: ChannelVersions, threaded: bool) -> RunnableConfig:
-        """:meth:`put`; ``threaded``: called in a thread of its own (LangGraph's executor),
-        whose lateness the loop's thread waits out (an ``aput`` runs on the event loop,
-        which must not block)."""
+        """:meth:`put`; ``threaded``: called by a sync loop's executor, whose lateness the
+        loop's thread waits out (an async loop's ``aput`` runs on its event loop, or in a
+        thread the event loop awaits: that loop must never block for it)."""
         # put_args_py in one C call for LangGraph's plain dicts (csrc/lgcommit.c)
         got = put_args_c(config, checkpoint, metadata, new_versions, EMPTY)
         if got is None:
@@ -482,12 +492,14 @@ class DurkvSaver(BaseCheckpointSaver[int]):
                        all_values=all_values)
         # LangGraph's `async` loop goes on while this runs (whatever durkv policy is pinned)
         if threaded and (conf.get(CONFIG_KEY_DURABILITY) or _DEFAULT_MODE) == "async":
-            self._saved = saved = _newest_version(checkpoint)     # how far the saves came
-            if self._late:      # the loop waits, or will
-                if saved >= self._wanted:
-                    self._caught_up.set()
-            elif _age(checkpoint) > _LAG_S:
-                self._late = time.monotonic()
+            loop = _LOOP_SAVES.get()    # the loop that made it (None: not a loop's save)
+            if loop is not None:
+                loop.saved = saved = _newest_version(checkpoint)  # how far the saves came
+                if loop.late:       # the loop waits, or will
+                    if saved >= loop.wanted:
+                        loop.caught_up.set()
+                elif _age(checkpoint) > _LAG_S:
+                    loop.late = time.monotonic()
         if self._waiting:
             with self._landed:
                 self._landed.notify_all()
@@ -588,9 +600,9 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         conf = _conf(config)
         cid = conf.get("checkpoint_id")
         claim_for_loop(self, _thread_id(conf), conf.get("checkpoint_ns") or "")
-        # a loop entering has no saves of its own pending: an earlier invocation's late
-        # saves, drained as it returned, are nothing for it to wait for
-        self._late, self._saved = 0.0, 0
+        # a loop entering: the lateness of its own saves, and no other's (an earlier
+        # invocation's late saves, drained as it returned, are nothing for it to wait for)
+        _LOOP_SAVES.set(_LoopSaves())
         self._catch_up()
         ck = self.store.get(_thread_id(conf), conf.get("checkpoint_ns") or "", cid)
         if ck is None:
@@ -770,8 +782,9 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         string version (a thread migrated from another saver) continues in
         SqliteSaver's format so versions stay comparable.
         """
-        if self._late:
-            self._wait_for_saves(current)
+        loop = _LOOP_SAVES.get()
+        if loop is not None and loop.late:
+            self._wait_for_saves(loop, current)
         if current is None:
             return 1
         try:
@@ -785,20 +798,19 @@ class DurkvSaver(BaseCheckpointSaver[int]):
             raise ConfigError(f"not a channel version: {current!r} (an int, or a string in "
                               "SqliteSaver's format)") from None
 
-    def _wait_for_saves(self, current: Any) -> None:
-        """Called by LangGraph's loop as it versions a superstep's writes, after a save
-        landed late: wait (GIL released) until the newest checkpoint the loop made, of
-        version ``current``, is saved, so that the saves keep up with the loop
+    @staticmethod
+    def _wait_for_saves(loop: _LoopSaves, current: Any) -> None:
+        """Called by LangGraph's loop as it versions a superstep's writes, after one of its
+        saves landed late: wait (GIL released) until the newest checkpoint the loop made,
+        of version ``current``, is saved, so that its saves keep up with it
         (docs/GUARANTEES.md section 1). At most _WAIT_SAVES_S; a lateness seen more than a
-        second ago (an old checkpoint put again), string versions and an event loop's
-        thread (whose own saves would wait behind it) wait for nothing."""
-        late = self._late
-        if time.monotonic() - late < 1.0 and type(current) is int and not _in_event_loop():
-            self._caught_up.clear()
-            self._wanted = current      # before the look below: a save after it will set
-            if self._saved < current:
-                self._caught_up.wait(_WAIT_SAVES_S)
-        self._late = 0.0
+        second ago (an old checkpoint put again) and string versions wait for nothing."""
+        if time.monotonic() - loop.late < 1.0 and type(current) is int:
+            loop.caught_up.clear()
+            loop.wanted = current       # before the look below: a save after it will set
+            if loop.saved < current:
+                loop.caught_up.wait(_WAIT_SAVES_S)
+        loop.late = 0.0
 
     # ---- async -----------------------------------------------------------------------
     #
@@ -820,7 +832,8 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         if self._policy(_conf(config)) == "sync":
-            return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+            return await asyncio.to_thread(self._put, config, checkpoint, metadata,
+                                           new_versions, False)
         return self._put(config, checkpoint, metadata, new_versions, False)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
