@@ -154,6 +154,15 @@ class _LoopSaves:
 _LOOP_SAVES: ContextVar[_LoopSaves | None] = ContextVar("durkv_loop_saves", default=None)
 
 
+def _deadline(timeout: float | None) -> float:
+    """The monotonic time a wait of ``timeout`` seconds ends (None: never)."""
+    if timeout is None:
+        return float("inf")
+    if type(timeout) not in (int, float) or timeout != timeout:
+        raise ConfigError(f"timeout must be a number of seconds or None, not {timeout!r}")
+    return time.monotonic() + timeout
+
+
 def _newest_version(checkpoint: Mapping[str, Any]) -> int:
     """The highest of ``checkpoint``'s channel versions, or 0 if they are not ints."""
     try:
@@ -547,19 +556,20 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     # ---- the checkpoint a task runs on -----------------------------------------------
 
     def wait_for_checkpoint(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str,
-                            timeout: float = 60.0) -> bool:
+                            timeout: float | None = 60.0) -> bool:
         """Block until checkpoint ``checkpoint_id`` is committed (True), or ``timeout``
-        seconds pass (False). Under ``durability="async"`` LangGraph saves a checkpoint
-        in the background while the tasks it names already run: durkv.langgraph.step and
-        tool wait here so that no journal record precedes its task's checkpoint."""
+        seconds pass (False; None: no limit). Under ``durability="async"`` LangGraph saves
+        a checkpoint in the background while the tasks it names already run:
+        durkv.langgraph.step and tool wait here so that no journal record precedes its
+        task's checkpoint."""
         # this handle's own puts land in its index at once, and notify: a look there needs
         # no write section (a flock and a catch-up, ~15-30 us). Another handle's or
         # process's put does not notify: looked for with a section each time a wait ends
         # without a notification (after 1 ms, then twice as long each time, up to 50 ms).
         held, has = self.store.holds_checkpoint, self.store.has_checkpoint
+        deadline = _deadline(timeout)
         if held(thread_id, checkpoint_ns, checkpoint_id):
             return True
-        deadline = time.monotonic() + timeout
         pause = 0.001
         with self._landed:
             self._waiting += 1      # before the look below: a put after it will notify
@@ -577,11 +587,11 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         return True
 
     async def await_checkpoint(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str,
-                               timeout: float = 60.0) -> bool:
+                               timeout: float | None = 60.0) -> bool:
         """:meth:`wait_for_checkpoint` for async nodes: polls, so that an ``aput`` on the
         same event loop can run meanwhile."""
         held, has = self.store.holds_checkpoint, self.store.has_checkpoint
-        deadline = time.monotonic() + timeout
+        deadline = _deadline(timeout)
         delay = 0.0002
         while not (held(thread_id, checkpoint_ns, checkpoint_id)
                    or has(thread_id, checkpoint_ns, checkpoint_id)):
@@ -794,7 +804,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
                 nxt = int(current.split(".")[0]) + 1
                 return f"{nxt:032}.{random.random():016}"  # type: ignore[return-value]
             return int(current) + 1
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):      # OverflowError: inf
             raise ConfigError(f"not a channel version: {current!r} (an int, or a string in "
                               "SqliteSaver's format)") from None
 

@@ -386,6 +386,9 @@ def test_next_version_monotonic():
         assert seen == [1, 2, 3, 4, 5]
         s = saver.get_next_version("00000000000000000000000000000007.5", None)
         assert s > "00000000000000000000000000000007.9" and s.startswith("0" * 31 + "8")
+        for bad in (float("inf"), float("nan"), "x.1", object()):
+            with pytest.raises(ConfigError, match="channel version"):
+                saver.get_next_version(bad, None)
 
 
 def test_saver_on_an_open_store(tmp_path):

@@ -20,6 +20,7 @@ pytest.importorskip("langgraph.checkpoint.base")
 
 from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
 
+from durkv import ConfigError  # noqa: E402
 from durkv.langgraph import DurkvSaver  # noqa: E402
 
 
@@ -128,3 +129,22 @@ def test_a_closed_store_is_refused_by_the_wait(tmp_path):
     saver.close()
     with pytest.raises(DurkvError, match="closed"):
         saver.wait_for_checkpoint("t", "", "c1", timeout=1)
+
+
+def test_a_wait_without_a_limit_and_bad_timeouts(tmp_path):
+    """``timeout=None`` waits as long as it takes; a timeout that is not a number of
+    seconds is a ConfigError, never a TypeError from inside the wait."""
+    import asyncio
+
+    with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
+        t = threading.Timer(0.05, _put, args=(saver, "c1"))
+        t.start()
+        assert saver.wait_for_checkpoint("t", "", "c1", timeout=None) is True
+        t.join()
+        assert asyncio.run(saver.await_checkpoint("t", "", "c1", timeout=None)) is True
+        for bad in ("1", True, float("nan"), [1]):
+            with pytest.raises(ConfigError, match="timeout"):
+                saver.wait_for_checkpoint("t", "", "c1", timeout=bad)
+            with pytest.raises(ConfigError, match="timeout"):
+                asyncio.run(saver.await_checkpoint("t", "", "c1", timeout=bad))
+        assert saver._waiting == 0
