@@ -130,15 +130,15 @@ def test_try_calls_refuse_a_frame_that_rolls_the_segment(tmp_path):
         assert log.append(b"f" * 1000, durability="exit") == lsn       # cffi rolls
         assert len(log.segments()) == segs + 1 and L.fdatasync_count() > syncs
         log.write_end()
-        nxt = log.next_lsn
     with SegmentLog.open(str(tmp_path / "one"), durability="async", segment_bytes=8192) as log:
         log.write_begin()
         log.write_end()               # this process's lease: append_one's try may enter
         while (r := _heldcall.append_one(log._addr, L.FRAME_DATA, b"f" * 1000, ASYNC,
                                          log.next_lsn)) != WOULD_WAIT:
             assert r >= 0
-        assert log.next_lsn == nxt    # the same frames as above fit one segment
-        assert log.append_one(b"f" * 1000, nxt) == nxt
+        assert log.next_lsn == lsn    # the same frames as above fit one segment
+        assert log.append_one(b"f" * 1000, lsn) == lsn
+        assert len(log.segments()) == 2
     assert verify(str(tmp_path / "log"), deep=True).ok
     assert verify(str(tmp_path / "one"), deep=True).ok
 
