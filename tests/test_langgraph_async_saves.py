@@ -187,7 +187,7 @@ def test_another_graph_entering_does_not_lose_a_waiting_loops_wakeup(tmp_path, l
         waiter.start()
         time.sleep(0.02)
         _enter(saver, "other")
-        _save(saver, _enter(saver, "other2"), "other2", 30, age_s=0.05)   # late, and higher
+        _save(saver, _enter(saver, "other2"), "other2", 30)     # on time, and higher
         time.sleep(0.02)
         _save(saver, loop, "L", 10)
         waiter.join()
