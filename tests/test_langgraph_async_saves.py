@@ -43,28 +43,41 @@ def loop_graph(n: int, at_step):
     return agent_graph(n, make=make)
 
 
-def test_the_saves_keep_up_with_an_async_loop(tmp_path):
-    with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
-        saved = [0]
+class Trail:
+    """How far a loop's saves trail it. Counts ``saver``'s puts (of ``thread_id``, or
+    all); ``look(i)``, called in the node at superstep ``i`` (on the thread named
+    ``loop_thread``, or any), records at every 100th superstep from 200 on how many
+    checkpoints the loop made (the input's included) are not saved yet."""
+
+    def __init__(self, saver: DurkvSaver, thread_id: str | None = None,
+                 loop_thread: str | None = None) -> None:
+        self.saved = 0
+        self.behind: list[int] = []
+        self.loop_thread = loop_thread
         put = saver.put
 
-        def counting_put(*args, **kwargs):
-            out = put(*args, **kwargs)
-            saved[0] += 1
+        def counting_put(config, *args, **kwargs):
+            out = put(config, *args, **kwargs)
+            if thread_id is None or config["configurable"]["thread_id"] == thread_id:
+                self.saved += 1
             return out
 
         saver.put = counting_put
-        behind: list[int] = []
 
-        def look(i):
-            if i >= 200 and i % 100 == 0:
-                behind.append(i + 1 - saved[0])   # checkpoints made (input's included)
+    def look(self, i: int) -> None:
+        if (i >= 200 and i % 100 == 0 and self.loop_thread in (
+                None, threading.current_thread().name)):
+            self.behind.append(i + 1 - self.saved)
 
-        graph = loop_graph(N, look).compile(checkpointer=saver)
+
+def test_the_saves_keep_up_with_an_async_loop(tmp_path):
+    with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
+        trail = Trail(saver)
+        graph = loop_graph(N, trail.look).compile(checkpointer=saver)
         graph.invoke({"n": 0, "messages": []}, cfg("t", N), durability="async")
         # before: the saves reached ~3% of the loop (1,940 behind at 2,000)
-        assert max(behind) <= N // 4, behind
-        assert saved[0] == N + 2       # every checkpoint saved in the end, in order
+        assert max(trail.behind) <= N // 4, trail.behind
+        assert trail.saved == N + 2    # every checkpoint saved in the end, in order
         assert saver.get_tuple(cfg("t", N)).checkpoint["channel_values"]["n"] == N
 
 
@@ -221,17 +234,8 @@ def test_a_long_loop_sharing_its_saver_with_short_graphs_keeps_its_saves_close(
     on one GIL a wait of the long loop's may well need ~0.1-0.3 s for its saves."""
     n = 1500
     with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
-        saved = [0]
-        put = saver.put
-
-        def counting_put(config, *args, **kwargs):
-            out = put(config, *args, **kwargs)
-            if config["configurable"]["thread_id"] == "long":
-                saved[0] += 1
-            return out
-
-        saver.put = counting_put
-        stalls, behind = [], []
+        trail = Trail(saver, thread_id="long", loop_thread="long")
+        stalls = []
         versions = saver.get_next_version
 
         def timed_versions(current, channel=None):
@@ -244,12 +248,7 @@ def test_a_long_loop_sharing_its_saver_with_short_graphs_keeps_its_saves_close(
                     stalls.append((current, took))
 
         saver.get_next_version = timed_versions
-
-        def look(i):
-            if threading.current_thread().name == "long" and i >= 200 and i % 100 == 0:
-                behind.append(i + 1 - saved[0])
-
-        graph = loop_graph(n, look).compile(checkpointer=saver)
+        graph = loop_graph(n, trail.look).compile(checkpointer=saver)
         done = threading.Event()
 
         def short(k):
@@ -271,8 +270,8 @@ def test_a_long_loop_sharing_its_saver_with_short_graphs_keeps_its_saves_close(
             done.set()
             for t in shorts:
                 t.join()
-        assert saved[0] == n + 2
-        assert max(behind) <= n // 4, behind
+        assert trail.saved == n + 2
+        assert max(trail.behind) <= n // 4, trail.behind
         assert not stalls, stalls
 
 
@@ -281,29 +280,15 @@ def test_an_invoke_inside_an_event_loop_keeps_its_saves_close(tmp_path):
     call in an ``async def``) is a sync loop: its saves run in LangGraph's executor and it
     waits for them like any other (it was spared every wait: 792-1,394 behind)."""
     with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
-        saved = [0]
-        put = saver.put
-
-        def counting_put(*args, **kwargs):
-            out = put(*args, **kwargs)
-            saved[0] += 1
-            return out
-
-        saver.put = counting_put
-        behind: list[int] = []
-
-        def look(i):
-            if i >= 200 and i % 100 == 0:
-                behind.append(i + 1 - saved[0])
-
-        graph = loop_graph(N, look).compile(checkpointer=saver)
+        trail = Trail(saver)
+        graph = loop_graph(N, trail.look).compile(checkpointer=saver)
 
         async def cell():
             graph.invoke({"n": 0, "messages": []}, cfg("t", N), durability="async")
 
         asyncio.run(cell())
-        assert max(behind) <= N // 4, behind
-        assert saved[0] == N + 2
+        assert max(trail.behind) <= N // 4, trail.behind
+        assert trail.saved == N + 2
 
 
 def test_an_ainvoke_loop_never_waits_for_its_saves(tmp_path):
