@@ -160,7 +160,10 @@ def _deadline(timeout: float | None) -> float:
         return float("inf")
     if type(timeout) not in (int, float) or timeout != timeout:
         raise ConfigError(f"timeout must be a number of seconds or None, not {timeout!r}")
-    return time.monotonic() + timeout
+    try:
+        return time.monotonic() + timeout
+    except OverflowError:       # an int past a float's range: no limit either
+        return float("inf")
 
 
 def _newest_version(checkpoint: Mapping[str, Any]) -> int:
