@@ -158,7 +158,7 @@ def _deadline(timeout: float | None) -> float:
     """The monotonic time a wait of ``timeout`` seconds ends (None: never)."""
     if timeout is None:
         return float("inf")
-    if type(timeout) not in (int, float) or timeout != timeout:
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout != timeout:
         raise ConfigError(f"timeout must be a number of seconds or None, not {timeout!r}")
     try:
         return time.monotonic() + timeout

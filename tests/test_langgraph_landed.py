@@ -143,6 +143,10 @@ def test_a_wait_without_a_limit_and_bad_timeouts(tmp_path):
         t.join()
         assert asyncio.run(saver.await_checkpoint("t", "", "c1", timeout=None)) is True
         assert saver.wait_for_checkpoint("t", "", "c1", timeout=10 ** 400) is True
+
+        class Seconds(float):       # a float subclass (numpy's float64 is one)
+            pass
+        assert saver.wait_for_checkpoint("t", "", "c1", timeout=Seconds(2.5)) is True
         for bad in ("1", True, float("nan"), [1]):
             with pytest.raises(ConfigError, match="timeout"):
                 saver.wait_for_checkpoint("t", "", "c1", timeout=bad)
