@@ -705,6 +705,10 @@ static int write_pending(dkv_log *log)
     log->pend_len = 0;
     log->written_lsn = log->next_lsn;
     pthread_cond_broadcast(&log->cv);
+    /* async frames among them are owed an fdatasync the running leader's does not cover
+     * (its cover was taken before this write); when that leader only waits for another
+     * process's fsync (sync_step), no lead() ends to wake the flusher for them */
+    wake_flusher(log);
     return 0;
 }
 

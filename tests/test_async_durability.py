@@ -12,6 +12,7 @@ flusher: the durable position stayed where open left it until close.
 from __future__ import annotations
 
 import operator
+import threading
 import time
 from typing import Annotated, TypedDict
 
@@ -104,6 +105,51 @@ def test_log_exit_appends_stay_unsynced_until_flush(tmp_path):
         assert dlog.fdatasync_count() == procs
         log.flush()
         assert log.durable_lsn == start + N
+
+
+def test_log_async_frames_written_behind_a_cross_process_fsync_wait_are_synced(tmp_path):
+    """Handles A, B and C on one log stand for three processes. B's fdatasync is slow
+    (800 ms) and holds the store's fsync turn. A's thread waits in that turn for B's
+    fsync to cover A's earlier frame. Meanwhile A's section appends an ``async`` frame;
+    the waiter's leadership makes the section write it at once. C waits for the write
+    lock, so the section keeps no lease (the lease would wake A's flusher).
+
+    B's cover was taken before that write, so only A's flusher can sync the frame. On
+    bbc3549 nothing woke the parked flusher: the frame stayed unsynced until the next
+    commit or close (2 s and more in the reproducer)."""
+    path = tmp_path / "l"
+    with dlog.SegmentLog.open(path, durability="async") as a, \
+            dlog.SegmentLog.open(path, durability="sync") as b, dlog.SegmentLog.open(path) as c:
+        a.append(b"a0", durability="sync")
+        a1 = a.append(b"a1", durability="exit")     # written, not synced
+        time.sleep(0.05)            # A's lease lapses: its flusher parks until work comes
+        threads = []
+        try:
+            dlog.fault_inject("fdatasync", 1, pause_ms=800)
+            threads.append(threading.Thread(target=b.append, args=(b"b",)))
+            threads[-1].start()                     # B's sync commit: its fsync covers a1
+            time.sleep(0.1)
+            threads.append(threading.Thread(target=a.wait_durable, args=(a1,)))
+            threads[-1].start()                     # A waits in B's fsync turn
+            time.sleep(0.05)
+            a.write_begin()
+
+            def c_section():
+                c.write_begin()
+                c.write_end()
+            threads.append(threading.Thread(target=c_section))
+            threads[-1].start()                     # C wants the write lock
+            time.sleep(0.05)
+            a2 = a.append(b"a2", durability="async")
+            a.write_end()
+            assert a.durable_lsn <= a1, "the scenario needs B's fsync still running here"
+        finally:
+            for t in threads:
+                t.join()
+            dlog.fault_inject(None)
+        assert _catch_up(a, a2 + 1) is not None, (
+            f"the async frame {a2} was not synced within {CATCH_UP_S}s (durable position "
+            f"{a.durable_lsn}; A's flusher fdatasyncs: {a.flusher_syncs})")
 
 
 # ---- the store -----------------------------------------------------------------------------
