@@ -82,6 +82,8 @@ struct dkv_log {
     char failmsg[256];
     int closed;
     int broken;                 /* open failed: only close/last_error/last_damage work */
+    int shut;                   /* dkv_close began: no frame is appended; a second one returns */
+    int calls;                  /* public calls in progress (atomic): dkv_close waits for 0 */
     pthread_t flusher;
     int flusher_running, stop;
     uint64_t flush_want;        /* async appends up to here: the flusher syncs them (exit
@@ -122,15 +124,31 @@ static inline int dkv__inherited(const dkv_log *log)
 {
     return log->fork_gen != __atomic_load_n(&dkv__fork_gen, __ATOMIC_RELAXED);
 }
+/* The call in progress on a handle (DKV_OWNED): counted in log->calls until the calling
+ * function returns (the cleanup attribute runs on every return), so that dkv_close, which
+ * closes the descriptors and unmaps WSHM, waits for the calls other threads are in. */
+static inline dkv_log *dkv__call_enter(dkv_log *log)
+{
+    __atomic_add_fetch(&log->calls, 1, __ATOMIC_SEQ_CST);     /* before any look at closed */
+    return log;
+}
+static inline void dkv__call_leave(dkv_log **log)
+{
+    __atomic_sub_fetch(&(*log)->calls, 1, __ATOMIC_ACQ_REL);
+}
+
 /* First statement of every public call that takes mu: refuse an inherited handle before
- * touching its mutex (held, perhaps, by a thread this process does not have). */
-#define DKV_OWNED(log, fail_value)                   \
-    do {                                              \
-        if (dkv__inherited(log)) {                    \
-            dkv__forked_error(log);                   \
-            return (fail_value);                      \
-        }                                             \
-    } while (0)
+ * touching its mutex (held, perhaps, by a thread this process does not have); then count
+ * the call in progress until it returns. */
+#define DKV_OWNED(log, fail_value)                                       \
+    do {                                                                  \
+        if (dkv__inherited(log)) {                                        \
+            dkv__forked_error(log);                                       \
+            return (fail_value);                                          \
+        }                                                                 \
+    } while (0);                                                          \
+    dkv_log *dkv__in_call __attribute__((cleanup(dkv__call_leave), unused)) \
+        = dkv__call_enter(log)
 
 /* Record damage the handle found (dkv_last_damage) and say it in its error: "segment S
  * offset O: kind (detail)". Returns DKV_ECORRUPT. */

@@ -39,22 +39,25 @@ static uint64_t now_ms(void)
 #define WANT_NS 5000000u
 
 /* flock(fd, op | LOCK_NB) until it holds or timeout_ms pass: yields first (a commit holds
- * WLOCK for microseconds), then sleeps up to 1 ms at a time. 0, EWOULDBLOCK or errno.
- * want: WLOCK's handle, whose every failed poll asks a lease holder to let go (WSHM). */
-static int flock_wait(int fd, int op, uint32_t timeout_ms, dkv_log *want)
+ * WLOCK for microseconds), then sleeps up to 1 ms at a time. 0, EWOULDBLOCK, ECANCELED
+ * (another thread closes the handle: dkv_close waits for this call) or errno.
+ * want: 1 for WLOCK, whose every failed poll asks a lease holder to let go (WSHM). */
+static int flock_wait(dkv_log *log, int fd, int op, int want)
 {
-    uint64_t deadline = now_ms() + timeout_ms;
+    uint64_t deadline = now_ms() + log->opt.lock_timeout_ms;
     long ns = 20000;
     for (unsigned i = 0;; i++) {
         if (!flock(fd, op | LOCK_NB)) {
             if (want && i)
-                dkv__shm_unwant(want);  /* others waiting mark again on their next poll */
+                dkv__shm_unwant(log);   /* others waiting mark again on their next poll */
             return 0;
         }
         if (errno != EWOULDBLOCK && errno != EINTR)
             return errno;
+        if (__atomic_load_n(&log->closed, __ATOMIC_ACQUIRE))
+            return ECANCELED;
         if (want)
-            dkv__shm_want(want, dkv__mono_ns() + WANT_NS);
+            dkv__shm_want(log, dkv__mono_ns() + WANT_NS);
         if (now_ms() >= deadline)
             return EWOULDBLOCK;
         if (i < 64) {
@@ -79,7 +82,7 @@ static int take_lock(dkv_log *log, int *alone)
     if (fd < 0)
         return dkv__io_error(log, errno, "cannot open %s", p);
     *alone = !flock(fd, LOCK_EX | LOCK_NB);
-    int e = *alone ? 0 : flock_wait(fd, LOCK_SH, log->opt.lock_timeout_ms, NULL);
+    int e = *alone ? 0 : flock_wait(log, fd, LOCK_SH, 0);
     if (e) {
         char pid[32];
         lock_holder(fd, pid);
@@ -102,7 +105,7 @@ static int take_lock(dkv_log *log, int *alone)
 
 int dkv__wlock_take(dkv_log *log)
 {
-    int e = flock_wait(log->wlock_fd, LOCK_EX, log->opt.lock_timeout_ms, log);
+    int e = flock_wait(log, log->wlock_fd, LOCK_EX, 1);
     if (e == EWOULDBLOCK) {
         char pid[32];
         lock_holder(log->wlock_fd, pid);
@@ -111,6 +114,8 @@ int dkv__wlock_take(dkv_log *log)
                        log->opt.lock_timeout_ms);
         return DKV_ELOCKED;
     }
+    if (e == ECANCELED)
+        return dkv__usable(log, 1);     /* closed meanwhile: DKV_ECLOSED */
     if (e)
         return dkv__io_error(log, e, "cannot lock %s/WLOCK", log->dir);
     /* advisory, for messages only: rewritten only when another process wrote its own */
@@ -126,6 +131,8 @@ int dkv__wlock_take(dkv_log *log)
 int dkv_exclusive(dkv_log *log, int on)
 {
     DKV_OWNED(log, DKV_EFORKED);
+    if (__atomic_load_n(&log->closed, __ATOMIC_SEQ_CST))
+        return DKV_ECLOSED;
     if (!log->shared && on)
         return 0;
     if (on) {
@@ -134,7 +141,9 @@ int dkv_exclusive(dkv_log *log, int on)
             log->shared = 2;
             return 0;
         }
-        int e = flock_wait(log->lock_fd, LOCK_SH, log->opt.lock_timeout_ms, NULL);
+        int e = flock_wait(log, log->lock_fd, LOCK_SH, 0);
+        if (e == ECANCELED)
+            return dkv__usable(log, 0);
         if (e)
             return dkv__io_error(log, e, "cannot re-take the shared lock on %s/LOCK", log->dir);
         dkv__set_error(log, "other processes have %s open for writing; this needs the store "

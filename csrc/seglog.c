@@ -127,7 +127,8 @@ static int fail(dkv_log *log, const char *what, int neg_errno)
 /* Common entry checks, under mu. */
 int dkv__usable(dkv_log *log, int write)
 {
-    if (log->closed || log->broken) {
+    /* from dkv_close's start no frame is added: its flush covers every one acknowledged */
+    if (log->closed || log->broken || (write && log->shut)) {
         dkv__set_error(log, "log handle is closed");
         return DKV_ECLOSED;
     }
@@ -720,7 +721,8 @@ static int write_exit(dkv_log *log)
     int rc = 0;
     /* done when nothing is pending and no leader is still writing (one that syncs has
      * written its frames: the section's own go after them, without waiting for the fsync) */
-    while (!log->failed && (log->pend_len || (log->leader && !log->lead_sync) || log->rolling)) {
+    while (!log->failed && !log->closed
+           && (log->pend_len || (log->leader && !log->lead_sync) || log->rolling)) {
         if (log->pend_len && log->leader && log->lead_sync && !log->rolling) {
             if ((rc = write_pending(log)))
                 break;
@@ -733,7 +735,7 @@ static int write_exit(dkv_log *log)
         }
         pthread_cond_wait(&log->cv, &log->mu);
     }
-    if (!rc && log->failed)
+    if (!rc && (log->failed || log->closed))
         rc = dkv__usable(log, 1);
     if (!rc)
         dkv__shm_written(log);
@@ -805,6 +807,8 @@ static int try_lock(dkv_log *log)
  * directory fsync) or another leader's write (an `exit` spill writes up to 32 MiB) */
 static int would_block(dkv_log *log, size_t frame_bytes)
 {
+    if (log->closed)
+        return 1;               /* the blocking call says so */
     const seg_t *a = active(log);
     return log->rolling || (log->leader && !log->lead_sync)
         || (frame_bytes && a->count > 0 && a->data_end + frame_bytes > log->opt.segment_bytes);
@@ -898,7 +902,8 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
     /* Back-pressure: bound what piles up behind a running leader; and no enqueue while
      * another thread rolls the segment. */
     size_t group_cap = durability == DKV_EXIT ? EXIT_HARD : GROUP_CAP;
-    while (((log->leader && log->pend_len >= group_cap) || log->rolling) && !log->failed)
+    while (((log->leader && log->pend_len >= group_cap) || log->rolling) && !log->failed
+           && !log->closed)
         pthread_cond_wait(&log->cv, &log->mu);
     if ((rc = dkv__usable(log, 1)))
         return rc;
@@ -921,7 +926,7 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
     if (rc)
         return rc;
     for (;;) {
-        if (log->failed)
+        if (log->failed || log->closed)
             return dkv__usable(log, 1);
         if (durability == DKV_SYNC ? log->durable_lsn >= end
             : durability == DKV_ASYNC ? log->written_lsn >= end
@@ -1290,11 +1295,24 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
     return rc;
 }
 
-static void seg_free(seg_t *s)
+/* Close this process's descriptors of the handle and forget them (-1): its segments',
+ * the grave's and LOCK's and WLOCK's (which releases their flocks). The segments' indexes
+ * stay until dkv_destroy: a call that reads them after a close finds the handle closed. */
+static void close_fds(dkv_log *log)
 {
-    free(s->index);
-    if (s->fd >= 0)
-        close(s->fd);
+    for (size_t i = 0; i < log->nsegs; i++)
+        if (log->segs[i].fd >= 0) {
+            close(log->segs[i].fd);
+            log->segs[i].fd = -1;
+        }
+    log->wfd = -1;
+    dkv__fd_close_grave(log);
+    if (log->lock_fd >= 0)
+        close(log->lock_fd);
+    log->lock_fd = -1;
+    if (log->wlock_fd >= 0)
+        close(log->wlock_fd);
+    log->wlock_fd = -1;
 }
 
 /* dkv_close of an inherited handle: close this process's copies of its descriptors (the
@@ -1303,20 +1321,24 @@ static void seg_free(seg_t *s)
  * no join (the flusher thread is the parent's). The memory stays as the fork copied it. */
 static int close_inherited(dkv_log *log)
 {
-    for (size_t i = 0; i < log->nsegs; i++)
-        if (log->segs[i].fd >= 0) {
-            close(log->segs[i].fd);
-            log->segs[i].fd = -1;
-        }
-    dkv__fd_close_grave(log);
-    if (log->lock_fd >= 0)
-        close(log->lock_fd);
-    log->lock_fd = -1;
-    if (log->wlock_fd >= 0)
-        close(log->wlock_fd);   /* the child's copy: the parent's flock stays */
-    log->wlock_fd = -1;
+    close_fds(log);
     log->nsegs = 0;
     return 0;
+}
+
+/* Wait until no other thread is in a call on the handle (closed is set: each one returns
+ * DKV_ECLOSED, or what it was about to; a waiting one is woken by the broadcast). The calls
+ * wait for no one long: a WLOCK or LOCK poll sees closed within a millisecond, a wait for
+ * another process's fdatasync lasts 10 ms at most, a pread ends. */
+static void drain_calls(dkv_log *log)
+{
+    while (__atomic_load_n(&log->calls, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&log->mu);
+        pthread_cond_broadcast(&log->cv);
+        pthread_mutex_unlock(&log->mu);
+        struct timespec t = {0, 100000};
+        nanosleep(&t, NULL);
+    }
 }
 
 int dkv_close(dkv_log *log)
@@ -1325,37 +1347,54 @@ int dkv_close(dkv_log *log)
         return 0;
     if (dkv__inherited(log))
         return close_inherited(log);
-    int rc = 0;
     pthread_mutex_lock(&log->mu);
+    if (log->shut) {
+        pthread_mutex_unlock(&log->mu);
+        return 0;
+    }
+    log->shut = 1;          /* no frame is appended from here (dkv__usable) */
+    int rc = 0;
     if (!log->closed && !log->broken && !log->opt.read_only && !log->failed)
         rc = wait_durable_locked(log, log->next_lsn);
     else if (log->failed)
         rc = DKV_EFAILED;
     dkv__quiesce(log);
     log->stop = 1;
-    log->closed = 1;
+    /* from here every call returns DKV_ECLOSED; every frame is durable (or the handle
+     * failed, and none past the failure was acknowledged) */
+    __atomic_store_n(&log->closed, 1, __ATOMIC_SEQ_CST);    /* before drain_calls' loads */
+    pthread_cond_broadcast(&log->cv);
     pthread_cond_broadcast(&log->flush_cv);
     pthread_mutex_unlock(&log->mu);
     if (log->flusher_running)
         pthread_join(log->flusher, NULL);
-    for (size_t i = 0; i < log->nsegs; i++)
-        seg_free(&log->segs[i]);
-    dkv__fd_close_grave(log);
-    free(log->grave);
-    if (log->lock_fd >= 0)
-        close(log->lock_fd);    /* releases the flock */
-    if (log->wlock_fd >= 0)
-        close(log->wlock_fd);   /* releases WLOCK if a lease held it */
+    log->flusher_running = 0;
+    drain_calls(log);
+    pthread_mutex_lock(&log->mu);
+    close_fds(log);
     dkv__shm_close(log);
+    free(log->pend);
+    free(log->spare);
+    log->pend = log->spare = NULL;
+    log->pend_len = log->pend_cap = log->spare_cap = 0;
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+void dkv_destroy(dkv_log *log)
+{
+    if (!log || dkv__inherited(log))
+        return;                 /* an inherited handle's memory stays (close_inherited) */
+    dkv_close(log);
+    for (size_t i = 0; i < log->nsegs; i++)
+        free(log->segs[i].index);
+    free(log->grave);
     pthread_mutex_destroy(&log->mu);
     pthread_cond_destroy(&log->cv);
     pthread_cond_destroy(&log->flush_cv);
     free(log->segs);
-    free(log->pend);
-    free(log->spare);
     free(log->dir);
     free(log);
-    return rc;
 }
 
 /* How many fdatasyncs group-commit leaders ran on this handle (frames / syncs = the

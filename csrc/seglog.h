@@ -3,9 +3,9 @@
  * Conventions: every function returns 0 or a negative DKV_E* code; out-params
  * come last; dkv_strerror() names a code, dkv_last_error() gives the handle's
  * detailed message ("segment 0000000000000000.seg offset 4096: checksum_mismatch").
- * Handles are opaque; every dkv_open has a dkv_close. The library never calls
- * back into Python. All calls are safe to make without the GIL: a dkv_log is
- * internally locked, and appends from several threads are group-committed.
+ * Handles are opaque; every dkv_open has a dkv_destroy (after a dkv_close, or doing it).
+ * The library never calls back into Python. All calls are safe to make without the GIL:
+ * a dkv_log is internally locked, and appends from several threads are group-committed.
  *
  * A handle belongs to the process that opened it. In a child made by fork() every call on
  * an inherited handle returns DKV_EFORKED without touching its locks or files (a mutex may
@@ -129,10 +129,17 @@ uint32_t dkv_crc32c_portable(uint32_t seed, const uint8_t *buf, size_t len);
 
 /* Open (creating the directory and segment 0 if a writer finds no log). On failure *out
  * may still hold a handle (so dkv_last_error/dkv_last_damage can explain the failure);
- * the caller dkv_close()s it, and every other call on it returns DKV_ECLOSED. */
+ * the caller dkv_destroy()s it, and every other call on it returns DKV_ECLOSED. */
 int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out);
-/* Flush (all policies), stop the flusher, release the lock, free. NULL-safe. */
+/* Flush (all policies), stop the flusher, close the files and release the locks. Other
+ * threads may be in calls on the handle meanwhile, or make them after: an append from
+ * dkv_close's start returns DKV_ECLOSED (nothing appended), every other call returns
+ * DKV_ECLOSED or completes, and dkv_close waits for them to leave before it closes a file.
+ * Every frame appended before its start is flushed (an acknowledged `exit` frame too).
+ * The memory stays, for such calls, until dkv_destroy. Idempotent; NULL-safe. */
 int dkv_close(dkv_log *log);
+/* dkv_close if not done, then free the handle. No call may be in progress or follow. */
+void dkv_destroy(dkv_log *log);
 /* The handle's last detailed error message ("" if none). Valid until the next call.
  * NULL: the calling thread's last error of a call without a handle (dkv_verify,
  * dkv_recover). An I/O error's message names the file and ends with strerror(errno). */
@@ -209,7 +216,7 @@ uint64_t dkv_fdatasync_count(void);
 uint64_t dkv_next_lsn(dkv_log *log);
 /* Where the log keeps that LSN, for a caller that cannot afford a call per read (from
  * Python every cffi call hands the GIL over, and a commit read it twice). Valid until
- * dkv_close; read it as one aligned 64-bit load. */
+ * dkv_destroy; read it as one aligned 64-bit load. */
 const uint64_t *dkv_next_lsn_at(dkv_log *log);
 /* Lowest live LSN (start_lsn of FORMAT.md §7). */
 uint64_t dkv_start_lsn(dkv_log *log);

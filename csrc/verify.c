@@ -543,6 +543,7 @@ static int finish_repair(const char *dir, int lfd, uint64_t epoch, int raise_sta
             rc = dkv__head_update(log) ? DKV_EIO : 0;
     }
     int crc = dkv_close(log);
+    dkv_destroy(log);
     return rc ? rc : crc;
 }
 

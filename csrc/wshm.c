@@ -246,6 +246,8 @@ void dkv__shm_set_holder(dkv_log *log, uint32_t pid)
 int dkv_shared_durable(dkv_log *log, uint64_t *durable, uint64_t *publishes)
 {
     DKV_OWNED(log, DKV_EFORKED);
+    if (__atomic_load_n(&log->closed, __ATOMIC_SEQ_CST))
+        return DKV_ECLOSED;
     if (!log->shm)
         return DKV_EINVAL;
     *durable = LD(log->shm->durable);

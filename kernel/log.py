@@ -269,6 +269,10 @@ class SegmentLog:
     def __init__(self, handle, path: str, durability: str, read_only: bool,
                  recovery_damage: Damage | None) -> None:
         self._h = handle
+        # the handle's memory, freed (dkv_destroy) only when this object goes: after close()
+        # another thread may still be in a call on it, or about to make one (it holds
+        # this object meanwhile); dkv_close makes those return DKV_ECLOSED
+        self._cdata = handle
         # the handle's address while it is open, else None: run.step's C entry appends
         # through it (csrc/journalscan.c, fast_append)
         self._addr = int(ffi.cast("uintptr_t", handle))
@@ -319,13 +323,13 @@ class SegmentLog:
         if rc:
             err = _error(rc, h if h != ffi.NULL else None, path, "open")
             if h != ffi.NULL:
-                lib.dkv_close(h)
+                lib.dkv_destroy(h)
             raise err
         d = ffi.new("dkv_damage *")
         damage = _damage(d) if lib.dkv_last_damage(h, d) == 0 else None
         ro = read_only or recovery == "salvage" or (damage is not None and
                                                     damage.kind != "torn_tail")
-        self = cls(ffi.gc(h, lib.dkv_close), path, durability, ro, damage)
+        self = cls(ffi.gc(h, lib.dkv_destroy), path, durability, ro, damage)
         self._salvage = recovery == "salvage"
         _open_logs.add(self)
         return self
@@ -356,8 +360,7 @@ class SegmentLog:
         self._next_at = None
         _open_logs.discard(self)
         if h is not None:
-            ffi.gc(h, None)
-            lib.dkv_close(ffi.cast("dkv_log *", h))     # inherited: closes the fds only
+            lib.dkv_close(h)    # inherited: closes the fds only (and dkv_destroy frees nothing)
 
     def close(self) -> None:
         """Flush (every policy), stop the flusher, release the lock. Idempotent."""
@@ -367,9 +370,7 @@ class SegmentLog:
         if h is None:
             return
         _open_logs.discard(self)
-        raw = ffi.cast("dkv_log *", h)
-        ffi.gc(h, None)     # detach the finalizer: we close it now, exactly once
-        rc = lib.dkv_close(raw)
+        rc = lib.dkv_close(h)
         if rc and rc != lib.DKV_EFAILED:
             raise _error(rc, None, self.path, "close")
 

@@ -101,6 +101,7 @@ def test_c_handle_refuses_every_call_in_a_forked_child(tmp_path):
     assert _digest(path) == before, "the child wrote to the parent's log"
     assert lib.dkv_append(h, lib.DKV_FRAME_DATA, b"after", 5, -1, first) == 0
     assert lib.dkv_close(h) == 0
+    lib.dkv_destroy(h)
     with dlog.SegmentLog.open(path, read_only=True) as log:
         assert [p for _, p in log.scan()] == [b"before", b"after"]
     _verify_clean(path)
