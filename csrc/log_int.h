@@ -77,6 +77,7 @@ struct dkv_log {
     uint64_t commit_syncs;          /* fdatasyncs run by group-commit leaders (mu) */
     uint64_t flusher_syncs;         /* fdatasyncs run by the async flusher (atomic) */
     int leader, syncing, rolling;
+    int appending;              /* appends enqueuing their frames (mu): dkv_close waits */
     int lead_sync;              /* the leader has written its group and runs its fsync */
     int failed;
     char failmsg[256];
@@ -204,7 +205,12 @@ void dkv__quiesce(dkv_log *log);
 /* The async flusher thread (seglog.c). */
 void *dkv__flusher_main(void *arg);
 
-/* 0, or why the handle cannot take this call (closed, failed, read-only). mu held. */
+/* 0, or why the handle cannot take this call (closed, failed, read-only). mu held.
+ * write: 0 a read; DKV_USE_WRITE a new write, refused from dkv_close's start too;
+ * DKV_USE_UNDERWAY a write already under way (a roll within an append or a seal), which
+ * dkv_close waits for and flushes. */
+#define DKV_USE_WRITE 1
+#define DKV_USE_UNDERWAY 2
 int dkv__usable(dkv_log *log, int write);
 int dkv__load_index(dkv_log *log, seg_t *s);
 /* next_lsn, durable_lsn and start_lsn are read without mu by dkv_next_lsn & co: their

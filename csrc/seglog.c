@@ -127,8 +127,8 @@ static int fail(dkv_log *log, const char *what, int neg_errno)
 /* Common entry checks, under mu. */
 int dkv__usable(dkv_log *log, int write)
 {
-    /* from dkv_close's start no frame is added: its flush covers every one acknowledged */
-    if (log->closed || log->broken || (write && log->shut)) {
+    /* from dkv_close's start no append begins: its flush covers every frame acknowledged */
+    if (log->closed || log->broken || (write == DKV_USE_WRITE && log->shut)) {
         dkv__set_error(log, "log handle is closed");
         return DKV_ECLOSED;
     }
@@ -404,7 +404,7 @@ static int roll(dkv_log *log, uint64_t new_start)
     log->rolling = 1;
     while (log->leader || log->syncing)
         pthread_cond_wait(&log->cv, &log->mu);
-    int rc = dkv__usable(log, 1);
+    int rc = dkv__usable(log, DKV_USE_UNDERWAY);
     if (rc) {
         log->rolling = 0;
         pthread_cond_broadcast(&log->cv);
@@ -735,7 +735,7 @@ static int write_exit(dkv_log *log)
         }
         pthread_cond_wait(&log->cv, &log->mu);
     }
-    if (!rc && (log->failed || log->closed))
+    if (!rc && log->failed)
         rc = dkv__usable(log, 1);
     if (!rc)
         dkv__shm_written(log);
@@ -912,8 +912,11 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
     if (implicit && (rc = write_enter(log)))
         return rc;
     *first = log->next_lsn;
+    log->appending++;       /* a roll may let mu go: dkv_close waits for the whole batch */
     for (uint32_t i = 0; i < n && !rc; i++)
         rc = enqueue(log, type, bufs[i], lens[i], n > 1);
+    if (!--log->appending && log->shut)
+        pthread_cond_broadcast(&log->cv);
     crc_flush(log);
     uint64_t end = log->next_lsn;
     if (!rc && durability == DKV_ASYNC && end > log->flush_want)
@@ -926,12 +929,14 @@ static int append_locked(dkv_log *log, uint8_t type, const uint8_t *const *bufs,
     if (rc)
         return rc;
     for (;;) {
-        if (log->failed || log->closed)
+        if (log->failed)
             return dkv__usable(log, 1);
         if (durability == DKV_SYNC ? log->durable_lsn >= end
             : durability == DKV_ASYNC ? log->written_lsn >= end
             : log->pend_len < EXIT_SPILL || log->leader)
             return 0;
+        if (log->closed)    /* after the goal: close's flush met it for every frame before */
+            return dkv__usable(log, 1);
         if (durability == DKV_EXIT && log->pend_len < EXIT_HARD && log->flusher_running) {
             /* Spill in the background: the flusher writes pend (no fsync; the buffer swap
              * is O(1)), so exit appends never wait for a 4 MiB write. */
@@ -1352,12 +1357,20 @@ int dkv_close(dkv_log *log)
         pthread_mutex_unlock(&log->mu);
         return 0;
     }
-    log->shut = 1;          /* no frame is appended from here (dkv__usable) */
-    int rc = 0;
-    if (!log->closed && !log->broken && !log->opt.read_only && !log->failed)
-        rc = wait_durable_locked(log, log->next_lsn);
-    else if (log->failed)
-        rc = DKV_EFAILED;
+    log->shut = 1;          /* no append begins from here (dkv__usable) */
+    int rc = log->failed ? DKV_EFAILED : 0;
+    /* flush until every frame is durable, the rest of appends already under way included
+     * (a batch that rolls lets mu go between its frames) */
+    while (!rc && !log->closed && !log->broken && !log->opt.read_only) {
+        while (log->appending || log->leader || log->syncing || log->rolling)
+            pthread_cond_wait(&log->cv, &log->mu);
+        if (log->failed)
+            rc = DKV_EFAILED;
+        else if (log->durable_lsn >= log->next_lsn)
+            break;
+        else
+            rc = wait_durable_locked(log, log->next_lsn);
+    }
     dkv__quiesce(log);
     log->stop = 1;
     /* from here every call returns DKV_ECLOSED; every frame is durable (or the handle
@@ -1373,6 +1386,12 @@ int dkv_close(dkv_log *log)
     pthread_mutex_lock(&log->mu);
     close_fds(log);
     dkv__shm_close(log);
+    for (size_t i = 0; i < log->nsegs; i++) {   /* a read finds the handle closed first */
+        free(log->segs[i].index);
+        log->segs[i].index = NULL;
+        log->segs[i].n_index = log->segs[i].cap_index = 0;
+        log->segs[i].index_loaded = 0;
+    }
     free(log->pend);
     free(log->spare);
     log->pend = log->spare = NULL;
@@ -1386,8 +1405,6 @@ void dkv_destroy(dkv_log *log)
     if (!log || dkv__inherited(log))
         return;                 /* an inherited handle's memory stays (close_inherited) */
     dkv_close(log);
-    for (size_t i = 0; i < log->nsegs; i++)
-        free(log->segs[i].index);
     free(log->grave);
     pthread_mutex_destroy(&log->mu);
     pthread_cond_destroy(&log->cv);

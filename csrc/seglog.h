@@ -132,10 +132,12 @@ uint32_t dkv_crc32c_portable(uint32_t seed, const uint8_t *buf, size_t len);
  * the caller dkv_destroy()s it, and every other call on it returns DKV_ECLOSED. */
 int dkv_open(const char *dir, const dkv_options *opt, dkv_log **out);
 /* Flush (all policies), stop the flusher, close the files and release the locks. Other
- * threads may be in calls on the handle meanwhile, or make them after: an append from
- * dkv_close's start returns DKV_ECLOSED (nothing appended), every other call returns
- * DKV_ECLOSED or completes, and dkv_close waits for them to leave before it closes a file.
- * Every frame appended before its start is flushed (an acknowledged `exit` frame too).
+ * threads may be in calls on the handle meanwhile, or make them after: an append begun
+ * after dkv_close's start returns DKV_ECLOSED (nothing appended), one under way is
+ * appended whole, and the flush covers every frame appended (an append returns
+ * DKV_ECLOSED only when none of it is in the log). Every other call returns DKV_ECLOSED
+ * or completes; dkv_close waits for them to leave before it closes a file, and frees the
+ * frame indexes and buffers then.
  * The memory stays, for such calls, until dkv_destroy. Idempotent; NULL-safe. */
 int dkv_close(dkv_log *log);
 /* dkv_close if not done, then free the handle. No call may be in progress or follow. */

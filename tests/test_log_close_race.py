@@ -11,12 +11,15 @@ woke after the free read freed memory.
 
 from __future__ import annotations
 
+import gc
+import os
 import random
 import threading
 import time
 
 import pytest
 
+from durkv import log as dlog
 from durkv.errors import StoreClosedError
 from durkv.log import SegmentLog, verify
 
@@ -176,3 +179,105 @@ def test_close_while_threads_wait_for_another_writers_lock(tmp_path):
         holder.join()
         rival.close()
     assert verify(path).ok
+
+
+def test_a_batch_under_way_when_close_starts_is_appended_whole(tmp_path):
+    """An append_many that must roll the segment between its frames, its roll waiting for
+    the flusher's slow fdatasync, when close() starts: close waits for the whole batch and
+    flushes it; the call returns its LSNs. (Before: the roll refused on the close, the
+    call raised StoreClosedError, and close's flush kept the frame already queued.)"""
+    payload = b"x" * 1000
+    seg = 64 << 10
+    path = tmp_path / "l"
+    with SegmentLog.open(tmp_path / "probe", durability="async", segment_bytes=seg) as probe:
+        fit = 0
+        while len(probe.segments()) == 1:
+            probe.append(payload)
+            fit += 1
+    log = SegmentLog.open(path, durability="async", segment_bytes=seg, flush_interval_ms=20)
+    log.append_many([payload] * (fit - 2))      # room for exactly one more frame
+    log.flush()
+    out: dict = {}
+
+    def batch():
+        try:
+            out["lsns"] = log.append_many([b"batch-%d" % i + payload for i in range(3)])
+        except StoreClosedError as e:
+            out["error"] = e
+    try:
+        dlog.fault_inject("fdatasync", 1, pause_ms=600)     # the flusher's next one
+        log.append(payload)
+        time.sleep(0.1)                 # the flusher is in its fdatasync
+        t = threading.Thread(target=batch, daemon=True)
+        t.start()
+        time.sleep(0.1)                 # the batch's first frame is queued, its roll waits
+        log.close()
+        t.join(CLOSE_WITHIN_S)
+    finally:
+        dlog.fault_inject(None)
+    with SegmentLog.open(path, read_only=True) as r:
+        got = {lsn: p[:7] for lsn, p in r.scan() if p.startswith(b"batch")}
+    assert "error" not in out, out
+    assert got == {lsn: b"batch-%d" % i for i, lsn in enumerate(out["lsns"])}
+
+
+def test_an_append_waiting_for_its_fsync_when_close_starts_is_acknowledged(tmp_path):
+    """Sync appends queued behind a slow fdatasync when close() starts: close's flush makes
+    each one durable, and each returns its LSN -- an append raises StoreClosedError only
+    when nothing of it is in the log. (Before: some raised although they were durable.)"""
+    path = tmp_path / "l"
+    log = SegmentLog.open(path, durability="sync")
+    log.append(b"warm")
+    out: dict = {}
+
+    def append(i):
+        try:
+            out[i] = log.append(b"inflight-%d" % i)
+        except StoreClosedError:
+            out[i] = None
+    threads = []
+    try:
+        dlog.fault_inject("fdatasync", 1, pause_ms=400)
+        for i in range(4):
+            threads.append(threading.Thread(target=append, args=(i,), daemon=True))
+            threads[-1].start()
+            time.sleep(0.02)
+        time.sleep(0.1)
+        log.close()
+        for t in threads:
+            t.join(CLOSE_WITHIN_S)
+    finally:
+        dlog.fault_inject(None)
+    with SegmentLog.open(path, read_only=True) as r:
+        frames = {p: lsn for lsn, p in r.scan()}
+    for i in range(4):
+        assert out[i] == frames.get(b"inflight-%d" % i), (i, out)
+    assert all(out[i] is not None for i in range(4))   # queued before close: all flushed
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def test_a_closed_log_still_referenced_holds_no_index_and_no_descriptor(tmp_path):
+    """close() releases the frame indexes (8 bytes a frame) and the descriptors at once,
+    not when the object is collected: a closed log some code still references costs
+    almost nothing. (Before this test: 32 MiB a closed handle of 4 million frames.)"""
+    path = tmp_path / "l"
+    n = 2_000_000
+    with SegmentLog.open(path, durability="exit", segment_bytes=256 << 20) as log:
+        log.append_many([b""] * n)
+    fds = len(os.listdir("/proc/self/fd"))
+    closed = []
+    for _ in range(3):
+        log = SegmentLog.open(path, durability="exit")
+        assert log.read(n - 1) == b""       # loads the segment's index
+        log.close()
+        closed.append(log)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    referenced = _rss_mib()
+    del closed, log
+    gc.collect()
+    held = referenced - _rss_mib()
+    assert held < 4, f"3 closed handles of {n:,} frames held {held:.0f} MiB until collected"
