@@ -94,18 +94,23 @@ def _note_encrypted(ciphers: set[str]) -> None:
                "saver.serde = EncryptedSerializer(...))", err=True)
 
 
-def _decodes(store: Any) -> bool:
-    """True if the newest checkpoint of the first thread decodes (or there is none)."""
-    for thread in store.threads()[:1]:
+def _decodes(store: Any, tries: int = 8) -> bool:
+    """True if the newest checkpoint of the first thread that has one decodes (or no
+    thread has one). A thread a live writer deletes between the listing and the read
+    has none: the next one decides (on a LangGraph store whose app deleted the first
+    thread, the msgpack serde was chosen and every read of it failed)."""
+    for thread in store.threads()[:tries]:
         for ns in store.namespaces(thread)[:1]:
             try:
-                store.get(thread, ns)
+                if store.get(thread, ns) is None:
+                    continue
             except DurkvError as exc:
                 if not isinstance(exc, SerializationError):
                     raise
                 return False
             except (ValueError, TypeError):   # msgpack's decode errors are ValueErrors
                 return False
+            return True
     return True
 
 

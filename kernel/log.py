@@ -767,10 +767,20 @@ def verify(path: str | os.PathLike, deep: bool = False,
 
 
 def _lock_holder(path: str) -> str:
+    """Who holds the store's LOCK: the pids /proc/locks names (writers share LOCK and
+    write no pid into it), else the pid written into it, else "?"."""
+    lock = os.path.join(path, "LOCK")
     try:
-        with open(os.path.join(path, "LOCK")) as f:
+        st = os.stat(lock)
+        file = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        with open("/proc/locks") as f:     # "1: FLOCK  ADVISORY  READ 4242 fe:00:77 0 EOF"
+            pids = sorted({int(w[4]) for w in map(str.split, f)
+                           if len(w) >= 6 and w[1] == "FLOCK" and w[5] == file})
+        if pids:
+            return ", ".join(map(str, pids))
+        with open(lock) as f:
             return f.read().strip() or "?"
-    except OSError:
+    except (OSError, ValueError):
         return "?"
 
 

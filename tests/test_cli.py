@@ -9,6 +9,7 @@ that the files changed exactly as promised.
 from __future__ import annotations
 
 import json
+import os
 
 import click
 import durkv
@@ -284,6 +285,8 @@ def test_recover_on_a_locked_store_is_one_line_exit_1(run, tmp_path):
             lines = result.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: "), lines
             assert "Traceback" not in result.output
+            # the holder by its pid (writers share LOCK and write none into it: "pid ?")
+            assert f"locked by pid {os.getpid()};" in lines[0], lines
         assert run("recover", "--dry-run", d).exit_code == 0   # a plan reads, without the lock
         assert lt.snapshot(d) == before
 
@@ -456,6 +459,37 @@ def test_browse_reads_a_langgraph_store(run, tmp_path):
     assert shown["values"]["msgs"] == ["hi"] and shown["metadata"]["step"] == -1
     forced = run("show", "--serde", "msgpack", d, "t1")
     assert forced.exit_code == 1 and "try --serde langgraph" in forced.stderr
+
+
+def test_the_auto_serde_is_decided_by_a_thread_that_has_a_checkpoint(tmp_path):
+    """A listing taken before a live writer deleted its first thread: that thread has no
+    checkpoint to decode, so the next one decides (before: the msgpack serde was chosen
+    for a LangGraph store, and ls/history/show failed on it)."""
+    from durkv.cli.browse import _decodes
+    from durkv.langgraph import DurkvSaver
+
+    d = tmp_path / "lg.durkv"
+    with DurkvSaver.open(str(d)) as saver:
+        config = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+        checkpoint = {"v": 4, "id": "1ef0000000000001", "ts": "2026-01-01T00:00:00+00:00",
+                      "channel_values": {"msgs": ["hi"]}, "channel_versions": {"msgs": 1},
+                      "versions_seen": {}, "updated_channels": ["msgs"]}
+        saver.put(config, checkpoint, {"source": "input", "step": -1}, {"msgs": 1})
+        saver.put({"configurable": {"thread_id": "t0", "checkpoint_ns": ""}}, checkpoint,
+                  {"source": "input", "step": -1}, {"msgs": 1})
+        saver.delete_thread("t0")
+    with durkv.open(str(d), read_only=True) as store:
+        class ListedBeforeTheDelete:
+            def __getattr__(self, name):
+                return getattr(store, name)
+
+            def threads(self):
+                return ["t0", *store.threads()]
+
+            def namespaces(self, thread):
+                return [""] if thread == "t0" else store.namespaces(thread)
+        assert _decodes(ListedBeforeTheDelete()) is False   # t1 needs LangGraph's serde
+        assert _decodes(store) is False
 
 
 # ---- the README and CI agree -------------------------------------------------------------
