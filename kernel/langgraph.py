@@ -726,7 +726,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of a thread, in every namespace."""
-        self.store.delete_thread(str(thread_id))
+        self.store.delete_thread(thread_key(thread_id))
         forget_thread(self, thread_id)      # the journal's Run cached for its steps/tools
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -741,7 +741,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy a thread's whole history (every namespace, parent chain and writes)."""
-        self.store.copy_thread(str(source_thread_id), str(target_thread_id))
+        self.store.copy_thread(thread_key(source_thread_id), thread_key(target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Drop old checkpoints: ``"keep_latest"`` per namespace, or ``"delete"`` all.

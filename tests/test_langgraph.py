@@ -365,6 +365,22 @@ def test_missing_thread_id_says_the_fix():
             graph.invoke({"n": 0, "messages": []}, {"configurable": {"checkpoint_ns": ""}})
 
 
+def test_a_bad_thread_id_is_a_config_error_at_every_door(tmp_path):
+    """A lone surrogate is refused before it names the thread's claim file (it escaped
+    as a UnicodeEncodeError from graph.invoke); None is a missing thread id for
+    copy_thread and delete_thread too (they stored and deleted a thread named 'None')."""
+    with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
+        graph = loop_graph(2).compile(checkpointer=saver)
+        with pytest.raises(ConfigError, match="not valid Unicode"):
+            graph.invoke({"n": 0, "messages": []}, {"configurable": {"thread_id": "t\ud800"}})
+        graph.invoke({"n": 0, "messages": []}, {"configurable": {"thread_id": "x"}})
+        for call in (lambda: saver.copy_thread("x", None), lambda: saver.copy_thread(None, "y"),
+                     lambda: saver.delete_thread(None), lambda: saver.delete_thread("\ud800")):
+            with pytest.raises(ConfigError):
+                call()
+        assert list(saver.store.threads()) == ["x"]
+
+
 def test_pinned_durability_overrides_langgraph():
     with DurkvSaver.open("memory://", durability="sync") as saver:
         assert saver._policy({"__pregel_durability": "exit"}) == "sync"

@@ -48,6 +48,7 @@ from langchain_core.tracers.context import register_configure_hook
 from langgraph.config import get_config
 
 from ..errors import BackendError, ConfigError
+from ..store.records import check_id
 from .run import SAME_KEY, SYNCED_TOOLS, Run
 from .tools import Retry
 
@@ -70,11 +71,14 @@ _lock = threading.Lock()
 
 def thread_key(thread_id: Any) -> str:
     """A LangGraph thread id as durkv's thread and run id: a str as is, any other value
-    (an int) as ``str()``, as DurkvSaver stores it; None or "" is a ConfigError."""
+    (an int) as ``str()``, as DurkvSaver stores it; None, "" or text that is not valid
+    Unicode (a lone surrogate) is a ConfigError."""
     if thread_id is None or thread_id == "":
         raise ConfigError("checkpointer needs configurable.thread_id; "
                           "pass config={'configurable': {'thread_id': ...}}")
-    return thread_id if type(thread_id) is str else str(thread_id)
+    key = thread_id if type(thread_id) is str else str(thread_id)
+    check_id("thread_id", key)      # before it names a claim file or a record
+    return key
 
 
 # ---- the Run of each thread -------------------------------------------------------------
