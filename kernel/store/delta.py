@@ -38,8 +38,10 @@ appending in place -- is seen by the next put and never shows in ``get``. The
 items in it are the objects that were put (that identity is what keeps the
 compare at one memcmp); the one thing no compare short of re-serializing the
 whole list can see is **an item object that was put, mutated in place and put
-again**: its new content is not stored. Put a new object instead (LangGraph's
-reducers and ``add_messages`` do; an edit of ``get()`` output is safe, as below).
+again**: its new content is not stored. Put a new object instead (an edit of
+``get()`` output is safe, as below). LangGraph's reducers build new lists, but of the
+objects the nodes return: a node that edits a state message in place and returns it
+(``add_messages`` replaces it by id) puts the same object again (GUARANTEES section 10).
 
 Reads
 -----
