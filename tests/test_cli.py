@@ -445,15 +445,19 @@ def test_browse_unknown_thread_or_checkpoint(run, store_path, args):
     assert result.stderr.startswith("error: no ") and len(result.stderr.splitlines()) == 1
 
 
+# a LangGraph checkpoint as a saver is given it: the channel "msgs" holds ["hi"]
+_LG_CHECKPOINT = {"v": 4, "id": "1ef0000000000001", "ts": "2026-01-01T00:00:00+00:00",
+                  "channel_values": {"msgs": ["hi"]}, "channel_versions": {"msgs": 1},
+                  "versions_seen": {}, "updated_channels": ["msgs"]}
+
+
 def test_browse_reads_a_langgraph_store(run, tmp_path):
     from durkv.langgraph import DurkvSaver
 
     d = tmp_path / "lg.durkv"
     with DurkvSaver.open(str(d)) as saver:
         config = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
-        checkpoint = {"v": 4, "id": "1ef0000000000001", "ts": "2026-01-01T00:00:00+00:00",
-                      "channel_values": {"msgs": ["hi"]}, "channel_versions": {"msgs": 1},
-                      "versions_seen": {}, "updated_channels": ["msgs"]}
+        checkpoint = _LG_CHECKPOINT
         saver.put(config, checkpoint, {"source": "input", "step": -1}, {"msgs": 1})
     shown = _json(run("show", "--json", d, "t1"))
     assert shown["values"]["msgs"] == ["hi"] and shown["metadata"]["step"] == -1
@@ -471,9 +475,7 @@ def test_the_auto_serde_is_decided_by_a_thread_that_has_a_checkpoint(tmp_path):
     d = tmp_path / "lg.durkv"
     with DurkvSaver.open(str(d)) as saver:
         config = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
-        checkpoint = {"v": 4, "id": "1ef0000000000001", "ts": "2026-01-01T00:00:00+00:00",
-                      "channel_values": {"msgs": ["hi"]}, "channel_versions": {"msgs": 1},
-                      "versions_seen": {}, "updated_channels": ["msgs"]}
+        checkpoint = _LG_CHECKPOINT
         saver.put(config, checkpoint, {"source": "input", "step": -1}, {"msgs": 1})
         saver.put({"configurable": {"thread_id": "t0", "checkpoint_ns": ""}}, checkpoint,
                   {"source": "input", "step": -1}, {"msgs": 1})

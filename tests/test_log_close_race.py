@@ -59,6 +59,32 @@ def _worker(log, k: int, acked: list, errors: list, rng: random.Random) -> None:
         errors.append(e)
 
 
+def _busy(log) -> tuple[list, list, list]:
+    """Three threads of mixed calls on ``log`` (_worker), started: (threads, acked, errors)."""
+    acked: list[list] = [[] for _ in range(3)]
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=_worker, args=(log, k, acked[k], errors,
+                                                      random.Random(k)), daemon=True)
+               for k in range(3)]
+    for t in threads:
+        t.start()
+    return threads, acked, errors
+
+
+def _check_closed(path, busy: tuple[list, list, list], trial: int) -> None:
+    """Every thread left its call; none failed but by StoreClosedError; every frame
+    acknowledged reads back."""
+    threads, acked, errors = busy
+    for t in threads:
+        t.join(CLOSE_WITHIN_S)
+        assert not t.is_alive(), f"a thread is stuck in a call after close (trial {trial})"
+    assert not errors, errors
+    with SegmentLog.open(path, read_only=True) as r:
+        frames = dict(r.scan())
+    for lsn, payload in (x for a in acked for x in a):
+        assert frames.get(lsn) == payload, (trial, lsn)
+
+
 @pytest.mark.parametrize("durability", ["sync", "async", "exit"])
 def test_close_under_busy_threads_returns_and_keeps_every_acknowledged_frame(
         tmp_path, durability):
@@ -66,26 +92,13 @@ def test_close_under_busy_threads_returns_and_keeps_every_acknowledged_frame(
     for trial in range(TRIALS):
         path = tmp_path / f"l{trial}"
         log = SegmentLog.open(path, durability=durability, segment_bytes=64 << 10)
-        acked: list[list] = [[] for _ in range(3)]
-        errors: list[BaseException] = []
-        threads = [threading.Thread(target=_worker, args=(log, k, acked[k], errors,
-                                                          random.Random(k)), daemon=True)
-                   for k in range(3)]
-        for t in threads:
-            t.start()
+        busy = _busy(log)
         time.sleep(rng.uniform(0.001, 0.03))
         closer = threading.Thread(target=log.close, daemon=True)
         closer.start()
         closer.join(CLOSE_WITHIN_S)
         assert not closer.is_alive(), f"close hung (trial {trial})"
-        for t in threads:
-            t.join(CLOSE_WITHIN_S)
-            assert not t.is_alive(), f"a thread is stuck in a call after close (trial {trial})"
-        assert not errors, errors
-        with SegmentLog.open(path, read_only=True) as r:
-            frames = dict(r.scan())
-        for lsn, payload in (x for a in acked for x in a):
-            assert frames.get(lsn) == payload, (trial, lsn)
+        _check_closed(path, busy, trial)
         assert verify(path).ok
 
 
@@ -155,25 +168,12 @@ def test_close_while_threads_wait_for_another_writers_lock(tmp_path):
     try:
         for trial in range(8):
             log = SegmentLog.open(path, durability="sync", lock_timeout_ms=60_000)
-            acked: list[list] = [[] for _ in range(3)]
-            errors: list[BaseException] = []
-            threads = [threading.Thread(target=_worker, args=(log, k, acked[k], errors,
-                                                              random.Random(k)), daemon=True)
-                       for k in range(3)]
-            for t in threads:
-                t.start()
+            busy = _busy(log)
             time.sleep(0.05)
             t0 = time.monotonic()
             log.close()
-            for t in threads:
-                t.join(CLOSE_WITHIN_S)
-                assert not t.is_alive(), f"a thread is stuck in a call after close ({trial})"
             assert time.monotonic() - t0 < CLOSE_WITHIN_S
-            assert not errors, errors
-            with SegmentLog.open(path, read_only=True) as r:
-                frames = dict(r.scan())
-            for lsn, payload in (x for a in acked for x in a):
-                assert frames.get(lsn) == payload, (trial, lsn)
+            _check_closed(path, busy, trial)
     finally:
         stop.set()
         holder.join()
