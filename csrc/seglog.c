@@ -1301,8 +1301,7 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
 }
 
 /* Close this process's descriptors of the handle and forget them (-1): its segments',
- * the grave's and LOCK's and WLOCK's (which releases their flocks). The segments' indexes
- * stay until dkv_destroy: a call that reads them after a close finds the handle closed. */
+ * the grave's and LOCK's and WLOCK's (which releases their flocks). */
 static void close_fds(dkv_log *log)
 {
     for (size_t i = 0; i < log->nsegs; i++)
