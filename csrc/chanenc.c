@@ -42,7 +42,7 @@ static const char JREF_MAGIC[4] = {(char)0xc1, 0x6a, 0x72, 0x66};   /* payload.J
 
 static PyObject *s_loaded, *s_is_list, *s_obj, *s_raw, *s_as_is, *s_n, *s_first, *s_last,
     *s_mid, *s_vbytes, *s_base, *s_deltas, *s_fresh, *s_ref, *s_snapshot_every,
-    *s_prefix_check, *s_plain_tag, *empty_args;
+    *s_prefix_check, *s_plain_tag, *s_rewritten, *empty_args;
 
 typedef struct {
     PyObject_HEAD
@@ -197,6 +197,13 @@ static Py_ssize_t delta_start(ChanEnc *e, PyObject *prev, PyObject *v)
         return -2;
     if (PyList_GET_SIZE(v) < n)
         return -1;
+    PyObject *rw = PyObject_GetAttr(prev, s_rewritten);   /* ChanState.rewritten */
+    if (rw == NULL)
+        return -2;
+    int rewritten = PyObject_IsTrue(rw);
+    Py_DECREF(rw);
+    if (rewritten)
+        return rewritten < 0 ? -2 : -1;
     if (n == 0)
         return 0;
     PyObject *old = PyObject_GetAttr(prev, s_obj);
@@ -1016,6 +1023,7 @@ PyMODINIT_FUNC PyInit__chanenc(void)
     INTERN(s_snapshot_every, "snapshot_every");
     INTERN(s_prefix_check, "_prefix_check");
     INTERN(s_plain_tag, "plain_tag");
+    INTERN(s_rewritten, "rewritten");
     if ((empty_args = PyTuple_New(0)) == NULL)
         return NULL;
     if (PyType_Ready(&ChanEncType) < 0)

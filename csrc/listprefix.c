@@ -13,6 +13,9 @@
  * decoded_copy() takes the store's own copy of a plain-data list item, in the form the
  * serializer reads it back (plaincopy.h): the state keeps that instead of its bytes.
  *
+ * holds_any() finds a pending write of an object a list state already holds (an edit in
+ * place the memcmp cannot see).
+ *
  * This is a CPython extension, separate from the cffi segment log: it reads list
  * internals (PySequence_Fast_ITEMS), which cffi cannot.
  */
@@ -58,6 +61,44 @@ static PyObject *has_prefix(PyObject *self, PyObject *args)
         i++;
     }
     Py_RETURN_TRUE;
+}
+
+/* holds_any(items, n, values) -> bool: some object of ``values`` (a list: its items; else
+ * the value itself) is one of items[:n] -- the same object, by address. The store asks it
+ * of a task's pending writes: a write of an item its newest list state holds may carry an
+ * edit made to that object in place, which the prefix compare's memcmp would not see.
+ * Immutable scalars are passed over (equal ones are shared; they cannot be edited). */
+static int scalar(PyObject *o)
+{
+    return PyUnicode_CheckExact(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o)
+        || PyBytes_CheckExact(o) || PyBool_Check(o) || o == Py_None;
+}
+
+static PyObject *holds_any(PyObject *self, PyObject *args)
+{
+    PyObject *items, *values;
+    Py_ssize_t n;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!nO", &PyList_Type, &items, &n, &values))
+        return NULL;
+    if (n > PyList_GET_SIZE(items))
+        n = PyList_GET_SIZE(items);
+    PyObject *const *x = PySequence_Fast_ITEMS(items);
+    PyObject *one[1] = {values};
+    PyObject *const *v = one;
+    Py_ssize_t k = 1;
+    if (PyList_Check(values)) {
+        v = PySequence_Fast_ITEMS(values);
+        k = PyList_GET_SIZE(values);
+    }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        if (scalar(v[j]))
+            continue;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (x[i] == v[j])
+                Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
 }
 
 /* join_tagged(prefix, items, tag) -> bytes | None: prefix + items[0][1:] + items[1][1:] ...
@@ -111,6 +152,9 @@ static PyObject *decoded_copy(PyObject *self, PyObject *v)
 static PyMethodDef methods[] = {
     {"has_prefix", has_prefix, METH_VARARGS,
      "has_prefix(new, old, n) -> bool: both lists have n items and new[:n] == old[:n]."},
+    {"holds_any", holds_any, METH_VARARGS,
+     "holds_any(items, n, values) -> bool: an object of values (a list's items, or the "
+     "value) is one of items[:n], by address; immutable scalars are passed over."},
     {"join_tagged", join_tagged, METH_VARARGS,
      "join_tagged(prefix, items, tag) -> bytes | None: prefix + each item minus its first "
      "byte, if every item is bytes starting with tag."},

@@ -38,10 +38,12 @@ appending in place -- is seen by the next put and never shows in ``get``. The
 items in it are the objects that were put (that identity is what keeps the
 compare at one memcmp); the one thing no compare short of re-serializing the
 whole list can see is **an item object that was put, mutated in place and put
-again**: its new content is not stored. Put a new object instead (an edit of
-``get()`` output is safe, as below). LangGraph's reducers build new lists, but of the
-objects the nodes return: a node that edits a state message in place and returns it
-(``add_messages`` replaces it by id) puts the same object again (GUARANTEES section 10).
+again** without a pending write naming it: its new content is not stored. A task's
+write of an object the newest list state holds (``Writer.note_rewritten``) flags the
+channel (``ChanState.rewritten``) and the next put stores it whole: a LangGraph node
+that edits a state message in place and returns it, for ``add_messages`` to replace by
+id with the same object, is stored (GUARANTEES section 10). Otherwise put a new object
+(an edit of ``get()`` output is safe, as below).
 
 Reads
 -----
@@ -112,6 +114,8 @@ class ChanState:
     deltas: list[bytes] = []   # packed refs of the DELTAs since base (never mutated in place)
     fresh: tuple | None = None  # ((lsn, idx), serialized items) of the DELTA of own items
     #                             this put wrote (a pending write arriving late refers to it)
+    rewritten = False          # a task wrote one of obj's own items again since (perhaps
+    #                            edited in place): the next put stores the channel whole
 
     def __init__(self, ref: tuple[int, int], loaded: bool = True) -> None:
         self.ref = ref              # (lsn, idx) of the entry holding the value
@@ -347,7 +351,7 @@ class ChannelEncoder:
         """``len(old)`` if ``v`` extends the previous list value (then only ``v[n:]`` is
         stored), else None. See the module docstring for the two ``delta_check`` modes."""
         n = prev.n
-        if len(v) < n:
+        if len(v) < n or prev.rewritten:
             return None
         if n == 0:
             return 0

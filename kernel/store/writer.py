@@ -25,6 +25,7 @@ import xxhash
 from ..durability import STRENGTH
 from .._commitpath import encode_writes as _encode_writes
 from .._commitpath import put_args_ok as _put_args_ok
+from .._listprefix import holds_any
 from .._recpack import journal_payload
 from .stepids import with_step_ids
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
@@ -518,6 +519,23 @@ class Writer:
             if ch not in SPECIAL_WRITE_CHANNELS:
                 replace = False
         return recs, lists, replace
+
+    def note_rewritten(self, thread_id: str, ns: str, writes: Sequence) -> None:
+        """Flag each list state of the lane's newest checkpoint of which a task's
+        ``writes`` ``(idx, channel, value)`` hold an item, by object: the task may have
+        edited it in place (a LangGraph node that edits a message of the state and returns
+        it, for add_messages to replace by id with the same object). The next put's prefix
+        compare would take it for unchanged; it stores that channel whole instead."""
+        lane = self._index.ix.lane(thread_id, ns)
+        newest = None if lane is None else lane.newest
+        if newest is None:      # not loaded: its items are the store's, no task holds them
+            return
+        chans = newest.chans
+        for _idx, ch, value in writes:
+            c = chans.get(ch)
+            if (c is not None and c.is_list and c.obj is not None and not c.rewritten
+                    and holds_any(c.obj, c.n, value)):
+                c.rewritten = True
 
     def put_writes(self, thread_id: str, ns: str, cid: str, task_id: str, task_path: str,
                    recs: list, lists: list, replace: bool, durability: str) -> int:
