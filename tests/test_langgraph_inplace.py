@@ -105,3 +105,27 @@ def test_the_store_sees_an_item_written_again_by_a_task(tmp_path):
     with durkv.open(str(tmp_path / "s.durkv"), read_only=True) as store:
         assert store.get("t").values["m"] == [{"text": "hi"}, {"text": "REDACTED"}]
         assert store.get("t", "", "0001").values["m"] == [{"text": "hi"}, {"text": "draft"}]
+
+
+def test_a_late_write_flags_only_items_its_task_saw(tmp_path):
+    """Under LangGraph's ``async`` a task's writes may land after later checkpoints. Its
+    task saw only the items of its own checkpoint: a late write of an item added after
+    it (serialized by the put that added it, after the task ran) flags nothing -- the
+    next put stays a delta -- while one of an item its checkpoint held still does."""
+    with durkv.open(str(tmp_path / "s.durkv")) as store:
+        old, new = {"text": "old"}, {"text": "new"}
+        items = [old]
+        store.put("t", "", "0001", checkpoint={}, metadata={}, values={"m": items},
+                  versions={"m": 1})
+        items.append(new)       # the task on 0001 made `new`; 0002 holds it
+        store.put("t", "", "0002", checkpoint={}, metadata={}, values={"m": items},
+                  versions={"m": 2}, parent_id="0001")
+        chans = store._writer._index.ix.lane("t", "").newest.chans
+        store.put_writes("t", "", "0001", "task-1", [(0, "m", [new])])     # late
+        assert not chans["m"].rewritten
+        old["text"] = "edited"
+        store.put_writes("t", "", "0001", "task-2", [(0, "m", [old])])     # late, seen by it
+        assert chans["m"].rewritten
+        store.put("t", "", "0003", checkpoint={}, metadata={}, values={"m": items},
+                  versions={"m": 3}, parent_id="0002")
+        assert store.get("t").values["m"] == [{"text": "edited"}, {"text": "new"}]

@@ -455,7 +455,7 @@ class Store:
         recs, lists, replace = self._writer.encode_writes(task_id, writes)
         with self._writing():
             self._check_write()
-            self._writer.note_rewritten(thread_id, checkpoint_ns, writes)
+            self._writer.note_rewritten(thread_id, checkpoint_ns, checkpoint_id, writes)
             lsn = self._writer.put_writes(thread_id, checkpoint_ns, checkpoint_id, task_id,
                                           task_path, recs, lists, replace, dur)
             self._owe_flush |= dur == "async"

@@ -297,6 +297,9 @@ class Writer:
         self.results = JournalResults()
         self.items = WrittenItems()
         self._wfp: dict[int, tuple[int, int]] = {}   # xxh3 of recent write frames -> lsn, rank
+        # (thread, ns, cid) of recent checkpoints -> {list channel: its length}: a late
+        # pending write's task saw those items (note_rewritten)
+        self._list_lens: dict[tuple[str, str, str], dict[str, int]] = {}
         self._step_ids = False      # the log's active segment has flag STEP_IDS (once true,
                                     # every later segment has it: FORMAT.md section 2)
 
@@ -355,6 +358,10 @@ class Writer:
             # the newest checkpoint: its state stays materialized for the next put and get
             lane.newest = NewestCheckpoint(cid, lsn, parent_id, ckpt_b, meta_b, dict(versions),
                                            chans)
+            if len(self._list_lens) >= _MEMORY:
+                self._list_lens.clear()
+            self._list_lens[(thread_id, ns, cid)] = {ch: c.n for ch, c in chans.items()
+                                                     if c.is_list}
         elif cid == newest.cid:
             lane.newest = None   # the newest was replaced: reload on demand
         self._index.maybe_snapshot(lsn)
@@ -520,21 +527,27 @@ class Writer:
                 replace = False
         return recs, lists, replace
 
-    def note_rewritten(self, thread_id: str, ns: str, writes: Sequence) -> None:
+    def note_rewritten(self, thread_id: str, ns: str, cid: str, writes: Sequence) -> None:
         """Flag each list state of the lane's newest checkpoint of which a task's
         ``writes`` ``(idx, channel, value)`` hold an item, by object: the task may have
         edited it in place (a LangGraph node that edits a message of the state and returns
         it, for add_messages to replace by id with the same object). The next put's prefix
-        compare would take it for unchanged; it stores that channel whole instead."""
+        compare would take it for unchanged; it stores that channel whole instead.
+
+        A task of checkpoint ``cid`` saw the items of cid's lists; later puts serialized
+        the items they added after it ran. So when its writes come late (LangGraph's
+        ``async`` saves them behind the next checkpoints), only items that were in cid's
+        list may hide an edit (as many as cid held, when it is a recent checkpoint)."""
         lane = self._index.ix.lane(thread_id, ns)
         newest = None if lane is None else lane.newest
         if newest is None:      # not loaded: its items are the store's, no task holds them
             return
         chans = newest.chans
+        seen = self._list_lens.get((thread_id, ns, cid), {})
         for _idx, ch, value in writes:
             c = chans.get(ch)
             if (c is not None and c.is_list and c.obj is not None and not c.rewritten
-                    and holds_any(c.obj, c.n, value)):
+                    and holds_any(c.obj, min(c.n, seen.get(ch, c.n)), value)):
                 c.rewritten = True
 
     def put_writes(self, thread_id: str, ns: str, cid: str, task_id: str, task_path: str,
