@@ -77,10 +77,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from .._chanenc import ChanEncoder
-from .._listprefix import decoded_copy, has_prefix, join_tagged
+from .._listprefix import decoded_copy, has_prefix, holds_any, join_tagged
 from ..errors import SerializationError
 from ..payload import (
     DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, JREF_MAGIC, SNAP, Codec, entry_at, pack_ref,
@@ -88,13 +88,24 @@ from ..payload import (
 from .index import Lane
 from .ckpthead import CkptHeads
 
-__all__ = ["ChannelEncoder", "ChanState", "NewestCheckpoint", "join_tagged", "kept_values",
-           "list_loads"]
+__all__ = ["ChannelEncoder", "ChanState", "NewestCheckpoint", "flag_rewritten", "join_tagged",
+           "kept_values", "list_loads"]
 
 _SCALARS = frozenset((str, int, float, bytes, bool, type(None)))
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # serialized items that begin with either magic are always stored compressed (FORMAT.md 5)
 _MAGICS = (_ZSTD_MAGIC, JREF_MAGIC)
+
+
+def flag_rewritten(chans: dict, writes: Sequence, seen: dict) -> None:
+    """Set ``rewritten`` on each list state of ``chans`` of which ``writes`` ``(idx,
+    channel, value)`` hold one of the first ``seen[channel]`` items (all when unknown),
+    by object: a pointer scan (``holds_any``). See Writer.note_rewritten."""
+    for _idx, ch, value in writes:
+        c = chans.get(ch)
+        if (c is not None and c.is_list and c.obj is not None and not c.rewritten
+                and holds_any(c.obj, min(c.n, seen.get(ch, c.n)), value)):
+            c.rewritten = True
 
 
 class ChanState:

@@ -25,14 +25,13 @@ import xxhash
 from ..durability import STRENGTH
 from .._commitpath import encode_writes as _encode_writes
 from .._commitpath import put_args_ok as _put_args_ok
-from .._listprefix import holds_any
 from .._recpack import journal_payload
 from .stepids import with_step_ids
 from ..errors import ConfigError, FrameTooLargeError, SerializationError
 from ..payload import F_ZSTD, FULL, JREF_MAGIC, Codec, encode_commit, encode_record, pack_jref
 from .appender import Appender
 from .ckpthead import CkptHeads
-from .delta import ChannelEncoder, ChanState, NewestCheckpoint
+from .delta import ChannelEncoder, ChanState, NewestCheckpoint, flag_rewritten
 from .index import Lane
 from .records import K_CKPT, K_JOURNAL, K_WRITES, SPECIAL_WRITE_CHANNELS, check_id
 from .replay import LogIndex
@@ -41,6 +40,7 @@ __all__ = ["Writer", "PackedRecord", "SharedItems", "check_put", "check_writes"]
 
 _VERSION_TYPES = frozenset((str, int, float))   # what the frame head (msgpack) holds
 _MEMORY = 4096      # entries kept by each memory of recent frames before it is cleared
+_LENS_KEPT = 64     # recent checkpoints whose list lengths note_rewritten looks up
 _LATE = 4           # checkpoints per lane whose items a late pending write may refer to
 # journal results a pending write's list item may name (FORMAT.md 5, `jref`): the newest
 # _JREF_RECENT of _JREF_MIN to _JREF_MAX bytes, whole or inside an item with at most
@@ -358,10 +358,10 @@ class Writer:
             # the newest checkpoint: its state stays materialized for the next put and get
             lane.newest = NewestCheckpoint(cid, lsn, parent_id, ckpt_b, meta_b, dict(versions),
                                            chans)
-            if len(self._list_lens) >= _MEMORY:
-                self._list_lens.clear()
-            self._list_lens[(thread_id, ns, cid)] = {ch: c.n for ch, c in chans.items()
-                                                     if c.is_list}
+            lens = self._list_lens
+            if len(lens) >= _LENS_KEPT:         # late writes trail by a few checkpoints
+                del lens[next(iter(lens))]
+            lens[(thread_id, ns, cid)] = {ch: c.n for ch, c in chans.items() if c.is_list}
         elif cid == newest.cid:
             lane.newest = None   # the newest was replaced: reload on demand
         self._index.maybe_snapshot(lsn)
@@ -542,13 +542,7 @@ class Writer:
         newest = None if lane is None else lane.newest
         if newest is None:      # not loaded: its items are the store's, no task holds them
             return
-        chans = newest.chans
-        seen = self._list_lens.get((thread_id, ns, cid), {})
-        for _idx, ch, value in writes:
-            c = chans.get(ch)
-            if (c is not None and c.is_list and c.obj is not None and not c.rewritten
-                    and holds_any(c.obj, min(c.n, seen.get(ch, c.n)), value)):
-                c.rewritten = True
+        flag_rewritten(newest.chans, writes, self._list_lens.get((thread_id, ns, cid), {}))
 
     def put_writes(self, thread_id: str, ns: str, cid: str, task_id: str, task_path: str,
                    recs: list, lists: list, replace: bool, durability: str) -> int:
