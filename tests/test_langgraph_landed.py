@@ -25,14 +25,20 @@ from durkv.langgraph import DurkvSaver  # noqa: E402
 
 
 class RecordingCondition(threading.Condition):
-    """A real condition that records what each wait returned (True: notified)."""
+    """A real condition that records what each wait returned (True: notified).
 
-    def __init__(self) -> None:
+    With ``notify_only`` a wait ignores its short pause and lasts up to 30 s, so that only
+    a notify can end it: a waiter whose pause ran out just after the put committed (and
+    before it notified) would otherwise find the checkpoint by its re-check, a legitimate
+    path these tests must not mistake for the notify (it made them flaky under load)."""
+
+    def __init__(self, notify_only: bool = False) -> None:
         super().__init__()
         self.results: list[bool] = []
+        self.notify_only = notify_only
 
     def wait(self, timeout=None):
-        got = super().wait(timeout)
+        got = super().wait(30 if self.notify_only else timeout)
         self.results.append(got)
         return got
 
@@ -46,7 +52,7 @@ def _put(saver: DurkvSaver, cid: str) -> None:
 
 def test_a_put_notifies_the_waiters(tmp_path):
     with DurkvSaver.open(str(tmp_path / "s.durkv")) as saver:
-        saver._landed = cond = RecordingCondition()
+        saver._landed = cond = RecordingCondition(notify_only=True)
         got: list[bool] = []
         waiters = [threading.Thread(target=lambda: got.append(
             saver.wait_for_checkpoint("t", "", "c1", timeout=10))) for _ in range(3)]
@@ -60,7 +66,7 @@ def test_a_put_notifies_the_waiters(tmp_path):
         for w in waiters:
             w.join(10)
         assert got == [True, True, True]
-        assert cond.results.count(True) >= 3     # woken by the put, not by the re-check
+        assert cond.results == [True, True, True]   # each woken by the put's notify
         assert saver._waiting == 0
 
 
@@ -82,6 +88,7 @@ def test_waiting_for_this_handles_put_takes_no_write_section(tmp_path):
         begin = backend.write_begin
         sections: list[int] = []
         backend.write_begin = lambda: (sections.append(1), begin())[1]
+        saver._landed = cond = RecordingCondition(notify_only=True)
         got: list[bool] = []
         w = threading.Thread(target=lambda: got.append(
             saver.wait_for_checkpoint("t", "", "c1", timeout=10)))
@@ -92,7 +99,7 @@ def test_waiting_for_this_handles_put_takes_no_write_section(tmp_path):
         before = len(sections)
         _put(saver, "c1")
         w.join(10)
-        assert got == [True]
+        assert got == [True] and cond.results == [True]
         assert len(sections) - before == 1      # the put's
         assert saver.wait_for_checkpoint("t", "", "c1", timeout=1) is True
         assert len(sections) - before == 1      # held: answered from the index
