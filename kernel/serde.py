@@ -204,6 +204,29 @@ def _children(obj: Any) -> Iterator[tuple[str, Any]]:
         yield ".value", obj.value
 
 
+def _cycle_at(obj: Any) -> tuple[str, type] | None:
+    """(path, type) of the first container found inside itself, or None: a depth-first
+    walk that visits each container once (a value shared by two parents is no cycle)."""
+    on_path: set[int] = set()
+    done: set[int] = set()
+    stack: list[tuple[Any, str, Iterator[tuple[str, Any]]]] = [(obj, "", _children(obj))]
+    on_path.add(id(obj))
+    while stack:
+        node, path, children = stack[-1]
+        for step, item in children:
+            if id(item) in on_path:
+                return path + step, type(item)
+            if id(item) not in done and isinstance(item, (dict, list, tuple, set, frozenset)):
+                on_path.add(id(item))
+                stack.append((item, path + step, _children(item)))
+                break
+        else:
+            stack.pop()
+            on_path.discard(id(node))
+            done.add(id(node))
+    return None
+
+
 class MsgpackSerde:
     """msgpack plus extension types for what agents store (docs/FORMAT.md 5b).
 
@@ -246,6 +269,19 @@ class MsgpackSerde:
     def _refused(self, obj: Any, e: Exception) -> Exception:
         """The error for a value that did not encode, naming the innermost item at fault
         (found again on this error path only: the hot path pays nothing)."""
+        if isinstance(e, RecursionError) or (isinstance(e, ValueError)
+                                             and "recursion limit" in str(e)):
+            # msgpack (or Python, through the tuple hook) gives up past its depth limit: a
+            # cycle (which the walk below would follow for ever) or a value nested too deep
+            # (which it would walk in O(depth^2))
+            cycle = _cycle_at(obj)
+            if cycle is not None:
+                path, t = cycle
+                return SerializationError(
+                    f"cannot store a {t.__qualname__} that contains itself (at "
+                    f"{path.lstrip() or 'the top level'}): store a copy without the cycle")
+            return SerializationError(f"cannot store a value nested this deep ({e}): "
+                                      f"flatten it")
         path, bad = "", obj
         while True:
             for step, item in _children(bad):

@@ -7,6 +7,7 @@ import datetime as dt
 import decimal
 import enum
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -170,6 +171,45 @@ def test_a_value_without_a_faithful_encoding_is_refused_naming_its_type_and_path
     assert msg.startswith("cannot store a ") and f"{kind} (" in msg and where in msg, msg
     assert isinstance(ei.value, TypeError)
     assert s.loads(s.dumps([1, 2])) == [1, 2]     # the reused packer was reset
+
+
+def _cycles():
+    d: dict = {}
+    d["me"] = d
+    a: list = []
+    a.append({"a": a})
+    t: tuple = ([],)
+    t[0].append(t)
+    return [(d, "dict", "['me']"), (a, "list", "[0]['a']"), (t, "tuple", "[0][0]")]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("value, kind, where", _cycles())
+def test_a_container_inside_itself_is_refused_naming_where_not_walked_for_ever(
+        value, kind, where):
+    """msgpack gives up at its depth limit; finding the item at fault must not follow the
+    cycle (it once looped for ever, through store.put, run.step and a graph's update)."""
+    with pytest.raises(SerializationError, match=rf"a {kind} that contains itself \(at "
+                                                  rf"{re.escape(where)}\)"):
+        s.dumps(value)
+    with pytest.raises(SerializationError, match="that contains itself"):
+        MsgpackSerde(fallback=repr).dumps(value)     # the fingerprints' serde too
+    assert s.loads(s.dumps([1, (2,)])) == [1, (2,)]
+
+
+@pytest.mark.timeout(20)
+def test_a_value_nested_too_deep_is_refused_at_once():
+    deep: list = []
+    cur = deep
+    for _ in range(3000):
+        cur.append([])
+        cur = cur[0]
+    shared = [1]
+    for _ in range(60):          # 2**60 paths, 61 containers: no cycle, walked once each
+        shared = [shared, shared]
+    cur.append(shared)
+    with pytest.raises(SerializationError, match="nested this deep"):
+        s.dumps(deep)
 
 
 # written by durkv 70cd864 (format version 1): codes 1-10 read back as they always did
