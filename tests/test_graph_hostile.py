@@ -5,6 +5,9 @@ held a defect of the first version."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 from collections import Counter, OrderedDict, defaultdict
 
@@ -241,3 +244,267 @@ def test_a_bad_input_does_not_burn_the_run_id(store, bad):
         app.run(bad, run_id="r")
     assert store.journal_length("r") == 0 and store.get("r") is None
     assert app.run({"x": 1}, run_id="r").state == {"x": 2, "l": []}   # the fixed input
+
+
+# -- the second review (session 18): cancellation, resumed types, inputs, failures --------
+
+def _counting_loop(n_max=3):
+    g = durkv.Graph({"n": durkv.Last(0), "who": durkv.Append()})
+    g.add_node("inc", lambda s, ctx: {"n": s["n"] + 1, "who": [s["n"]]})
+    g.add_edge(durkv.START, "inc")
+    g.add_conditional_edges("inc", lambda s: "inc" if s["n"] < n_max else durkv.END)
+    return g
+
+
+def test_cancelling_arun_while_it_starts_in_a_thread_still_releases_the_run(
+        store, monkeypatch):
+    """The start runs in a worker thread and claims the run there; a cancellation at that
+    await once returned before the claim, which nothing then released (RunBusyError for
+    as long as the process lived)."""
+    from durkv.runtime import graph_exec
+    start = graph_exec.Execution.start
+    in_start = threading.Event()
+
+    def slow_start(self, *a, **kw):
+        in_start.set()
+        threading.Event().wait(0.2)
+        return start(self, *a, **kw)
+
+    monkeypatch.setattr(graph_exec.Execution, "start", slow_start)
+    app = _counting_loop().compile(store)
+
+    async def cancel_it():
+        t = asyncio.ensure_future(app.arun({"n": 0}, run_id="r"))
+        while not in_start.is_set():
+            await asyncio.sleep(0.001)
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        monkeypatch.undo()
+        return await app.arun(None, run_id="r")
+
+    res = asyncio.run(cancel_it())
+    assert res.status == "finished" and res.state == {"n": 3, "who": [0, 1, 2]}
+
+
+def test_a_cancelled_arun_commits_nothing_after_it_returns(tmp_path):
+    """Under `sync` the barrier (route and commit) runs in a worker thread: a cancellation
+    there waits for it, so no commit lands after arun gave the run up (one once did,
+    overwriting the next driver's checkpoint)."""
+    slow = threading.Event()
+    g = durkv.Graph({"n": durkv.Last(0), "who": durkv.Append()})
+    g.add_node("inc", lambda s, ctx: {"n": s["n"] + 1, "who": [s["n"]]})
+
+    def router(s):
+        if s["n"] == 2 and not slow.is_set():
+            slow.set()
+            threading.Event().wait(0.4)
+        return "inc" if s["n"] < 4 else durkv.END
+
+    g.add_edge(durkv.START, "inc")
+    g.add_conditional_edges("inc", router)
+    with durkv.open(str(tmp_path / "c.durkv"), durability="sync") as store:
+        app = g.compile(store)
+
+        async def cancel_it():
+            t = asyncio.ensure_future(app.arun({"n": 0}, run_id="r"))
+            while not slow.is_set():
+                await asyncio.sleep(0.001)
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await t
+            return len(list(store.history("r", "", values=False)))
+
+        seen = asyncio.run(cancel_it())
+        threading.Event().wait(0.5)             # the old barrier would have committed now
+        assert len(list(store.history("r", "", values=False))) == seen
+        res = app.run(None, run_id="r")
+        assert res.status == "finished" and res.state == {"n": 4, "who": [0, 1, 2, 3]}
+        cks = [c.values.get("who", []) for c in store.history("r", "")][::-1]
+        assert all(b[:len(a)] == a for a, b in zip(cks, cks[1:]))   # each extends the last
+
+
+def test_cancelling_arun_waits_for_its_plain_nodes_threads(store):
+    done = threading.Event()
+
+    def blocking(state, ctx):
+        threading.Event().wait(0.3)
+        ctx.step("after", lambda: 1)        # still this run's: the claim is held meanwhile
+        done.set()
+        return {"x": 1}
+
+    app = one_node(blocking).compile(store)
+
+    async def cancel_it():
+        t = asyncio.ensure_future(app.arun({"x": 0}, run_id="r"))
+        await asyncio.sleep(0.1)
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        return done.is_set()
+
+    assert asyncio.run(cancel_it()) is True
+    assert app.run(None, run_id="r").state == {"x": 1}
+
+
+def test_a_resumed_sibling_update_keeps_its_tuples(store):
+    """A failing task's siblings are kept as pending writes; on resume their updates are
+    folded as the node returned them (a tuple once came back a list, and a reducer
+    `a + b` then failed the run an uninterrupted execution finishes)."""
+    fail = {"on": True}
+    g = durkv.Graph({"pair": durkv.Last(None), "acc": (lambda a, b: a + b)})
+    g.add_node("a", lambda s, ctx: {"pair": (1, 2), "acc": (10,)})
+
+    def b(state, ctx):
+        if fail["on"]:
+            raise RuntimeError("transient")
+        return {"acc": (20,)}
+
+    g.add_node("b", b)
+    g.add_edge(durkv.START, "a")
+    g.add_edge(durkv.START, "b")
+    app = g.compile(store)
+    assert app.run({"acc": ()}, run_id="r").status == "failed"
+    fail["on"] = False
+    res = app.run(None, run_id="r")
+    assert res.status == "finished"
+    assert res.state == {"pair": (1, 2), "acc": (10, 20)}
+    assert type(res.state["pair"]) is tuple and type(app.state("r").state["acc"]) is tuple
+
+
+def test_an_equal_input_resumes_whatever_its_dict_and_set_order(tmp_path):
+    g = one_node(lambda s, ctx: ctx.approve("go") and {"x": 1},
+                 {"x": durkv.Last(0), "cfg": durkv.Last(None)})
+    path = str(tmp_path / "e.durkv")
+    store = durkv.open(path)
+    app = g.compile(store)
+    assert app.run({"cfg": {"a": 1, "b": 2}}, run_id="d").status == "waiting"
+    assert app.run({"cfg": {"b": 2, "a": 1}}, run_id="d").status == "waiting"
+    with pytest.raises(RunConflictError):
+        app.run({"cfg": {"a": 1, "b": 3}}, run_id="d")
+    tags = {f"tag-{i}" for i in range(50)}
+    assert app.run({"cfg": tags}, run_id="s").status == "waiting"
+    code = ("import durkv, sys\n"
+            "from test_graph_hostile import one_node\n"
+            "g = one_node(lambda s, ctx: ctx.approve('go') and {'x': 1},\n"
+            "             {'x': durkv.Last(0), 'cfg': durkv.Last(None)})\n"
+            "with durkv.open(sys.argv[1]) as store:\n"
+            "    tags = {f'tag-{i}' for i in range(50)}\n"
+            "    print(g.compile(store).run({'cfg': tags}, run_id='s').status)\n")
+    store.close()
+    for seed in ("1", "2"):         # another process, another set order
+        out = subprocess.run([sys.executable, "-c", code, path], capture_output=True,
+                             text=True, cwd=os.path.dirname(__file__),
+                             env={**os.environ, "PYTHONHASHSEED": seed}, timeout=60)
+        assert out.stdout.strip() == "waiting", out.stderr
+
+
+def test_a_run_started_before_the_canonical_input_fingerprint_still_resumes(
+        store, monkeypatch):
+    """Runs started by an earlier durkv recorded the hash of the input's serde bytes."""
+    from durkv.runtime import graph_exec
+    from durkv.runtime.run import fingerprint
+    g = one_node(lambda s, ctx: ctx.approve("go") and {"x": 1},
+                 {"x": durkv.Last(0), "cfg": durkv.Last(None)})
+    app = g.compile(store)
+    new = graph_exec.Execution._fingerprint
+
+    def old(self, input):
+        copy, _ = new(self, input)
+        raw = fingerprint(self.store.serde.dumps(input))
+        return copy, (raw, raw)
+
+    monkeypatch.setattr(graph_exec.Execution, "_fingerprint", old)
+    assert app.run({"cfg": {"a": 1}}, run_id="o").status == "waiting"
+    monkeypatch.undo()
+    assert store.get("o").checkpoint["in"] == fingerprint(store.serde.dumps({"cfg": {"a": 1}}))
+    assert app.run({"cfg": {"a": 1}}, run_id="o").status == "waiting"
+    with pytest.raises(RunConflictError):
+        app.run({"cfg": {"a": 2}}, run_id="o")
+
+
+def test_a_superstep_over_max_commit_bytes_fails_its_run_and_recover_goes_on(tmp_path):
+    g = durkv.Graph({"blob": durkv.Last(None), "n": durkv.Last(0)})
+
+    def n(state, ctx):
+        if state["n"] == 1 and state["blob"] == "big":
+            return {"blob": os.urandom(200_000)}     # incompressible
+        if state["n"] == 1:
+            ctx.approve("go")
+        return {"n": state["n"] + 1}
+
+    g.add_node("n", n)
+    g.add_edge(durkv.START, "n")
+    g.add_conditional_edges("n", lambda s: "n" if s["n"] < 2 else durkv.END)
+    with durkv.open(str(tmp_path / "m.durkv"), max_commit_bytes=64 << 10) as store:
+        app = g.compile(store)
+        with pytest.raises(GraphError, match="over max_commit_bytes"):
+            app.run({"blob": "big"}, run_id="big")
+        big = app.state("big")
+        assert big.status == "failed" and big.state == {"blob": "big", "n": 1}
+        waiting = app.run({"blob": "ok"}, run_id="other")
+        store.decide("other", waiting.interrupt.step_id, True)
+        got = {r.run_id: r.status for r in app.recover()}
+        assert got == {"big": "failed", "other": "finished"}
+
+
+def test_a_failed_router_returns_the_committed_state_not_the_applied_one(store):
+    boom = {"on": False}
+    g = durkv.Graph({"log": durkv.Append(), "n": durkv.Last(0)})
+
+    def n(state, ctx):
+        if state["n"] == 1:
+            ctx.approve("go")
+        return {"log": [f"item{state['n']}"], "n": state["n"] + 1}
+
+    def route(s):
+        if boom["on"]:
+            raise KeyError("bug in router")
+        return "n" if s["n"] < 3 else durkv.END
+
+    g.add_node("n", n)
+    g.add_edge(durkv.START, "n")
+    g.add_conditional_edges("n", route)
+    app = g.compile(store)
+    first = app.run({}, run_id="r")
+    store.decide("r", first.interrupt.step_id, True)
+    boom["on"] = True
+    [res] = app.recover()
+    assert (res.status, res.step, res.state) == ("failed", 1, {"log": ["item0"], "n": 1})
+    now = app.state("r")
+    assert (now.status, now.step, now.state) == ("failed", 1, {"log": ["item0"], "n": 1})
+
+
+def test_the_state_never_holds_the_callers_input_objects(store):
+    """The run starts from its input as stored: a caller editing its input while arun
+    goes on (or after) changes neither what nodes see nor the result."""
+    cfg = ["given"]
+    seen = []
+
+    async def node(state, ctx):
+        await asyncio.sleep(0.05)
+        seen.append(list(state["cfg"]))
+        return {"x": 1}
+
+    g = one_node(node, {"x": durkv.Last(0), "cfg": durkv.Last(None)})
+    app = g.compile(store)
+
+    async def go():
+        t = asyncio.ensure_future(app.arun({"cfg": cfg}, run_id="r"))
+        await asyncio.sleep(0.01)
+        cfg.append("caller edit")
+        return await t
+
+    res = asyncio.run(go())
+    cfg.append("another")
+    assert seen == [["given"]] and res.state["cfg"] == ["given"]
+    assert app.state("r").state["cfg"] == ["given"]
+
+
+def test_an_update_that_contains_itself_fails_the_run_instead_of_hanging(store):
+    loop: list = ["a"]
+    loop.append(loop)
+    app = one_node(lambda s, ctx: {"x": loop}).compile(store)
+    with pytest.raises(GraphError, match="contains itself"):
+        app.run({}, run_id="r")
+    assert app.state("r").status == "failed"

@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Iterator
 
 from ..durability import DURABILITIES, SYNC
 from ..errors import ConfigError, GraphError, NotFoundError, RunBusyError, RunConflictError
 from ..store import Store
 from .graph_exec import (
-    Execution, GraphResult, Outcome, Pending, Snapshot, Superstep, snapshot_of,
+    Execution, GraphResult, Outcome, Pending, Snapshot, Superstep, in_thread, snapshot_of,
 )
 from .graph_spec import END, START, Append, Last, Send, Spec, reducer_of
 
@@ -308,7 +308,12 @@ class App:
             return []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="durkv-graph")
-        return list(self._pool.map(ex.call, todo))
+        futures = [self._pool.submit(ex.call, t) for t in todo]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:   # e.g. a KeyboardInterrupt: the run is released only once
+            wait(futures)       # no worker still runs a task of it
+            raise
 
     async def arun(self, input: dict | None = None, *, run_id: str,  # noqa: A002
                    durability: str | None = None, max_supersteps: int | None = None,
@@ -320,11 +325,11 @@ class App:
         # a sync commit waits for its fdatasync in a worker thread, not on the loop
         blocking = (durability or self.store.durability) == SYNC
         try:
-            await asyncio.to_thread(ex.start, input)
+            await in_thread(ex.start, input)
             while ex.result is None:
                 outs = await ex.acall_all(ex.todo(), True)
                 if blocking:
-                    await asyncio.to_thread(ex.barrier, outs)
+                    await in_thread(ex.barrier, outs)
                 else:
                     ex.barrier(outs)
         except BaseException as e:

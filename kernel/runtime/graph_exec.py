@@ -21,15 +21,17 @@ from typing import Any
 
 from ..durability import SYNC
 from ..errors import (
-    ConfigError, GraphError, Interrupted, NotFoundError, RunConflictError, SerializationError,
+    ConfigError, DurkvError, FrameTooLargeError, GraphError, Interrupted, NotFoundError,
+    RunConflictError, SerializationError,
 )
 from .graph_ctx import NodeContext, SleepPause
 from .graph_spec import APPEND, FN, START, Spec, Task, decode_tasks
 from .journal import E_DECISION, E_RUN, E_STATUS
 from .plan import err_type
 from .run import NO_INPUT, Run, fingerprint
+from .values import Values
 
-__all__ = ["Execution", "GraphResult", "Pending", "Superstep", "Snapshot", "cid_of",
+__all__ = ["Execution", "GraphResult", "in_thread", "Pending", "Superstep", "Snapshot", "cid_of",
            "snapshot_of", "DONE_CH", "PAUSE_TASK", "PAUSE_CH"]
 
 DONE_CH = "__task__"        # a completed task's marker write (its update may be empty)
@@ -143,6 +145,7 @@ class Execution:
         self.pause: dict | None = None
         self.result: GraphResult | None = None
         self.last: list[Outcome] = []           # the outcomes of the last commit
+        self.undo: dict | None = None           # while a superstep is applied, not committed
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- start: load the run, or create it ------------------------------------------------
@@ -156,7 +159,11 @@ class Execution:
                               f"to resume), got {type(input).__name__}")
         if input is not None and type(input) is not dict:
             input = dict(input)     # noqa: A001 - the channels count, not the mapping's class
-        fp = None if input is None else self._fingerprint(input)
+        fp = None
+        if input is not None:
+            # the state starts from the input as stored, not from the caller's objects
+            # (which the caller may edit while the run goes on, under arun)
+            input, fp = self._fingerprint(input)   # noqa: A001
         ck = self.store.get(self.run_id)
         if ck is None:
             self._refuse_plain_journal()
@@ -195,9 +202,14 @@ class Execution:
                 f"run id {self.run_id!r} holds a store.run journal, not a durkv.Graph run; "
                 "use another run id", run_id=self.run_id)
 
-    def _fingerprint(self, input: dict) -> int:  # noqa: A002
+    def _fingerprint(self, input: dict) -> tuple[dict, tuple[int, int]]:  # noqa: A002
+        """A copy of the input decoded from its serde bytes, and its fingerprints: the
+        canonical one (an equal dict in another order, a set in another process's hash
+        order: the same) and that of its serde bytes (what runs started before the
+        canonical one recorded, FORMAT.md 5c)."""
         try:
-            return fingerprint(self.store.serde.dumps(input))
+            b, fp = Values(self.store.serde).encode(input)
+            return self.store.serde.loads(b), (fp, fingerprint(b))
         except Exception as e:
             raise ConfigError(f"the input of run {self.run_id!r} cannot be serialized: {e}",
                               run_id=self.run_id) from e
@@ -213,7 +225,7 @@ class Execution:
         head = next(iter(self.store.history(self.run_id, "", limit=1, values=False)), None)
         return None if head is None else head.checkpoint_id
 
-    def check(self, ck: Any, fp: int | None) -> None:
+    def check(self, ck: Any, fp: tuple[int, int] | None) -> None:
         """Refuse a checkpoint that is not of a run of this graph, or another input."""
         rec = ck.checkpoint
         if not isinstance(rec, dict) or rec.get("graph") != self.name:
@@ -222,15 +234,15 @@ class Execution:
                 f"thread {self.run_id!r} holds " + (f"a run of graph {other!r}, not {self.name!r}"
                                                     if other else "checkpoints of no durkv.Graph")
                 + "; use another run id", run_id=self.run_id)
-        if fp is not None and rec.get("in") != fp:
+        if fp is not None and rec.get("in") not in fp:
             raise RunConflictError(
                 f"run {self.run_id!r} exists with another input; two jobs must not share a run "
                 "id: use a new run id, the original input, or None to resume",
                 run_id=self.run_id)
 
-    def _first(self, fp: int, staged: dict) -> None:
+    def _first(self, fp: tuple[int, int], staged: dict) -> None:
         """Commit checkpoint 0: the input (``staged`` by :meth:`reduce_into`)."""
-        self.record = {"graph": self.name, "in": fp}
+        self.record = {"graph": self.name, "in": fp[0]}
         self.values = self.spec.defaults()
         changed = self.apply(staged)
         tasks = self._route([START])
@@ -348,7 +360,7 @@ class Execution:
 
     async def acall(self, t: Task, threads: bool) -> Outcome:
         if not self.spec.is_async[t.node]:
-            return await asyncio.to_thread(self.call, t) if threads else self.call(t)
+            return await in_thread(self.call, t) if threads else self.call(t)
         arg, ctx = self._arg(t)
         try:
             fn = self.spec.nodes[t.node]
@@ -389,6 +401,7 @@ class Execution:
         if not ok:
             self._stop(outs)
             return False
+        self.undo = self._before(staged)
         changed = self.apply(staged)
         # the nodes that ran, each once, in task order (one task: the common loop)
         sources = ([outs[0].task.node] if len(outs) == 1
@@ -400,8 +413,27 @@ class Execution:
             self.fail(e)
             raise
         self.commit(changed, tasks)
+        self.undo = None
         self.last = outs
         return True
+
+    def _before(self, staged: dict) -> dict:
+        """What :meth:`apply` of ``staged`` changes, to put back if the superstep is not
+        committed (an Append list's length: apply extends it in place)."""
+        values, chans = self.values, self.spec.channels
+        return {ch: len(values[ch]) if chans[ch][0] == APPEND else values.get(ch, _MISSING)
+                for ch in staged}
+
+    def _restore(self) -> None:
+        values, chans = self.values, self.spec.channels
+        for ch, old in self.undo.items():
+            if chans[ch][0] == APPEND:
+                del values[ch][old:]
+            elif old is _MISSING:
+                values.pop(ch, None)
+            else:
+                values[ch] = old
+        self.undo = None
 
     def superstep(self) -> Superstep:
         """The superstep just committed, as ``app.stream`` yields it."""
@@ -495,7 +527,7 @@ class Execution:
             self.store.put(self.run_id, "", cid, checkpoint=self.record, metadata=meta,
                            values=changed, versions=versions, parent_id=self.cid,
                            durability=self.durability)
-        except SerializationError as e:     # a node's value or a Send's argument
+        except (SerializationError, FrameTooLargeError) as e:   # a node's value or a Send's
             raise self._unstorable(e, f"superstep {step} (its updates and next tasks)") from e
         self.step, self.cid, self.tasks = step, cid, tasks
         if self.run is not None:
@@ -514,13 +546,14 @@ class Execution:
             if o.exc is not None or o.restored:
                 continue
             upd = o.update or {}
+            # stored as given (a tuple stays a tuple: the fold on resume sees what the
+            # node returned, as it does on an uninterrupted run)
             writes = [(0, DONE_CH, None)] + [
-                (i, ch, list(v) if type(v) is tuple else v)
-                for i, (ch, v) in enumerate(upd.items(), 1)]
+                (i, ch, v) for i, (ch, v) in enumerate(upd.items(), 1)]
             try:
                 self.store.put_writes(self.run_id, "", self.cid, self.task_id(o.task), writes,
                                       durability=dur)
-            except SerializationError as e:
+            except (SerializationError, FrameTooLargeError) as e:
                 raise self._unstorable(e, f"the update of node {o.task.node!r} (task "
                                           f"{self.task_id(o.task)})") from e
 
@@ -556,8 +589,9 @@ class Execution:
         self.store.put_writes(self.run_id, "", self.cid, PAUSE_TASK, [(0, PAUSE_CH, p)],
                               durability=dur)
 
-    def _unstorable(self, e: SerializationError, what: str) -> GraphError:
-        """A value the serde refuses breaks the graph's contract as a bad update does:
+    def _unstorable(self, e: DurkvError, what: str) -> GraphError:
+        """A value the serde refuses, or a superstep larger than the store's
+        ``max_commit_bytes``, breaks the graph's contract as a bad update does:
         the run is ``failed`` (so that ``recover`` goes on with the others), nothing of
         the superstep is committed."""
         err = GraphError(f"run {self.run_id!r}: {what} cannot be stored: {e}",
@@ -568,6 +602,8 @@ class Execution:
     def fail(self, e: Exception) -> GraphResult:
         """Record that the run stopped on ``e`` (a GraphError: its graph broke the
         contract), so that ``app.state`` says ``failed`` and ``recover`` passes it by."""
+        if self.undo is not None:   # the superstep was applied, not committed: its state
+            self._restore()         # is the last checkpoint's, as the store has it
         msg = f"{err_type(e)}: {e}"
         if self.cid is not None:
             self._pause({"status": "failed", "message": msg})
@@ -591,6 +627,25 @@ class Execution:
             step = r.waiting[0].step_id if r.waiting else None
             run.mark(r.status, step, r.message, r.until)
         run.close(record=False)     # a stream abandoned early: the run stays "running"
+
+
+async def in_thread(fn: Any, *args: Any) -> Any:
+    """``await asyncio.to_thread(fn, *args)``, except that a cancellation still waits for
+    the thread to finish before it propagates: a thread cannot be stopped, and one still
+    running a node, a start (it claims the run) or a barrier (it commits) after
+    ``arun`` released the run would act for a run another driver may now hold."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        while not fut.done():
+            try:
+                await asyncio.wait((fut,))
+            except asyncio.CancelledError:  # cancelled again: still wait for the thread
+                continue
+        if not fut.cancelled():
+            fut.exception()     # retrieved: the cancellation is what the caller gets
+        raise
 
 
 def _who(node: str) -> str:
