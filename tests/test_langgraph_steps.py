@@ -433,3 +433,64 @@ def test_async_toolnode_tools_are_keyed_by_their_tool_call_id(tmp_path):
         f"{p}{i}" for p in "nm" for i in range(3))
     name = {"n": "notify", "m": "mail"}
     assert all(key.endswith(f":{name[to[0]]}_{to[1]}:0") for to, key in keys), keys
+
+
+@pytest.mark.parametrize("key", ["0", "17", 5, ""])
+def test_a_key_that_is_an_automatic_id_is_refused_before_the_call(tmp_path, key):
+    """key="0" once named the node's first keyless call: the second, distinct call took
+    its receipt and never happened."""
+    sent = []
+
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        sent.append(idempotency_key)
+        return f"sent to {to}"
+
+    def node(state):
+        a = lg_tool(send, "alice", key=key)
+        b = lg_tool(send, "alice")
+        return {"log": [a, b]}
+
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        with pytest.raises(durkv.ConfigError, match="key="):
+            _graph(saver, node).invoke({"log": []}, {"configurable": {"thread_id": "k"}})
+    assert sent == []
+
+
+def test_a_key_naming_a_tool_calls_automatic_id_is_refused_and_a_natural_key_works(tmp_path):
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool as lc_tool
+    from langgraph.graph import MessagesState
+    from langgraph.prebuilt import ToolNode
+
+    sent = []
+
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        sent.append(idempotency_key)
+        return to
+
+    @lc_tool
+    def mail(i: int) -> str:
+        """Mail recipient i."""
+        first = lg_tool(send, f"m{i}", key=f"order:{i}")        # a natural key: fine
+        return first + lg_tool(send, "again", key="call_7:0" if i == 7 else f"x{i}")
+
+    def agent(state):
+        return {"messages": [AIMessage("", tool_calls=[
+            {"name": "mail", "args": {"i": i}, "id": f"call_{i}"} for i in (1, 7)])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode([mail], handle_tool_errors=lambda e: f"error: {e}"))
+    g.add_edge(START, "agent")
+    g.add_edge("agent", "tools")
+    g.add_edge("tools", END)
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        out = g.compile(checkpointer=saver).invoke({"messages": []},
+                                                   {"configurable": {"thread_id": "tn"}})
+    got = {m.tool_call_id: m.content for m in out["messages"] if m.type == "tool"}
+    assert got["call_1"] == "m1again"
+    assert "automatic id of a keyless call of tool call 'call_7'" in got["call_7"]
+    # m1, again (call_1), m7: the refused call never ran
+    assert sorted(k.split(":", 2)[-1] for k in sent) == ["order:1", "order:7", "x1"], sent

@@ -299,12 +299,26 @@ def _checkpoints_synced(saver: Any, conf: dict) -> bool:
     return (getattr(saver, "durability", None) or conf.get(CONFIG_KEY_DURABILITY)) == "sync"
 
 
+def _check_key(key: Any, config: dict) -> None:
+    """Refuse a ``key=`` that is (or may be) an automatic id of this task: ``N`` for the
+    node's N-th keyless call, ``<tool call id>:N`` inside a ToolNode's tool. Such a key
+    would name another call, whose recorded result it would then silently take."""
+    if type(key) is not str or not key or key.isdigit():
+        raise ConfigError(f"key= must be a non-empty string that is not a number (numbers "
+                          f"are the automatic ids of a node's keyless calls), got {key!r}")
+    call_id = _tool_call_id(config)
+    if call_id is not None and key.startswith(f"{call_id}:") and key[len(call_id) + 1:].isdigit():
+        raise ConfigError(f"key= {key!r} is the automatic id of a keyless call of tool call "
+                          f"{call_id!r}; pass another key")
+
+
 def _where(config: dict | None, key: str | None) -> tuple[Run, str, tuple | None, bool]:
     config, conf, saver, thread_id = _node_config(config)
     task_id = conf[_TASK_ID]
     with _lock:
         t = _task(conf, saver, thread_id, key is not None)
         if key is not None:
+            _check_key(key, config)
             sid = f"{task_id}:{key}"
         else:
             call_id = _tool_call_id(config)
