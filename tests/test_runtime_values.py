@@ -537,3 +537,130 @@ def test_a_failure_of_a_class_not_imported_yet_is_rebuilt_and_a_gone_one_is_name
     out = execute()
     assert out.startswith("False StepFailedError") and "durkv_test_err_mod.Boom" in out
     assert "cannot be found here" in out
+
+
+def _group_fail():
+    raise ExceptionGroup("fetch", [ConnectionError("host 0 down"), CodeError(404, "gone"),
+                                   ExceptionGroup("inner", [ValueError("v")])])
+
+
+async def _task_group_fail():
+    async def one(i):
+        raise ConnectionError(f"host {i} down")
+
+    async with asyncio.TaskGroup() as tg:
+        for i in range(2):
+            tg.create_task(one(i))
+
+
+@pytest.mark.parametrize("verb", ["step", "astep"])
+def test_an_exception_group_replays_as_a_group_of_its_own_classes(url, verb):
+    """A TaskGroup's failure (an ExceptionGroup: its args hold exceptions) once replayed
+    as a TypeError from BaseException.__new__: an ``except*`` took another branch."""
+    caught, rests = [], []
+    with durkv.open(url) as s:
+        for _ in range(3):
+            with s.run("r") as run:
+                try:
+                    if verb == "step":
+                        run.step("s", _group_fail)
+                    else:
+                        asyncio.run(run.astep("s", _task_group_fail))
+                except* ConnectionError as eg:
+                    caught.append(eg)
+                except* Exception as rest:      # the group's other members
+                    rests.append(rest)
+            assert run.status == "finished"
+    assert len(caught) == 3
+    for eg in caught:
+        assert type(eg) is ExceptionGroup
+        assert [type(x) for x in eg.exceptions] == [ConnectionError] * (1 if verb == "step"
+                                                                         else 2)
+    assert len(rests) == (3 if verb == "step" else 0)
+    if verb == "step":
+        with durkv.open(url) as s, s.run("r") as run:
+            with pytest.raises(ExceptionGroup) as ei:
+                run.step("s", _group_fail)
+        g = ei.value
+        assert g.message == "fetch" and str(g) == "fetch (3 sub-exceptions)"
+        assert [type(x) for x in g.exceptions] == [ConnectionError, CodeError, ExceptionGroup]
+        assert g.exceptions[1].code == 404 and str(g.exceptions[1]) == "404: gone"
+        assert [type(x) for x in g.exceptions[2].exceptions] == [ValueError]
+
+
+def test_a_group_recorded_without_its_sub_exceptions_replays_as_step_failed(url, monkeypatch):
+    """Records written before groups were kept (no ``g``): a StepFailedError naming the
+    group, never another class."""
+    from durkv.runtime.values import Values
+    error = Values.error
+
+    def old_error(self, exc):
+        err = error(self, exc)
+        more = self.loads(err[3])
+        more.pop("g", None), more.pop("gm", None)
+        return err[:3] + [self.dumps(more)]
+
+    with durkv.open(url) as s:
+        monkeypatch.setattr(Values, "error", old_error)
+        with pytest.raises(ExceptionGroup), s.run("r") as run:
+            run.step("s", _group_fail)
+        monkeypatch.undo()
+        with pytest.raises(durkv.StepFailedError, match="ExceptionGroup: fetch"), \
+                s.run("r") as run:
+            run.step("s", _group_fail)
+
+
+def test_a_resolved_result_is_refused_when_it_would_replay_as_another_type(tmp_path):
+    """store.resolve(done=True, result=...) is checked as a receipt is: under LangGraph's
+    serde a tuple would come back a list."""
+    from durkv.langgraph import DurkvSaver
+    calls = []
+
+    @durkv.tool(at_most_once=True, name="pay")
+    def pay(amount, *, idempotency_key):
+        calls.append(idempotency_key)
+        raise KeyboardInterrupt     # the process stops inside the call: no receipt
+
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        store = saver.store
+        with pytest.raises(KeyboardInterrupt), store.run("r") as run:
+            run.tool(pay, 10)
+        with pytest.raises(durkv.InDoubtError), store.run("r") as run:
+            run.tool(pay, 10)
+        with pytest.raises(SerializationError, match="tuple .*reads back as a list"):
+            store.resolve("r", "0", done=True, result=("paid", 10))
+        store.resolve("r", "0", done=True, result=["paid", 10])
+        with store.run("r") as run:
+            got = run.tool(pay, 10)
+        assert got == ["paid", 10] and type(got) is list and len(calls) == 1
+
+
+@pytest.mark.parametrize("verb", ["step", "tool", "astep", "atool"])
+def test_a_retry_that_is_not_a_retry_is_refused_before_anything_is_journaled(url, verb):
+    calls = []
+
+    @durkv.tool(name="charge")
+    def charge(*, idempotency_key):
+        calls.append(idempotency_key)
+        raise RuntimeError("declined")
+
+    def fails():
+        calls.append("step")
+        raise RuntimeError("down")
+
+    with durkv.open(url) as s:
+        with s.run("r") as run:
+            with pytest.raises(durkv.ConfigError, match="retry= must be a durkv.Retry"):
+                if verb == "step":
+                    run.step("s", fails, retry=3)
+                elif verb == "tool":
+                    run.tool(charge, retry=3)
+                elif verb == "astep":
+                    asyncio.run(run.astep("s", fails, retry=3))
+                else:
+                    asyncio.run(run.atool(charge, retry=3))
+            assert calls == []
+            assert run.step("after", lambda: "ok") == "ok"
+        assert [r["e"] for r in s.journal("r")].count(E_STEP) == 1
+        with s.run("r") as run:      # the refused call took no step id: this replays
+            assert run.step("after", lambda: "again") == "ok"

@@ -26,6 +26,7 @@ from ..errors import (
 from .journal import E_DECISION, E_RESOLVE, RunState, fold
 from .records import DecisionRecord, ResolveRecord
 from .run import Decision
+from .values import Values
 
 __all__ = ["on_s3", "decide", "resolve", "start", "stop", "take", "check_answer", "same_answer"]
 
@@ -279,11 +280,12 @@ def decide(store: Any, run_id: str, step_id: str, approved: bool, *, by: Any = N
 
 
 def resolved_result(store: Any, run_id: str, step_id: str, result: Any) -> bytes:
-    """The serialized ``result`` a ``resolve(done=True)`` records (on any store)."""
+    """The serialized ``result`` a ``resolve(done=True)`` records (on any store): checked
+    as a tool's receipt is, so that the replay returns an equal value of its type."""
     try:
-        return store.serde.dumps(result)
+        return Values(store.serde).record(result)
     except Exception as exc:
-        raise SerializationError(f"the result given to resolve cannot be serialized: "
+        raise SerializationError(f"the result given to resolve cannot be recorded: "
                                  f"{exc}", run_id=run_id, step_id=step_id) from exc
 
 

@@ -546,6 +546,7 @@ class Run:
             secret: journal only the inputs' fingerprint, not the inputs.
             retry_failed: call again even if a final failure is recorded.
         """
+        _check_retry(retry)
         # the automatic step id as its number (str() of it only when it is needed)
         n = next(self._n) if key is None and self._plain else self._sid(key)
         return self._step_at(n, name, fn, args, kwargs, prompt_version, retry, secret,
@@ -793,6 +794,7 @@ class Run:
         unless ``retry_failed``: ``True`` calls again under a new key (``key#gen``),
         :data:`SAME_KEY` under the recorded one (durkv.langgraph: a LangGraph retry)."""
         spec = self._spec(fn, kwargs)
+        _check_retry(retry)
         if inspect.iscoroutinefunction(fn):    # refused before its intent: never awaited
             raise ConfigError(f"run.tool({spec.name!r}): an async tool; call it with `await "
                               "run.atool(...)` (inside `async with store.arun(...)`)")
@@ -861,6 +863,7 @@ class Run:
               retry: Retry | None = None, key: str | None = None, secret: bool = False,
               retry_failed: bool = False, **kwargs: Any):
         """Awaitable :meth:`step`; ``fn`` may be a coroutine function."""
+        _check_retry(retry)
         done = raise_now(deferred(self._plan_call, self._sid(key), name, args, kwargs,
                                   prompt_version, secret, retry_failed))
         return self._adrive(done, fn, args, kwargs, retry)
@@ -871,6 +874,7 @@ class Run:
         """Awaitable :meth:`tool`; ``fn`` may be a coroutine function. The intent and
         receipt fsyncs run in a worker thread (concurrent calls share them)."""
         spec = self._spec(fn, kwargs)
+        _check_retry(retry)
         done = raise_now(deferred(self._plan_tool, self._sid(key), spec, args, kwargs, secret,
                                   None, retry_failed))
         return self._adrive(done, fn, args, kwargs, retry)
@@ -1011,6 +1015,15 @@ def _kwargs_of(p: Plan, kwargs: dict) -> dict:
 
 
 # run.step: a replayed step and the common new step in one C call, everything else by the
+def _check_retry(retry: Any) -> None:
+    """Refuse a ``retry=`` that is not a Retry before a step id is claimed or anything is
+    journaled (else it would surface as an AttributeError once the call failed, after a
+    tool's intent)."""
+    if retry is not None and not isinstance(retry, Retry):
+        raise ConfigError(f"retry= must be a durkv.Retry (e.g. durkv.Retry(attempts=3)), "
+                          f"got {type(retry).__name__} {retry!r:.40}")
+
+
 # Python methods above (Run._step is the definition; csrc/journalscan.c StepEntry)
 # a caller's wrong arguments are reported by the definition: named as the caller wrote it
 Run._step.__qualname__ = "Run.step"

@@ -321,6 +321,9 @@ class Values:
         state = {k: v for k, v in vars(exc).items() if self._try(v) is not None}
         if state:
             more["d"] = state
+        if isinstance(exc, BaseExceptionGroup):     # its args hold exceptions: kept apart
+            more["gm"] = exc.message
+            more["g"] = [self.error(sub) for sub in exc.exceptions]
         return [f"{t.__module__}.{t.__qualname__}", str(exc), args_b, self._try(more)]
 
     def _try(self, v: Any) -> bytes | None:
@@ -354,9 +357,11 @@ class Values:
                 f"{where} failed with {tname}: {msg}; that exception class cannot be found "
                 f"here ({type(e).__name__}: {e}), so it cannot be raised again: replay the run "
                 "where the code that recorded it can be imported", error_type=tname, **context)
+        state = more.get("d") if type(more.get("d")) is dict else {}
+        if issubclass(cls, BaseExceptionGroup):
+            return self._group(cls, msg, more, state, where, context)
         loaded = None if args_b is None else self._load(args_b)
         args = tuple(loaded) if type(loaded) is list else None
-        state = more.get("d") if type(more.get("d")) is dict else {}
         init = tuple(more["i"]) if type(more.get("i")) is list else args
         if init is not None:
             try:
@@ -366,7 +371,34 @@ class Values:
                     return exc
             except Exception:
                 pass
-        return self._bare(cls, args if args is not None else (msg,), state)
+        try:
+            return self._bare(cls, args if args is not None else (msg,), state)
+        except Exception as e:
+            return self._unbuildable(tname, msg, where, e, context)
+
+    def _group(self, cls: type, msg: str, more: dict, state: dict, where: str,
+               context: dict) -> BaseException:
+        """An exception group again: its own class around its sub-exceptions, each
+        rebuilt as its own class (an ``except*`` on the replay matches as it did live)."""
+        tname = f"{cls.__module__}.{cls.__qualname__}"
+        subs, gm = more.get("g"), more.get("gm")
+        if type(subs) is not list or type(gm) is not str:   # recorded before groups were
+            return self._unbuildable(tname, msg, where, None, context)
+        try:
+            exc = cls(gm, [self.rebuild(sub, where, **context) for sub in subs])
+            exc.__dict__.update(state)
+            return exc
+        except Exception as e:
+            return self._unbuildable(tname, msg, where, e, context)
+
+    @staticmethod
+    def _unbuildable(tname: str, msg: str, where: str, e: Exception | None,
+                     context: dict) -> StepFailedError:
+        why = "its record predates exception groups" if e is None else (
+            f"{type(e).__name__}: {e}")
+        return StepFailedError(
+            f"{where} failed with {tname}: {msg}; that exception cannot be built again here "
+            f"({why}), so a StepFailedError stands for it", error_type=tname, **context)
 
     @staticmethod
     def _bare(cls: type, args: tuple, state: dict) -> BaseException:
