@@ -1358,12 +1358,13 @@ static PyTypeObject IndexType = {
 
 enum { S_PLAIN, S_N, S_ST, S_LAZY, S_ENTRIES, S_VALUES, S_FAST, S_REFS, S_WHOLE,
        S_DUMPS, S_CLOCK, S_STORE, S_RUN_ID, S_PACK, S_WRITE, S_PAYLOAD, S_UPDATED, S_OOO,
-       S_SEEN, S_CANON, S_BASES, S_RECORDED, S_STEP, S_RECORD_STEP, S_APPEND, NSTR };
+       S_SEEN, S_CANON, S_BASES, S_RECORDED, S_STEP, S_RECORD_STEP, S_APPEND, S_NESTED,
+       NSTR };
 static const char *const snames[NSTR] = {
     "_plain", "_n", "_st", "lazy", "entries", "_values", "_fast", "_refs", "whole",
     "dumps", "_clock", "store", "run_id", "pack_journal", "_write", "payload", "updated",
     "out_of_order", "_seen", "canonical_bytes", "bases", "recorded", "step", "record_step",
-    "append_journal"};
+    "append_journal", "nested"};
 static PyObject *S[NSTR];
 
 typedef struct {
@@ -1372,6 +1373,7 @@ typedef struct {
     PyObject *general, *at, *end, *fingerprint, *record_type, *apply_step;
     PyObject *record_step, *globals;    /* journal.record_step, and where run.py names it */
     PyObject *owed;                     /* aio.OWED */
+    PyObject *in_call, *calling;        /* plan.IN_CALL, plan.Calling */
     PyObject *cls;                      /* Run: a subclass's overrides are honored (general) */
     Py_ssize_t small;
 } StepEntry;
@@ -1854,6 +1856,44 @@ done:
     return ok;
 }
 
+/* fn(*argv) as a durable call of `run` (plan.call_in): plan.IN_CALL holds a Calling of
+ * `run` meanwhile; when a durable call of the same run was refused inside fn (Calling.nested
+ * set), that refusal is raised whatever fn returned or raised, and nothing is recorded. */
+static PyObject *call_in(StepEntry *se, PyObject *run, PyObject *fn, PyObject *const *argv,
+                         Py_ssize_t argc, int *refused)
+{
+    PyObject *cell = PyObject_CallOneArg(se->calling, run);
+    if (cell == NULL)
+        return NULL;
+    PyObject *tok = PyContextVar_Set(se->in_call, cell);
+    if (tok == NULL) {
+        Py_DECREF(cell);
+        return NULL;
+    }
+    PyObject *value = PyObject_Vectorcall(fn, argv, (size_t)argc, NULL);
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    int reset = PyContextVar_Reset(se->in_call, tok);
+    Py_DECREF(tok);
+    PyObject *nested = reset < 0 ? NULL : PyObject_GetAttr(cell, S[S_NESTED]);
+    Py_DECREF(cell);
+    if (nested == NULL || nested != Py_None) {
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(etb);
+        Py_CLEAR(value);
+        *refused = 1;       /* (or the reset failed): raised as it is, nothing recorded */
+        if (nested != NULL) {
+            PyErr_SetObject((PyObject *)Py_TYPE(nested), nested);
+            Py_DECREF(nested);
+        }
+        return NULL;
+    }
+    Py_DECREF(nested);
+    PyErr_Restore(et, ev, etb);
+    return value;
+}
+
 /* A new step of id `sid` (no record of it anywhere): NULL with *declined set when it is
  * not this path's (nothing done yet). */
 static PyObject *new_step(StepEntry *se, PyObject *run, PyObject *sid, PyObject *name,
@@ -1871,6 +1911,13 @@ static PyObject *new_step(StepEntry *se, PyObject *run, PyObject *sid, PyObject 
         goto fail;
     if (!is_fast)
         goto decline;
+    PyObject *cur;
+    if (PyContextVar_Get(se->in_call, NULL, &cur) < 0)
+        goto fail;
+    int inside = cur != Py_None;
+    Py_DECREF(cur);
+    if (inside)             /* inside a durable call's function: Run._plan_call decides */
+        goto decline;       /* (a call of the same run is refused there) */
     if ((refs = attr(run, S_REFS)) == NULL)
         goto fail;
     PyObject *w = attr(refs, S_WHOLE);     /* InputRefs.encode's hot path: the default serde */
@@ -1896,7 +1943,10 @@ static PyObject *new_step(StepEntry *se, PyObject *run, PyObject *sid, PyObject 
         goto decline;
     if ((clock = attr(run, S_CLOCK)) == NULL || (t0 = call0(clock)) == NULL)   /* _plan_step */
         goto fail;
-    value = PyObject_Vectorcall(fn, argv, (size_t)argc, NULL);
+    int refused = 0;
+    value = call_in(se, run, fn, argv, argc, &refused);
+    if (refused)
+        goto fail;
     PyObject *exc = NULL, *r = NULL;
     if (value == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_Exception))
@@ -2040,12 +2090,13 @@ static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"general", "at", "end", "fingerprint", "record_type",
                              "apply_step", "record_step", "globals", "owed", "cls", "small",
-                             NULL};
-    PyObject *g, *at, *end, *fp, *rt, *ap, *rs, *gl, *ow, *cls;
+                             "in_call", "calling", NULL};
+    PyObject *g, *at, *end, *fp, *rt, *ap, *rs, *gl, *ow, *cls, *ic, *calling;
     Py_ssize_t small;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO!OOO!O!O!n", kwlist, &g, &at, &end, &fp,
-                                     &PyType_Type, &rt, &ap, &rs, &PyDict_Type, &gl,
-                                     &PyContextVar_Type, &ow, &PyType_Type, &cls, &small))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO!OOO!O!O!nO!O", kwlist, &g, &at, &end,
+                                     &fp, &PyType_Type, &rt, &ap, &rs, &PyDict_Type, &gl,
+                                     &PyContextVar_Type, &ow, &PyType_Type, &cls, &small,
+                                     &PyContextVar_Type, &ic, &calling))
         return NULL;
     /* new_record allocates it as tuple.__new__ does */
     if (!PyType_IsSubtype((PyTypeObject *)rt, &PyTuple_Type))
@@ -2059,6 +2110,7 @@ static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     se->fingerprint = Py_NewRef(fp), se->record_type = Py_NewRef(rt);
     se->apply_step = Py_NewRef(ap), se->record_step = Py_NewRef(rs);
     se->globals = Py_NewRef(gl), se->owed = Py_NewRef(ow), se->cls = Py_NewRef(cls);
+    se->in_call = Py_NewRef(ic), se->calling = Py_NewRef(calling);
     se->small = small;
     return (PyObject *)se;
 }
@@ -2075,6 +2127,8 @@ static int step_clear(StepEntry *se)
     Py_CLEAR(se->globals);
     Py_CLEAR(se->owed);
     Py_CLEAR(se->cls);
+    Py_CLEAR(se->in_call);
+    Py_CLEAR(se->calling);
     return 0;
 }
 
@@ -2090,6 +2144,8 @@ static int step_traverse(StepEntry *se, visitproc visit, void *arg)
     Py_VISIT(se->globals);
     Py_VISIT(se->owed);
     Py_VISIT(se->cls);
+    Py_VISIT(se->in_call);
+    Py_VISIT(se->calling);
     return 0;
 }
 

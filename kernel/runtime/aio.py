@@ -28,7 +28,7 @@ import weakref
 from itertools import count
 from typing import Any, Callable
 
-from .plan import CALL, SLEEP, outcome
+from .plan import CALL, IN_CALL, SLEEP, Calling, outcome
 
 __all__ = ["OWED", "SCOPED_ID", "scoped_id", "deferred", "raise_now", "settled", "off_loop", "adrive",
            "asleep_with", "scope_tasks", "unscope_tasks"]
@@ -119,7 +119,7 @@ async def off_loop(store: Any, fn: Callable, *args: Any) -> Any:
     return await settled(store, deferred(fn, *args))
 
 
-async def adrive(store: Any, attempts: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
+async def adrive(run: Any, attempts: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
     """Drive a call's attempts (``Run.attempts``) from a coroutine: ``fn`` may return an
     awaitable; each record's fsync is waited for in a worker thread, each sleep on the
     loop. :func:`durkv.runtime.plan.drive` is the sync form."""
@@ -130,16 +130,22 @@ async def adrive(store: Any, attempts: Any, fn: Callable, args: tuple, kwargs: d
         except StopIteration as stop:
             return outcome(stop.value)
         sent = None
-        if effect is CALL:
+        if effect is CALL:     # plan.call_in, awaiting what fn returns
+            cell = Calling(run)
+            token = IN_CALL.set(cell)
             try:
                 r = fn(*args, **kwargs)
                 sent = True, (await r if inspect.isawaitable(r) else r)
             except Exception as e:
                 sent = False, e
+            finally:
+                IN_CALL.reset(token)
+            if cell.nested is not None:
+                raise cell.nested
         elif effect[0] is SLEEP:
             await asleep_with(effect[1], *effect[2])
         else:
-            await off_loop(store, effect[1], *effect[2])
+            await off_loop(run.store, effect[1], *effect[2])
 
 
 def scope_tasks(run: Any) -> Any:

@@ -12,6 +12,7 @@ as DBOS composes its immediate and pending outcomes."""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, Callable, Generator, NamedTuple
 
 from ..errors import ConfigError
@@ -19,12 +20,63 @@ from .journal import CallState
 from .tools import Retry, ToolSpec
 
 __all__ = ["Plan", "Recorded", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP",
-           "drive", "outcome"]
+           "drive", "outcome", "IN_CALL", "Calling", "call_in", "not_nested"]
 
 ONCE = Retry(1)      # no retry: one attempt
 CALL = "call"        # the effects an attempt generator yields (see the module docstring)
 RECORD = "record"
 SLEEP = "sleep"
+
+
+class Calling:
+    """A durable call whose function runs in this context (:data:`IN_CALL`): the run it
+    is a call of, and the refusal of a durable call of that run made inside it."""
+
+    __slots__ = ("run", "nested")
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.nested: ConfigError | None = None
+
+
+# the durable call running in this context (a thread, an asyncio task and the tasks it
+# starts): a call of the same run inside it is refused (not_nested)
+IN_CALL: ContextVar[Calling | None] = ContextVar("durkv_in_call", default=None)
+
+
+def not_nested(run: Any, kind: str, name: str) -> None:
+    """Refuse a durable call of ``run`` made inside the function of another of its calls.
+
+    A replay returns the outer call's recorded result without calling its function, so a
+    call made inside it would never be asked for again: every later step id would shift
+    and the run could not be resumed. The outer call then records nothing (see
+    :func:`call_in`) and raises this refusal."""
+    cell = IN_CALL.get()
+    if cell is None or cell.run is not run:
+        return
+    cell.nested = ConfigError(
+        f"run {run.run_id!r}: {kind} {name!r} was called inside the function of another "
+        "durable call of the same run; a replay returns that call's recorded result "
+        "without running its function, so this call would vanish. Make it a plain call, "
+        "or make both calls one after the other at the run's level", run_id=run.run_id)
+    raise cell.nested
+
+
+def call_in(run: Any, fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    """``fn(*args, **kwargs)`` as a durable call of ``run``: its outcome ``(ok, value or
+    exception)``; a durable call of ``run`` refused inside it (:func:`not_nested`) is
+    raised instead, whatever ``fn`` did with it, and nothing of this call is recorded."""
+    cell = Calling(run)
+    token = IN_CALL.set(cell)
+    try:
+        done = True, fn(*args, **kwargs)
+    except Exception as e:
+        done = False, e
+    finally:
+        IN_CALL.reset(token)
+    if cell.nested is not None:
+        raise cell.nested
+    return done
 
 
 def outcome(done: tuple[bool, Any]) -> Any:
@@ -34,7 +86,7 @@ def outcome(done: tuple[bool, Any]) -> Any:
     raise done[1]
 
 
-def drive(attempts: Generator, fn: Callable, args: tuple, kwargs: dict) -> Any:
+def drive(run: Any, attempts: Generator, fn: Callable, args: tuple, kwargs: dict) -> Any:
     """Drive a call's attempts in this thread: ``fn(*args, **kwargs)`` each attempt,
     records and sleeps done here (each record waits as the store's policy says)."""
     sent: Any = None
@@ -42,10 +94,7 @@ def drive(attempts: Generator, fn: Callable, args: tuple, kwargs: dict) -> Any:
         while True:
             effect = attempts.send(sent)
             if effect is CALL:
-                try:
-                    sent = True, fn(*args, **kwargs)
-                except Exception as e:
-                    sent = False, e
+                sent = call_in(run, fn, args, kwargs)
             else:
                 sent = effect[1](*effect[2])
     except StopIteration as stop:

@@ -55,7 +55,10 @@ from .records import (
     ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord, default_key,
 )
-from .plan import CALL, ONCE, RECORD, SLEEP, Plan, Recorded, drive, err_type, plain_version
+from .plan import (
+    CALL, IN_CALL, ONCE, RECORD, SLEEP, Calling, Plan, Recorded, call_in, drive, err_type,
+    not_nested, plain_version,
+)
 from .repair import damage_of
 from .tools import Retry, ToolSpec, tool_spec
 from .values import Values, fingerprint
@@ -609,6 +612,7 @@ class Run:
     def _plan_call(self, sid: str, name: str, args: tuple, kwargs: dict, prompt_version: Any,
                    secret: bool, retry_failed: bool) -> Plan:
         """The plan of ``step``/``astep``: its inputs and version checked before any call."""
+        not_nested(self, "step", name)
         if prompt_version is not None and type(prompt_version) is not str:
             prompt_version = plain_version(prompt_version)
         inputs, refs, fp, _items = enc = self._inputs("step", name, args, kwargs, secret)
@@ -658,6 +662,7 @@ class Run:
 
     def _plan_tool(self, sid: str, spec: ToolSpec, args: tuple, kwargs: dict, secret: bool,
                    comp_of: str | None = None, retry_failed: bool = False) -> Plan:
+        not_nested(self, "tool", spec.name)
         inputs, refs, fp, _items = enc = self._inputs("tool", spec.name, args, kwargs, secret)
         p = Plan(sid, "tool", spec.name, fp, inputs, spec.version)
         p.spec, p.comp_of, p.refs, p.encoded = spec, comp_of, refs, enc
@@ -811,7 +816,7 @@ class Run:
             return v if p.spec is None else self._done(p, v)
         if retry is None:
             return self._once(p, fn, args, kwargs)
-        return drive(self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
+        return drive(self, self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
 
     def _once(self, p: Plan, fn: Callable, args: tuple, kwargs: dict) -> Any:
         """:meth:`attempts` of a call without ``retry`` (one attempt), in this thread, in a
@@ -821,16 +826,13 @@ class Run:
         if p.spec is not None:
             self._intent(p)
         tries = list(p.tries)
-        try:
-            value = fn(*args, **_kwargs_of(p, kwargs))
-        except Exception as e:
-            tries.append([err_type(e), str(e)])
-            exc = e
-        else:
+        ok, value = call_in(self, fn, args, _kwargs_of(p, kwargs))
+        if ok:
             record(p, value, None, tries)
             return value if p.spec is None else self._done(p, value)
-        record(p, None, exc, tries)     # outside the except: as attempts(), no chaining
-        raise exc
+        tries.append([err_type(value), str(value)])
+        record(p, None, value, tries)
+        raise value
 
     def compensate(self) -> list:
         """Run the undos of this run's completed tools that declared ``compensate=``,
@@ -885,7 +887,7 @@ class Run:
         p = await settled(self.store, done)
         if p.replay:
             return self._done(p, self._outcome(p.entry))
-        return await adrive(self.store, self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
+        return await adrive(self, self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
 
     def aapprove(self, action: str, payload: Any = None, *, key: str | None = None):
         """Awaitable :meth:`approve` (a :class:`Decision`)."""
@@ -921,6 +923,7 @@ class Run:
         return self._approve_at(self._sid(key), action, payload)
 
     def _approve_at(self, sid: str, action: str, payload: Any) -> Decision:
+        not_nested(self, "approval", action)
         try:
             pb = self._values.record(payload)
             fp = self._values.encode([action, payload])[1]
@@ -975,6 +978,7 @@ class Run:
                 or not 0 <= seconds <= MAX_SLEEP):
             raise ConfigError(f"sleep seconds must be a number from 0 to {MAX_SLEEP:.0e}, got "
                               f"{seconds!r}")
+        not_nested(self, "sleep", f"{seconds} s")
         sid = self._sid(key)
         # the length asked for is the sleep's input: another one at a recorded sleep is an
         # IdempotencyConflictError (a sleep recorded before lengths were, fp 0, is not checked)
@@ -1014,7 +1018,6 @@ def _kwargs_of(p: Plan, kwargs: dict) -> dict:
     return kwargs if p.spec is None else {"idempotency_key": p.key, **kwargs}
 
 
-# run.step: a replayed step and the common new step in one C call, everything else by the
 def _check_retry(retry: Any) -> None:
     """Refuse a ``retry=`` that is not a Retry before a step id is claimed or anything is
     journaled (else it would surface as an AttributeError once the call failed, after a
@@ -1024,10 +1027,12 @@ def _check_retry(retry: Any) -> None:
                           f"got {type(retry).__name__} {retry!r:.40}")
 
 
+# run.step: a replayed step and the common new step in one C call, everything else by the
 # Python methods above (Run._step is the definition; csrc/journalscan.c StepEntry)
 # a caller's wrong arguments are reported by the definition: named as the caller wrote it
 Run._step.__qualname__ = "Run.step"
 Run.step = StepEntry(general=Run._step, at=Run._step_at, end=Run._new_step_end,
                      fingerprint=fingerprint, record_type=StepRecord,
                      apply_step=apply_step, record_step=record_step, globals=globals(),
-                     owed=OWED, cls=Run, small=SMALL_INPUTS)
+                     owed=OWED, cls=Run, small=SMALL_INPUTS, in_call=IN_CALL,
+                     calling=Calling)
