@@ -1358,13 +1358,12 @@ static PyTypeObject IndexType = {
 
 enum { S_PLAIN, S_N, S_ST, S_LAZY, S_ENTRIES, S_VALUES, S_FAST, S_REFS, S_WHOLE,
        S_DUMPS, S_CLOCK, S_STORE, S_RUN_ID, S_PACK, S_WRITE, S_PAYLOAD, S_UPDATED, S_OOO,
-       S_SEEN, S_CANON, S_BASES, S_RECORDED, S_STEP, S_RECORD_STEP, S_APPEND, S_NESTED,
-       NSTR };
+       S_SEEN, S_CANON, S_BASES, S_RECORDED, S_STEP, S_RECORD_STEP, S_APPEND, NSTR };
 static const char *const snames[NSTR] = {
     "_plain", "_n", "_st", "lazy", "entries", "_values", "_fast", "_refs", "whole",
     "dumps", "_clock", "store", "run_id", "pack_journal", "_write", "payload", "updated",
     "out_of_order", "_seen", "canonical_bytes", "bases", "recorded", "step", "record_step",
-    "append_journal", "nested"};
+    "append_journal"};
 static PyObject *S[NSTR];
 
 typedef struct {
@@ -1373,7 +1372,7 @@ typedef struct {
     PyObject *general, *at, *end, *fingerprint, *record_type, *apply_step;
     PyObject *record_step, *globals;    /* journal.record_step, and where run.py names it */
     PyObject *owed;                     /* aio.OWED */
-    PyObject *in_call, *calling;        /* plan.IN_CALL, plan.Calling */
+    PyObject *in_call;                  /* plan.IN_CALL */
     PyObject *cls;                      /* Run: a subclass's overrides are honored (general) */
     Py_ssize_t small;
 } StepEntry;
@@ -1856,15 +1855,17 @@ done:
     return ok;
 }
 
-/* fn(*argv) as a durable call of `run` (plan.call_in): plan.IN_CALL holds a Calling of
- * `run` meanwhile; when a durable call of the same run was refused inside fn (Calling.nested
- * set), that refusal is raised whatever fn returned or raised, and nothing is recorded. */
+/* fn(*argv) as a durable call of `run` (plan.call_in): plan.IN_CALL holds [run] meanwhile;
+ * when a durable call of the same run was refused inside fn (plan.not_nested appended its
+ * refusal), that refusal is raised whatever fn returned or raised (*refused set), and the
+ * caller records nothing. */
 static PyObject *call_in(StepEntry *se, PyObject *run, PyObject *fn, PyObject *const *argv,
                          Py_ssize_t argc, int *refused)
 {
-    PyObject *cell = PyObject_CallOneArg(se->calling, run);
+    PyObject *cell = PyList_New(1);
     if (cell == NULL)
         return NULL;
+    PyList_SET_ITEM(cell, 0, Py_NewRef(run));
     PyObject *tok = PyContextVar_Set(se->in_call, cell);
     if (tok == NULL) {
         Py_DECREF(cell);
@@ -1875,7 +1876,8 @@ static PyObject *call_in(StepEntry *se, PyObject *run, PyObject *fn, PyObject *c
     PyErr_Fetch(&et, &ev, &etb);
     int reset = PyContextVar_Reset(se->in_call, tok);
     Py_DECREF(tok);
-    PyObject *nested = reset < 0 ? NULL : PyObject_GetAttr(cell, S[S_NESTED]);
+    PyObject *nested = reset < 0 ? NULL
+                       : Py_NewRef(PyList_GET_SIZE(cell) > 1 ? PyList_GET_ITEM(cell, 1) : Py_None);
     Py_DECREF(cell);
     if (nested == NULL || nested != Py_None) {
         Py_XDECREF(et);
@@ -2090,13 +2092,13 @@ static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"general", "at", "end", "fingerprint", "record_type",
                              "apply_step", "record_step", "globals", "owed", "cls", "small",
-                             "in_call", "calling", NULL};
-    PyObject *g, *at, *end, *fp, *rt, *ap, *rs, *gl, *ow, *cls, *ic, *calling;
+                             "in_call", NULL};
+    PyObject *g, *at, *end, *fp, *rt, *ap, *rs, *gl, *ow, *cls, *ic;
     Py_ssize_t small;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO!OOO!O!O!nO!O", kwlist, &g, &at, &end,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO!OOO!O!O!nO!", kwlist, &g, &at, &end,
                                      &fp, &PyType_Type, &rt, &ap, &rs, &PyDict_Type, &gl,
                                      &PyContextVar_Type, &ow, &PyType_Type, &cls, &small,
-                                     &PyContextVar_Type, &ic, &calling))
+                                     &PyContextVar_Type, &ic))
         return NULL;
     /* new_record allocates it as tuple.__new__ does */
     if (!PyType_IsSubtype((PyTypeObject *)rt, &PyTuple_Type))
@@ -2110,7 +2112,7 @@ static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     se->fingerprint = Py_NewRef(fp), se->record_type = Py_NewRef(rt);
     se->apply_step = Py_NewRef(ap), se->record_step = Py_NewRef(rs);
     se->globals = Py_NewRef(gl), se->owed = Py_NewRef(ow), se->cls = Py_NewRef(cls);
-    se->in_call = Py_NewRef(ic), se->calling = Py_NewRef(calling);
+    se->in_call = Py_NewRef(ic);
     se->small = small;
     return (PyObject *)se;
 }
@@ -2128,7 +2130,6 @@ static int step_clear(StepEntry *se)
     Py_CLEAR(se->owed);
     Py_CLEAR(se->cls);
     Py_CLEAR(se->in_call);
-    Py_CLEAR(se->calling);
     return 0;
 }
 
@@ -2145,7 +2146,6 @@ static int step_traverse(StepEntry *se, visitproc visit, void *arg)
     Py_VISIT(se->owed);
     Py_VISIT(se->cls);
     Py_VISIT(se->in_call);
-    Py_VISIT(se->calling);
     return 0;
 }
 

@@ -259,8 +259,7 @@ def test_the_entry_refuses_a_record_type_that_is_not_a_tuple():
     kw = dict(general=Run._step, at=Run._step_at, end=Run._new_step_end,
               fingerprint=run_mod.fingerprint, apply_step=run_mod.apply_step,
               record_step=run_mod.record_step, globals=vars(run_mod), owed=run_mod.OWED,
-              cls=Run, small=run_mod.SMALL_INPUTS, in_call=run_mod.IN_CALL,
-              calling=run_mod.Calling)
+              cls=Run, small=run_mod.SMALL_INPUTS, in_call=run_mod.IN_CALL)
     entry = type(Run.__dict__["step"])
     assert entry(record_type=run_mod.StepRecord, **kw) is not None
     for bad in (dict, list):

@@ -28,7 +28,7 @@ import weakref
 from itertools import count
 from typing import Any, Callable
 
-from .plan import CALL, IN_CALL, SLEEP, Calling, outcome
+from .plan import CALL, IN_CALL, SLEEP, outcome
 
 __all__ = ["OWED", "SCOPED_ID", "scoped_id", "deferred", "raise_now", "settled", "off_loop", "adrive",
            "asleep_with", "scope_tasks", "unscope_tasks"]
@@ -131,7 +131,7 @@ async def adrive(run: Any, attempts: Any, fn: Callable, args: tuple, kwargs: dic
             return outcome(stop.value)
         sent = None
         if effect is CALL:     # plan.call_in, awaiting what fn returns
-            cell = Calling(run)
+            cell = [run]
             token = IN_CALL.set(cell)
             try:
                 r = fn(*args, **kwargs)
@@ -140,8 +140,8 @@ async def adrive(run: Any, attempts: Any, fn: Callable, args: tuple, kwargs: dic
                 sent = False, e
             finally:
                 IN_CALL.reset(token)
-            if cell.nested is not None:
-                raise cell.nested
+            if len(cell) > 1:
+                raise cell[1]
         elif effect[0] is SLEEP:
             await asleep_with(effect[1], *effect[2])
         else:

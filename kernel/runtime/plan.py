@@ -20,7 +20,7 @@ from .journal import CallState
 from .tools import Retry, ToolSpec
 
 __all__ = ["Plan", "Recorded", "err_type", "ONCE", "plain_version", "CALL", "RECORD", "SLEEP",
-           "drive", "outcome", "IN_CALL", "Calling", "call_in", "not_nested"]
+           "drive", "outcome", "IN_CALL", "call_in", "not_nested"]
 
 ONCE = Retry(1)      # no retry: one attempt
 CALL = "call"        # the effects an attempt generator yields (see the module docstring)
@@ -28,20 +28,10 @@ RECORD = "record"
 SLEEP = "sleep"
 
 
-class Calling:
-    """A durable call whose function runs in this context (:data:`IN_CALL`): the run it
-    is a call of, and the refusal of a durable call of that run made inside it."""
-
-    __slots__ = ("run", "nested")
-
-    def __init__(self, run: Any) -> None:
-        self.run = run
-        self.nested: ConfigError | None = None
-
-
-# the durable call running in this context (a thread, an asyncio task and the tasks it
-# starts): a call of the same run inside it is refused (not_nested)
-IN_CALL: ContextVar[Calling | None] = ContextVar("durkv_in_call", default=None)
+# the durable call whose function runs in this context (a thread, an asyncio task and the
+# tasks it starts), as ``[run]``; ``[run, refusal]`` once a call of the same run was refused
+# inside it (not_nested). A list: the C StepEntry makes one per new step (~30 ns)
+IN_CALL: ContextVar[list | None] = ContextVar("durkv_in_call", default=None)
 
 
 def not_nested(run: Any, kind: str, name: str) -> None:
@@ -52,21 +42,22 @@ def not_nested(run: Any, kind: str, name: str) -> None:
     and the run could not be resumed. The outer call then records nothing (see
     :func:`call_in`) and raises this refusal."""
     cell = IN_CALL.get()
-    if cell is None or cell.run is not run:
+    if cell is None or cell[0] is not run:
         return
-    cell.nested = ConfigError(
+    refusal = ConfigError(
         f"run {run.run_id!r}: {kind} {name!r} was called inside the function of another "
         "durable call of the same run; a replay returns that call's recorded result "
         "without running its function, so this call would vanish. Make it a plain call, "
         "or make both calls one after the other at the run's level", run_id=run.run_id)
-    raise cell.nested
+    cell.append(refusal)
+    raise refusal
 
 
 def call_in(run: Any, fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
     """``fn(*args, **kwargs)`` as a durable call of ``run``: its outcome ``(ok, value or
     exception)``; a durable call of ``run`` refused inside it (:func:`not_nested`) is
     raised instead, whatever ``fn`` did with it, and nothing of this call is recorded."""
-    cell = Calling(run)
+    cell = [run]
     token = IN_CALL.set(cell)
     try:
         done = True, fn(*args, **kwargs)
@@ -74,8 +65,8 @@ def call_in(run: Any, fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, An
         done = False, e
     finally:
         IN_CALL.reset(token)
-    if cell.nested is not None:
-        raise cell.nested
+    if len(cell) > 1:
+        raise cell[1]
     return done
 
 

@@ -56,8 +56,8 @@ from .records import (
     WarnRecord, default_key,
 )
 from .plan import (
-    CALL, IN_CALL, ONCE, RECORD, SLEEP, Calling, Plan, Recorded, call_in, drive, err_type,
-    not_nested, plain_version,
+    CALL, IN_CALL, ONCE, RECORD, SLEEP, Plan, Recorded, call_in, drive, err_type, not_nested,
+    plain_version,
 )
 from .repair import damage_of
 from .tools import Retry, ToolSpec, tool_spec
@@ -1034,5 +1034,4 @@ Run._step.__qualname__ = "Run.step"
 Run.step = StepEntry(general=Run._step, at=Run._step_at, end=Run._new_step_end,
                      fingerprint=fingerprint, record_type=StepRecord,
                      apply_step=apply_step, record_step=record_step, globals=globals(),
-                     owed=OWED, cls=Run, small=SMALL_INPUTS, in_call=IN_CALL,
-                     calling=Calling)
+                     owed=OWED, cls=Run, small=SMALL_INPUTS, in_call=IN_CALL)
