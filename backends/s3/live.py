@@ -11,13 +11,16 @@ object count stays bounded, and ``compact()`` drops whole segment objects.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
+import weakref
 from contextlib import contextmanager
 from email.utils import parsedate_to_datetime
 from typing import Any, Iterator
@@ -116,6 +119,8 @@ class S3Backend(ReadsByPayload):
                 self._start(self._flush_loop, "durkv-s3-flusher")
             if self.lease_ms:
                 self._start(self._lease_loop, "durkv-s3-lease")
+            self._pid = os.getpid()
+            _open_writers.add(self)
 
     def _start(self, target: Any, name: str) -> None:
         threading.Thread(target=target, daemon=True, name=name).start()
@@ -168,7 +173,20 @@ class S3Backend(ReadsByPayload):
 
     def _latest_epoch(self) -> tuple[dict, dict] | None:
         best = newest_numbered(self.loc, EPOCHS, ".json")
-        return (self._get_json(best[0]), best[1]) if best else None
+        if not best:
+            return None
+        doc = self._get_json(best[0])
+        # what the open reads of it, checked: a damaged epoch object is refused, never
+        # taken for "no writer yet" (an open would then fence at a lower epoch)
+        if (type(doc) is not dict or type(doc.get("epoch_no")) is not int
+                or type(doc.get("writer_epoch")) is not int
+                or doc.get("state") not in ("open", "closed")
+                or best[0] != num_key(EPOCHS, doc["epoch_no"], ".json")):
+            key = self.loc.key(best[0])
+            raise CorruptionError(f"live object {key} is not a writer epoch record "
+                                  f"({str(doc)[:80]}); nothing was changed", segment=key,
+                                  kind="bad_manifest")
+        return doc, best[1]
 
     def _lease_expired(self, doc: dict, entry: dict) -> bool:
         """The holder's lease ran out, by the S3 server's clock alone."""
@@ -512,6 +530,11 @@ class S3Backend(ReadsByPayload):
 
     # -- the rest of the protocol -------------------------------------------------------
 
+    def failure(self) -> DurkvError | None:
+        """The error this writer failed closed with (a fence, a failed PUT), or None: the
+        store raises it from every call, as a local log raises LogFailedError."""
+        return self._failed
+
     @property
     def next_lsn(self) -> int:
         return self._durable + len(self._pending)
@@ -523,6 +546,8 @@ class S3Backend(ReadsByPayload):
     def read(self, lsn: int) -> bytes:
         for attempt in range(3):
             with self._cond:
+                if self._failed is not None:    # fail closed (GUARANTEES 7): its pending
+                    raise self._failed          # frames may never be in S3
                 if lsn >= self._durable:
                     i = lsn - self._durable
                     if 0 <= i < len(self._pending):
@@ -609,6 +634,30 @@ class S3Backend(ReadsByPayload):
                 self._cond.notify_all()
             if self.merger is not None:
                 self.merger.stop()
+
+
+_open_writers: weakref.WeakSet[S3Backend] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """The `exit` (and `async`) policy's promise on s3://, as kernel/log.py's for a local
+    log: a clean interpreter exit PUTs what is pending and closes every writer (its epoch
+    record says closed, so the next open needs no takeover). Not in a forked child: the
+    handles are its parent's. A PUT that fails here is said on stderr."""
+    for b in list(_open_writers):
+        if b._pid != os.getpid() or b._closed:
+            continue
+        pending = len(b._pending)
+        try:
+            b.close()
+        except DurkvError as e:
+            try:
+                sys.stderr.write(f"durkv: {pending} commit(s) to {b.url} not made durable at "
+                                 f"exit: {' '.join(e.message.split())}\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass    # stderr is gone: nothing else can be done at exit
 
 
 def _int_option(name: str, given: int | None, text: str | None, default: int) -> int:

@@ -11,6 +11,7 @@ archive itself (so the archive stays one log), or started empty when there is no
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -39,8 +40,24 @@ def _has_segments(path: str) -> bool:
 def archive_live(src: S3Backend, loc: S3Location, *, encoding: str = "identity",
                  page_size: int = 1000, progress: Callable[[int, int], None] | None = None,
                  **_ignored: Any) -> ArchiveResult:
-    """Archive every frame of the live store ``src`` so far to ``loc``."""
+    """Archive every frame of the live store ``src`` so far to ``loc``. Archives of one
+    store to one target from this machine take turns (they share the mirror)."""
     mirror = _mirror_dir(src, loc)
+    os.makedirs(os.path.dirname(mirror), exist_ok=True)
+    fd = os.open(f"{mirror}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        # the mirror is one log from call to call: two archivers appending to it at once
+        # (each from its own next_lsn) made frames repeat at later LSNs, uploaded as the
+        # archive -- a restore then read other values at those LSNs
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _archive_locked(src, loc, mirror, encoding, page_size, progress)
+    finally:
+        os.close(fd)        # releases the lock
+
+
+def _archive_locked(src: S3Backend, loc: S3Location, mirror: str, encoding: str,
+                    page_size: int, progress: Callable[[int, int], None] | None
+                    ) -> ArchiveResult:
     if not _has_segments(mirror):
         shutil.rmtree(mirror, ignore_errors=True)
         try:
@@ -68,7 +85,10 @@ def archive_live(src: S3Backend, loc: S3Location, *, encoding: str = "identity",
                               "between are gone; archive to a new prefix after a restore "
                               "(nothing was uploaded)")
         for lsn in range(have, end):
-            log.append(src.read(lsn), frame_type=seglog.FRAME_COMMIT)
+            if log.append(src.read(lsn), frame_type=seglog.FRAME_COMMIT) != lsn:
+                raise ArchiveConflictError(    # not reached under the lock: said, not hidden
+                    f"the archive mirror {mirror} was written by another process meanwhile; "
+                    "run the archive again (nothing was uploaded)", url=loc.url)
         if end > have:
             log.flush()
             log.seal()

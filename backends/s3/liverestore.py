@@ -13,7 +13,7 @@ import shutil
 from typing import Any, Callable
 
 from durkv import log as seglog
-from durkv.errors import ConfigError, CorruptionError
+from durkv.errors import ConfigError, CorruptionError, NotFoundError
 
 from .client import S3Location
 from .live import S3Backend
@@ -37,9 +37,13 @@ def plan_live_restore(loc: S3Location, to_lsn: int | None) -> tuple[RestorePlan,
         raise ConfigError(f"{loc.url} is a live store compacted to lsn {src.start_lsn}: a local "
                           "log cannot start there yet, so it cannot be restored into a "
                           "directory; open it as s3:// instead (nothing was changed)")
-    end = src.next_lsn if to_lsn is None else min(src.next_lsn, to_lsn + 1)
     if to_lsn is not None and to_lsn < 0:
         raise ConfigError(f"--to-lsn must be >= 0, got {to_lsn}")
+    if to_lsn is not None and to_lsn >= src.next_lsn:
+        # as an archive's restore: never silently short of what was asked (GUARANTEES 14)
+        raise NotFoundError(f"{loc.url} ends at lsn {src.next_lsn - 1}; --to-lsn {to_lsn} "
+                            "is past it (nothing was restored)")
+    end = src.next_lsn if to_lsn is None else to_lsn + 1
     plan = RestorePlan(url=loc.url, manifest_no=src.manifest.manifest_no, log_uuid="live",
                        segments=[], cut_after_lsn=None if to_lsn is None else end - 1,
                        next_lsn=end, bytes=src.size_bytes())

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +38,23 @@ def manifest_no_of(rel_key: str) -> int | None:
     name = rel_key[len(MANIFESTS):] if rel_key.startswith(MANIFESTS) else ""
     stem = name[:-len(".json")] if name.endswith(".json") else ""
     return int(stem) if len(stem) == _DIGITS and stem.isdigit() else None
+
+
+# a segment file's name, as the C log makes it (csrc/format.c): a restore writes the file
+# under this name inside its temporary directory, never a path a manifest chose
+_SEGMENT_FILE = re.compile(r"[0-9a-f]{16}\.seg")
+
+
+def _typed(name: str, value: Any) -> Any:
+    """A manifest's segment field, checked: an int field holds an int (not "0", which
+    would compare and add as a string), a str field a str, ``file`` a segment's name."""
+    want = str if name in ("key", "file", "encoding") else int
+    if type(value) is not want:
+        raise TypeError(f"segment field {name!r} is {type(value).__name__} {value!r:.40}, "
+                        f"not {want.__name__}")
+    if name == "file" and not _SEGMENT_FILE.fullmatch(value):
+        raise ValueError(f"segment file {value!r:.60} is not a segment's name")
+    return value
 
 
 @dataclass(frozen=True)
@@ -89,16 +107,17 @@ class Manifest:
                 raise ValueError(f"version {doc.get('version')!r} is not supported "
                                  f"(this durkv reads version {FORMAT_VERSION})")
             names = SegmentEntry.__dataclass_fields__
-            segs = [SegmentEntry(**{k: s[k] for k in names}) for s in doc["segments"]]
+            segs = [SegmentEntry(**{k: _typed(k, s[k]) for k in names})
+                    for s in doc["segments"]]
             m = cls(manifest_no=int(doc["manifest_no"]),
                     prev_manifest_no=doc["prev_manifest_no"], log_uuid=str(doc["log_uuid"]),
                     start_lsn=int(doc["start_lsn"]), next_lsn=int(doc["next_lsn"]),
                     created_at_ns=int(doc["created_at_ns"]), segments=segs,
                     writer_epoch=int(doc.get("writer_epoch", 0)))
+            m.check(key)
         except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError) as exc:
             raise CorruptionError(f"archive manifest {key} is unreadable: {exc}",
                                   segment=key, kind="bad_manifest") from exc
-        m.check(key)
         return m
 
     def check(self, key: str) -> None:

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .. import repairnotes
 from ..backends.base import VerifyReport
-from ..errors import ConfigError, ReadOnlyError, StoreClosedError
+from ..errors import ConfigError, DurkvError, ReadOnlyError, StoreClosedError
 from ..payload import Codec, encode_record
 from ..serde import Serde, default_serde
 from .appender import Appender
@@ -93,6 +93,11 @@ class _Section:
         s = self._s
         s._lock.acquire()
         if not s._shared or s._wdepth or s._closed:
+            if s._failure is not None and not s._wdepth and not s._closed:
+                err = s._failure()      # a backend that failed closed (an s3:// writer
+                if err is not None:     # fenced, or whose PUT failed): every call raises,
+                    s._lock.release()   # reads too -- its index holds frames S3 may not
+                    raise err
             s._wdepth += 1
             return
         try:
@@ -154,6 +159,10 @@ class Store:
         self._written_to = 0        # frames below: written and owed an fdatasync (_settle)
         # a local store several processes write: sections take its cross-process write lock
         self._shared = not read_only and hasattr(backend, "write_begin")
+        # the error a backend failed with, for one that fails closed on its own (s3://; a
+        # local log raises from write_begin)
+        self._failure: Callable[[], DurkvError | None] | None = getattr(backend, "failure",
+                                                                         None)
         self._closed = False
         self._pid = os.getpid()     # the process that opened it
         self._forked = False        # this process is a fork of that one
