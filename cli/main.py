@@ -30,7 +30,7 @@ from .journal_view import show   # browse.show plus the run journal
 from .maint import compact, stats
 from .operate import approve, journal, reject, resolve, runs
 from .output import EXIT_CORRUPT, EXIT_OK, JSON_KEY
-from .stores import log_dir, log_module
+from .stores import log_dir, log_module, quarantined
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -124,13 +124,6 @@ def verify(ctx: click.Context, path: Path, deep: bool, as_json: bool, quiet: boo
         ctx.exit(EXIT_CORRUPT)
 
 
-def _quarantine(path: str) -> dict[str, int]:
-    q = Path(path) / "quarantine"
-    if not q.is_dir():
-        return {}
-    return {str(p): p.stat().st_size for p in sorted(q.rglob("*")) if p.is_file()}
-
-
 @cli.command()
 @click.argument("path", type=output.STORE_PATH)
 @click.option("--dry-run", is_flag=True, help="Say what would be cut and kept; change nothing.")
@@ -139,7 +132,8 @@ def _quarantine(path: str) -> dict[str, int]:
                    "before it; every removed byte is copied to PATH/quarantine/ first).")
 @click.option("--ack", "ack", metavar="RUN", multiple=True,
               help="Acknowledge every repair that touched run RUN (repeatable): its tools "
-                   "follow the usual rules again. Changes nothing in the log.")
+                   "follow the usual rules again. Appends a durable acknowledgement "
+                   "record; cuts nothing.")
 @click.option("--by", default=None, help="Who acknowledges (recorded with --ack).")
 @click.option("--note", default=None, help="Why (recorded with --ack).")
 @output.json_option
@@ -177,21 +171,47 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
     ctx.meta[JSON_KEY] = as_json
     where = log_dir(path)
     if ack:
+        if dry_run or skip_corrupt:     # an ack is recorded at once and is final: a dry
+            raise click.UsageError(     # run must not make it, nor a cut ride along
+                "--ack records an acknowledgement (durable, final); run it on its own, "
+                "without --dry-run or --skip-corrupt")
         ctx.exit(_acknowledge(where, ack, by, note, as_json, quiet))
     log = log_module()
     skip_hint = reports.skip_corrupt_hint(where)
-    before = _quarantine(where)
-    try:
-        report = output.with_progress("recovering", not (quiet or as_json), lambda bar: (
-            log.recover(where, skip_corrupt=skip_corrupt, dry_run=dry_run, progress=bar)))
-    except CorruptionError as exc:
-        ctx.exit(output.report_error(ctx, exc, hint=None if skip_corrupt else skip_hint))
+    before = quarantined(where)
+    # a repair runs to its end (the C cut cannot stop midway, and its REPAIR record must
+    # follow it): Ctrl-C is said after, with exit 130, never a traceback
+    with output.sigint_deferred() as interrupted:
+        try:
+            try:
+                report = output.with_progress(
+                    "recovering", not (quiet or as_json), lambda bar: (
+                        log.recover(where, skip_corrupt=skip_corrupt, dry_run=dry_run,
+                                    progress=bar)))
+            except CorruptionError as exc:
+                ctx.exit(output.report_error(ctx, exc,
+                                             hint=None if skip_corrupt else skip_hint))
+            _recovered(ctx, where, report, before, dry_run, skip_corrupt, skip_hint, as_json,
+                       quiet)
+            code = EXIT_OK
+        except click.exceptions.Exit as e:
+            code = e.exit_code
+    if interrupted[0]:
+        click.echo("interrupted: the repair had started and ran to its end (it cannot stop "
+                   "midway); what it did is above", err=True)
+        ctx.exit(130)
+    ctx.exit(code)
+
+
+def _recovered(ctx: click.Context, where: str, report: Any, before: dict, dry_run: bool,
+               skip_corrupt: bool, skip_hint: str, as_json: bool, quiet: bool) -> None:
+    log = log_module()
     # The log refuses by raising (above); report.ok is False whenever it found damage, even
     # damage it removed. A plan is refused when the real run would be: only a torn tail
     # passes without --skip-corrupt.
     refused = dry_run and not skip_corrupt and not (
         reports.only_torn_tail(report) or not report.damage)
-    kept = {p: n for p, n in _quarantine(where).items() if before.get(p) != n}
+    kept = {p: n for p, n in quarantined(where).items() if before.get(p) != n}
     after = None if dry_run or refused else log.verify(where)
     clean = not refused and (after is None or reports.is_clean(after))
     repair = _record_repair(where, report.repair) if clean and report.repair else None

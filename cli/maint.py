@@ -16,7 +16,7 @@ from .. import open as open_store
 from ..errors import ConfigError, StoreLockedError
 from . import output
 from .output import JSON_KEY, human_bytes
-from .stores import log_dir
+from .stores import log_dir, quarantined
 
 # the record kinds of `stats`, in the order printed, with their names for humans
 KIND_NAMES = {
@@ -52,8 +52,10 @@ def compact(ctx: click.Context, store: str, as_json: bool, quiet: bool) -> None:
     Copies every live checkpoint (with its pending writes) and every run journal
     record to the end of the log, durably, then unlinks the old segment files: the
     data of deleted threads and runs, pruned checkpoints and superseded records is
-    gone from STORE afterwards (PATH/quarantine/, which only `durkv recover`
-    fills, is left as it is). Every other thread reads exactly as before. A crash
+    gone from STORE afterwards (PATH/quarantine/ is left as it is). Its open, as
+    any writer's, first moves a torn tail -- the bytes of a write that never
+    finished, never acknowledged -- to PATH/quarantine/, and says so. Every other
+    thread reads exactly as before. A crash
     at any point loses nothing: the old records stay authoritative until the
     copies are complete and durable (docs/GUARANTEES.md, "Compaction").
 
@@ -75,7 +77,9 @@ def compact(ctx: click.Context, store: str, as_json: bool, quiet: bool) -> None:
     where = _store_url(store)
     show = not (quiet or as_json)
     t0 = time.monotonic()
+    kept_before = quarantined(where)
     with open_store(where) as s:
+        moved = {p: n for p, n in quarantined(where).items() if kept_before.get(p) != n}
         before = output.with_progress("reading", show, lambda bar: s.stats(
             bar, whole_values=False))
         try:
@@ -89,6 +93,7 @@ def compact(ctx: click.Context, store: str, as_json: bool, quiet: bool) -> None:
         after = output.with_progress("checking", show, lambda bar: s.stats(
             bar, whole_values=False))
     report = _compact_report(where, before, after, res, time.monotonic() - t0)
+    report["quarantined"] = [{"file": p, "bytes": n} for p, n in moved.items()]
     if as_json:
         output.emit_json(report)
     elif not quiet:
@@ -111,6 +116,9 @@ def _compact_report(where: str, before: Any, after: Any, res: dict, seconds: flo
 
 
 def _echo_compact(r: dict) -> None:
+    for q in r["quarantined"]:
+        click.echo(f"the open moved a torn tail (a write that never finished) to "
+                   f"{q['file']} ({human_bytes(q['bytes'])})")
     b0, b1 = r["bytes_on_disk_before"], r["bytes_on_disk_after"]
     freed = b0 - b1
     click.echo(f"compacted {r['path']} in {r['seconds']:.2f} s: {human_bytes(b0)} -> "

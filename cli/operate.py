@@ -272,7 +272,7 @@ def resolve(ctx: click.Context, store: str, run_id: str, step_id: str, done: boo
             raise ConfigError("--result goes with --done: a call that did not happen "
                               "returned nothing")
         try:
-            value = json.loads(result)
+            value = json.loads(result, parse_constant=_not_json)    # NaN, Infinity: not JSON
         except ValueError as exc:
             raise ConfigError(f"--result is not JSON ({exc}); quote it for the shell, e.g. "
                               "--result '{\"id\": 1}'") from exc
@@ -285,3 +285,7 @@ def resolve(ctx: click.Context, store: str, run_id: str, step_id: str, done: boo
     what = "done: the run replays the result as its receipt" if done else (
         "not done: the run calls it once more, with the same key")
     click.echo(f"run {run_id} step {step_id}: resolved as {what}")
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

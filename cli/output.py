@@ -16,9 +16,12 @@ Every command follows the same habits (docs: README "Command line"):
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -141,9 +144,17 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _one_line(cell: str) -> str:
+    if cell.isprintable():
+        return cell
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in cell)
+
+
 def table(rows: list[tuple[str, ...]], headers: tuple[str, ...],
           right: frozenset[int] = frozenset()) -> str:
-    """A plain aligned text table; column indexes in ``right`` are right-aligned."""
+    """A plain aligned text table; column indexes in ``right`` are right-aligned. A cell's
+    control characters (a newline in a thread id) are escaped: one row is one line."""
+    rows = [tuple(_one_line(c) for c in row) for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
@@ -188,3 +199,22 @@ def with_progress(label: str, enabled: bool, fn: Callable[[ProgressBar], Any]) -
         return fn(bar)
     finally:
         bar.close()
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[list[bool]]:
+    """Ctrl-C noted, not raised, for a block that must not stop midway (a repair: its
+    cut and its record): yields a one-item list, True once SIGINT came."""
+    got = [False]
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        got[0] = True
+
+    old = signal.signal(signal.SIGINT, note)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, old)

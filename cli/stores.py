@@ -25,6 +25,15 @@ def log_module() -> Any:
     return log
 
 
+def quarantined(path: str) -> dict[str, int]:
+    """The files in ``path``/quarantine/ and their sizes (what recover, or a writer's
+    open of a torn tail, put there)."""
+    q = Path(path) / "quarantine"
+    if not q.is_dir():
+        return {}
+    return {str(p): p.stat().st_size for p in sorted(q.rglob("*")) if p.is_file()}
+
+
 def log_dir(path: Path) -> str:
     """The log directory at ``path``, or NotFoundError (exit 1) saying what is there instead."""
     if not path.exists():

@@ -731,18 +731,42 @@ def _split_items(data: bytes, n: int) -> list[bytes]:
 
 # ---------------------------------------------------------------- verify / recover
 
+class _Progress:
+    """The ``progress`` given to verify/recover, and what it raised: cffi cannot pass an
+    exception out of a callback (it prints a traceback and goes on), so the first one --
+    a KeyboardInterrupt, often -- is kept and raised when the C call returns."""
+
+    __slots__ = ("fn", "raised", "handle")
+
+    def __init__(self, fn: Callable[[int, int], None]) -> None:
+        self.fn = fn
+        self.raised: BaseException | None = None
+        self.handle = ffi.new_handle(self)
+
+    def reraise(self) -> None:
+        if self.raised is not None:
+            raise self.raised
+
+
 @ffi.def_extern()
 def dkv_py_progress(ctx, done, total):
     """The C side's progress callback: calls the ``progress`` given to verify/recover."""
-    ffi.from_handle(ctx)(done, total)
+    p = ffi.from_handle(ctx)
+    if p.raised is None:
+        try:
+            p.fn(done, total)
+        except BaseException as e:  # noqa: B036 - kept, raised after the C call
+            p.raised = e
 
 
-def _progress_args(progress: Callable[[int, int], None] | None) -> tuple[Any, Any]:
-    """``(callback, ctx)`` for a C call taking a progress hook; keep ``ctx`` alive
-    for the call."""
+def _progress_args(progress: Callable[[int, int], None] | None
+                   ) -> tuple[Any, Any, _Progress | None]:
+    """``(callback, ctx, holder)`` for a C call taking a progress hook; keep the holder
+    alive for the call, then ``holder.reraise()``."""
     if progress is None:
-        return ffi.NULL, ffi.NULL
-    return lib.dkv_py_progress, ffi.new_handle(progress)
+        return ffi.NULL, ffi.NULL, None
+    p = _Progress(progress)
+    return lib.dkv_py_progress, p.handle, p
 
 
 def verify(path: str | os.PathLike, deep: bool = False,
@@ -756,8 +780,12 @@ def verify(path: str | os.PathLike, deep: bool = False,
     """
     path = os.fspath(path)
     out = ffi.new("dkv_report **")
-    cb, ctx = _progress_args(progress)
+    cb, ctx, held = _progress_args(progress)
     rc = lib.dkv_verify(os.fsencode(path), 1 if deep else 0, cb, ctx, out)
+    if held is not None and held.raised is not None:
+        if not rc:
+            lib.dkv_report_free(out[0])
+        held.reraise()      # verify changes nothing: stopping after it is stopping it
     if rc:
         raise _error(rc, None, path, "verify", thread=True)
     try:
@@ -818,7 +846,7 @@ def recover(path: str | os.PathLike, *, skip_corrupt: bool = False,
 def _recover(path: str, skip_corrupt: bool, dry_run: bool,
              progress: Callable[[int, int], None] | None = None) -> Report:
     out = ffi.new("dkv_report **")
-    cb, ctx = _progress_args(progress)
+    cb, ctx, held = _progress_args(progress)
     rc = lib.dkv_recover(os.fsencode(path), 1 if skip_corrupt else 0, 1 if dry_run else 0,
                          cb, ctx, out)
     report = None
@@ -827,6 +855,8 @@ def _recover(path: str, skip_corrupt: bool, dry_run: bool,
             report = _report(out[0])
         finally:
             lib.dkv_report_free(out[0])
+    if held is not None:
+        held.reraise()      # the repair ran to its end (it cannot stop midway)
     if rc == lib.DKV_ECORRUPT and report is not None:
         first = next((d for d in report.damage if d.kind != "torn_tail"), report.damage[0])
         err = CorruptionError(

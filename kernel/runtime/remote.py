@@ -231,7 +231,7 @@ def same_answer(kind: str, run_id: str, step_id: str, rec: dict, answer: dict,
             return
         raise DecisionConflictError(
             f"run {run_id!r} step {step_id}: approval {name!r} was already "
-            f"{'approved' if rec.get('ok') else 'rejected'} by {rec.get('by')!r}; a decision "
+            f"{'approved' if rec.get('ok') else 'rejected'}{_by(rec)}; a decision "
             "is final and the run acts on that one", run_id=run_id, step_id=step_id,
             recorded=bool(rec.get("ok")))
     if rec.get("done") == answer.get("done") and rec.get("r") == answer.get("r"):
@@ -239,9 +239,14 @@ def same_answer(kind: str, run_id: str, step_id: str, rec: dict, answer: dict,
     was = "done, with another result" if rec.get("done") and answer.get("done") else (
         "done" if rec.get("done") else "not done")
     raise DecisionConflictError(
-        f"run {run_id!r} step {step_id}: tool {name!r} was already resolved as {was} by "
-        f"{rec.get('by')!r}; a resolution is final and the run acts on that one",
+        f"run {run_id!r} step {step_id}: tool {name!r} was already resolved as {was}"
+        f"{_by(rec)}; a resolution is final and the run acts on that one",
         run_id=run_id, step_id=step_id)
+
+
+def _by(rec: dict) -> str:
+    """' by NAME' of a recorded answer, or nothing when it was given without by=."""
+    return "" if rec.get("by") is None else f" by {rec['by']!r}"
 
 
 def _public(kind: str, rec: dict) -> dict:

@@ -103,7 +103,20 @@ def driver_pid(store_dir: str, kind: str, key: str) -> int | None:
         return None
     except PermissionError:     # alive, another user's
         pass
+    if _zombie(pid):            # dead, not yet reaped by its parent: its claim is free
+        return None
     return pid
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits for its parent to reap it (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) state ...": comm may hold spaces and parentheses, so split at the last ')'
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"Z"
 
 
 def claim(store_dir: str, kind: str, key: str) -> DriverClaim:
