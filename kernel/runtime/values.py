@@ -20,6 +20,7 @@ True
 
 from __future__ import annotations
 
+import builtins
 import collections
 import datetime as _dt
 import decimal
@@ -60,6 +61,8 @@ try:
 except (ImportError, AttributeError):     # pragma: no cover - absent, or too old
     ormsgpack = None
 _LEAVES = frozenset([str, int, float, bool, bytes, type(None)])
+# exception groups (Python 3.11+): recorded and rebuilt around their sub-exceptions
+_GROUP: type | None = getattr(builtins, "BaseExceptionGroup", None)
 # the types the default serde encodes itself, and their subclasses: a value of any other type
 # is "foreign", and its canonical encoding is ExtType(127, the store serde's bytes of it)
 _NATIVE = (type(None), bool, int, float, str, bytes, bytearray, memoryview, list, dict, tuple,
@@ -321,7 +324,7 @@ class Values:
         state = {k: v for k, v in vars(exc).items() if self._try(v) is not None}
         if state:
             more["d"] = state
-        if isinstance(exc, BaseExceptionGroup):     # its args hold exceptions: kept apart
+        if _GROUP is not None and isinstance(exc, _GROUP):  # its args hold exceptions: apart
             more["gm"] = exc.message
             more["g"] = [self.error(sub) for sub in exc.exceptions]
         return [f"{t.__module__}.{t.__qualname__}", str(exc), args_b, self._try(more)]
@@ -358,7 +361,7 @@ class Values:
                 f"here ({type(e).__name__}: {e}), so it cannot be raised again: replay the run "
                 "where the code that recorded it can be imported", error_type=tname, **context)
         state = more.get("d") if type(more.get("d")) is dict else {}
-        if issubclass(cls, BaseExceptionGroup):
+        if _GROUP is not None and issubclass(cls, _GROUP):
             return self._group(cls, msg, more, state, where, context)
         loaded = None if args_b is None else self._load(args_b)
         args = tuple(loaded) if type(loaded) is list else None
