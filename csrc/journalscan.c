@@ -1855,17 +1855,18 @@ done:
     return ok;
 }
 
-/* fn(*argv) as a durable call of `run` (plan.call_in): plan.IN_CALL holds [run] meanwhile;
- * when a durable call of the same run was refused inside fn (plan.not_nested appended its
- * refusal), that refusal is raised whatever fn returned or raised (*refused set), and the
- * caller records nothing. */
+/* fn(*argv) as a durable call of `run` (plan.call_in): plan.IN_CALL holds [run, None]
+ * meanwhile (new_step runs only outside every durable call); when a durable call of the
+ * same run was refused inside fn (plan.not_nested appended its refusal), that refusal is
+ * raised whatever fn returned or raised (*refused set), and the caller records nothing. */
 static PyObject *call_in(StepEntry *se, PyObject *run, PyObject *fn, PyObject *const *argv,
                          Py_ssize_t argc, int *refused)
 {
-    PyObject *cell = PyList_New(1);
+    PyObject *cell = PyList_New(2);
     if (cell == NULL)
         return NULL;
     PyList_SET_ITEM(cell, 0, Py_NewRef(run));
+    PyList_SET_ITEM(cell, 1, Py_NewRef(Py_None));
     PyObject *tok = PyContextVar_Set(se->in_call, cell);
     if (tok == NULL) {
         Py_DECREF(cell);
@@ -1876,8 +1877,8 @@ static PyObject *call_in(StepEntry *se, PyObject *run, PyObject *fn, PyObject *c
     PyErr_Fetch(&et, &ev, &etb);
     int reset = PyContextVar_Reset(se->in_call, tok);
     Py_DECREF(tok);
-    PyObject *nested = reset < 0 ? NULL
-                       : Py_NewRef(PyList_GET_SIZE(cell) > 1 ? PyList_GET_ITEM(cell, 1) : Py_None);
+    PyObject *nested = reset < 0 ? NULL : Py_NewRef(PyList_GET_SIZE(cell) > 2
+                                                    ? PyList_GET_ITEM(cell, 2) : Py_None);
     Py_DECREF(cell);
     if (nested == NULL || nested != Py_None) {
         Py_XDECREF(et);

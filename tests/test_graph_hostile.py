@@ -508,3 +508,39 @@ def test_an_update_that_contains_itself_fails_the_run_instead_of_hanging(store):
     with pytest.raises(GraphError, match="contains itself"):
         app.run({}, run_id="r")
     assert app.state("r").status == "failed"
+
+
+def test_a_failed_router_after_an_in_place_reducer_returns_the_committed_state(store):
+    """A reducer that edits its old value in place (``a.update(b)``, ``operator.iadd``)
+    changed the state before the superstep failed: the failed result showed it."""
+    import operator
+
+    def merge(a, b):
+        a.update(b)
+        return a
+
+    boom = {"on": False}
+    g = durkv.Graph({"cfg": merge, "log": operator.iadd, "n": durkv.Last(0)})
+
+    def n(state, ctx):
+        if state["n"] == 1:
+            ctx.approve("go")
+        return {"cfg": {f"k{state['n']}": 1}, "log": [f"item{state['n']}"],
+                "n": state["n"] + 1}
+
+    def route(s):
+        if boom["on"]:
+            raise KeyError("bug in router")
+        return "n" if s["n"] < 3 else durkv.END
+
+    g.add_node("n", n)
+    g.add_edge(durkv.START, "n")
+    g.add_conditional_edges("n", route)
+    app = g.compile(store)
+    first = app.run({"cfg": {}, "log": []}, run_id="r")
+    store.decide("r", first.interrupt.step_id, True)
+    boom["on"] = True
+    [res] = app.recover()
+    committed = {"cfg": {"k0": 1}, "log": ["item0"], "n": 1}
+    assert (res.status, res.step, res.state) == ("failed", 1, committed)
+    assert app.state("r").state == committed

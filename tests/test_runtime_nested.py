@@ -69,6 +69,34 @@ def test_a_call_inside_a_steps_function_is_refused_and_nothing_is_recorded(url, 
         assert len(SENT) == 1
 
 
+@pytest.mark.parametrize("verb", ["now", "random", "uuid"])
+def test_time_and_chance_inside_a_steps_function_are_refused(url, verb):
+    """run.now() inside a step recorded a NOW record at an automatic id, and the run then
+    could not be resumed."""
+    with durkv.open(url) as store:
+        with pytest.raises(ConfigError, match=NESTED), store.run("r") as run:
+            run.step("stamp", lambda: getattr(run, verb)())
+        assert _calls(store) == []
+        with store.run("r") as run:
+            t = run.now()
+            assert run.step("stamp", lambda: t) == t
+
+
+def test_a_call_of_the_same_run_behind_another_runs_call_is_refused(url):
+    """A -> B -> A: the marker of A's outer call was hidden by B's. Neither A's nor B's
+    call records anything."""
+    with durkv.open(url) as store:
+        with pytest.raises(ConfigError, match=NESTED), \
+                store.run("A") as a, store.run("B") as b:
+            a.step("outer", lambda: b.step("mid", lambda: a.step("inner", lambda: 1) + 1))
+        assert _calls(store, "A") == [] and _calls(store, "B") == []
+        with store.run("A") as a, store.run("B") as b:     # fixed: side by side
+            assert a.step("outer", lambda: b.step("mid", lambda: 2)) == 2
+            assert a.step("after", lambda: "Y") == "Y"
+        with store.run("A") as a:
+            assert a.step("outer", lambda: 0) == 2 and a.step("after", lambda: 0) == "Y"
+
+
 def test_the_refusal_stands_even_when_the_outer_function_catches_it(url):
     def sly():
         try:

@@ -131,7 +131,7 @@ async def adrive(run: Any, attempts: Any, fn: Callable, args: tuple, kwargs: dic
             return outcome(stop.value)
         sent = None
         if effect is CALL:     # plan.call_in, awaiting what fn returns
-            cell = [run]
+            cell = [run, IN_CALL.get()]
             token = IN_CALL.set(cell)
             try:
                 r = fn(*args, **kwargs)
@@ -140,8 +140,8 @@ async def adrive(run: Any, attempts: Any, fn: Callable, args: tuple, kwargs: dic
                 sent = False, e
             finally:
                 IN_CALL.reset(token)
-            if len(cell) > 1:
-                raise cell[1]
+            if len(cell) > 2:
+                raise cell[2]
         elif effect[0] is SLEEP:
             await asleep_with(effect[1], *effect[2])
         else:

@@ -145,7 +145,7 @@ class Execution:
         self.pause: dict | None = None
         self.result: GraphResult | None = None
         self.last: list[Outcome] = []           # the outcomes of the last commit
-        self.undo: dict | None = None           # while a superstep is applied, not committed
+        self.dirty = False      # a superstep folded into the state and not committed
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- start: load the run, or create it ------------------------------------------------
@@ -317,6 +317,8 @@ class Execution:
                 if r.get("e") == E_DECISION and r.get("s") in want}
 
     def _result(self, status: str, **kw: Any) -> GraphResult:
+        if self.dirty:
+            self._committed()
         return GraphResult(self.run_id, status, self.values, self.step, self.cid, **kw)
 
     def _paused(self, p: dict) -> GraphResult:
@@ -391,6 +393,7 @@ class Execution:
         outs = self._in_order(ran)
         staged: dict = {}
         ok = True
+        self.dirty = True       # a reducer may edit the state in place from here on
         for o in outs:
             if o.exc is None:
                 try:
@@ -401,7 +404,6 @@ class Execution:
         if not ok:
             self._stop(outs)
             return False
-        self.undo = self._before(staged)
         changed = self.apply(staged)
         # the nodes that ran, each once, in task order (one task: the common loop)
         sources = ([outs[0].task.node] if len(outs) == 1
@@ -413,27 +415,24 @@ class Execution:
             self.fail(e)
             raise
         self.commit(changed, tasks)
-        self.undo = None
+        self.dirty = False
         self.last = outs
         return True
 
-    def _before(self, staged: dict) -> dict:
-        """What :meth:`apply` of ``staged`` changes, to put back if the superstep is not
-        committed (an Append list's length: apply extends it in place)."""
-        values, chans = self.values, self.spec.channels
-        return {ch: len(values[ch]) if chans[ch][0] == APPEND else values.get(ch, _MISSING)
-                for ch in staged}
-
-    def _restore(self) -> None:
-        values, chans = self.values, self.spec.channels
-        for ch, old in self.undo.items():
-            if chans[ch][0] == APPEND:
-                del values[ch][old:]
-            elif old is _MISSING:
-                values.pop(ch, None)
-            else:
-                values[ch] = old
-        self.undo = None
+    def _committed(self) -> None:
+        """The state as the last checkpoint has it, read back from the store, after a
+        superstep that was folded or applied and not committed: apply extends Append lists
+        in place, and a reducer may edit its old value in place (``a.update(b)``)."""
+        self.dirty = False
+        if self.cid is None:
+            return
+        try:
+            ck = self.store.get(self.run_id, "", self.cid)
+        except DurkvError:
+            return          # the store failed too: its error is the one the caller gets
+        if ck is not None:
+            self.values = self.spec.defaults()
+            self.values.update(ck.values)
 
     def superstep(self) -> Superstep:
         """The superstep just committed, as ``app.stream`` yields it."""
@@ -602,8 +601,6 @@ class Execution:
     def fail(self, e: Exception) -> GraphResult:
         """Record that the run stopped on ``e`` (a GraphError: its graph broke the
         contract), so that ``app.state`` says ``failed`` and ``recover`` passes it by."""
-        if self.undo is not None:   # the superstep was applied, not committed: its state
-            self._restore()         # is the last checkpoint's, as the store has it
         msg = f"{err_type(e)}: {e}"
         if self.cid is not None:
             self._pause({"status": "failed", "message": msg})

@@ -29,8 +29,9 @@ SLEEP = "sleep"
 
 
 # the durable call whose function runs in this context (a thread, an asyncio task and the
-# tasks it starts), as ``[run]``; ``[run, refusal]`` once a call of the same run was refused
-# inside it (not_nested). A list: the C StepEntry makes one per new step (~30 ns)
+# tasks it starts), as ``[run, the call it runs inside (its list) or None]``, a refusal
+# appended once a call of the same run was refused inside it (not_nested). A list: the C
+# StepEntry makes one per new step (~30 ns)
 IN_CALL: ContextVar[list | None] = ContextVar("durkv_in_call", default=None)
 
 
@@ -41,15 +42,22 @@ def not_nested(run: Any, kind: str, name: str) -> None:
     call made inside it would never be asked for again: every later step id would shift
     and the run could not be resumed. The outer call then records nothing (see
     :func:`call_in`) and raises this refusal."""
+    inside: list[list] = []     # the calls from the innermost out to one of ``run``
     cell = IN_CALL.get()
-    if cell is None or cell[0] is not run:
+    while cell is not None:
+        inside.append(cell)
+        if cell[0] is run:
+            break
+        cell = cell[1]
+    else:
         return
     refusal = ConfigError(
         f"run {run.run_id!r}: {kind} {name!r} was called inside the function of another "
         "durable call of the same run; a replay returns that call's recorded result "
         "without running its function, so this call would vanish. Make it a plain call, "
         "or make both calls one after the other at the run's level", run_id=run.run_id)
-    cell.append(refusal)
+    for c in inside:            # each of them records nothing (another run's call between
+        c.append(refusal)       # them too: its function raised for this misuse)
     raise refusal
 
 
@@ -57,7 +65,7 @@ def call_in(run: Any, fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, An
     """``fn(*args, **kwargs)`` as a durable call of ``run``: its outcome ``(ok, value or
     exception)``; a durable call of ``run`` refused inside it (:func:`not_nested`) is
     raised instead, whatever ``fn`` did with it, and nothing of this call is recorded."""
-    cell = [run]
+    cell = [run, IN_CALL.get()]
     token = IN_CALL.set(cell)
     try:
         done = True, fn(*args, **kwargs)
@@ -65,8 +73,8 @@ def call_in(run: Any, fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, An
         done = False, e
     finally:
         IN_CALL.reset(token)
-    if len(cell) > 1:
-        raise cell[1]
+    if len(cell) > 2:
+        raise cell[2]
     return done
 
 

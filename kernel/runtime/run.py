@@ -951,6 +951,7 @@ class Run:
     # -- time and chance ---------------------------------------------------------------------
 
     def _recorded(self, kind: str, make: Callable[[], Any], key: str | None) -> Any:
+        not_nested(self, kind, kind)
         p = self._plan_step(self._sid(key), kind, kind, None, None, None)
         if p.replay:
             return self._outcome(p.entry)
