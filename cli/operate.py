@@ -85,6 +85,9 @@ def _where(r: dict) -> str:
     if st in ("failed", "damaged"):
         return r["message"] or ""
     if st == "running" and r["driver"] is None:
+        if r.get("langgraph"):      # its journal never says that the graph ended
+            return ("no driver: a LangGraph thread, finished or stopped mid-run; if its "
+                    "graph had not ended, invoke it again to resume")
         return "no driver: it stopped mid-run; run it again to resume"
     return ""
 
@@ -103,7 +106,9 @@ def runs(ctx: click.Context, store: str, status: str | None, as_json: bool) -> N
     finished, failed (why) or damaged (a repair cut its records). STEPS counts its
     durable calls; SIZE is what its journal records take in the log; DRIVER is the
     pid of the process driving it now (a running run without one stopped mid-run:
-    run it again to resume it). Opens the store read-only: safe while agents run.
+    run it again to resume it; a LangGraph thread's journal never records that its
+    graph ended, so such a thread may also have finished). Opens the store read-only:
+    safe while agents run.
 
     \b
     Example:

@@ -129,3 +129,37 @@ def test_resolve_refuses_a_result_that_is_not_json(tmp_path):
     d = _store(tmp_path / "s.durkv")
     r = run("resolve", d, "r", "0", "--done", "--result", "NaN")
     assert r.exit_code != 0 and "NaN is not JSON" in r.output
+
+
+def test_runs_does_not_call_a_finished_langgraph_thread_stopped_mid_run(tmp_path):
+    """A LangGraph thread's journal never records that its graph ended: `durkv runs` said
+    of every such thread that it stopped mid-run. A store.run killed mid-run still is."""
+    pytest.importorskip("langgraph")
+    import operator
+    from typing import Annotated
+
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    from durkv.langgraph import DurkvSaver
+    from durkv.langgraph import step as lg_step
+
+    State = TypedDict("State", {"log": Annotated[list, operator.add]})
+    g = StateGraph(State)
+    g.add_node("act", lambda s: {"log": [lg_step("plan", lambda: "p")]})
+    g.add_edge(START, "act")
+    g.add_edge("act", END)
+    d = tmp_path / "s.durkv"
+    with DurkvSaver.open(str(d)) as saver:
+        g.compile(checkpointer=saver).invoke({"log": []}, {"configurable": {"thread_id": "t"}})
+    code = ("import os, signal, sys, durkv\n"
+            "s = durkv.open(sys.argv[1])\n"
+            "run = s.run('job').__enter__()\n"
+            "run.step('a', lambda: 1)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    subprocess.run([sys.executable, "-c", code, str(d)], timeout=60)
+    rows = {r["run_id"]: r for r in json.loads(run("runs", "--json", d).stdout)["runs"]}
+    assert rows["t"]["langgraph"] is True and rows["job"]["langgraph"] is False
+    text = run("runs", d).stdout
+    assert "a LangGraph thread, finished or stopped mid-run" in text
+    assert "it stopped mid-run; run it again to resume" in text     # the killed store.run

@@ -65,7 +65,8 @@ def overview(store: Any, status: str | None = None) -> list[dict]:
     ``bytes``, what its journal frames take in the log, and ``driver``, the pid of the
     process driving it now (a ``store.run``/``durkv.Graph`` run, or a LangGraph thread),
     else None: a ``running`` run without a driver stopped mid-run and resumes when it is
-    run again."""
+    run again -- unless ``langgraph`` (set for such a run only: the journal of a LangGraph
+    thread, which never records that its graph ended: it may have finished)."""
     states = [_state(store, rid) for rid in store.journal_runs()]
     out = []
     for st, info in zip(states, mark_damaged(store, [_info(st) for st in states])):
@@ -73,10 +74,22 @@ def overview(store: Any, status: str | None = None) -> list[dict]:
             continue
         e = st.latest(info.step) if info.step is not None else None
         d = None if e is None else (e.decision or e.resolved)
+        driver = _driver(store, info)
         out.append(dict(dataclasses.asdict(info), action=None if e is None else e.name,
                         decided=None if d is None else _answer_words(d),
-                        bytes=store.journal_bytes(info.run_id), driver=_driver(store, info)))
+                        bytes=store.journal_bytes(info.run_id), driver=driver,
+                        langgraph=(info.status == "running" and driver is None
+                                   and _langgraph_thread(store, info.run_id))))
     return out
+
+
+def _langgraph_thread(store: Any, run_id: str) -> bool:
+    """Whether run ``run_id`` is the journal of a LangGraph thread: the thread of the same
+    id holds checkpoints, and they are not a durkv.Graph run's (whose record names its
+    graph)."""
+    head = next(iter(store.history(run_id, "", limit=1, values=False)), None)
+    return head is not None and not (isinstance(head.checkpoint, dict)
+                                     and "graph" in head.checkpoint)
 
 
 def _driver(store: Any, info: RunInfo) -> int | None:
