@@ -280,22 +280,36 @@ def history(ctx: click.Context, path: Path, thread: str, ns: str, limit: int, se
     click.echo(output.table(rows, ("checkpoint", "time", "parent", "step", "metadata")))
 
 
+def checkpoint_data(store: Any, path: Path, thread: str, checkpoint_id: str | None,
+                    ns: str) -> dict[str, Any]:
+    """A checkpoint of ``thread`` in the open ``store`` (read from ``path``) as plain
+    data: metadata, versions, values and pending writes, whole. Without
+    ``checkpoint_id``, the newest; NotFoundError when none."""
+    ck = store.get(thread, ns, checkpoint_id)
+    if ck is None:
+        what = f"checkpoint {checkpoint_id!r} of thread {thread!r}" if checkpoint_id \
+            else f"thread {thread!r}"
+        raise NotFoundError(f"no {what} (namespace {ns!r}) in {path}; "
+                            f"durkv ls {path} lists the threads")
+    return _checkpoint_dict(store, ck)
+
+
 def print_checkpoint(path: Path, thread: str, checkpoint_id: str | None, ns: str,
                      serde: str, as_json: bool) -> None:
     """``durkv show``'s checkpoint (:mod:`durkv.cli.journal_view` has the command): its
     metadata, versions, values and pending writes, long values abbreviated; ``as_json``:
     all of it whole, as one document. Without ``checkpoint_id``, the newest."""
     with open_reader(path, serde) as store:
-        ck = store.get(thread, ns, checkpoint_id)
-        data = None if ck is None else _checkpoint_dict(store, ck)
-    if data is None:
-        what = f"checkpoint {checkpoint_id!r} of thread {thread!r}" if checkpoint_id \
-            else f"thread {thread!r}"
-        raise NotFoundError(f"no {what} (namespace {ns!r}) in {path}; "
-                            f"durkv ls {path} lists the threads")
+        data = checkpoint_data(store, path, thread, checkpoint_id, ns)
     if as_json:
         output.emit_json(data)
-        return
+    else:
+        echo_checkpoint(data)
+
+
+def echo_checkpoint(data: dict[str, Any]) -> None:
+    """A checkpoint's plain data (:func:`checkpoint_data`) as text, long values
+    abbreviated."""
     for key in ("thread_id", "checkpoint_ns", "checkpoint_id", "parent_id", "time"):
         click.echo(f"{key + ':':15}{data[key] or '-'}")
     click.echo(f"{'metadata:':15}{brief(data['metadata'], 200)}")

@@ -3,7 +3,7 @@
 It prints a thread's checkpoint (:func:`durkv.cli.browse.print_checkpoint`) and,
 when RUN has a run journal (and no CHECKPOINT_ID is given), the journal after the
 checkpoint: one line per durable call with its state, retries and result. ``--json``
-then prints the run (status and entries) as one document.
+then prints the run (status and entries) and its newest checkpoint as one document.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import click
 from ..runtime.control import run_info
 from ..runtime.view import describe
 from . import output, strict_json
-from .browse import brief, ns_option, open_reader, print_checkpoint, serde_option
+from .browse import (brief, checkpoint_data, echo_checkpoint, ns_option, open_reader,
+                     print_checkpoint, serde_option)
 from .output import JSON_KEY
 
 
@@ -85,8 +86,8 @@ def show(ctx: click.Context, path: Path, thread: str, checkpoint_id: str | None,
     tools, approvals: their state, retries and results).
 
     Without CHECKPOINT_ID, the newest checkpoint (if the thread has any) and the
-    run's journal (if it has one). With --json and a journal: the run and its
-    entries as one document.
+    run's journal (if it has one). With --json and a journal: the run, its entries
+    and its newest checkpoint (``checkpoint``, null if none) as one document.
 
     \b
     Example:
@@ -95,19 +96,19 @@ def show(ctx: click.Context, path: Path, thread: str, checkpoint_id: str | None,
         durkv show ./agent.durkv t1 1ef4f797-8335-6428-8001-8a1503f9b875
     """
     ctx.meta[JSON_KEY] = as_json
-    doc = None
-    has_checkpoint = True
+    doc = checkpoint = None
     if checkpoint_id is None:
-        with open_reader(path, serde) as store:
+        with open_reader(path, serde) as store:      # one snapshot for both
             doc = journal_doc(store, thread)
-            has_checkpoint = store.get(thread, ns) is not None
-    if doc is None or (has_checkpoint and not as_json):
-        print_checkpoint(path, thread, checkpoint_id, ns, serde, as_json)
+            if doc is not None and store.get(thread, ns) is not None:
+                checkpoint = checkpoint_data(store, path, thread, None, ns)
     if doc is None:
+        print_checkpoint(path, thread, checkpoint_id, ns, serde, as_json)
         return
     if as_json:
-        output.emit_json(doc)
+        output.emit_json(dict(doc, checkpoint=checkpoint))
         return
-    if has_checkpoint:
+    if checkpoint is not None:
+        echo_checkpoint(checkpoint)
         click.echo("")
     print_journal(doc)

@@ -64,8 +64,17 @@ def test_show_json_and_checkpoint_with_journal(tmp_path):
     assert doc["run"]["status"] == "waiting"
     assert [e["planned_action"] for e in doc["journal"]] == ["plan", "send", "publish"]
     assert doc["journal"][1]["idempotency_key"] == "ticket-42:1"
+    assert doc["checkpoint"] is None                 # ticket-42 has no checkpoint
     r = CliRunner().invoke(cli, ["show", path, "both"])
     assert r.exit_code == 0 and "checkpoint_id:" in r.output and "run both: finished" in r.output
+    # --json of a run with a journal and a checkpoint: both, in one document
+    r = CliRunner().invoke(cli, ["show", "--json", path, "both"])
+    doc = json.loads(r.output)
+    assert doc["run"]["status"] == "finished" and doc["journal"]
+    with durkv.open(path) as s:
+        newest = s.get("both")
+    assert doc["checkpoint"]["checkpoint_id"] == newest.checkpoint_id
+    assert doc["checkpoint"]["thread_id"] == "both"
     r = CliRunner().invoke(cli, ["show", path, "nobody"])
     assert r.exit_code == 1 and "no thread 'nobody'" in r.output
 
