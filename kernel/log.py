@@ -20,6 +20,7 @@ import errno as _errno
 import os
 import struct
 import sys
+import threading
 import weakref
 from array import array
 from collections.abc import Iterator
@@ -218,6 +219,9 @@ def _close_all() -> None:
     per log, naming the store and how many commits were not made durable.
     """
     for log in list(_open_logs):
+        if log.closed:
+            log.close()     # another thread's close is flushing it: wait for that flush
+            continue
         try:
             appended = log.next_lsn     # before a failed batch hand-off could drop the count
             try:
@@ -286,6 +290,7 @@ class SegmentLog:
         self._recovery_damage = recovery_damage
         self._pid = os.getpid()     # the process that opened it (the handle is its alone)
         self._forked = False        # this process is a fork of that one: refuse everything
+        self._close_done = threading.Event()    # set once close() has flushed and closed
 
     @classmethod
     def open(cls, path: str | os.PathLike, durability: str = "sync", *,
@@ -363,14 +368,20 @@ class SegmentLog:
             lib.dkv_close(h)    # inherited: closes the fds only (and dkv_destroy frees nothing)
 
     def close(self) -> None:
-        """Flush (every policy), stop the flusher, release the lock. Idempotent."""
+        """Flush (every policy), stop the flusher, release the lock. Idempotent: a close
+        while another thread's close is under way returns once that one has flushed."""
         h, self._h = self._h, None
         self._addr = None
         self._next_at = None
         if h is None:
+            if not self._forked and os.getpid() == self._pid:
+                self._close_done.wait()     # a fork's copy is never closed: no wait there
             return
-        _open_logs.discard(self)
-        rc = lib.dkv_close(h)
+        try:
+            rc = lib.dkv_close(h)
+        finally:
+            _open_logs.discard(self)    # after the flush: an exit waits for it (_close_all)
+            self._close_done.set()
         if rc and rc != lib.DKV_EFAILED:
             raise _error(rc, None, self.path, "close")
 

@@ -281,3 +281,64 @@ def test_a_closed_log_still_referenced_holds_no_index_and_no_descriptor(tmp_path
     gc.collect()
     held = referenced - _rss_mib()
     assert held < 4, f"3 closed handles of {n:,} frames held {held:.0f} MiB until collected"
+
+
+def test_a_second_close_returns_only_after_the_first_close_has_flushed(tmp_path):
+    """Two threads close one `exit` log: the first flushes (its fdatasync held 400 ms),
+    the second must not return before that flush is durable -- a caller that exits
+    after its close() returns would otherwise lose the frames. (Before: the second
+    close returned at once, with the fdatasync still paused.)"""
+    log = SegmentLog.open(tmp_path / "l", durability="exit")
+    for i in range(10):
+        log.append(b"frame-%d" % i)
+    assert log.durable_lsn == 0             # `exit`: nothing synced before close
+    before = dlog.fdatasync_count()
+    seen: dict = {}
+    try:
+        dlog.fault_inject("fdatasync", 1, pause_ms=400)
+        first = threading.Thread(target=log.close, daemon=True)
+        first.start()
+        time.sleep(0.1)                     # the first close is in its paused fdatasync
+        log.close()
+        seen["syncs"] = dlog.fdatasync_count() - before
+        first.join(CLOSE_WITHIN_S)
+    finally:
+        dlog.fault_inject(None)
+    assert seen["syncs"] >= 1, "the second close returned before the first one's flush"
+    with SegmentLog.open(tmp_path / "l", read_only=True) as r:
+        assert [p for _, p in r.scan()] == [b"frame-%d" % i for i in range(10)]
+
+
+def test_an_exit_waits_for_a_close_under_way_on_another_thread(tmp_path):
+    """A daemon thread closes an `exit` log, its flush's fdatasync held 1.5 s, while the
+    main thread returns: the interpreter's exit waits for that close (the process ends
+    after the fdatasync), and every frame is in the log. (Before: the exit skipped a log
+    already being closed and the process ended ~0.1 s in, its frames never synced.)"""
+    import subprocess
+    import sys
+    import textwrap
+
+    path = tmp_path / "l"
+    child = textwrap.dedent(f"""
+        import threading, time
+        from durkv import log as dlog
+        log = dlog.SegmentLog.open({str(path)!r}, durability="exit")
+        for i in range(10):
+            log.append(b"frame-%d" % i)
+        dlog.fault_inject("fdatasync", 1, pause_ms=1500)
+        print("START", flush=True)
+        threading.Thread(target=log.close, daemon=True).start()
+        time.sleep(0.1)
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "START"
+        started = time.monotonic()
+        assert proc.stdout.read() == ""             # EOF: the process has ended
+        ran = time.monotonic() - started
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert ran >= 1.2, f"the process ended {ran:.2f} s in, inside the close's fdatasync"
+    with SegmentLog.open(path, read_only=True) as r:
+        assert [p for _, p in r.scan()] == [b"frame-%d" % i for i in range(10)]
