@@ -209,10 +209,16 @@ static Py_ssize_t delta_start(ChanEnc *e, PyObject *prev, PyObject *v)
     PyObject *old = PyObject_GetAttr(prev, s_obj);
     if (old == NULL)
         return -2;
+    PyObject *kept = PyObject_GetAttr(prev, s_raw);     /* what the state keeps of each */
+    if (kept == NULL) {
+        Py_DECREF(old);
+        return -2;
+    }
     PyObject *nn = PyLong_FromSsize_t(n);
     PyObject *r = nn == NULL ? NULL
-        : PyObject_CallFunctionObjArgs(e->has_prefix, v, old, nn, NULL);
+        : PyObject_CallFunctionObjArgs(e->has_prefix, v, old, nn, kept, NULL);
     Py_XDECREF(nn);
+    Py_DECREF(kept);
     Py_DECREF(old);
     if (r == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_Exception))

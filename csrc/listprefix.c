@@ -3,9 +3,10 @@
  * The store writes a list channel as a delta when the new list keeps the old one as
  * its prefix (kernel/delta.py). Reducers like operator.add build the new list from the
  * same item objects, so the two item-pointer arrays are byte-identical: one memcmp
- * (~0.1 ns per item) proves it. Where pointers differ, the items are compared with ==
- * (PyObject_RichCompareBool, identity first), exactly as list == list would, so the
- * answer is always the exact one and nothing is allocated.
+ * (~0.1 ns per item) proves it. Where pointers differ, the items are compared as the
+ * serializer would store them: plain data strictly here (exact types, float bits, dict
+ * order; never ==, which takes 1 == 1.0 == True), anything else by a callback that
+ * compares the serializer's bytes.
  *
  * join_tagged() is its read-side twin: it joins a list channel's serialized items
  * into one buffer so that get() deserializes them in one serializer call.
@@ -25,14 +26,104 @@
 
 #include "plaincopy.h"
 
-/* has_prefix(new, old, n) -> bool: len(new) >= n, len(old) >= n, new[:n] == old[:n]. */
-static PyObject *has_prefix(PyObject *self, PyObject *args)
+/* Strict sameness of two values, as a serializer sees them: 1 the same, 0 not, 2 not
+ * decidable here (a value of a type other than plain data's: the caller asks the serde).
+ * Plain data is compared exactly: the same exact type at every level (True is not 1, 1.0
+ * is not 1), a float by its bits (-0.0 is not 0.0), a dict's keys in the same order.
+ * == would take 1 == 1.0 == True and {"a": 1} == {"a": True}: the delta would keep the
+ * old item and the new one would read back as it. No Python code runs here. */
+#define STRICT_MAX_DEPTH 64
+
+static int strict_same(PyObject *u, PyObject *v, int depth)
+{
+    if (u == v)
+        return 1;
+    PyTypeObject *t = Py_TYPE(u);
+    if (t != Py_TYPE(v))
+        return 0;
+    if (depth > STRICT_MAX_DEPTH)
+        return 0;       /* too deep to prove: a FULL entry is always right */
+    if (t == &PyFloat_Type) {
+        double a = PyFloat_AS_DOUBLE(u), b = PyFloat_AS_DOUBLE(v);
+        return memcmp(&a, &b, sizeof a) == 0;
+    }
+    if (t == &PyUnicode_Type || t == &PyLong_Type || t == &PyBytes_Type || t == &PyBool_Type) {
+        int eq = PyObject_RichCompareBool(u, v, Py_EQ);     /* exact types: no Python code */
+        if (eq < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        return eq;
+    }
+    if (t == &PyList_Type || t == &PyTuple_Type) {
+        Py_ssize_t n = Py_SIZE(u);
+        if (n != Py_SIZE(v))
+            return 0;
+        PyObject **a = PySequence_Fast_ITEMS(u), **b = PySequence_Fast_ITEMS(v);
+        int undecided = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int r = strict_same(a[i], b[i], depth + 1);
+            if (r == 0)
+                return 0;
+            undecided |= r == 2;
+        }
+        return undecided ? 2 : 1;
+    }
+    if (t == &PyDict_Type) {
+        if (PyDict_GET_SIZE(u) != PyDict_GET_SIZE(v))
+            return 0;
+        Py_ssize_t i = 0, j = 0;
+        PyObject *ka, *va, *kb, *vb;
+        int undecided = 0;
+        while (PyDict_Next(u, &i, &ka, &va)) {
+            if (!PyDict_Next(v, &j, &kb, &vb))
+                return 0;
+            int rk = strict_same(ka, kb, depth + 1);
+            if (rk == 0)
+                return 0;
+            int rv = strict_same(va, vb, depth + 1);
+            if (rv == 0)
+                return 0;
+            undecided |= rk == 2 || rv == 2;
+        }
+        return undecided ? 2 : 1;
+    }
+    return 2;
+}
+
+/* strict(a, b) -> True | False | None: strict_same for Python (None: not decidable) */
+static PyObject *strict(PyObject *self, PyObject *args)
 {
     PyObject *a, *b;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO", &a, &b))
+        return NULL;
+    int r = strict_same(a, b, 0);
+    if (r == 2)
+        Py_RETURN_NONE;
+    return PyBool_FromLong(r);
+}
+
+/* has_prefix(new, old, n, kept=None, same=None) -> bool: len(new) >= n, len(old) >= n,
+ * and new[:n] holds the same values as old[:n], each compared as its serializer would
+ * store it. ``kept`` (aligned with old) is what the store keeps of each old item
+ * (kernel/store/delta.py, _kept_items): None for an exact immutable scalar, a decoded-form
+ * copy (an exact dict or list) for plain data, else its bytes or another form. A pair
+ * that is not the same object is compared strictly (strict_same) against that copy, or
+ * the item; one that plain data cannot decide goes to same(new_item, kept_item, old_item),
+ * which compares the serializer's bytes -- without ``same``, such a pair differs. */
+static PyObject *has_prefix(PyObject *self, PyObject *args)
+{
+    PyObject *a, *b, *kept = Py_None, *same = Py_None;
     Py_ssize_t n;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!n", &PyList_Type, &a, &PyList_Type, &b, &n))
+    if (!PyArg_ParseTuple(args, "O!O!n|OO", &PyList_Type, &a, &PyList_Type, &b, &n, &kept,
+                          &same))
         return NULL;
+    if (kept != Py_None && !PyList_Check(kept)) {
+        PyErr_SetString(PyExc_TypeError, "has_prefix: kept must be a list or None");
+        return NULL;
+    }
     if (n < 0 || PyList_GET_SIZE(a) < n || PyList_GET_SIZE(b) < n)
         Py_RETURN_FALSE;
     PyObject **x = PySequence_Fast_ITEMS(a), **y = PySequence_Fast_ITEMS(b);
@@ -45,19 +136,38 @@ static PyObject *has_prefix(PyObject *self, PyObject *args)
         while (x[i] == y[i])
             i++;
         PyObject *u = x[i], *v = y[i];
-        Py_INCREF(u);                  /* __eq__ may run Python code that mutates the lists */
-        Py_INCREF(v);
-        int eq = PyObject_RichCompareBool(u, v, Py_EQ);
-        Py_DECREF(u);
-        Py_DECREF(v);
-        if (eq < 0)
-            return NULL;
-        if (!eq)
+        PyObject *k = kept != Py_None && i < PyList_GET_SIZE(kept) ? PyList_GET_ITEM(kept, i)
+                                                                   : NULL;
+        int r;
+        if (k == Py_None)                   /* an exact immutable scalar, kept as itself */
+            r = strict_same(u, v, 0);
+        else if (k != NULL && (PyDict_CheckExact(k) || PyList_CheckExact(k)))
+            r = strict_same(u, k, 0) == 1;  /* plain data: its copy, as stored */
+        else
+            r = k == NULL ? strict_same(u, v, 0) : 2;
+        if (r == 2) {
+            if (same == Py_None)
+                Py_RETURN_FALSE;
+            Py_INCREF(u);                   /* same() runs Python code: it may mutate the lists */
+            Py_INCREF(v);
+            Py_XINCREF(k);
+            PyObject *res = PyObject_CallFunctionObjArgs(same, u, k ? k : Py_None, v, NULL);
+            Py_DECREF(u);
+            Py_DECREF(v);
+            Py_XDECREF(k);
+            if (res == NULL)
+                return NULL;
+            r = PyObject_IsTrue(res);
+            Py_DECREF(res);
+            if (r < 0)
+                return NULL;
+            if (PyList_GET_SIZE(a) < n || PyList_GET_SIZE(b) < n)   /* mutated by same() */
+                Py_RETURN_FALSE;
+            x = PySequence_Fast_ITEMS(a);
+            y = PySequence_Fast_ITEMS(b);
+        }
+        if (!r)
             Py_RETURN_FALSE;
-        if (PyList_GET_SIZE(a) < n || PyList_GET_SIZE(b) < n)   /* mutated by __eq__ */
-            Py_RETURN_FALSE;
-        x = PySequence_Fast_ITEMS(a);
-        y = PySequence_Fast_ITEMS(b);
         i++;
     }
     Py_RETURN_TRUE;
@@ -151,7 +261,12 @@ static PyObject *decoded_copy(PyObject *self, PyObject *v)
 
 static PyMethodDef methods[] = {
     {"has_prefix", has_prefix, METH_VARARGS,
-     "has_prefix(new, old, n) -> bool: both lists have n items and new[:n] == old[:n]."},
+     "has_prefix(new, old, n, kept=None, same=None) -> bool: both lists have n items and "
+     "new[:n] holds old[:n]'s values, compared strictly (exact types, float bits, dict "
+     "order); what plain data cannot decide goes to same(new_item, kept_item, old_item)."},
+    {"strict", strict, METH_VARARGS,
+     "strict(a, b) -> True | False | None: the same plain data (exact types at every level, "
+     "float bits, dict order); None when a value other than plain data decides it."},
     {"holds_any", holds_any, METH_VARARGS,
      "holds_any(items, n, values) -> bool: an object of values (a list's items, or the "
      "value) is one of items[:n], by address; immutable scalars are passed over."},
@@ -166,7 +281,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "durkv._listprefix",
-    "Exact, allocation-free list prefix test for delta encoding.", -1, methods,
+    "Exact list prefix test for delta encoding.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

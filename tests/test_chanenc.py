@@ -23,10 +23,6 @@ from durkv.store import delta as delta_mod
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-class Sub(list):
-    pass
-
-
 class _Off:
     """ChanEncoder forced off: every case and every put's channels to the Python path."""
 
@@ -82,8 +78,6 @@ def _run(path, seed, langgraph=False, **kw):
                 s.put_writes("t", "ns", parent, f"task{i}", [(0, "messages", new)])
                 lists["messages"] = lists["messages"] + new    # the next put refers to it
             values = {ch: list(v) for ch, v in lists.items()}
-            if rng.random() < 0.1:
-                values["log"] = Sub(values["log"])            # a subclass: the Python path
             if rng.random() < 0.1:
                 values["ü"] = "not a list now"
                 lists["ü"] = []

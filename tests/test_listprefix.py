@@ -31,22 +31,57 @@ def test_a_replaced_item_anywhere_is_seen():
         assert not has_prefix(new, old, 100), pos
 
 
-def test_eq_raising_propagates_and_eq_mutating_is_safe():
+@pytest.mark.parametrize("old, new", [
+    (1, True), (1, 1.0), (0.0, -0.0), (1, 2 ** 64 // 2 ** 64), ("a", b"a"),
+    ({"a": 1}, {"a": True}), ({"a": 1, "b": 2}, {"b": 2, "a": 1}), ([1], (1,)),
+    ([[1.0]], [[1]]), ({"k": [0.0]}, {"k": [-0.0]}), ((1, "x"), (1.0, "x")),
+])
+def test_equal_values_of_another_type_or_form_are_not_the_same(old, new):
+    """== takes each pair as equal; the serializer would store each differently (the
+    first pair of int 1 and 2**64 // 2**64 is the same value: only the check of it)."""
+    same = type(old) is type(new) and old == new and repr(old) == repr(new)
+    assert has_prefix([new, "tail"], [old], 1) is same
+    assert has_prefix([new], [old], 1, [None if type(old) in (int, str) else old]) is same
+
+
+def test_other_objects_are_decided_by_the_callback_and_its_errors_propagate():
     class Boom:
         def __eq__(self, other):
-            raise RuntimeError("boom")
+            raise RuntimeError("== is never asked")
+
+    assert not has_prefix([Boom()], [Boom()], 1)             # no callback: not the same
+    seen = []
+
+    def same(x, kept, old):
+        seen.append((type(x), kept, type(old)))
+        return True
+
+    assert has_prefix([Boom()], [Boom()], 1, [b"bytes"], same)
+    assert seen == [(Boom, b"bytes", Boom)]
+
+    def boom(x, kept, old):
+        raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
-        has_prefix([Boom()], [Boom()], 1)
+        has_prefix([Boom()], [Boom()], 1, [b"b"], boom)
 
-    old = [1, 2, 3]
+    old = [Boom(), 2, 3]
 
-    class Shrinks:
-        def __eq__(self, other):
-            old.clear()
-            return True
+    def shrinks(x, kept, o):
+        old.clear()
+        return True
 
-    assert not has_prefix([Shrinks(), 2, 3], old, 3)
+    assert not has_prefix([Boom(), 2, 3], old, 3, [b"b", None, None], shrinks)
+
+
+def test_plain_data_is_compared_against_the_kept_copy():
+    """A plain item is compared with the copy the store keeps (what was stored), not the
+    object that was put (edited in place since)."""
+    put = {"a": [1]}
+    kept = {"a": [1]}
+    put["a"].append(2)                       # the caller edited it after the put
+    assert has_prefix([{"a": [1]}], [put], 1, [kept])
+    assert not has_prefix([{"a": [1, 2]}], [put], 1, [kept])
 
 
 def test_only_lists():
@@ -57,7 +92,7 @@ def test_only_lists():
 @given(st.lists(st.integers(-3, 3), max_size=30), st.lists(st.integers(-3, 3), max_size=30),
        st.integers(0, 31))
 def test_matches_list_slicing(a, b, n):
-    expected = len(a) >= n and len(b) >= n and a[:n] == b[:n]
+    expected = len(a) >= n and len(b) >= n and a[:n] == b[:n]     # ints only: == is exact
     assert has_prefix(a, b, n) == expected
 
 

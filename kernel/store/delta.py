@@ -12,8 +12,10 @@ How "is a prefix" is decided is the store option ``delta_check``:
 
 - ``"prefix"`` (the default) compares the whole committed prefix: one memcmp of
   the two lists' item-pointer arrays (``durkv._listprefix``, ~0.15 ns per item),
-  and ``==`` only for items that are not the same object. Any replaced or
-  edited item makes the entry FULL. LangGraph's ``add_messages`` replaces a
+  and, only for items that are not the same object, a compare as stored: plain
+  data strictly (exact types, float bits, dict key order), anything else by the
+  serde's bytes -- never ``==``, which takes ``1.0 == 1 == True``. Any replaced
+  or edited item makes the entry FULL. LangGraph's ``add_messages`` replaces a
   message by id at its position, which is why this is the default.
 - ``"identity"`` is O(1): ``new[0] is old[0]``, ``new[len(old)-1] is old[-1]``
   and the middle item. It is what the runtime's Append reducer and
@@ -80,7 +82,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .._chanenc import ChanEncoder
-from .._listprefix import decoded_copy, has_prefix, holds_any, join_tagged
+from .._listprefix import decoded_copy, has_prefix, holds_any, join_tagged, strict
 from ..errors import SerializationError
 from ..payload import (
     DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, JREF_MAGIC, SNAP, Codec, entry_at, pack_ref,
@@ -199,7 +201,7 @@ class ChannelEncoder:
         # (the threshold clamped to a C ssize_t: no item is that long, so nothing changes)
         self.encode_c = ChanEncoder(self, self._dumps, self._compress,
                                     max(-sys.maxsize, min(self._minb, sys.maxsize)), ChanState,
-                                    has_prefix, _serialization_error, serde)
+                                    self._has_prefix, _serialization_error, serde)
 
     def encode(self, ch: str, v: Any, prev: ChanState | None, lsn: int, entries: list,
                pend: list | None = None) -> ChanState:
@@ -221,7 +223,7 @@ class ChannelEncoder:
             self.load(prev)           # log errors must not read as serialization errors
         c = ChanState((lsn, len(entries)))
         try:
-            if isinstance(v, list):
+            if type(v) is list:     # a subclass is a value: the serde keeps or refuses its type
                 self._encode_list(c, v, prev if prev is not None and prev.is_list else None,
                                   entries, pend)
                 return c
@@ -358,6 +360,29 @@ class ChannelEncoder:
             c.base = prev.base
             c.deltas = deltas
 
+    def _has_prefix(self, v: list, old: list, n: int, kept: list) -> bool:
+        """Whether ``v[:n]`` holds the values of ``old[:n]`` (the store's items, ``kept``
+        what it keeps of each), compared as stored: ``durkv._listprefix.has_prefix``, with
+        the serde's bytes deciding what plain data cannot (:meth:`_same_item`)."""
+        return has_prefix(v, old, n, kept, self._same_item)
+
+    def _same_item(self, x: Any, kept: Any, old: Any) -> bool:
+        """Whether item ``x`` serializes to the bytes of the stored item ``old`` (``kept``:
+        its bytes, when the state keeps them). == is not enough: 1.0 == 1, equal Decimals
+        of other precision, equal datetimes in other zones would keep the old bytes."""
+        try:
+            if type(kept) is tuple and self._kept_form is not None:
+                # a message the state keeps by its fields (a thread read back and extended,
+                # LangGraph's serde): the same class and fields, strictly, is the same bytes
+                mine = self._kept_form(x)
+                if mine is not None:
+                    return (mine[0] is kept[0] and strict(mine[1], kept[1]) is True
+                            and mine[2] == kept[2] and strict(mine[3], kept[3]) is True)
+            raw = self._dumps(x)
+            return raw == (kept if isinstance(kept, bytes) else self._dumps(old))
+        except Exception:
+            return False        # not serializable: the FULL path raises the error
+
     def delta_start(self, prev: ChanState, v: list) -> int | None:
         """``len(old)`` if ``v`` extends the previous list value (then only ``v[n:]`` is
         stored), else None. See the module docstring for the two ``delta_check`` modes."""
@@ -369,9 +394,9 @@ class ChannelEncoder:
         old = prev.obj                     # the store's own array: never the caller's list
         if self._prefix_check:
             # exact: one memcmp of the item-pointer arrays (~0.15 ns/item, no allocation);
-            # only items that are not the same object are compared with ==
+            # only items that are not the same object are compared, as stored
             try:
-                return n if has_prefix(v, old, n) else None
+                return n if self._has_prefix(v, old, n, prev.raw) else None
             except Exception:
                 return None
         first, last = prev.first, prev.last
@@ -381,7 +406,7 @@ class ChannelEncoder:
             return None
         if len(v) == n or type(first) in _SCALARS or type(last) in _SCALARS:
             try:
-                if not has_prefix(v, old, n):
+                if not self._has_prefix(v, old, n, prev.raw):
                     return None
             except Exception:
                 return None
