@@ -266,7 +266,9 @@ static PyObject *serialize_items(ChanEnc *e, PyObject *v, Py_ssize_t start, PyOb
         if (x == NULL)
             goto fail;
         PyObject *cp = NULL;
-        if (plain_leaf_type(Py_TYPE(x))) {     /* delta.py _SCALARS */
+        /* delta.py _SCALARS: its own copy, unless the serde reads it back as another
+         * value (under LangGraph's: a str with a surrogate, an int past 64 bits) */
+        if (plain_leaf_type(Py_TYPE(x)) && (tag < 0 || plain_leaf_round_trips(x))) {
             cp = Py_None;
             Py_INCREF(cp);
         } else if (tag >= 0 && (cp = plain_copy(x, PLAIN_AS_DECODED)) == NULL

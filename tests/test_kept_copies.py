@@ -69,6 +69,9 @@ HOSTILE = [
     _deep(63),
     _deep(70),                                   # past the copy's depth: bytes
     {"order": 1, "by": 2, "insertion": 3},
+    "a\ud800b",                                  # an item itself: kept as bytes, not itself
+    2 ** 64,
+    -2 ** 63 - 1,
 ]
 
 

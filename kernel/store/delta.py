@@ -278,7 +278,9 @@ class ChannelEncoder:
         kept: list = []
         for i in range(start or 0, len(v)):
             x = v[i]
-            if type(x) in _SCALARS:
+            # an immutable scalar is its own copy -- unless the serde reads it back as
+            # another value (LangGraph's: a str with a surrogate, an int past 64 bits)
+            if type(x) in _SCALARS and (tag is None or x is None or decoded_copy(x) is not None):
                 raws.append(dumps(x))
                 kept.append(None)
                 continue

@@ -96,6 +96,7 @@ def test_kill_agent_at_random_instants(tmp_path, mode):
     # need more steps than 300 (with a 2 ms window, under 2% of them came after a
     # model call: the rest hit the replay and the first call, again and again).
     kills_wanted, steps, window = (1000, 1200, 0.01) if SLOW else (50, STEPS, 0.03)
+    base, killed_order = window, []
     rnd = random.Random(f"journal-{mode}-{os.getpid()}")
     digest_ref, journal_ref, ref_work = _reference(tmp_path, mode, steps)
     path = tmp_path / "agent.durkv"
@@ -115,7 +116,8 @@ def test_kill_agent_at_random_instants(tmp_path, mode):
                 assert kills < kills_wanted, f"the child did not finish: {lines}"
                 kills += 1
                 killed_execs.add(exe)
-                window = _widened(window, kills, work / "models.log", killed_execs)
+                killed_order.append(exe)
+                window = _widened(window, base, kills, work / "models.log", killed_order)
                 continue
             _, what, arg = end[0].split()
             if what == "WAITING":
@@ -164,13 +166,19 @@ def _kills_in_the_work(models_log: Path, killed_execs: set) -> int:
     return len(made & killed_execs)
 
 
-def _widened(window: float, kills: int, models_log: Path, killed_execs: set) -> float:
-    """The kill window, doubled (up to 2 s) after each 10 kills while none of them has
-    landed in the work: on a loaded machine a child's start can outlast the window,
-    and then every kill would hit the start and the test would check nothing."""
-    if kills and kills % 10 == 0 and window < 2 and not _kills_in_the_work(models_log,
-                                                                           killed_execs):
-        return window * 2
+def _widened(window: float, base: float, kills: int, models_log: Path, killed: list) -> float:
+    """The kill window, steered every 5 kills so that about half of them land in the work:
+    x1.25 (up to 2 s) when none of the last 5 did, back towards ``base`` when 4 or more
+    did. On a loaded machine a child's start can outlast ``base``, and then every kill
+    would hit the start and the test would check nothing; a window left wide lets each
+    kill in the work run many supersteps, and the graph would finish too soon."""
+    if kills % 5:
+        return window
+    in_work = _kills_in_the_work(models_log, set(killed[-5:]))
+    if in_work == 0:
+        return min(window * 1.25, 2.0)
+    if in_work >= 4:
+        return max(window / 1.25, base)
     return window
 
 
@@ -197,7 +205,8 @@ def test_kill_langgraph_agent_at_random_instants(tmp_path):
     # supersteps (~14 ms each) through on average: 1,000 kills need ~1,300 of work (at
     # 1,200 the graph finished after 938).
     kills_wanted, steps = (1000, 3000) if SLOW else (50, lg.STEPS)
-    window = 0.1
+    window = base = 0.1
+    killed_order = []
     rnd = random.Random(f"journal-lg-{os.getpid()}")
     ref = tmp_path / "ref"
     ref.mkdir()
@@ -221,7 +230,8 @@ def test_kill_langgraph_agent_at_random_instants(tmp_path):
                 assert kills < kills_wanted, f"the child did not finish: {lines}"
                 kills += 1
                 killed_execs.add(exe)
-                window = _widened(window, kills, work / "models.log", killed_execs)
+                killed_order.append(exe)
+                window = _widened(window, base, kills, work / "models.log", killed_order)
                 continue
             digest = end[0].split()[2]
     elapsed = time.monotonic() - started
