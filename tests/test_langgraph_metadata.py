@@ -71,3 +71,26 @@ def test_a_graphs_stored_metadata_is_langgraphs():
         stored = [t.metadata for t in saver.list({"configurable": {"thread_id": "t"}})]
     assert stored[::-1] == seen
     assert all(m["user"] == "ann" and m["attempt"] == 2 for m in stored)
+
+
+def test_a_filter_on_a_missing_key_matches_as_the_reference_savers_do(tmp_path):
+    """{key: None} matches the checkpoints whose metadata lacks key: InMemorySaver and
+    SqliteSaver read a missing key as None. (Before: DurkvSaver matched none, but did
+    match with a checkpoint_id.)"""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from durkv.langgraph import DurkvSaver
+
+    cfg = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    counts = {}
+    with DurkvSaver.open(str(tmp_path / "s")) as durkv_saver:
+        for name, saver in (("memory", InMemorySaver()), ("durkv", durkv_saver)):
+            parent = cfg
+            for i in range(3):
+                ck = {"v": 1, "id": f"1ef00000-0000-6000-8000-00000000000{i}", "ts": "",
+                      "channel_values": {}, "channel_versions": {}, "versions_seen": {}}
+                parent = saver.put(parent, ck, {"step": i}, {})
+            counts[name] = (len(list(saver.list(cfg, filter={"no_such_key": None}))),
+                            len(list(saver.list(cfg, filter={"step": None}))),
+                            len(list(saver.list(cfg, filter={"no_such_key": 1}))))
+    assert counts["durkv"] == counts["memory"] == (3, 0, 0)

@@ -199,8 +199,9 @@ class History:
             payload, cid, lsn)
         loads = self._reads.loads
         meta = loads(meta_b)
+        # a missing key reads as None, as LangGraph's InMemorySaver and SqliteSaver match
         if filter and not (isinstance(meta, dict)
-                           and all(k in meta and meta[k] == v for k, v in filter.items())):
+                           and all(meta.get(k) == v for k, v in filter.items())):
             return None
         if memo is None:
             return Checkpoint(t, n, cid, parent, loads(ckpt_b), meta, versions, {}, [])

@@ -504,7 +504,8 @@ class Store:
             checkpoint_ns: one namespace, or None for all.
             before: only checkpoints with an id lower than this.
             limit: at most this many.
-            filter: metadata keys that must equal the given values.
+            filter: metadata keys that must equal the given values (a key the metadata
+                lacks equals None, as in LangGraph's savers).
             values: False yields headers only -- ids, parent, checkpoint record,
                 metadata and versions, with ``values == {}`` and ``writes == []``:
                 one frame read per checkpoint, no channel read, no deserialized value.
