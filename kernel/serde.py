@@ -68,6 +68,8 @@ EXT_COUNTER = 14      # [[k, n], ...]
 EXT_DEFAULTDICT = 15  # [factory name or nil, [[k, v], ...]]
 _EXT_BYTEARRAY = 16    # raw bytes
 _EXT_DATETIME_ZONE = 17  # [wall isoformat, fold, IANA key | [offset, name]]
+_EXT_DATETIME_FOLD = 18  # as 4, with fold=1 (isoformat carries no fold)
+_EXT_TIME_FOLD = 19      # as 6, with fold=1
 
 # the default factories a defaultdict may have: a name in the data, never a callable
 _FACTORIES = {f.__name__: f for f in (list, dict, set, frozenset, tuple, int, float, str,
@@ -333,7 +335,8 @@ class MsgpackSerde:
             if obj.tzinfo is not None and _zone(obj.tzinfo) is not None:
                 raise TypeError("a time with a named zone reads back as a fixed offset; "
                                 "store a datetime with its zone")
-            return msgpack.ExtType(_EXT_TIME, obj.isoformat().encode())
+            return msgpack.ExtType(_EXT_TIME_FOLD if obj.fold else _EXT_TIME,
+                                   obj.isoformat().encode())
         if t is _dt.timedelta:
             return msgpack.ExtType(_EXT_TIMEDELTA,
                                    self._nested([obj.days, obj.seconds, obj.microseconds]))
@@ -350,7 +353,8 @@ class MsgpackSerde:
     def _datetime(self, obj: _dt.datetime) -> msgpack.ExtType:
         zone = None if obj.tzinfo is None else _zone(obj.tzinfo)
         if zone is None:
-            return msgpack.ExtType(_EXT_DATETIME, obj.isoformat().encode())
+            return msgpack.ExtType(_EXT_DATETIME_FOLD if obj.fold else _EXT_DATETIME,
+                                   obj.isoformat().encode())
         wall = obj.replace(tzinfo=None).isoformat()
         return msgpack.ExtType(_EXT_DATETIME_ZONE, self._nested([wall, obj.fold, zone]))
 
@@ -385,6 +389,10 @@ class MsgpackSerde:
             return _dt.date.fromisoformat(data.decode())
         if code == _EXT_TIME:
             return _dt.time.fromisoformat(data.decode())
+        if code == _EXT_DATETIME_FOLD:
+            return _dt.datetime.fromisoformat(data.decode()).replace(fold=1)
+        if code == _EXT_TIME_FOLD:
+            return _dt.time.fromisoformat(data.decode()).replace(fold=1)
         if code == _EXT_TIMEDELTA:
             d, s, us = self.loads(data)
             return _dt.timedelta(days=d, seconds=s, microseconds=us)

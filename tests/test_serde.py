@@ -115,6 +115,26 @@ def test_checkpoint_values_keep_their_type_after_reopen(tmp_path):
         same(got.writes[0].value, [Level.HIGH])
 
 
+@pytest.mark.parametrize("value", [
+    dt.datetime(2021, 11, 7, 1, 30, fold=1),                              # naive
+    dt.datetime(2021, 11, 7, 1, 30, fold=1, tzinfo=dt.timezone.utc),      # fixed offset
+    dt.time(1, 30, fold=1), dt.time(1, 30, 5, 7, tzinfo=dt.timezone.utc, fold=1),
+    dt.datetime(2021, 11, 7, 1, 30), dt.time(1, 30),
+])
+def test_fold_reads_back_for_naive_and_fixed_offset_values(value):
+    """isoformat() has no fold: a naive 01:30 with fold=1 in a repeated hour read back
+    with fold=0, an hour off in local time (FORMAT.md codes 18, 19)."""
+    out = s.loads(s.dumps(value))
+    same(value, out)
+    assert out.fold == value.fold and repr(out) == repr(value)
+    import msgpack
+
+    code = msgpack.unpackb(s.dumps(value), ext_hook=lambda c, d: c)
+    # fold=0: codes 4 and 6, the bytes older durkv wrote and reads
+    assert code == {(dt.datetime, 0): 4, (dt.time, 0): 6, (dt.datetime, 1): 18,
+                    (dt.time, 1): 19}[type(value), value.fold]
+
+
 def test_a_zoneinfo_datetime_keeps_its_zone_across_dst():
     """A fixed offset would give 12:00 EDT the day after a 12:00 EST: an hour off."""
     before = dt.datetime(2026, 3, 7, 12, 0, tzinfo=NY)
