@@ -59,7 +59,10 @@ def print_journal(doc: dict[str, Any]) -> None:
     for step, e in zip(steps, doc["journal"]):
         what = e["error_state"] or (e["approval_status"] if e["kind"] == "approval"
                                     else brief(e["result_receipt"], 60))
-        click.echo(f"  {step:<{w}} {e['kind']:<8} {e['planned_action'][:22]:<22} "
+        # a name is text; a journal an older durkv wrote may hold another value
+        action = e["planned_action"]
+        action = action if isinstance(action, str) else brief(action, 22)
+        click.echo(f"  {step:<{w}} {e['kind']:<8} {action[:22]:<22} "
                    f"{_versions(e)[:12]:<12} {e['state']:<9} {e['retry_count']:>5}  {what}")
         for warning in e["warnings"]:
             click.echo(f"  {'':<{w}} warning: {warning}")

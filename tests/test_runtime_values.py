@@ -669,3 +669,41 @@ def test_a_retry_that_is_not_a_retry_is_refused_before_anything_is_journaled(url
         assert [r["e"] for r in s.journal("r")].count(E_STEP) == 1
         with s.run("r") as run:      # the refused call took no step id: this replays
             assert run.step("after", lambda: "again") == "ok"
+
+
+@pytest.mark.parametrize("call", [
+    "step-none", "step-tuple", "step-int", "step-not-callable", "astep-none", "approve-int",
+    "aapprove-none"])
+def test_a_name_that_is_not_text_is_refused_before_anything_is_journaled(tmp_path, call):
+    """A step's name or an approval's action is journaled as text: `run.step(None, f)`
+    was recorded, and the same code's next execution met `step ''` and stopped with a
+    NonDeterminismError (the run could never resume); a tuple name broke `durkv journal`.
+    `run.step("s", 5)` failed with a raw TypeError. Each is now a ConfigError first."""
+    from durkv.runtime.view import describe
+
+    calls = []
+
+    def f(*a):
+        calls.append(a)
+        return 1
+
+    kind, _, arg = call.partition("-")
+    bad = {"none": None, "tuple": ("plan", 1), "int": 123}.get(arg)
+    path = str(tmp_path / "s")
+    for _ in range(2):      # the refusal is the same, and the run goes on after it
+        with durkv.open(path) as s, s.run("r") as run:
+            with pytest.raises(durkv.ConfigError, match="must be"):
+                if call == "step-not-callable":
+                    run.step("s", 5)
+                elif kind == "step":
+                    run.step(bad, f, 1)
+                elif kind == "astep":
+                    asyncio.run(run.astep(bad, f, 1))
+                elif kind == "approve":
+                    run.approve(bad, {"x": 1})
+                else:
+                    asyncio.run(run.aapprove(bad))
+            assert run.step("after", f, 0) == 1        # replayed the second time
+        with durkv.open(path) as s:
+            assert [e.planned_action for e in describe(s, "r")] == ["after"]
+    assert calls == [(0,)]

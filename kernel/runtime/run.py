@@ -549,6 +549,7 @@ class Run:
             secret: journal only the inputs' fingerprint, not the inputs.
             retry_failed: call again even if a final failure is recorded.
         """
+        _check_name("step", name, fn, callable_fn=True)
         _check_retry(retry)
         # the automatic step id as its number (str() of it only when it is needed)
         n = next(self._n) if key is None and self._plain else self._sid(key)
@@ -865,6 +866,7 @@ class Run:
               retry: Retry | None = None, key: str | None = None, secret: bool = False,
               retry_failed: bool = False, **kwargs: Any):
         """Awaitable :meth:`step`; ``fn`` may be a coroutine function."""
+        _check_name("step", name, fn, callable_fn=True)
         _check_retry(retry)
         done = raise_now(deferred(self._plan_call, self._sid(key), name, args, kwargs,
                                   prompt_version, secret, retry_failed))
@@ -891,6 +893,7 @@ class Run:
 
     def aapprove(self, action: str, payload: Any = None, *, key: str | None = None):
         """Awaitable :meth:`approve` (a :class:`Decision`)."""
+        _check_name("approval", action)
         return off_loop(self.store, self._approve_at, self._sid(key), action, payload)
 
     async def acompensate(self) -> list:
@@ -920,6 +923,7 @@ class Run:
         Raises:
             ApprovalMismatchError: the decision (or request) was for another payload.
         """
+        _check_name("approval", action)
         return self._approve_at(self._sid(key), action, payload)
 
     def _approve_at(self, sid: str, action: str, payload: Any) -> Decision:
@@ -1017,6 +1021,21 @@ class Run:
 def _kwargs_of(p: Plan, kwargs: dict) -> dict:
     """The keyword arguments of each attempt: a tool's get its idempotency key (the plan's)."""
     return kwargs if p.spec is None else {"idempotency_key": p.key, **kwargs}
+
+
+def _check_name(kind: str, name: Any, fn: Any = None, *, callable_fn: bool = False) -> None:
+    """Refuse a step's or approval's name that is not a str (and a step's ``fn`` that
+    cannot be called) before a step id is claimed or anything is journaled: the journal
+    records the name as text, so another type would never match its own replay and the
+    run could not resume."""
+    what = "an approval's action" if kind == "approval" else f"a {kind}'s name"
+    if type(name) is not str:
+        raise ConfigError(f"{what} must be a str, got {type(name).__name__} {name!r:.40}; "
+                          "name the call with text, e.g. run.step(\"plan\", fn)")
+    if callable_fn and not callable(fn):
+        raise ConfigError(f"{kind} {name!r}: fn must be callable, got {type(fn).__name__} "
+                          f"{fn!r:.40}; pass the function and its arguments: "
+                          f"run.step({name!r}, fn, *args)")
 
 
 def _check_retry(retry: Any) -> None:
