@@ -33,7 +33,29 @@ def open(url: str, **options: Any) -> RuntimeStore:  # noqa: A001 - the public v
     :class:`durkv.runtime.RuntimeStore`). See :meth:`durkv.store.Store.open` for the
     options.
     """
+    unknown = sorted(set(options) - _OPEN_OPTIONS)
+    if unknown:
+        import difflib
+
+        hints = [m for u in unknown for m in difflib.get_close_matches(u, _OPEN_OPTIONS, 1)]
+        raise ConfigError(f"durkv.open has no option {', '.join(map(repr, unknown))}"
+                          + (f"; did you mean {', '.join(map(repr, hints))}?" if hints else ".")
+                          + f" Options: {', '.join(sorted(_OPEN_OPTIONS))}")
+    if type(options.get("read_only", False)) is not bool:
+        raise ConfigError(f"read_only must be True or False, got {options['read_only']!r}")
     return RuntimeStore.open(url, **options)
+
+
+def _open_options() -> frozenset[str]:
+    import inspect
+
+    from .store import Store     # RuntimeStore.open passes its options to Store.open
+
+    return frozenset(p for p in inspect.signature(Store.open).parameters
+                     if p not in ("cls", "url"))
+
+
+_OPEN_OPTIONS = _open_options()
 
 
 __all__ = [

@@ -232,3 +232,45 @@ def test_saver_delete_for_runs_takes_a_bare_string_as_one_run():
             saver.put(_cfg(), _ckpt(f"c{i}"), {"run_id": run}, {"a": 1})
         saver.delete_for_runs("run-1")
         assert [t.checkpoint["id"] for t in saver.list(_cfg())] == ["c2", "c1", "c0"]
+
+
+def test_delete_runs_passes_over_a_run_id_that_is_not_text():
+    """A put accepts any metadata; a list as `run_id` made every later delete_runs of the
+    store fail with a raw TypeError (unhashable), deleting nothing."""
+    with durkv.open("memory://") as s:
+        s.put("a", "", "1", checkpoint={}, metadata={"run_id": "r1"}, values={}, versions={})
+        s.put("b", "", "1", checkpoint={}, metadata={"run_id": ["batch", 7]}, values={},
+              versions={})
+        s.delete_runs(["r1"])
+        assert s.get("a") is None and s.get("b") is not None
+
+
+def test_a_serde_whose_dumps_returns_str_is_refused_at_open():
+    import json
+
+    class JsonSerde:
+        def dumps(self, o):
+            return json.dumps(o)
+
+        def loads(self, b):
+            return json.loads(b)
+
+    with pytest.raises(ConfigError, match=r"must return bytes, got str.*\.encode\(\)"):
+        durkv.open("memory://", serde=JsonSerde())
+
+
+def test_an_unknown_open_option_is_named_with_the_closest_one():
+    with pytest.raises(ConfigError, match="no option 'durabilty'; did you mean 'durability'"):
+        durkv.open("memory://", durabilty="async")
+    with pytest.raises(ConfigError, match="read_only must be True or False"):
+        durkv.open("memory://", read_only=None)
+
+
+def test_a_negative_limit_is_refused_not_an_empty_listing():
+    with durkv.open("memory://") as s:
+        s.put("t", "", "1", checkpoint={}, metadata={}, values={"m": [1]}, versions={"m": 1})
+        for call in (lambda: s.history("t", limit=-1),
+                     lambda: s.channel_entries("t", "", "m", limit=-1)):
+            with pytest.raises(ConfigError, match="limit must be >= 0"):
+                call()
+        assert len(list(s.history("t", limit=0))) == 0

@@ -79,9 +79,12 @@ class Edits:
                 del journals[r]
             self._index.maybe_snapshot(lsn)
 
-    def _run_of(self, lsn: int) -> Any:
+    def _run_of(self, lsn: int) -> str | None:
+        """The checkpoint's ``metadata["run_id"]`` if it is a str (run ids are: a list
+        there, which a put accepts, is no run's and must not fail the set lookup)."""
         meta = self._reads.metadata_at(lsn)
-        return meta.get("run_id") if isinstance(meta, dict) else None
+        run = meta.get("run_id") if isinstance(meta, dict) else None
+        return run if isinstance(run, str) else None
 
     def prune(self, thread_ids: list[str], keep_last: int) -> None:
         doomed = []

@@ -337,10 +337,13 @@ def check_opt_id(name: str, value: Any) -> None:
 
 
 def check_limit(limit: Any) -> None:
-    """None or an int (a bool or a string such as '2' is refused)."""
+    """None or an int >= 0 (a bool, a string such as '2' or a negative int is refused: a
+    negative limit silently listed nothing)."""
     if limit is not None and (type(limit) is not int and (
             not isinstance(limit, int) or isinstance(limit, bool))):
         raise ConfigError(f"limit must be an int or None, got {type(limit).__name__} {limit!r}")
+    if limit is not None and limit < 0:
+        raise ConfigError(f"limit must be >= 0 or None (None: no limit), got {limit}")
 
 
 def check_ids(name: str, ids: Any) -> list[str]:

@@ -990,3 +990,14 @@ def _check_options(segment_bytes: Any, flush_interval_ms: Any, recovery: Any, du
     if serde is not None and not (callable(getattr(serde, "dumps", None))
                                   and callable(getattr(serde, "loads", None))):
         raise ConfigError("serde must have dumps(obj) -> bytes and loads(bytes) -> obj")
+    if serde is not None:
+        # one probe for the common mistake (a json.dumps serde returns str): refused here,
+        # not as a TypeError from inside the first put
+        try:
+            probe = serde.dumps({"probe": [1, "x"]})
+        except Exception:   # noqa: BLE001 - a serde of other types: its puts will say
+            probe = b""
+        if not isinstance(probe, (bytes, bytearray, memoryview)):
+            raise ConfigError(f"serde.dumps must return bytes, got {type(probe).__name__} "
+                              f"from {type(serde).__name__}.dumps; encode it, e.g. "
+                              "json.dumps(obj).encode()")
