@@ -77,7 +77,9 @@ def _where(r: dict) -> str:
     st, step, action = r["status"], r["step"], r["action"]
     decided = f": {r['decided']}, acted on when the run next runs" if r["decided"] else ""
     if st == "waiting":
-        return f"approval of {action!r} at step {step}{decided}"
+        more = len(r.get("pending") or ()) - (0 if r["decided"] else 1)
+        also = f" (and {more} more undecided)" if more > 0 else ""
+        return f"approval of {action!r} at step {step}{decided}{also}"
     if st == "in_doubt":
         return f"tool {action!r} at step {step}{decided}"
     if st == "sleeping":

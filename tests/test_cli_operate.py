@@ -290,3 +290,45 @@ def test_runs_names_the_driving_process_and_says_when_a_running_run_has_none(tmp
             assert run.step("first", lambda: 2) == 1
     (row,) = json.loads(CliRunner().invoke(cli, ["runs", "--json", path]).stdout)["runs"]
     assert (row["status"], row["driver"]) == ("finished", None)
+
+
+def test_runs_shows_every_approval_parallel_nodes_wait_for(tmp_path):
+    """Two parallel durkv.Graph nodes each ask for an approval in one superstep. `durkv
+    runs` named only the first; once it was decided, the run read "approved, acted on
+    when the run next runs" while the other was still undecided (store.runs() too)."""
+    path = str(tmp_path / "g.durkv")
+    g = durkv.Graph({"log": durkv.Append()})
+
+    def asker(name):
+        def node(state, ctx):
+            return {"log": [name + str(ctx.approve("go-" + name).approved)]}
+        return node
+
+    for name in ("a", "b"):
+        g.add_node(name, asker(name))
+        g.add_edge(durkv.START, name)
+    with durkv.open(path) as store:
+        r = g.compile(store).run({"log": []}, run_id="pc")
+    steps = [p.step_id for p in r.waiting]
+    assert len(steps) == 2
+
+    def listed():
+        out = CliRunner().invoke(cli, ["runs", path])
+        doc = json.loads(CliRunner().invoke(cli, ["runs", "--json", path]).output)
+        with durkv.open(path, read_only=True) as s:
+            info = s.runs()[0]
+        return out.output, doc["runs"][0], info
+
+    text, doc, info = listed()
+    assert "approval of 'go-a'" in text and "(and 1 more undecided)" in text
+    assert [p["action"] for p in doc["pending"]] == ["go-a", "go-b"]
+    assert CliRunner().invoke(cli, ["approve", path, "pc", steps[0]]).exit_code == 0
+    text, doc, info = listed()
+    assert "approval of 'go-b'" in text and "acted on" not in text
+    assert doc["step"] == info.step == steps[1] and doc["decided"] is None
+    assert [p["action"] for p in doc["pending"]] == ["go-b"]
+    assert CliRunner().invoke(cli, ["reject", path, "pc", steps[1]]).exit_code == 0
+    text, doc, _ = listed()
+    assert doc["pending"] == [] and doc["decided"] is not None
+    with durkv.open(path) as store:
+        assert g.compile(store).run(None, run_id="pc").state == {"log": ["aTrue", "bFalse"]}

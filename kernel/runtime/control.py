@@ -52,7 +52,15 @@ def _state(store: Any, run_id: str) -> RunState:
 
 
 def _info(st: RunState) -> RunInfo:
-    return RunInfo(st.run_id, st.status or "running", st.until, st.status_step,
+    step = st.status_step
+    if st.status == "waiting" and step is not None:
+        # the status names the first approval of a superstep (durkv.Graph's parallel
+        # nodes each ask): once it is decided, the run still waits for the next one
+        e = st.latest(step)
+        if e is not None and e.decision is not None:
+            pending = _undecided(st)
+            step = pending[0]["step"] if pending else step
+    return RunInfo(st.run_id, st.status or "running", st.until, step,
                    st.calls, st.message, st.created, st.updated)
 
 
@@ -61,7 +69,9 @@ def overview(store: Any, status: str | None = None) -> list[dict]:
     :class:`RunInfo` (a damaged run marked, as ``store.runs()`` does), ``action`` -- the
     name of the approval or tool call at ``step`` that a waiting or in-doubt run stands
     on --, ``decided`` -- the answer recorded there since (``approved``, ``rejected``,
-    ``done``, ``not done``; the run acts on it when it next runs), else None -- and
+    ``done``, ``not done``; the run acts on it when it next runs), else None --,
+    ``pending`` -- every approval a waiting run still waits for (``[{"step",
+    "action"}]``; ``step`` is the first of them once the status's own is decided) -- and
     ``bytes``, what its journal frames take in the log, and ``driver``, the pid of the
     process driving it now (a ``store.run``/``durkv.Graph`` run, or a LangGraph thread),
     else None: a ``running`` run without a driver stopped mid-run and resumes when it is
@@ -72,14 +82,27 @@ def overview(store: Any, status: str | None = None) -> list[dict]:
     for st, info in zip(states, mark_damaged(store, [_info(st) for st in states])):
         if status is not None and info.status != status:
             continue
+        pending = _undecided(st) if info.status == "waiting" else []
         e = st.latest(info.step) if info.step is not None else None
         d = None if e is None else (e.decision or e.resolved)
         driver = _driver(store, info)
         out.append(dict(dataclasses.asdict(info), action=None if e is None else e.name,
-                        decided=None if d is None else _answer_words(d),
+                        decided=None if d is None else _answer_words(d), pending=pending,
                         bytes=store.journal_bytes(info.run_id), driver=driver,
                         langgraph=(info.status == "running" and driver is None
                                    and _langgraph_thread(store, info.run_id))))
+    return out
+
+
+def _undecided(st: Any) -> list[dict]:
+    """The approvals of a waiting run no decision has answered yet, in journal order:
+    ``[{"step", "action"}]`` (a run waits on all of them at once when parallel nodes
+    asked in one superstep)."""
+    out = []
+    for sid, gens in st.entries.items():
+        e = gens[-1]
+        if e.kind == "approval" and e.decision is None:
+            out.append({"step": sid, "action": e.name})
     return out
 
 
