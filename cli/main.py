@@ -176,6 +176,9 @@ def recover(ctx: click.Context, path: Path, dry_run: bool, skip_corrupt: bool,
                 "--ack records an acknowledgement (durable, final); run it on its own, "
                 "without --dry-run or --skip-corrupt")
         ctx.exit(_acknowledge(where, ack, by, note, as_json, quiet))
+    if by is not None or note is not None:      # they would be dropped without a word
+        raise click.UsageError("--by and --note go with --ack (who acknowledges a repair, "
+                               "and why): durkv recover PATH --ack RUN --by NAME")
     log = log_module()
     skip_hint = reports.skip_corrupt_hint(where)
     before = quarantined(where)

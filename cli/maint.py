@@ -185,8 +185,10 @@ def _echo_stats(st: Any) -> None:
     if not whole:
         click.echo("delta encoding: no channel values yet")
         return
-    ratio = f"{whole / stored:.1f}x" if stored else "-"
+    # "1.9x as much" reads right both ways; "0.5x more" (dead entries outweighing the
+    # live values) did not
+    ratio = f", {whole / stored:.1f}x as much" if stored else ""
     click.echo(f"delta encoding: channel entries take {human_bytes(stored)} in the log (dead "
                f"ones too, until a compaction); the live values stored whole would take "
-               f"{human_bytes(whole)} ({ratio} more); every checkpoint's every value whole: "
+               f"{human_bytes(whole)}{ratio}; every checkpoint's every value whole: "
                f"{human_bytes(st.whole_states_bytes)}")

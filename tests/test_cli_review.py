@@ -48,6 +48,16 @@ def test_recover_dry_run_with_ack_is_refused_and_records_nothing(tmp_path):
     assert seglog.verify(str(d)).next_lsn == before
 
 
+def test_recover_by_or_note_without_ack_is_refused_not_dropped(tmp_path):
+    """`recover PATH --by ann` ran a repair and dropped --by without a word."""
+    d = _store(tmp_path / "s.durkv")
+    _tear_tail(d)
+    for extra in (["--by", "ann"], ["--note", "why"]):
+        r = run("recover", d, *extra)
+        assert r.exit_code == 2 and "go with --ack" in r.output
+    assert not seglog.verify(str(d)).ok             # nothing was repaired
+
+
 def test_a_progress_callback_that_raises_stops_verify_and_is_not_swallowed(tmp_path, capfd):
     """cffi printed 'Exception ignored from cffi callback' with a traceback and went on."""
     d = _store(tmp_path / "s.durkv", 50)
