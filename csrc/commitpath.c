@@ -228,7 +228,8 @@ done:
  * strs (thread and checkpoint non-empty), the parent None or an exact str, values and
  * versions exact dicts, every version's channel an exact str and its version an exact
  * str, float or int in -2**63..2**64-1, every channel of values a str, all_values None or
- * a dict. False: check_put's Python decides (it raises, or passes a rarer shape). Only
+ * a dict, every such str ASCII. False: check_put's Python decides (it raises, or passes a
+ * rarer shape: a name or version of other text, checked there for lone surrogates). Only
  * type tests and an int's range: no Python code runs. */
 static PyObject *put_args_ok(PyObject *self, PyObject *const *a, Py_ssize_t nargs)
 {
@@ -249,7 +250,7 @@ static PyObject *put_args_ok(PyObject *self, PyObject *const *a, Py_ssize_t narg
     Py_ssize_t pos = 0;
     PyObject *k, *v;
     while (PyDict_Next(versions, &pos, &k, &v)) {
-        if (!PyUnicode_CheckExact(k))
+        if (!PyUnicode_CheckExact(k) || !PyUnicode_IS_ASCII(k))   /* Python: surrogates */
             Py_RETURN_FALSE;
         if (PyLong_CheckExact(v)) {
             int over = 0;
@@ -263,13 +264,13 @@ static PyObject *put_args_ok(PyObject *self, PyObject *const *a, Py_ssize_t narg
                     Py_RETURN_FALSE;
                 }
             }
-        } else if (!PyUnicode_CheckExact(v) && !PyFloat_CheckExact(v)) {
+        } else if (PyUnicode_CheckExact(v) ? !PyUnicode_IS_ASCII(v) : !PyFloat_CheckExact(v)) {
             Py_RETURN_FALSE;
         }
     }
     pos = 0;
     while (PyDict_Next(values, &pos, &k, &v))
-        if (!PyUnicode_Check(k))
+        if (!PyUnicode_Check(k) || !PyUnicode_IS_ASCII(k))
             Py_RETURN_FALSE;
     Py_RETURN_TRUE;
 }

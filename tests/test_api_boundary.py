@@ -274,3 +274,18 @@ def test_a_negative_limit_is_refused_not_an_empty_listing():
             with pytest.raises(ConfigError, match="limit must be >= 0"):
                 call()
         assert len(list(s.history("t", limit=0))) == 0
+
+
+def test_a_lone_surrogate_in_a_version_or_channel_name_is_a_config_error(tmp_path):
+    """They were a SerializationError about 'the head of checkpoint 1' (a version, a
+    channel only in values) instead of a ConfigError naming the argument."""
+    with durkv.open(str(tmp_path / "s")) as s:
+        for values, versions, says in (({}, {"a": "v\ud800"}, "version of channel 'a'"),
+                                       ({"\udc00": 1}, {}, "channel name"),
+                                       ({"\udc00": 1}, {"\udc00": 1}, "channel name")):
+            with pytest.raises(ConfigError, match=f"{says}.*lone surrogate"):
+                s.put("t", "", "1", checkpoint={}, metadata={}, values=values,
+                      versions=versions)
+        assert s.get("t") is None
+        s.put("t", "", "1", checkpoint={}, metadata={}, values={"ü": 1}, versions={"ü": "é"})
+        assert s.get("t").values == {"ü": 1} and s.get("t").versions == {"ü": "é"}

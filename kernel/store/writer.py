@@ -54,6 +54,16 @@ _ITEMS_RECENT = 64  # pending-write items a journal record's inputs may name (FO
 
 # -- arguments -------------------------------------------------------------------------------
 
+def _check_text(what: str, s: str) -> None:
+    """Refuse text UTF-8 cannot hold (a lone surrogate), naming the argument."""
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{what} holds a lone surrogate, which UTF-8 cannot store: "
+                              "pass valid Unicode text") from None
+
+
 def check_put(thread_id: Any, checkpoint_ns: Any, checkpoint_id: Any, parent_id: Any,
               values: Any, versions: Any, all_values: Any) -> None:
     """The arguments of ``Store.put``, checked (the common case in a few type tests, in one
@@ -90,6 +100,12 @@ def check_put(thread_id: Any, checkpoint_ns: Any, checkpoint_id: Any, parent_id:
         if not isinstance(ch, str):
             raise ConfigError(f"channel names must be strings, got {type(ch).__name__} {ch!r} "
                               "in values")
+    for ch, v in versions.items():
+        _check_text(f"channel name {ch!r}", ch)
+        if isinstance(v, str):
+            _check_text(f"the version of channel {ch!r}", v)
+    for ch in values:
+        _check_text(f"channel name {ch!r}", ch)
     if all_values is not None and not isinstance(all_values, dict):
         raise ConfigError(f"all_values must be a dict or None, got {type(all_values).__name__}")
 
