@@ -48,3 +48,17 @@ def record(benchmark, name: str, *, ratio: float, target: str, ok: bool, **extra
     benchmark.extra_info.update(info)
     RESULTS.append({"name": name, **info})
     print(f"\n{name}: ratio {ratio:.3f} (target {target}) -> {'ok' if ok else 'MISSED'}")
+
+
+def frame_bytes(path) -> int:
+    """The store's segment bytes without the active segment's zero slack (FORMAT.md
+    section 3): space written ahead of the appends, between 0 and 1/8 of the data, a
+    sawtooth that moves the file sizes of two stores by up to 12% apart from what they
+    hold. Sealed segments count whole; the active one up to its first all-zero header."""
+    segs = sorted(path.glob("*.seg"))
+    total = sum(f.stat().st_size for f in segs[:-1])
+    data = segs[-1].read_bytes()
+    off = 64
+    while off + 24 <= len(data) and any(data[off:off + 24]):
+        off += 24 + int.from_bytes(data[off + 4:off + 8], "little")
+    return total + off

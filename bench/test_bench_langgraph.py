@@ -22,6 +22,8 @@ and NullSaver (stores nothing: LangGraph's own checkpointing cost).
 |                         | write+fdatasync, interleaved rounds    |                                |
 | bytes-raw-{msg}-{N}     | durkv bytes / raw appended payload,    | <= 1.5x at N=2,000; N=4,000    |
 |                         | dict messages and AIMessages           | <= 2.1x N=2,000                |
+| resumed-turn-{N}        | a chat's next invoke on a thread of N  | sqlite >= 1x; bytes a turn     |
+|                         | messages (read back, extended)         | <= 0.1x the thread's           |
 | async-cpu-floor-{N}     | async vs null: a saver spinning as     | reported (why async >= 0.8x    |
 |                         | long as durkv's commits take alone,    | null is missed: issue 20)      |
 |                         | with 0 or 1 GIL hand-off a call; durkv |                                |
@@ -44,7 +46,7 @@ from typing import Annotated
 import benchlib
 import msgpack
 import pytest
-from benchlib import QUICK, record
+from benchlib import QUICK, frame_bytes, record
 
 pytest.importorskip("langgraph.checkpoint.sqlite")
 
@@ -251,6 +253,62 @@ def test_sync_added_vs_fsync(benchmark, savers, baseline, bench_root, n):
     benchmark.extra_info["added_us_per_superstep"] = round(added * 1e6, 1)
     record(benchmark, f"sync N={n}: durkv - null per superstep / one write+fdatasync",
            ratio=added / med["raw"], target="<= 1.3x", ok=added / med["raw"] <= 1.3)
+
+
+# ---- a chat's next turn: a thread read back and extended ---------------------------------
+
+
+@pytest.mark.parametrize("n", N_LIST[:1])
+def test_resumed_thread_turn(benchmark, savers, n):
+    """A chat thread of ``n`` LangChain messages; each turn is a new ``invoke`` that reads
+    the thread back (new message objects) and adds a question and a reply. DurkvSaver
+    compares the read-back messages with the stored ones as stored (class and fields,
+    never ==: GUARANTEES 10) so the turn is a delta: bytes per turn must not grow with
+    the thread. Times interleaved against SqliteSaver and InMemorySaver."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    benchmark.group = f"resumed-turn-{n}"
+
+    def reply(state):
+        return {"messages": [AIMessage(content="ok " * 100)]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("reply", reply)
+    g.add_edge(START, "reply")
+    g.add_edge("reply", END)
+    kinds = ("durkv", "sqlite", "memory")
+    opened = {k: savers.open(k) for k in kinds}
+    graphs = {k: g.compile(checkpointer=opened[k][0]) for k in kinds}
+    conf = {"configurable": {"thread_id": "chat"}}
+    history = [HumanMessage(content=f"question {i} " * 30) for i in range(n)]
+    for k in kinds:
+        graphs[k].invoke({"messages": history}, conf, durability="sync")
+    turns = 3 if QUICK else 15
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    path = opened["durkv"][1][0]
+    before = frame_bytes(path)      # the log's frames, without the zero slack
+
+    def one_round():
+        r = len(times["durkv"])
+        for k in (kinds if r % 2 == 0 else kinds[::-1]):
+            t0 = time.perf_counter()
+            graphs[k].invoke({"messages": [HumanMessage(content=f"turn {r} " * 30)]}, conf,
+                             durability="sync")
+            times[k].append(time.perf_counter() - t0)
+
+    benchmark.pedantic(one_round, rounds=turns, iterations=1)
+    per_turn = (frame_bytes(path) - before) / turns
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    benchmark.extra_info.update({f"{k}_ms_per_turn": round(v * 1e3, 2) for k, v in med.items()})
+    benchmark.extra_info["durkv_bytes_per_turn"] = round(per_turn)
+    record(benchmark, f"resumed thread of {n} messages: a turn vs SqliteSaver's time",
+           ratio=med["sqlite"] / med["durkv"], target=">= 1x", ok=med["sqlite"] >= med["durkv"])
+    # two new messages of ~100-300 characters: a delta is a few KiB; a full copy of the
+    # thread would be ~n * 300 bytes a turn
+    record(benchmark, f"resumed thread of {n} messages: bytes a turn / bytes of the thread",
+           ratio=per_turn / max(1, before), target="<= 0.1x", ok=per_turn <= 0.1 * before,
+           bytes_per_turn=round(per_turn), thread_bytes=before)
 
 
 # ---- bytes on disk -----------------------------------------------------------------------

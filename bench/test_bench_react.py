@@ -30,7 +30,7 @@ import time
 from typing import Annotated
 
 import pytest
-from benchlib import QUICK, record
+from benchlib import QUICK, frame_bytes, record
 
 pytest.importorskip("langgraph")
 
@@ -96,20 +96,6 @@ def invoke(graph, thread: str, mode: str) -> None:
 
 def store_bytes(path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def frame_bytes(path) -> int:
-    """The store's segment bytes without the active segment's zero slack (FORMAT.md
-    section 3): space written ahead of the appends, between 0 and 1/8 of the data, a
-    sawtooth that moves the file sizes of two stores by up to 12% apart from what they
-    hold. Sealed segments count whole; the active one up to its first all-zero header."""
-    segs = sorted(path.glob("*.seg"))
-    total = sum(f.stat().st_size for f in segs[:-1])
-    data = segs[-1].read_bytes()
-    off = 64
-    while off + 24 <= len(data) and any(data[off:off + 24]):
-        off += 24 + int.from_bytes(data[off + 4:off + 8], "little")
-    return total + off
 
 
 # the graphs compared, each on a store of its own: (durable, durable_model)
