@@ -51,6 +51,9 @@ struct dkv_log {
     int lease;                  /* WLOCK kept between sections (no other process wants it) */
     uint64_t lease_ns;          /*   since the end of the last section (CLOCK_MONOTONIC) */
     dkv_wshm *shm;              /* WSHM mapped (shared writers), else NULL */
+    uint32_t turn_owner;        /* dkv__shm_wait: the turn's holder seen, */
+    uint32_t turn_wake;         /*   WSHM's wake then, */
+    uint64_t turn_since;        /*   and since when (CLOCK_MONOTONIC ns) with no publish */
     pthread_t wowner;
     uint8_t uuid[16];
     seg_t *segs;

@@ -197,6 +197,8 @@ int dkv__shm_sync_turn(dkv_log *log)
                                                     __ATOMIC_ACQUIRE);
 }
 
+#define TURN_STALL_NS 100000000u   /* 100 ms: a turn held this long with no publish is lost */
+
 void dkv__shm_wait(dkv_log *log, uint64_t end, uint32_t timeout_us)
 {
     dkv_wshm *m = log->shm;
@@ -210,9 +212,28 @@ void dkv__shm_wait(dkv_log *log, uint64_t end, uint32_t timeout_us)
     }
     __atomic_sub_fetch(&m->waiters, 1, __ATOMIC_ACQ_REL);
     /* no publish for timeout_us: a syncer killed mid-fdatasync never gives its turn back */
-    if (r && errno == ETIMEDOUT && owner && kill((pid_t)owner, 0) && errno == ESRCH)
+    if (r && errno == ETIMEDOUT && owner && kill((pid_t)owner, 0) && errno == ESRCH) {
         __atomic_compare_exchange_n(&m->sync_owner, &owner, 0, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE);
+        return;
+    }
+    /* nor for TURN_STALL_NS while this process waited: the holder is stopped (SIGSTOP),
+     * stuck in a slow disk, or dead with its pid reused (or seen from another pid
+     * namespace), which kill() cannot tell from alive. Its turn is taken (FORMAT.md §12):
+     * the turn only spares duplicate fdatasyncs, and its late publish raises `durable`
+     * only to what its own fdatasync covered. */
+    owner = LD(m->sync_owner);
+    uint32_t w = LD(m->wake);
+    uint64_t now = dkv__mono_ns();
+    if (owner != log->turn_owner || w != log->turn_wake) {
+        log->turn_owner = owner;        /* another holder, or a publish: progress */
+        log->turn_wake = w;
+        log->turn_since = now;
+    } else if (owner && now - log->turn_since >= TURN_STALL_NS) {
+        __atomic_compare_exchange_n(&m->sync_owner, &owner, 0, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+        log->turn_owner = 0;
+    }
 }
 
 void dkv__shm_want(dkv_log *log, uint64_t until_ns)

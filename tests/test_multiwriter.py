@@ -640,3 +640,90 @@ def test_a_stale_or_torn_wshm_is_rebuilt_at_open_and_never_trusted(tmp_path):
     with SegmentLog.open(path, read_only=True) as r:
         assert [p for _, p in r.scan()] == [b"a", b"b", b"c", b"d"]
     assert verify(path).ok
+
+
+# The syncer turn (FORMAT.md section 12): sync_owner, the pid running the store's
+# group-commit fdatasync, is WSHM's 4 bytes at offset 92.
+_SYNC_OWNER = 92
+
+
+def _sync_owner(path: str) -> int:
+    with open(os.path.join(path, "WSHM"), "rb") as f:
+        f.seek(_SYNC_OWNER)
+        return struct.unpack("<I", f.read(4))[0]
+
+
+_STUCK_SYNCER = r"""
+import sys, threading, time
+from durkv import log as dlog
+log = dlog.SegmentLog.open(sys.argv[1], durability="sync")
+log.append(b"warm")
+dlog.fault_inject("fdatasync", 1, pause_ms=int(sys.argv[2]))
+threading.Thread(target=log.append, args=(b"held",), daemon=True).start()
+print("syncing", flush=True)
+time.sleep(60)
+"""
+
+# a sync commit from a fresh process, which prints how long it took
+_COMMIT = r"""
+import sys, time
+from durkv.log import SegmentLog
+log = SegmentLog.open(sys.argv[1], durability="sync")
+t0 = time.monotonic()
+lsn = log.append(b"other")
+print(f"{lsn} {time.monotonic() - t0:.3f}", flush=True)
+log.close()
+"""
+
+
+def _commit_elsewhere(path: str) -> tuple[int, float]:
+    out = subprocess.run([sys.executable, "-c", _COMMIT, path], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    return int(out[0]), float(out[1])
+
+
+def test_a_holder_stuck_in_its_fdatasync_loses_the_turn_and_others_commit(tmp_path):
+    """A process whose fdatasync hangs (a slow disk; SIGSTOP and Ctrl-Z look the same)
+    while it holds the syncer turn: every other process's sync commit waited for it
+    (4 of 5 reviewers' runs with a stopped writer hung past 40 s). Now another process
+    takes the turn after 100 ms of no publish and runs its own fdatasync."""
+    path = str(tmp_path / "log")
+    p = subprocess.Popen([sys.executable, "-c", _STUCK_SYNCER, path, "20000"],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "syncing"
+        deadline = time.monotonic() + 10
+        while _sync_owner(path) != p.pid:           # its fdatasync holds the turn
+            assert time.monotonic() < deadline, "the holder never took the turn"
+            time.sleep(0.01)
+        lsn, took = _commit_elsewhere(path)
+        assert took < 5, f"a sync commit waited {took:.1f} s for a stuck holder's fdatasync"
+        assert lsn == 2 and _sync_owner(path) != p.pid
+    finally:
+        p.kill()
+        p.wait()
+    with SegmentLog.open(path, read_only=True) as r:
+        assert [x for _, x in r.scan()] == [b"warm", b"held", b"other"]
+
+
+def test_a_turn_left_to_a_reused_pid_is_taken_back(tmp_path):
+    """A holder killed with -9 mid-fdatasync leaves its pid in sync_owner; once another
+    process has that pid (or the holder ran in another pid namespace), kill(pid, 0)
+    finds it alive and every sync commit of the store waited for ever."""
+    path = str(tmp_path / "log")
+    with SegmentLog.open(path, durability="sync") as log:
+        log.append(b"warm")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        # a writer stays attached (a writer opening alone rebuilds WSHM); the dead
+        # holder's pid, now another process's, is left in sync_owner
+        with SegmentLog.open(path, durability="async") as keep:
+            with open(os.path.join(path, "WSHM"), "r+b") as f:
+                f.seek(_SYNC_OWNER)
+                f.write(struct.pack("<I", other.pid))
+            lsn, took = _commit_elsewhere(path)
+            assert lsn == 1 and took < 5
+            assert keep.next_lsn >= 1
+    finally:
+        other.kill()
+        other.wait()
