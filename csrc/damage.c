@@ -180,7 +180,9 @@ static int quarantine_copy(const char *dir, const char *seg, uint64_t off, const
     if (!rc)
         rc = dkv__fdatasync(fd);
     close(fd);
-    if (!rc)
+    if (rc)
+        unlink(p);      /* a failed copy (a full disk) is no copy: leave no empty file */
+    else
         rc = dkv__dirfsync(q);
     return rc;
 }

@@ -850,8 +850,9 @@ static int cut_dead_tail(dkv_log *log, seg_t *a)
         free(b);
     }
     if (rc)
-        return dkv__io_error(log, -rc, "cannot repair the torn tail of %s/%s (left by a writer "
-                             "that died)", log->dir, name);
+        return dkv__io_error(log, -rc, "cannot repair the torn tail of %s/%s (a frame no "
+                             "writer acknowledged: one that died, or whose write failed)",
+                             log->dir, name);
     a->file_size = log->zero_end = a->data_end;
     return 0;
 }

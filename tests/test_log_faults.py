@@ -349,3 +349,30 @@ def test_fault_at_every_position(tmp_path, torn_template, no_faults, op, durabil
     else:
         pytest.fail(f"the workload still hit the {op} fault at nth={limit}")
     assert nth > 1, f"no {op} call was ever made"
+
+
+@pytest.mark.parametrize("op", ["write", "fdatasync"])
+def test_a_failed_quarantine_copy_leaves_no_empty_file_and_names_no_dead_writer(
+        log_dir, no_faults, op):
+    """A full disk while a writer copies a torn tail to quarantine/: each failed try
+    left an empty `.torn` file (an operator found 8 empty "copies" beside the real one),
+    and the error said the tail was left by a writer that died when none had."""
+    from durkv.log import fault_inject
+
+    with SegmentLog.open(str(log_dir)) as log:
+        for _ in range(5):
+            log.append(b"x" * 100)
+    act = lt.segments(str(log_dir))[-1]
+    lt.truncate(act.path, act.frames[-1].end - 4)
+    q = log_dir / "quarantine"
+    for _ in range(3):
+        fault_inject(op, 1, err=errno.ENOSPC)
+        with pytest.raises(LogFailedError, match="No space left") as ei:
+            SegmentLog.open(str(log_dir)).close()
+        fault_inject(None)
+        assert "that died" not in str(ei.value)
+        assert not q.exists() or not list(q.iterdir())
+    with SegmentLog.open(str(log_dir)) as log:
+        assert log.next_lsn == 4
+    assert [f.stat().st_size for f in q.iterdir()] == [act.frames[-1].end - 4
+                                                        - act.frames[-1].offset]
