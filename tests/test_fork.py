@@ -204,7 +204,9 @@ if pid == 0:
     calls = {"put": lambda: put(999, "child"),
              "append_journal": lambda: store.append_journal("run", {"i": "child"}),
              "get": lambda: store.get("t"), "history": lambda: list(store.history("t")),
-             "journal": lambda: store.journal("run"), "flush": store.flush}
+             "journal": lambda: store.journal("run"), "flush": store.flush,
+             "size_bytes": store.size_bytes, "pending_repairs": store.pending_repairs,
+             "refresh_if_moved": store.refresh_if_moved}
     for name, call in calls.items():
         try:
             call()
@@ -233,7 +235,9 @@ with durkv.open(path, read_only=True) as s:
 def test_store_child_refuses_and_the_parent_loses_nothing(tmp_path, durability):
     path = tmp_path / "s"
     child, parent = _run(STORE_SCRIPT, str(path), durability)
-    for name in ("put", "append_journal", "get", "history", "journal", "flush"):
+    # size_bytes, pending_repairs and refresh_if_moved answered from the frozen copy
+    for name in ("put", "append_journal", "get", "history", "journal", "flush", "size_bytes",
+                 "pending_repairs", "refresh_if_moved"):
         assert child[name].startswith("ConfigError: "), (name, child[name])
         assert all(w in child[name] for w in FORK_WORDS), child[name]
     # what the parent had made visible at the fork: every commit (`exit` too: a store's

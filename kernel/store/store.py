@@ -356,6 +356,7 @@ class Store:
         the last one (one ``stat`` decides: the cost of a read that finds nothing new does
         not grow with the store). True if it refreshed. Other backends: False (call
         :meth:`refresh`); writers: False (always current)."""
+        self._check_open()      # closed, or a fork's copy: refused, never "nothing moved"
         moved = getattr(self._b, "tail_moved", None)
         if not self.read_only or moved is None or not moved():
             return False
@@ -363,6 +364,7 @@ class Store:
         return True
 
     def size_bytes(self) -> int:
+        self._check_open()      # a fork's copy would measure the parent's files as of the fork
         return self._b.size_bytes()
 
     def _check_open(self) -> None:
@@ -791,6 +793,7 @@ class Store:
     def pending_repairs(self) -> list[dict]:
         """The notes of cuts no REPAIR record names yet (a writer's job: none when
         read-only), oldest first."""
+        self._check_open()
         if self._path is None or self.read_only:
             return []
         return repairnotes.pending(self._path)
