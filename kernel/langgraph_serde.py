@@ -36,6 +36,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from ._lgcommit import Dumps as _Dumps
+from .errors import SerializationError
 from ._lgcommit import checkpoint_metadata as checkpoint_metadata_c
 from ._lgcommit import put_args as put_args_c
 from ._lgcommit import put_writes_args as put_writes_args_c
@@ -196,7 +197,10 @@ class LangGraphSerde:
         if name is not None:
             return self._serde.loads_typed((name, bytes(data[1:])))
         if tag != _OTHER:
-            raise ValueError(f"not a LangGraphSerde value (tag byte {tag:#04x})")
+            raise SerializationError(
+                f"not a value DurkvSaver wrote (tag byte {tag:#04x}): this thread's "
+                "checkpoints were written with another serde (durkv.open's default?); "
+                "read them with the store that wrote them, e.g. durkv.open(path)")
         n = data[1]
         return self._serde.loads_typed((bytes(data[2:2 + n]).decode(), bytes(data[2 + n:])))
 

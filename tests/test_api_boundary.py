@@ -289,3 +289,21 @@ def test_a_lone_surrogate_in_a_version_or_channel_name_is_a_config_error(tmp_pat
         assert s.get("t") is None
         s.put("t", "", "1", checkpoint={}, metadata={}, values={"ü": 1}, versions={"ü": "é"})
         assert s.get("t").values == {"ü": 1} and s.get("t").versions == {"ü": "é"}
+
+
+def test_a_saver_reading_a_thread_another_serde_wrote_says_so(tmp_path):
+    """DurkvSaver on a thread written by durkv.open's default serde raised a raw
+    ValueError ('not a LangGraphSerde value')."""
+    pytest.importorskip("langgraph")
+    from durkv.errors import SerializationError
+    from durkv.langgraph import DurkvSaver
+
+    path = str(tmp_path / "s")
+    cid = "1ef00000-0000-6000-8000-000000000001"
+    with durkv.open(path) as s:
+        s.put("t", "", cid, checkpoint={"v": 1, "id": cid, "ts": "", "channel_versions": {},
+                                        "versions_seen": {}},
+              metadata={}, values={"a": 1}, versions={"a": 1})
+    with DurkvSaver.open(path, read_only=True) as saver:
+        with pytest.raises(SerializationError, match="another serde.*durkv.open"):
+            saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})
