@@ -111,7 +111,9 @@ static PyObject *strict(PyObject *self, PyObject *args)
  * copy (an exact dict or list) for plain data, else its bytes or another form. A pair
  * that is not the same object is compared strictly (strict_same) against that copy, or
  * the item; one that plain data cannot decide goes to same(new_item, kept_item, old_item),
- * which compares the serializer's bytes -- without ``same``, such a pair differs. */
+ * which compares the serializer's bytes -- without ``same``, such a pair differs. A pair
+ * found the same puts the new item in old's place (old is the store's own array): the
+ * next compare of the same items is a memcmp. */
 static PyObject *has_prefix(PyObject *self, PyObject *args)
 {
     PyObject *a, *b, *kept = Py_None, *same = Py_None;
@@ -145,29 +147,41 @@ static PyObject *has_prefix(PyObject *self, PyObject *args)
             r = strict_same(u, k, 0) == 1;  /* plain data: its copy, as stored */
         else
             r = k == NULL ? strict_same(u, v, 0) : 2;
+        Py_INCREF(u);       /* held to the end of the pair: same() and a DECREF below may
+                             * run Python code that mutates the lists */
         if (r == 2) {
-            if (same == Py_None)
+            if (same == Py_None) {
+                Py_DECREF(u);
                 Py_RETURN_FALSE;
-            Py_INCREF(u);                   /* same() runs Python code: it may mutate the lists */
+            }
             Py_INCREF(v);
             Py_XINCREF(k);
             PyObject *res = PyObject_CallFunctionObjArgs(same, u, k ? k : Py_None, v, NULL);
-            Py_DECREF(u);
             Py_DECREF(v);
             Py_XDECREF(k);
-            if (res == NULL)
+            r = res == NULL ? -1 : PyObject_IsTrue(res);
+            Py_XDECREF(res);
+            if (r < 0) {
+                Py_DECREF(u);
                 return NULL;
-            r = PyObject_IsTrue(res);
-            Py_DECREF(res);
-            if (r < 0)
-                return NULL;
-            if (PyList_GET_SIZE(a) < n || PyList_GET_SIZE(b) < n)   /* mutated by same() */
-                Py_RETURN_FALSE;
-            x = PySequence_Fast_ITEMS(a);
-            y = PySequence_Fast_ITEMS(b);
+            }
         }
+        /* the same as stored: old (the store's own array) takes the new item, so the
+         * next compare of these items is one memcmp -- a thread read back (get()'s new
+         * objects) pays the value compare once, not at every later put */
+        if (r && i < PyList_GET_SIZE(a) && i < PyList_GET_SIZE(b) && PyList_GET_ITEM(a, i) == u) {
+            PyObject *was = PyList_GET_ITEM(b, i);
+            Py_INCREF(u);
+            PyList_SET_ITEM(b, i, u);
+            Py_DECREF(was);
+        }
+        Py_DECREF(u);
         if (!r)
             Py_RETURN_FALSE;
+        if (PyList_GET_SIZE(a) < n || PyList_GET_SIZE(b) < n)   /* mutated meanwhile */
+            Py_RETURN_FALSE;
+        x = PySequence_Fast_ITEMS(a);
+        y = PySequence_Fast_ITEMS(b);
         i++;
     }
     Py_RETURN_TRUE;

@@ -566,3 +566,80 @@ def test_compensation_gets_the_recorded_result_not_the_callers_mutated_object(ur
         for _ in range(2):          # the second execution replays the tool and the undo
             drive(s, "r", scenario)
         assert undone == [{"id": "B1"}]
+
+
+def test_a_failed_undo_keeps_it_and_the_older_ones_for_the_next_compensate(url, drive):
+    """The middle undo of a saga fails once. Before, the undos older than it vanished:
+    the next compensate() returned [] in the same execution, and every later execution
+    replayed the failure and never reached them; the hotel was never released."""
+    down = {"car": 1}
+    undone = []
+
+    def undo_of(name):
+        @durkv.tool(name=f"undo_{name}")
+        def undo(result, *, idempotency_key):
+            if down.get(name):
+                down[name] -= 1
+                raise ConnectionError(f"undo {name}: service down")
+            undone.append(result)
+            return f"undid {result}"
+        return undo
+
+    def booking(name):
+        @durkv.tool(name=name, compensate=undo_of(name))
+        def book(x, *, idempotency_key):
+            return f"{name}-{x}"
+        return book
+
+    hotel, car, flight = booking("hotel"), booking("car"), booking("flight")
+
+    async def saga(v):
+        await v.tool(hotel, 1)
+        await v.tool(car, 2)
+        await v.tool(flight, 3)
+        try:
+            return await v.compensate()
+        except ConnectionError:
+            return await v.compensate()          # once the service is back
+
+    with durkv.open(url) as s:
+        for _ in range(2):          # the second execution replays it all, calling nothing
+            assert drive(s, "r", saga) == ["undid car-2", "undid hotel-1"]
+        assert undone == ["flight-3", "car-2", "hotel-1"]
+
+
+class ApiError(Exception):
+    """A replayed exception's class must be importable: at module level."""
+
+    def __str__(self):
+        return "%s: %s" % self.args         # given one arg: a TypeError
+
+
+def test_an_exception_whose_str_fails_is_recorded_and_replays_as_its_class(url, drive):
+    """A library's exception with a format string of the wrong arity: str() raises. The
+    journal's own str() of it escaped as a TypeError, nothing was recorded, and the
+    next execution called the step and the tool again."""
+    calls = []
+
+    @durkv.tool
+    def send(*, idempotency_key):
+        calls.append("send")
+        raise ApiError("quota")
+
+    def step():
+        calls.append("step")
+        raise ApiError("quota")
+
+    async def scenario(v):
+        out = []
+        for call in (lambda: v.step("s", step), lambda: v.tool(send)):
+            try:
+                await call()
+            except ApiError as e:
+                out.append((type(e).__name__, e.args))
+        return out
+
+    with durkv.open(url) as s:
+        for _ in range(2):
+            assert drive(s, "r", scenario) == [("ApiError", ("quota",))] * 2
+        assert calls == ["step", "send"]

@@ -492,3 +492,24 @@ def test_a_result_too_large_to_journal_says_the_call_happened_and_what_to_do(mod
 def test_in_doubt_error_carries_run_step_and_key():
     e = durkv.InDoubtError("m", run_id="r", step_id="3", key="r:3")
     assert (e.run_id, e.step_id, e.key, e.context["key"]) == ("r", "3", "r:3", "r:3")
+
+
+def test_decide_and_resolve_refuse_a_step_id_that_is_not_text(tmp_path):
+    """store.decide("r", 1, ...) said 'nothing at step 1' with an approval at "1"."""
+    with durkv.open(str(tmp_path / "s")) as s:
+        with s.run("r") as run:
+            run.approve("publish")              # pauses the run: the with ends it
+        assert s.runs()[0].status == "waiting"
+        for call in (lambda: s.decide("r", 0, True), lambda: s.resolve("r", 0, done=False),
+                     lambda: s.decide(("r",), "0", True)):
+            with pytest.raises(durkv.ConfigError, match="must be a str"):
+                call()
+        assert s.decide("r", "0", True).approved
+
+
+def test_a_run_id_with_a_lone_surrogate_is_a_config_error():
+    """store.run("ticket-\\udce9") raised a raw UnicodeEncodeError from the driver claim."""
+    with durkv.open("memory://") as s:
+        with pytest.raises(durkv.ConfigError, match="lone surrogate"):
+            with s.run("ticket-\udce9"):
+                pass

@@ -707,3 +707,31 @@ def test_a_name_that_is_not_text_is_refused_before_anything_is_journaled(tmp_pat
         with durkv.open(path) as s:
             assert [e.planned_action for e in describe(s, "r")] == ["after"]
     assert calls == [(0,)]
+
+
+def test_a_run_recorded_before_fold_codes_replays_its_fold_1_inputs(tmp_path, monkeypatch):
+    """A step input holding a fold=1 datetime was written as ext code 4 (fold dropped)
+    before codes 18/19; with them its bytes changed and so did its fingerprint, so the
+    run met an IdempotencyConflictError on upgrade. Fingerprints encode such values
+    without their fold, as before (FORMAT.md 5a)."""
+    import msgpack as _msgpack
+
+    from durkv import serde as serde_mod
+
+    at = dt.datetime(2026, 11, 1, 1, 30, fold=1)
+    path = str(tmp_path / "s")
+    calls = []
+
+    def model(when):
+        calls.append(when)
+        return "answer"
+
+    legacy = lambda self, obj: _msgpack.ExtType(4, obj.isoformat().encode())  # noqa: E731
+    with monkeypatch.context() as m:                   # the durkv that recorded it
+        m.setattr(serde_mod.MsgpackSerde, "_datetime", legacy)
+        with durkv.open(path) as s, s.run("r") as run:
+            run.step("plan", model, {"at": at})
+            run.approve("send")
+    with durkv.open(path) as s, s.run("r") as run:    # today's durkv replays it
+        assert run.step("plan", model, {"at": at}) == "answer"
+    assert len(calls) == 1

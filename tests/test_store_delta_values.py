@@ -116,3 +116,53 @@ def test_langgraph_floats_replacing_ints_read_back_as_floats(tmp_path):
             out[name] = graph.get_state(cfg).values
     assert _typed(out["durkv"]["xs"]) == _typed(out["memory"]["xs"]) == _typed([1.0, 2.0, 3.0])
     assert _typed(out["durkv"]["log"]) == _typed(out["memory"]["log"]) == _typed([1, 1.0])
+
+
+def test_a_read_back_list_is_compared_by_value_once_then_by_address(tmp_path):
+    """After a value compare finds an item the same as stored, the store's array takes
+    the caller's object: the next put of the same items is one memcmp. (Without it a
+    resumed durkv.Graph run compared, and re-serialized, its whole history at every
+    superstep: 2.3 ms a superstep at 3,000 messages against 0.17 ms before the pause.)"""
+    with durkv.open(str(tmp_path / "s")) as store:
+        items = [{"i": i} for i in range(50)]
+        _put_both(store, "t", items, items + [{"i": 50}])
+        got = store.get("t").values["m"]                 # new objects, the same values
+        store.put("t", "", "3", checkpoint={}, metadata={}, values={"m": got + [{"i": 51}]},
+                  versions={"m": 3}, parent_id="2")
+        kept = store._index.ix.lane("t", "").newest.chans["m"].obj
+        assert all(a is b for a, b in zip(kept, got))
+        assert store.get("t").values["m"] == items + [{"i": 50}, {"i": 51}]
+
+
+def test_an_encrypted_chat_stores_each_turn_as_a_delta(tmp_path):
+    """LangGraph's EncryptedSerializer writes other bytes for one value each time (a
+    nonce): comparing bytes stored every turn's whole history again (721 KB of full
+    entries at 40 turns against 16 KB). Such a serde's items are compared by value."""
+    pytest.importorskip("langgraph")
+    pytest.importorskip("Crypto")
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from durkv.langgraph import DurkvSaver
+
+    def agent(state):
+        return {"messages": [AIMessage(content="x" * 400)]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_edge(START, "agent")
+    g.add_edge("agent", END)
+    path = str(tmp_path / "s")
+    full = []
+    with DurkvSaver.open(path) as saver:
+        saver.serde = EncryptedSerializer.from_pycryptodome_aes(key=b"k" * 32)
+        graph = g.compile(checkpointer=saver)
+        cfg = {"configurable": {"thread_id": "t"}}
+        for i in range(30):
+            graph.invoke({"messages": [HumanMessage(content=f"hi {i}")]}, cfg)
+            if i in (9, 29):
+                full.append(saver.store.stats().bytes_by_kind["channel_full"])
+        assert len(graph.get_state(cfg).values["messages"]) == 60
+    # linear: 20 more turns add about twice the first 10's full entries, not 9x
+    assert full[1] < 4 * full[0], full

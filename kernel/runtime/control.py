@@ -127,6 +127,15 @@ def _answer_words(rec: dict) -> str:
     return "done" if rec.get("done") else "not done"
 
 
+def _check_ids(run_id: Any, step_id: Any) -> None:
+    """A run id and a step id are text (a step id as the journal shows it: ``"1"``, not 1:
+    an int found nothing and said so, though the approval was there)."""
+    for name, v in (("run_id", run_id), ("step_id", step_id)):
+        if type(v) is not str:
+            raise ConfigError(f"{name} must be a str, got {type(v).__name__} {v!r:.40}; "
+                              f"as `durkv journal` shows it, e.g. {str(v)!r:.40}")
+
+
 def decide(store: Any, run_id: str, step_id: str, approved: bool, *, by: Any = None,
            note: Any = None) -> Decision:
     """Record the decision on the approval pending at ``step_id`` (fdatasync'd before it
@@ -139,6 +148,7 @@ def decide(store: Any, run_id: str, step_id: str, approved: bool, *, by: Any = N
         NotFoundError: no such run, or no approval at ``step_id``.
         DecisionConflictError: already decided the other way.
     """
+    _check_ids(run_id, step_id)
     if type(approved) is not bool:
         raise ConfigError(f"approved must be True or False, got {approved!r}")
     if remote.on_s3(store):     # one writer: through a decision object (FORMAT.md 13)
@@ -174,6 +184,7 @@ def resolve(store: Any, run_id: str, step_id: str, *, done: bool, result: Any = 
     one raises :class:`durkv.DecisionConflictError` (racing callers: exactly one wins)."""
     if type(done) is not bool:
         raise ConfigError(f"done must be True or False, got {done!r}")
+    _check_ids(run_id, step_id)
     if remote.on_s3(store):     # one writer: through a decision object (FORMAT.md 13)
         return remote.resolve(store, run_id, step_id, done=done, result=result, by=by,
                               note=note)

@@ -44,6 +44,7 @@ from ..errors import (
     InDoubtError, Interrupted, NonDeterminismError, RunBusyError, RunConflictError,
     SerializationError, VersionDriftError,
 )
+from ..store.records import check_id
 from .aio import (
     OWED, SCOPED_ID, adrive, asleep_with, deferred, off_loop, raise_now, scope_tasks, scoped_id,
     settled, unscope_tasks,
@@ -56,8 +57,8 @@ from .records import (
     WarnRecord, default_key,
 )
 from .plan import (
-    CALL, IN_CALL, ONCE, RECORD, SLEEP, Plan, Recorded, call_in, drive, err_type, not_nested,
-    plain_version,
+    CALL, IN_CALL, ONCE, RECORD, SLEEP, Plan, Recorded, call_in, drive, err_message, err_type,
+    not_nested, plain_version,
 )
 from .repair import damage_of
 from .tools import Retry, ToolSpec, tool_spec
@@ -121,6 +122,8 @@ class Run:
         if type(run_id) is not str or not run_id:
             raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}; "
                               "pass e.g. store.run('ticket-42')")
+        if not run_id.isascii():
+            check_id("run_id", run_id)      # a lone surrogate: refused here, named
         if on_drift not in DRIFT_POLICIES:
             raise ConfigError(f"on_drift must be one of {', '.join(DRIFT_POLICIES)}, "
                               f"got {on_drift!r}")
@@ -144,6 +147,7 @@ class Run:
         self._lock = threading.RLock()
         self._n = count()
         self._compensable: list[tuple[str, ToolSpec, bytes]] = []
+        self._undo_left: list = []      # a compensate() under way: its undos not done yet
         self._st: Any = None
         self._seen = 0          # journal records folded into _st
         self._repair: Any = None    # a repair cut records of this run (runtime/repair.py)
@@ -324,7 +328,7 @@ class Run:
         if exc is None:
             self._status("finished")
         else:
-            self._status("failed", None, f"{err_type(exc)}: {exc}")
+            self._status("failed", None, f"{err_type(exc)}: {err_message(exc)}")
         return False
 
     def mark(self, status: str, step: str | None = None, msg: str | None = None,
@@ -586,7 +590,7 @@ class Run:
         if exc is None:
             self._record_step(p, value, None, [])
             return value
-        tries = [[err_type(exc), str(exc)]]
+        tries = [[err_type(exc), err_message(exc)]]
         self._record_step(p, None, exc, tries)
         raise exc
 
@@ -636,7 +640,7 @@ class Run:
             if ok:
                 yield RECORD, record, (p, value, None, tries)
                 return ok, (value if p.spec is None else self._done(p, value))
-            tries.append([err_type(value), str(value)])
+            tries.append([err_type(value), err_message(value)])
             if not r.retries(value, i):
                 yield RECORD, record, (p, None, value, tries)
                 return ok, value
@@ -831,7 +835,7 @@ class Run:
         if ok:
             record(p, value, None, tries)
             return value if p.spec is None else self._done(p, value)
-        tries.append([err_type(value), str(value)])
+        tries.append([err_type(value), err_message(value)])
         record(p, None, value, tries)
         raise value
 
@@ -844,20 +848,36 @@ class Run:
             if inspect.iscoroutinefunction(spec.compensate):
                 raise ConfigError(f"run.compensate(): the undo {spec.compensate!r} is async; "
                                   "use `await run.acompensate()`")
-        return [self._drive(self._plan_tool(*plan), undo, (result,), {}, None)
-                for plan, undo, result in self._undos()]
+        try:
+            return [self._drive(self._plan_tool(*plan), undo, (result,), {}, None)
+                    for plan, undo, result in self._undos()]
+        finally:
+            self._undo_end()
 
     def _undos(self) -> Iterator[tuple[tuple, Callable, Any]]:
         """The undos to call, newest first: each one's ``_plan_tool`` arguments (its step
-        id claimed when reached), the undo, and the result it undoes."""
+        id claimed when reached), the undo, and the result it undoes. One is done when
+        the caller asks for the next; the caller ends the iteration with :meth:`_undo_end`
+        either way (not the generator's own cleanup: after a failure the exception's
+        traceback keeps the generator alive past the caller's next ``compensate()``)."""
         self._check_open()
         todo, self._compensable = self._compensable, []
-        for sid, spec, recorded in reversed(todo):
+        self._undo_left = pending = todo[::-1]      # newest first
+        while pending:
+            sid, spec, recorded = pending[0]
             result = self._loads(recorded)
             undo = spec.compensate
             uspec = tool_spec(undo) or ToolSpec(
                 getattr(undo, "__qualname__", repr(undo)), None, False, None)
             yield (self._sid(None), uspec, (result,), {}, False, sid), undo, result
+            pending.pop(0)
+
+    def _undo_end(self) -> None:
+        """After a failed undo: it and every older one stay for the next ``compensate()``
+        -- a new durable call each, so a re-execution that makes the same calls replays
+        the same way (before, they were dropped and the saga could never finish)."""
+        left, self._undo_left = self._undo_left, []
+        self._compensable = left[::-1] + self._compensable
 
     # -- awaitable verbs: planned when called (ids in order of issue); every fdatasync they
     # wait for is waited for in a worker thread (aio.py) --------------------------------------
@@ -898,8 +918,12 @@ class Run:
 
     async def acompensate(self) -> list:
         """Awaitable :meth:`compensate`: sync and async undos, newest first, each awaited."""
-        return [await self._adrive(deferred(self._plan_tool, *plan), undo, (result,), {}, None)
-                for plan, undo, result in self._undos()]
+        try:
+            return [await self._adrive(deferred(self._plan_tool, *plan), undo, (result,), {},
+                                       None)
+                    for plan, undo, result in self._undos()]
+        finally:
+            self._undo_end()
 
     def asleep(self, seconds: float, *, key: str | None = None):
         """Awaitable :meth:`sleep`."""

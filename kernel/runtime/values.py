@@ -33,7 +33,9 @@ import msgpack
 import xxhash
 
 from ..errors import SerializationError, StepFailedError
-from ..serde import EXT_ENUM, EXT_FROZENSET, EXT_SET, MsgpackSerde, class_path, find_class
+from .plan import err_message
+from ..serde import (EXT_ENUM, EXT_FROZENSET, EXT_SET, MsgpackSerde, _zone, class_path,
+                     find_class)
 
 __all__ = ["Values", "fingerprint"]
 
@@ -278,6 +280,11 @@ class Values:
                 return v
         if isinstance(v, tuple) and hasattr(t, "_fields"):
             return tuple.__new__(t, [sort(x) for x in v])
+        if (t is _dt.datetime or t is _dt.time) and v.fold and (
+                v.tzinfo is None or _zone(v.tzinfo) is None):
+            # fingerprinted as before ext codes 18/19 (FORMAT.md 5a): a fold=1 value was
+            # encoded without its fold, and runs recorded then must still replay
+            return v.replace(fold=0)
         return v
 
     def _sorted_map(self, v: Any, t: type) -> Any:
@@ -327,7 +334,7 @@ class Values:
         if _GROUP is not None and isinstance(exc, _GROUP):  # its args hold exceptions: apart
             more["gm"] = exc.message
             more["g"] = [self.error(sub) for sub in exc.exceptions]
-        return [f"{t.__module__}.{t.__qualname__}", str(exc), args_b, self._try(more)]
+        return [f"{t.__module__}.{t.__qualname__}", err_message(exc), args_b, self._try(more)]
 
     def _try(self, v: Any) -> bytes | None:
         try:

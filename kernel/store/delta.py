@@ -83,6 +83,7 @@ from typing import Any, Sequence
 
 from .._chanenc import ChanEncoder
 from .._listprefix import decoded_copy, has_prefix, holds_any, join_tagged, strict
+from .._msgunpack import model_kept
 from ..errors import SerializationError
 from ..payload import (
     DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, JREF_MAGIC, SNAP, Codec, entry_at, pack_ref,
@@ -369,19 +370,26 @@ class ChannelEncoder:
         return has_prefix(v, old, n, kept, self._same_item)
 
     def _same_item(self, x: Any, kept: Any, old: Any) -> bool:
-        """Whether item ``x`` serializes to the bytes of the stored item ``old`` (``kept``:
-        its bytes, when the state keeps them). == is not enough: 1.0 == 1, equal Decimals
-        of other precision, equal datetimes in other zones would keep the old bytes."""
+        """Whether item ``x`` would be stored as the stored item ``old`` (``kept``: what
+        the state keeps of it, its bytes or its fields). == is not enough: 1.0 == 1, and
+        equal Decimals of other precision or datetimes in other zones are stored apart.
+
+        By the serde's bytes; where they differ each time for one value (LangGraph's
+        EncryptedSerializer: a fresh nonce), by value instead (:func:`_same_value`) --
+        else every read-back thread would be stored whole again at each turn."""
         try:
             if type(kept) is tuple and self._kept_form is not None:
                 # a message the state keeps by its fields (a thread read back and extended,
                 # LangGraph's serde): the same class and fields, strictly, is the same bytes
                 mine = self._kept_form(x)
                 if mine is not None:
-                    return (mine[0] is kept[0] and strict(mine[1], kept[1]) is True
-                            and mine[2] == kept[2] and strict(mine[3], kept[3]) is True)
+                    return _same_forms(mine, kept)
             raw = self._dumps(x)
-            return raw == (kept if isinstance(kept, bytes) else self._dumps(old))
+            if raw == (kept if isinstance(kept, bytes) else self._dumps(old)):
+                return True
+            if self._dumps(x) == raw:
+                return False        # a serde that repeats itself: the values differ
+            return _same_value(x, old)
         except Exception:
             return False        # not serializable: the FULL path raises the error
 
@@ -494,6 +502,28 @@ class ChannelEncoder:
         if c.as_is:             # items kept as themselves or as copies (see _kept_items)
             return kept_values(raws, c.obj, self._loads)
         return self._loads_list(raws)
+
+
+def _same_forms(a: tuple, b: tuple) -> bool:
+    """Two pydantic models' kept forms (``durkv._msgunpack.model_kept``: class, fields,
+    fields set, extras) store the same: the same class, fields and extras, strictly.
+    The fields set is not compared: LangGraph's serializer stores ``model_dump()``, every
+    field, and a decoded model has them all set, the model a node made only its own."""
+    return a[0] is b[0] and strict(a[1], b[1]) is True and strict(a[3], b[3]) is True
+
+
+def _same_value(x: Any, old: Any) -> bool:
+    """``x`` is ``old``'s value, as a serializer that keeps types would store it: plain
+    data strictly (exact types at every level, float bits, dict order), a pydantic model
+    (a LangChain message) by its class and fields; anything else is taken as changed (a
+    full entry: never a wrong value, only bytes)."""
+    if type(x) is not type(old):
+        return False
+    same = strict(x, old)
+    if same is not None:
+        return same
+    fx, fo = model_kept(x), model_kept(old)
+    return fx is not None and fo is not None and _same_forms(fx, fo)
 
 
 def _serialization_error(ch: str, e: Exception) -> SerializationError:
