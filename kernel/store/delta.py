@@ -37,8 +37,9 @@ What the compare sees: the store keeps its **own** item array per list channel
 (copied at a FULL put, extended by the new items at a delta: O(change)), never
 the caller's list, so editing the list after a put -- replacing an item,
 appending in place -- is seen by the next put and never shows in ``get``. The
-items in it are the objects that were put (that identity is what keeps the
-compare at one memcmp); the one thing no compare short of re-serializing the
+items in it are the objects that were put, or a later put's objects that compared
+the same as stored and took their place (that identity is what keeps the compare
+at one memcmp: a thread read back is compared by value once); the one thing no compare short of re-serializing the
 whole list can see is **an item object that was put, mutated in place and put
 again** without a pending write naming it: its new content is not stored. A task's
 write of an object the newest list state holds (``Writer.note_rewritten``) flags the
