@@ -137,6 +137,15 @@ class LangGraphSerde:
             return model_kept(obj)
         return None
 
+    @staticmethod
+    def model_form(obj: Any) -> tuple | None:
+        """What a pydantic model (a LangChain message) is stored as under LangGraph's
+        serializer, comparably (``durkv._msgunpack.model_kept``: class, fields, fields
+        set, extras), whatever serializer wraps it (an encrypted one too); None for
+        anything else. The store compares read-back items by it where the serializer's
+        bytes differ each time (durkv.store.delta)."""
+        return model_kept(obj)
+
     def _loads_kept_one(self, k: Any) -> Any:
         return model_of(k) if type(k) is tuple else self.loads(k)
 

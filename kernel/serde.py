@@ -30,7 +30,7 @@ import msgpack
 
 from .errors import SerializationError
 
-__all__ = ["Serde", "MsgpackSerde", "default_serde", "find_class", "class_path"]
+__all__ = ["Serde", "MsgpackSerde", "default_serde", "find_class", "class_path", "without_fold"]
 
 
 @runtime_checkable
@@ -118,6 +118,15 @@ def class_path(cls: type) -> tuple[str, str]:
                         "(defined inside a function?); define it at module level")
     _class_paths[cls] = path = (module, qual)
     return path
+
+
+def without_fold(v: Any) -> Any:
+    """A naive or fixed-offset ``datetime``/``time`` with ``fold=1`` as ``fold=0`` (what
+    ext codes 4 and 6 held before codes 18 and 19: fingerprints keep that form); anything
+    else as it is."""
+    if v.fold and (v.tzinfo is None or _zone(v.tzinfo) is None):
+        return v.replace(fold=0)
+    return v
 
 
 def _zone(tz: Any) -> Any:

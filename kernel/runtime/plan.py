@@ -150,20 +150,6 @@ def err_type(exc: BaseException) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
-def err_message(exc: BaseException) -> str:
-    """``str(exc)``, or a stand-in when the exception's own ``__str__`` fails (a library's
-    format string with the wrong arity): its failure is still recorded, as its class with
-    its args, never lost to a TypeError from inside the journal."""
-    try:
-        return str(exc)
-    except Exception:
-        try:
-            args = repr(exc.args)
-        except Exception:
-            args = "?"
-        return f"<{type(exc).__name__} whose str() fails; args {args[:200]}>"
-
-
 def plain_version(v: Any) -> Any:
     """A ``prompt_version`` as the journal records and replays it (a tuple is a list), so
     that a replay compares like with like; anything else is refused before the call."""

@@ -57,12 +57,12 @@ from .records import (
     WarnRecord, default_key,
 )
 from .plan import (
-    CALL, IN_CALL, ONCE, RECORD, SLEEP, Plan, Recorded, call_in, drive, err_message, err_type,
-    not_nested, plain_version,
+    CALL, IN_CALL, ONCE, RECORD, SLEEP, Plan, Recorded, call_in, drive, err_type, not_nested,
+    plain_version,
 )
 from .repair import damage_of
 from .tools import Retry, ToolSpec, tool_spec
-from .values import Values, fingerprint
+from .values import Values, err_message, fingerprint
 from .view import describe
 
 __all__ = ["Run", "Decision", "DRIFT_POLICIES", "NO_INPUT", "SAME_KEY", "SYNCED_TOOLS",

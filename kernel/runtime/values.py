@@ -33,11 +33,10 @@ import msgpack
 import xxhash
 
 from ..errors import SerializationError, StepFailedError
-from .plan import err_message
-from ..serde import (EXT_ENUM, EXT_FROZENSET, EXT_SET, MsgpackSerde, _zone, class_path,
-                     find_class)
+from ..serde import (EXT_ENUM, EXT_FROZENSET, EXT_SET, MsgpackSerde, class_path, find_class,
+                     without_fold)
 
-__all__ = ["Values", "fingerprint"]
+__all__ = ["Values", "err_message", "fingerprint"]
 
 _EXT_FOREIGN = 127     # fingerprints only: a value the default serde cannot encode, as the
                        # store serde's bytes
@@ -280,11 +279,10 @@ class Values:
                 return v
         if isinstance(v, tuple) and hasattr(t, "_fields"):
             return tuple.__new__(t, [sort(x) for x in v])
-        if (t is _dt.datetime or t is _dt.time) and v.fold and (
-                v.tzinfo is None or _zone(v.tzinfo) is None):
+        if t is _dt.datetime or t is _dt.time:
             # fingerprinted as before ext codes 18/19 (FORMAT.md 5a): a fold=1 value was
             # encoded without its fold, and runs recorded then must still replay
-            return v.replace(fold=0)
+            return without_fold(v)
         return v
 
     def _sorted_map(self, v: Any, t: type) -> Any:
@@ -446,3 +444,17 @@ class Values:
                 return cls
             err = LookupError(f"{tname} is not an Exception class")
         raise err
+
+
+def err_message(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the exception's own ``__str__`` fails (a library's
+    format string with the wrong arity): its failure is still recorded, as its class with
+    its args, never lost to a TypeError from inside the journal."""
+    try:
+        return str(exc)
+    except Exception:
+        try:
+            args = repr(exc.args)
+        except Exception:
+            args = "?"
+        return f"<{type(exc).__name__} whose str() fails; args {args[:200]}>"

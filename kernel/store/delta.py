@@ -84,7 +84,6 @@ from typing import Any, Sequence
 
 from .._chanenc import ChanEncoder
 from .._listprefix import decoded_copy, has_prefix, holds_any, join_tagged, strict
-from .._msgunpack import model_kept
 from ..errors import SerializationError
 from ..payload import (
     DELTA, F_REFS, F_VALUE, F_ZSTD, FULL, JREF_MAGIC, SNAP, Codec, entry_at, pack_ref,
@@ -191,6 +190,8 @@ class ChannelEncoder:
         self._loads_kept = getattr(serde, "loads_kept", None)
         # and how it keeps an object it decoded that is not plain data (a message), or None
         self._kept_form = getattr(serde, "kept_form", None)
+        # a model's stored form, comparably, under any serializer it wraps, or None
+        self._model_form = getattr(serde, "model_form", None)
         self._serde = serde
         self._codec = codec
         self._minb = codec.min_bytes
@@ -390,7 +391,7 @@ class ChannelEncoder:
                 return True
             if self._dumps(x) == raw:
                 return False        # a serde that repeats itself: the values differ
-            return _same_value(x, old)
+            return _same_value(x, old, self._model_form)
         except Exception:
             return False        # not serializable: the FULL path raises the error
 
@@ -506,24 +507,27 @@ class ChannelEncoder:
 
 
 def _same_forms(a: tuple, b: tuple) -> bool:
-    """Two pydantic models' kept forms (``durkv._msgunpack.model_kept``: class, fields,
+    """Two pydantic models' kept forms (``LangGraphSerde.kept_form``/``model_form``: class, fields,
     fields set, extras) store the same: the same class, fields and extras, strictly.
     The fields set is not compared: LangGraph's serializer stores ``model_dump()``, every
     field, and a decoded model has them all set, the model a node made only its own."""
     return a[0] is b[0] and strict(a[1], b[1]) is True and strict(a[3], b[3]) is True
 
 
-def _same_value(x: Any, old: Any) -> bool:
+def _same_value(x: Any, old: Any, model_form: Any) -> bool:
     """``x`` is ``old``'s value, as a serializer that keeps types would store it: plain
     data strictly (exact types at every level, float bits, dict order), a pydantic model
-    (a LangChain message) by its class and fields; anything else is taken as changed (a
-    full entry: never a wrong value, only bytes)."""
+    (a LangChain message) by its class and fields (``model_form``: the serde's, None when
+    it has none); anything else is taken as changed (a full entry: never a wrong value,
+    only bytes)."""
     if type(x) is not type(old):
         return False
     same = strict(x, old)
     if same is not None:
         return same
-    fx, fo = model_kept(x), model_kept(old)
+    if model_form is None:
+        return False
+    fx, fo = model_form(x), model_form(old)
     return fx is not None and fo is not None and _same_forms(fx, fo)
 
 
