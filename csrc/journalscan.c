@@ -2015,11 +2015,16 @@ static PyObject *step_call(StepEntry *se, PyObject *const *args, size_t nargsf,
                            PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    /* a name that is not a str or an fn that is not callable: the definition refuses it */
+    /* a name that is not a str (or not text UTF-8 holds: a lone surrogate) or an fn that
+     * is not callable: the definition refuses it. (A str caches its UTF-8: one encode.) */
     if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames)) || nargs < 3
             || !Py_IS_TYPE(args[0], (PyTypeObject *)se->cls) || !PyUnicode_CheckExact(args[1])
             || !PyCallable_Check(args[2]))
         return PyObject_Vectorcall(se->general, args, nargsf, kwnames);
+    if (!PyUnicode_IS_ASCII(args[1]) && PyUnicode_AsUTF8AndSize(args[1], NULL) == NULL) {
+        PyErr_Clear();
+        return PyObject_Vectorcall(se->general, args, nargsf, kwnames);
+    }
     PyObject *run = args[0], *name = args[1], *fn = args[2];
     PyObject *plain = attr(run, S_PLAIN);
     if (plain == NULL)

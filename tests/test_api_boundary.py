@@ -264,6 +264,9 @@ def test_an_unknown_open_option_is_named_with_the_closest_one():
         durkv.open("memory://", durabilty="async")
     with pytest.raises(ConfigError, match="read_only must be True or False"):
         durkv.open("memory://", read_only=None)
+    for option in ("snapshot_every", "compress_min_bytes", "max_commit_bytes"):
+        with pytest.raises(ConfigError, match=option):      # True is no count
+            durkv.open("memory://", **{option: True})
 
 
 def test_a_negative_limit_is_refused_not_an_empty_listing():

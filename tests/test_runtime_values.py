@@ -673,7 +673,7 @@ def test_a_retry_that_is_not_a_retry_is_refused_before_anything_is_journaled(url
 
 @pytest.mark.parametrize("call", [
     "step-none", "step-tuple", "step-int", "step-not-callable", "astep-none", "approve-int",
-    "aapprove-none"])
+    "aapprove-none", "step-surrogate", "approve-surrogate"])
 def test_a_name_that_is_not_text_is_refused_before_anything_is_journaled(tmp_path, call):
     """A step's name or an approval's action is journaled as text: `run.step(None, f)`
     was recorded, and the same code's next execution met `step ''` and stopped with a
@@ -688,11 +688,11 @@ def test_a_name_that_is_not_text_is_refused_before_anything_is_journaled(tmp_pat
         return 1
 
     kind, _, arg = call.partition("-")
-    bad = {"none": None, "tuple": ("plan", 1), "int": 123}.get(arg)
+    bad = {"none": None, "tuple": ("plan", 1), "int": 123, "surrogate": "a\ud800"}.get(arg)
     path = str(tmp_path / "s")
     for _ in range(2):      # the refusal is the same, and the run goes on after it
         with durkv.open(path) as s, s.run("r") as run:
-            with pytest.raises(durkv.ConfigError, match="must be"):
+            with pytest.raises(durkv.ConfigError, match="must be|lone surrogate"):
                 if call == "step-not-callable":
                     run.step("s", 5)
                 elif kind == "step":

@@ -1056,6 +1056,12 @@ def _check_name(kind: str, name: Any, fn: Any = None, *, callable_fn: bool = Fal
     if type(name) is not str:
         raise ConfigError(f"{what} must be a str, got {type(name).__name__} {name!r:.40}; "
                           "name the call with text, e.g. run.step(\"plan\", fn)")
+    if not name.isascii():
+        try:
+            name.encode()
+        except UnicodeEncodeError:
+            raise ConfigError(f"{what} {name!r:.40} holds a lone surrogate, which the "
+                              "journal cannot store as text: pass valid Unicode") from None
     if callable_fn and not callable(fn):
         raise ConfigError(f"{kind} {name!r}: fn must be callable, got {type(fn).__name__} "
                           f"{fn!r:.40}; pass the function and its arguments: "

@@ -979,15 +979,15 @@ def _check_options(segment_bytes: Any, flush_interval_ms: Any, recovery: Any, du
     if not isinstance(durability, str) or durability not in DURABILITIES:
         raise ConfigError(f"unknown durability {durability!r}; use one of "
                           + ", ".join(DURABILITIES))
-    if not isinstance(snapshot_every, int) or snapshot_every < 1:
+    if type(snapshot_every) is not int or snapshot_every < 1:      # True is no count
         raise ConfigError(f"snapshot_every must be an int >= 1, got {snapshot_every!r}")
-    if not isinstance(compress_min_bytes, int) or compress_min_bytes < 0:
+    if type(compress_min_bytes) is not int or compress_min_bytes < 0:
         raise ConfigError(f"compress_min_bytes must be an int >= 0, got {compress_min_bytes!r}")
     if type(index_every) is not int or index_every < 0:
         raise ConfigError(f"index_every must be an int >= 0, got {index_every!r}")
     if delta_check not in ("identity", "prefix"):
         raise ConfigError(f"delta_check must be 'identity' or 'prefix', got {delta_check!r}")
-    if not isinstance(max_commit_bytes, int) or not 0 < max_commit_bytes < (1 << 30):
+    if type(max_commit_bytes) is not int or not 0 < max_commit_bytes < (1 << 30):
         raise ConfigError("max_commit_bytes must be between 1 and 1 GiB - 1, "
                           f"got {max_commit_bytes!r}")
     if serde is not None and not (callable(getattr(serde, "dumps", None))
