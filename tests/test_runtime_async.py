@@ -160,3 +160,33 @@ def test_no_fdatasync_wait_on_the_event_loop_for_an_in_doubt_atool(tmp_path):
             asyncio.run(in_doubt())
         assert s.runs()[0].status == "in_doubt"
     assert waits and loop_threads[0] not in waits
+
+
+def test_async_with_releases_the_run_only_after_every_call_it_started_records(tmp_path):
+    """gather(run.atool(a), run.atool(b)) raises as soon as `a` fails, while `b` runs
+    on. The `async with` released the run at once and `b`'s receipt landed after the
+    run's final status, while another driver could hold the run. Its exit now waits for
+    `b` to record."""
+    from durkv.runtime.records import E_RECEIPT, E_STATUS
+
+    effects = []
+
+    @durkv.tool(at_most_once=True)
+    async def pay(i, *, idempotency_key):
+        if i == 0:
+            raise ValueError("declined")
+        await asyncio.sleep(0.3)
+        effects.append(i)
+        return i
+
+    async def agent(store):
+        async with store.arun("o") as run:
+            await asyncio.gather(run.atool(pay, 0), run.atool(pay, 1))
+
+    with durkv.open(str(tmp_path / "s")) as store:
+        with pytest.raises(ValueError, match="declined"):
+            asyncio.run(agent(store))
+        assert effects == [1]                   # the sibling finished before the exit
+        kinds = [r["e"] for r in store.journal("o")]
+        assert E_RECEIPT in kinds and kinds[-1] == E_STATUS      # the receipt, then the end
+        assert store.runs()[0].status == "failed"

@@ -26,6 +26,7 @@ to the ``durkv`` logger.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import random as _random
@@ -163,6 +164,9 @@ class Run:
         self._plain = False     # open, and every automatic step id comes from self._n
         self._task_ids = False  # asyncio tasks' step ids are scoped by task (see aio.py)
         self._scope_token: Any = None   # async with: this task roots the run's task tree
+        # awaitable calls under way, and the event `async with`'s exit waits on for them
+        self._calls_under_way = 0
+        self._calls_done: asyncio.Event | None = None
         self.status: str | None = None
         self.interrupt: Interrupted | None = None
 
@@ -188,6 +192,14 @@ class Run:
     async def __aexit__(self, et: Any, exc: Any, tb: Any) -> bool:
         token, self._scope_token = self._scope_token, None
         unscope_tasks(token)
+        # `gather(run.atool(a), run.atool(b))` raises as soon as `a` fails while `b` still
+        # runs: the run is released only once every call its tasks started has recorded
+        # its outcome (else `b`'s receipt would land after the run's end, while another
+        # driver may hold it)
+        while self._calls_under_way:
+            self._calls_done = asyncio.Event()
+            await self._calls_done.wait()
+        self._calls_done = None
         return await off_loop(self.store, self.close, exc)
 
     def open(self) -> None:
@@ -905,11 +917,18 @@ class Run:
 
     async def _adrive(self, done: tuple, fn: Callable, args: tuple, kwargs: dict,
                       retry: Retry | None) -> Any:
-        """A call planned by ``deferred``, from a coroutine: :meth:`_drive`'s async form."""
-        p = await settled(self.store, done)
-        if p.replay:
-            return self._done(p, self._outcome(p.entry))
-        return await adrive(self, self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
+        """A call planned by ``deferred``, from a coroutine: :meth:`_drive`'s async form.
+        Counted while under way: ``async with``'s exit waits for it (:meth:`__aexit__`)."""
+        self._calls_under_way += 1
+        try:
+            p = await settled(self.store, done)
+            if p.replay:
+                return self._done(p, self._outcome(p.entry))
+            return await adrive(self, self.attempts(p, retry), fn, args, _kwargs_of(p, kwargs))
+        finally:
+            self._calls_under_way -= 1
+            if not self._calls_under_way and self._calls_done is not None:
+                self._calls_done.set()
 
     def aapprove(self, action: str, payload: Any = None, *, key: str | None = None):
         """Awaitable :meth:`approve` (a :class:`Decision`)."""
