@@ -190,3 +190,32 @@ def test_async_with_releases_the_run_only_after_every_call_it_started_records(tm
         kinds = [r["e"] for r in store.journal("o")]
         assert E_RECEIPT in kinds and kinds[-1] == E_STATUS      # the receipt, then the end
         assert store.runs()[0].status == "failed"
+
+
+def test_a_cancelled_exit_still_releases_the_run(tmp_path):
+    """The exit's wait for a call under way can be cancelled: the run is released all
+    the same (a new driver opens it)."""
+
+    @durkv.tool
+    async def slow(*, idempotency_key):
+        await asyncio.sleep(30)
+
+    @durkv.tool
+    async def fails(*, idempotency_key):
+        raise ValueError("no")
+
+    async def agent(store):
+        async with store.arun("c") as run:
+            await asyncio.gather(run.atool(fails), run.atool(slow))
+
+    async def main(store):
+        t = asyncio.create_task(agent(store))
+        await asyncio.sleep(0.3)                # in the exit's wait for `slow`
+        t.cancel()
+        with pytest.raises((asyncio.CancelledError, ValueError)):
+            await t
+
+    with durkv.open(str(tmp_path / "s")) as store:
+        asyncio.run(main(store))
+        with store.run("c"):                    # released: no RunBusyError
+            pass

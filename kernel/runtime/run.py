@@ -196,10 +196,15 @@ class Run:
         # runs: the run is released only once every call its tasks started has recorded
         # its outcome (else `b`'s receipt would land after the run's end, while another
         # driver may hold it)
-        while self._calls_under_way:
-            self._calls_done = asyncio.Event()
-            await self._calls_done.wait()
-        self._calls_done = None
+        try:
+            while self._calls_under_way:
+                self._calls_done = asyncio.Event()
+                await self._calls_done.wait()
+        except BaseException:       # cancelled while waiting: the run is released anyway
+            await off_loop(self.store, self.close, exc)
+            raise
+        finally:
+            self._calls_done = None
         return await off_loop(self.store, self.close, exc)
 
     def open(self) -> None:
