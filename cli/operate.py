@@ -73,7 +73,14 @@ def _when(t: float | None) -> str:
 
 def _where(r: dict) -> str:
     """What a run stands on, in words: the approval it waits for, the call in doubt,
-    the wake-up time, the failure."""
+    the wake-up time, the failure; and the calls it left in doubt."""
+    doubt = r.get("in_doubt") or ()
+    left = "; ".join(f"tool {d['action']!r} at step {d['step']}" for d in doubt)
+    left = f"left in doubt (durkv resolve): {left}" if left else ""
+    return "; ".join(w for w in (_stands_on(r), left) if w)
+
+
+def _stands_on(r: dict) -> str:
     st, step, action = r["status"], r["step"], r["action"]
     decided = f": {r['decided']}, acted on when the run next runs" if r["decided"] else ""
     if st == "waiting":
@@ -105,7 +112,8 @@ def runs(ctx: click.Context, store: str, status: str | None, as_json: bool) -> N
 
     A state is running, waiting (for approval: of what, at which step), sleeping
     (until when), in_doubt (a tool call with an intent and no receipt: which),
-    finished, failed (why) or damaged (a repair cut its records). STEPS counts its
+    finished, failed (why) or damaged (a repair cut its records); WHERE also names the
+    tool calls a run that caught InDoubtError left in doubt. STEPS counts its
     durable calls; SIZE is what its journal records take in the log; DRIVER is the
     pid of the process driving it now (a running run without one stopped mid-run:
     run it again to resume it; a LangGraph thread's journal never records that its

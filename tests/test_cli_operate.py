@@ -120,6 +120,7 @@ def test_runs_json_and_status_filter(store):
         "pay": "in_doubt"}
     w = by["wait"]
     assert (w["step"], w["action"], w["steps"], w["decided"]) == ("2", "refund", 3, None)
+    assert by["pay"]["in_doubt"] == []      # its one call in doubt is its status's step
     assert all(r["bytes"] > 24 * 2 for r in doc["runs"])     # at least two frames each
     assert by["nap"]["until"] > by["nap"]["updated"] + 3000
     only = _json(invoke("runs", "--json", "--status", "waiting", store))["runs"]
@@ -135,6 +136,30 @@ def test_runs_shows_a_decision_not_acted_on_yet(store):
 
 
 # ---- durkv journal -------------------------------------------------------------------------
+
+def test_runs_names_the_calls_a_run_that_went_on_left_in_doubt(store):
+    # the run catches InDoubtError and finishes: its status says finished, and the call
+    # stays in doubt -- unpaid or paid twice -- until an operator resolves it
+    @durkv.tool(at_most_once=True, name="charge")
+    def charge(amount, *, idempotency_key):
+        raise AssertionError("in doubt: not called")
+
+    with durkv.open(store) as s, s.run("pay") as run:
+        run.step("quote", lambda: 5)
+        with pytest.raises(durkv.InDoubtError):
+            run.tool(charge, 5)
+        run.step("apologize", lambda: "sorry")
+    pay = next(r for r in _json(invoke("runs", "--json", store))["runs"]
+               if r["run_id"] == "pay")
+    assert (pay["status"], pay["in_doubt"]) == ("finished",
+                                                [{"step": "1", "action": "charge"}])
+    line = next(ln for ln in invoke("runs", store).stdout.splitlines() if ln.startswith("pay"))
+    assert "left in doubt (durkv resolve): tool 'charge' at step 1" in line
+    assert invoke("resolve", store, "pay", "1", "--not-done").exit_code == 0
+    pay = next(r for r in _json(invoke("runs", "--json", store))["runs"]
+               if r["run_id"] == "pay")
+    assert pay["in_doubt"] == [] and "left in doubt" not in invoke("runs", store).stdout
+
 
 def test_journal_one_line_per_call(store):
     r = invoke("journal", store, "wait")

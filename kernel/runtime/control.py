@@ -71,8 +71,10 @@ def overview(store: Any, status: str | None = None) -> list[dict]:
     on --, ``decided`` -- the answer recorded there since (``approved``, ``rejected``,
     ``done``, ``not done``; the run acts on it when it next runs), else None --,
     ``pending`` -- every approval a waiting run still waits for (``[{"step",
-    "action"}]``; ``step`` is the first of them once the status's own is decided) -- and
-    ``bytes``, what its journal frames take in the log, and ``driver``, the pid of the
+    "action"}]``; ``step`` is the first of them once the status's own is decided) --, ``in_doubt`` --
+    the tool calls a run that is not running left with an intent and no receipt or
+    answer beside the one its status names (a run that caught ``InDoubtError`` and went
+    on: ``[{"step", "action"}]``; each waits for ``durkv resolve``) -- and ``bytes``, what its journal frames take in the log, and ``driver``, the pid of the
     process driving it now (a ``store.run``/``durkv.Graph`` run, or a LangGraph thread),
     else None: a ``running`` run without a driver stopped mid-run and resumes when it is
     run again -- unless ``langgraph`` (set for such a run only: the journal of a LangGraph
@@ -83,11 +85,13 @@ def overview(store: Any, status: str | None = None) -> list[dict]:
         if status is not None and info.status != status:
             continue
         pending = _undecided(st) if info.status == "waiting" else []
+        doubt = [] if info.status == "running" else _left_in_doubt(st, info.step)
         e = st.latest(info.step) if info.step is not None else None
         d = None if e is None else (e.decision or e.resolved)
         driver = _driver(store, info)
         out.append(dict(dataclasses.asdict(info), action=None if e is None else e.name,
                         decided=None if d is None else _answer_words(d), pending=pending,
+                        in_doubt=doubt,
                         bytes=store.journal_bytes(info.run_id), driver=driver,
                         langgraph=(info.status == "running" and driver is None
                                    and _langgraph_thread(store, info.run_id))))
@@ -104,6 +108,15 @@ def _undecided(st: Any) -> list[dict]:
         if e.kind == "approval" and e.decision is None:
             out.append({"step": sid, "action": e.name})
     return out
+
+
+def _left_in_doubt(st: Any, own: str | None) -> list[dict]:
+    """The tool calls, other than step ``own``, whose newest attempt has an intent and
+    neither a receipt nor an operator's answer, in journal order: ``[{"step",
+    "action"}]``. In a run that is not running they stay so until ``durkv resolve``."""
+    return [{"step": sid, "action": e.name} for sid, gens in st.entries.items()
+            for e in gens[-1:]
+            if e.kind == "tool" and not e.done and e.resolved is None and sid != own]
 
 
 def _langgraph_thread(store: Any, run_id: str) -> bool:
