@@ -35,6 +35,50 @@ def test_gather_gets_step_ids_in_issue_order(url):
             ("0", "slow", "a"), ("1", "slow", "b"), ("2", "model", "q")]
 
 
+def test_tasks_a_calls_function_starts_do_not_shift_the_ids_of_tasks_gathered_after(url):
+    # fetch_all gathers its own requests (tasks, as wait_for makes one): a replay does not
+    # run it, so those tasks must not take paths in the run's task tree, or the pipelines
+    # gathered after it get other step ids on the re-execution and send again
+    sent = []
+
+    async def get(u):
+        await asyncio.sleep(0)
+        return f"<{u}>"
+
+    @durkv.tool(name="fetch_all")
+    async def fetch_all(urls, *, idempotency_key):
+        pages = await asyncio.gather(*(get(u) for u in urls))
+        return [await asyncio.wait_for(get(p), 5) for p in pages]
+
+    @durkv.tool(name="send")
+    async def send(body, *, idempotency_key):
+        sent.append(idempotency_key)
+        return "sent"
+
+    async def pipeline(run, page):
+        return await run.atool(send, await run.astep("summarize", _amodel, page))
+
+    async def child_pipe(run, x):
+        return await run.astep("c", _amodel, x)
+
+    async def child_run(store):      # another run opened inside a call keeps its own tree
+        async with store.arun("child") as run:
+            return await asyncio.gather(*(child_pipe(run, x) for x in "ab"))
+
+    async def agent(store):
+        async with store.arun("r") as run:
+            pages = await run.atool(fetch_all, ["a", "b"])
+            await run.astep("nested run", lambda: child_run(store))
+            return await asyncio.gather(*(pipeline(run, p) for p in pages))
+
+    with durkv.open(url) as s:
+        assert asyncio.run(agent(s)) == ["sent", "sent"]
+        assert sorted(sent) == ["r:0/1", "r:1/1"]
+        assert asyncio.run(agent(s)) == ["sent", "sent"]      # replayed: nothing sent
+        assert len(sent) == 2
+        assert [e.step_id for e in durkv.Run(s, "child").journal()] == ["0/0", "1/0"]
+
+
 async def _amodel(p):
     await asyncio.sleep(0)
     return p.upper()

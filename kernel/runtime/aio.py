@@ -73,11 +73,25 @@ def _task_factory(loop: Any, coro: Any, **kw: Any) -> Any:
     parent = _scope.get()      # the creating task's scope (the factory runs in its context)
     if parent is not None and kw.get("context") is None:
         ctx = contextvars.copy_context()
-        ctx.run(_scope.set, parent.child())
+        # a task a durable call's function starts (its own gather, a wait_for) takes no
+        # place in the tree: a replay does not run that function, and the tasks gathered
+        # after the call must get the paths they got live. It needs none: a durable call
+        # of the run made from it is refused (plan.not_nested)
+        ctx.run(_scope.set, None if _inside_call_of(parent.run) else parent.child())
         kw["context"] = ctx
     st = _loops.get(loop)
     prev = st[0] if st is not None else None
     return prev(loop, coro, **kw) if prev is not None else asyncio.Task(coro, loop=loop, **kw)
+
+
+def _inside_call_of(run: Any) -> bool:
+    """Whether this context runs inside the function of one of ``run``'s durable calls."""
+    cell = IN_CALL.get()
+    while cell is not None:
+        if cell[0] is run:
+            return True
+        cell = cell[1]
+    return False
 
 
 Deferred = tuple  # (owed LSNs, result, error) of a call whose records are only queued
