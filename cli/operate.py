@@ -270,7 +270,8 @@ def resolve(ctx: click.Context, store: str, run_id: str, step_id: str, done: boo
     The answer is durable when the command returns, and final for that attempt:
     the same answer again is a no-op; another is refused (exit 1,
     DecisionConflictError). Refused in one line: no such run or no tool call at
-    STEP (exit 1), a call that has a receipt (exit 2).
+    STEP (exit 1), a call a live driver is making, not in doubt (exit 1,
+    RunBusyError), a call that has a receipt (exit 2).
 
     \b
     Example:

@@ -14,6 +14,8 @@ import pytest
 import durkv
 from durkv.runtime.journal import E_INTENT
 import rundrivers
+from click.testing import CliRunner
+from durkv.cli import cli
 
 drive = rundrivers.drive      # the fixture: the protocol's tests run sync and async
 
@@ -148,6 +150,45 @@ def test_at_most_once_in_doubt_then_resolve(url, drive):
         assert box.keys == ["p:0", "q:0", "q:0"]
         with pytest.raises(durkv.ConfigError, match="has a receipt"):
             s.resolve("q", "0", done=True)
+
+
+def test_resolve_refuses_a_call_a_live_driver_is_making(tmp_path):
+    # an intent without a receipt is in flight while its run is driven: "not done" then
+    # would have the next execution wire the money a second time
+    started, go, calls = threading.Event(), threading.Event(), []
+
+    @durkv.tool(at_most_once=True, name="wire")
+    def wire(amount, *, idempotency_key):
+        calls.append(idempotency_key)
+        if amount == 200:
+            started.set()
+            assert go.wait(10)
+        return "T-1"
+
+    def drive(s):
+        with s.run("pay") as run:
+            with pytest.raises(durkv.InDoubtError):
+                run.tool(wire, 100)
+            # in doubt, found so by this execution: resolvable while it goes on
+            s.resolve("pay", "0", done=True, result="T-0")
+            run.tool(wire, 200)
+
+    path = str(tmp_path / "s")
+    with durkv.open(path) as s:
+        with pytest.raises(Killed), s.run("pay") as run:   # a kill inside the call
+            run._receipt = lambda *a, **k: (_ for _ in ()).throw(Killed("killed"))
+            run.tool(wire, 100)
+        t = threading.Thread(target=drive, args=(s,))
+        t.start()
+        assert started.wait(10)
+        with pytest.raises(durkv.RunBusyError, match="in flight, not in doubt"):
+            s.resolve("pay", "1", done=False)
+        r = CliRunner().invoke(cli, ["resolve", path, "pay", "1", "--not-done"])
+        assert r.exit_code == 1 and "in flight, not in doubt" in r.stderr, r.output
+        go.set()
+        t.join()
+        assert calls == ["pay:0", "pay:1"]
+        assert [e.state for e in durkv.Run(s, "pay").journal()] == ["done", "done"]
 
 
 def test_same_step_different_input_conflicts(url, drive):

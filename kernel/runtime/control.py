@@ -16,7 +16,7 @@ import dataclasses
 import time
 from typing import Any
 
-from ..errors import ConfigError, FrameTooLargeError, SerializationError
+from ..errors import ConfigError, FrameTooLargeError, RunBusyError, SerializationError
 from . import remote
 from .journal import E_DECISION, RunInfo, RunState, fold, fold_lazy
 from .records import DecisionRecord, ResolveRecord
@@ -134,6 +134,23 @@ def _driver(store: Any, info: RunInfo) -> int | None:
     return store.driver_pid("run", info.run_id) or store.driver_pid("thread", info.run_id)
 
 
+def _not_in_flight(store: Any, st: RunState, step_id: str) -> None:
+    """Refuse to resolve a call a live driver may be making right now: an intent without
+    a receipt is in doubt only once an execution found it so (its status names the step)
+    or no process drives the run. "Not done" would have the next execution call an
+    at-most-once tool again while this one may still be calling it."""
+    if st.status == "in_doubt" and st.status_step == step_id:
+        return
+    for kind in ("run", "thread"):
+        pid = store.claim_held(kind, st.run_id)
+        if pid is not None:
+            raise RunBusyError(
+                f"run {st.run_id!r} step {step_id}: the run is being driven now (pid "
+                f"{pid or '?'}) and this call is in flight, not in doubt; resolve it once "
+                "the run has stopped (`durkv runs STORE` shows its driver) or the run "
+                "reports it in doubt", run_id=st.run_id, holder_pid=pid)
+
+
 def _answer_words(rec: dict) -> str:
     if rec.get("e") == E_DECISION:
         return "approved" if rec.get("ok") else "rejected"
@@ -209,6 +226,7 @@ def resolve(store: Any, run_id: str, step_id: str, *, done: bool, result: Any = 
         st = fold(run_id, records)
         if check_answer(st, run_id, step_id, "resolve", answer) is not None:
             return None         # the same answer about this attempt: a no-op
+        _not_in_flight(store, st, step_id)
         return ResolveRecord(t, step_id, done, by, note, r, st.latest(step_id).gen).pack()
 
     try:

@@ -24,7 +24,7 @@ import xxhash
 
 from ..errors import BackendError, RunBusyError
 
-__all__ = ["DriverClaim", "claim", "driver_pid"]
+__all__ = ["DriverClaim", "claim", "driver_pid", "claim_held"]
 
 
 _held: weakref.WeakSet = weakref.WeakSet()     # this process's claims (see _after_fork)
@@ -106,6 +106,31 @@ def driver_pid(store_dir: str, kind: str, key: str) -> int | None:
     if _zombie(pid):            # dead, not yet reaped by its parent: its claim is free
         return None
     return pid
+
+
+def claim_held(store_dir: str, kind: str, key: str) -> int | None:
+    """Whether a driver holds ``kind`` ``key`` now, by the lock itself: its pid (0 while
+    a claimant has locked the file and not yet written its pid), else None. Unlike
+    :func:`driver_pid` it is never fooled by a dead driver's pid given to a new process,
+    for an answer a refusal rests on; the price is a shared lock held for an instant
+    when no driver holds the claim (a driver claiming at that instant is refused)."""
+    try:
+        fd = os.open(_claim_path(store_dir, kind, key), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise BackendError(f"cannot read the claim of {kind} {key!r}: {e}") from e
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise BackendError(f"cannot read the claim of {kind} {key!r}: {e}") from e
+            return os.fstat(fd).st_size
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _zombie(pid: int) -> bool:

@@ -277,6 +277,13 @@ class Store:
         self._check_open()
         return None if self._path is None else drivers.driver_pid(self._path, kind, key)
 
+    def claim_held(self, kind: str, key: str) -> int | None:
+        """Whether a driver holds run/thread ``key`` now, by its lock
+        (:func:`durkv.store.drivers.claim_held`: its pid, never a reused one), else None
+        (always None on a store that is not a local directory)."""
+        self._check_open()
+        return None if self._path is None else drivers.claim_held(self._path, kind, key)
+
     # the store's options, each held once by the object that uses it (read-only: reopen the
     # store to change one)
     durability = property(lambda self: self._appender.durability)
