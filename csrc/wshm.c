@@ -80,6 +80,16 @@ int dkv__shm_map(dkv_log *log)
         close(fd);
         return dkv__io_error(log, e, "cannot size %s", p);
     }
+    /* A block for the mapping before it is touched: a store through its first open on a
+     * full disk had the first store to the hole (or to a file an older version sized)
+     * kill the process with SIGBUS instead of failing the open with ENOSPC. The kernel's
+     * fallocate never changes data (glibc's emulation would, racing other writers), and
+     * a file system without it keeps the old behaviour. */
+    if (fallocate(fd, 0, 0, WSHM_LEN) && errno != EOPNOTSUPP && errno != ENOSYS) {
+        int e = errno;
+        close(fd);
+        return dkv__io_error(log, e, "cannot allocate %s", p);
+    }
     void *m = mmap(NULL, WSHM_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int e = errno;
     close(fd);      /* the mapping keeps the file */

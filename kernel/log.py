@@ -382,8 +382,20 @@ class SegmentLog:
         finally:
             _open_logs.discard(self)    # after the flush: an exit waits for it (_close_all)
             self._close_done.set()
-        if rc and rc != lib.DKV_EFAILED:
-            raise _error(rc, None, self.path, "close")
+        if rc:
+            # the handle's memory lives until it is collected: its message, errno and
+            # positions still answer. A handle that failed earlier (a background
+            # fdatasync under `async`, unseen by a program that made no call since) left
+            # commits it acknowledged not durable: close says so, as every call after a
+            # failure does, instead of returning as if it had flushed them
+            lost = lib.dkv_next_lsn(h) - lib.dkv_durable_lsn(h)
+            if rc != lib.DKV_EFAILED or lost > 0:
+                e = _error(rc, h, self.path, "close")
+                if lost > 0:
+                    e = type(e)(f"{lost} frame{'s' if lost != 1 else ''} written to "
+                                f"{self.path} not made durable before close: {e.message}",
+                                **e.context)
+                raise e
 
     def __enter__(self) -> SegmentLog:
         return self

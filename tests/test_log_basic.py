@@ -209,7 +209,9 @@ def test_failed_fsync_fails_the_handle(log_dir, no_faults):
         log.append(b"after")            # sticky: never retried
     with pytest.raises(LogFailedError):
         log.read(0)
-    log.close()
+    with pytest.raises(LogFailedError, match="1 frame written to .* not made durable"):
+        log.close()                     # a later call too: it does not pretend it flushed
+    log.close()                         # closed: a second close is a no-op
     with SegmentLog.open(log_dir) as log:
         assert log.read(0) == b"safe"
 

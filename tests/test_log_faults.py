@@ -16,6 +16,7 @@ import sys
 import logtools as lt
 import pytest
 from durkv.errors import DurkvError, LogFailedError
+from durkv import open as durkv_open
 from durkv.log import SegmentLog, recover, verify
 
 ERRS = {errno.EIO: ("Input/output error", "EIO"), errno.ENOSPC: ("No space left", "ENOSPC")}
@@ -376,3 +377,68 @@ def test_a_failed_quarantine_copy_leaves_no_empty_file_and_names_no_dead_writer(
         assert log.next_lsn == 4
     assert [f.stat().st_size for f in q.iterdir()] == [act.frames[-1].end - 4
                                                         - act.frames[-1].offset]
+
+
+_OPEN_ON_FULL_DISK = r"""
+import sys, durkv
+try:
+    durkv.open(sys.argv[1]).close()
+except durkv.LogFailedError as e:
+    print("refused:", e)
+"""
+
+
+def test_a_first_open_on_a_full_disk_fails_with_enospc_not_sigbus(tmp_path):
+    """WSHM was sized with ftruncate (a hole) and written through its mapping: on a full
+    file system the first store to it killed the process with SIGBUS. A real full tmpfs
+    (root only: the test mounts one)."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        (mnt / "old.durkv").mkdir()         # a store dir made before the disk filled
+        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        for store in ("new.durkv", "old.durkv"):
+            p = subprocess.run([sys.executable, "-c", _OPEN_ON_FULL_DISK, str(mnt / store)],
+                               capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0, (p.returncode, p.stderr)     # -7: SIGBUS
+            assert "refused:" in p.stdout and "No space left" in p.stdout, p.stdout
+        os.unlink(mnt / "filler")
+        durkv_open(str(mnt / "old.durkv")).close()      # space freed: it opens
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("durability", ["async", "exit"])
+@pytest.mark.parametrize("level", ["log", "store"])
+def test_close_says_when_what_it_acknowledged_was_never_made_durable(
+        log_dir, no_faults, durability, level):
+    """Commits returned under `async`/`exit`, then every fdatasync fails (at close, or in
+    the background flusher where no call sees it): close returned normally, the program
+    was never told, and the atexit line was skipped because the log was closed."""
+    d = str(log_dir)
+    h = (SegmentLog.open(d, durability=durability, flush_interval_ms=60_000) if level == "log"
+         else durkv_open(d, durability=durability, flush_interval_ms=60_000))
+    for i in range(5):
+        if level == "log":
+            h.append(b"commit %d" % i)
+        else:
+            h.put("t", "", f"{i}", checkpoint={}, metadata={}, values={"n": i},
+                  versions={"n": i})
+    no_faults("fdatasync", 1, errno.EIO)
+    with pytest.raises(LogFailedError, match="not made durable before close") as ei:
+        h.close()
+    assert "Input/output error" in str(ei.value) and ei.value.context.get("errno") == "EIO"
+    no_faults(None)
+    h.close()                                   # closed already: a no-op
+    with SegmentLog.open(d) as log:             # what reached the file reads back
+        assert log.next_lsn >= 5

@@ -295,7 +295,10 @@ def test_a_failed_zero_fill_fails_the_handle_closed(tmp_path, no_faults):
         log.append(_payload(len(payloads)))
     with pytest.raises(LogFailedError):
         log.append(b"after the failure")
-    log.close()
+    try:
+        log.close()         # raises if the failed append's frame was written, not synced
+    except LogFailedError as e:
+        assert "not made durable before close" in str(e)
     no_faults(None)
     with _open(d) as log:           # reopen recovers from what is on disk
         assert log.next_lsn in (len(payloads), len(payloads) + 1)

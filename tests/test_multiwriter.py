@@ -601,6 +601,8 @@ def test_a_failed_fsync_in_one_process_lets_no_process_ack(tmp_path):
         assert log.durable_lsn <= lsn
         with pytest.raises(LogFailedError):
             log.append(b"later", durability="sync")
+        with pytest.raises(LogFailedError, match="not made durable before close"):
+            log.close()
     finally:
         log.close()
     # all closed: the next writer opens alone, rebuilds WSHM and the store works again
