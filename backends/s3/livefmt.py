@@ -42,6 +42,11 @@ def encode_batch(epoch: int, first_lsn: int, frames: list[bytes]) -> bytes:
     return body + struct.pack("<I", crc32c(body))
 
 
+def batch_crc(body: bytes) -> int:
+    """The CRC-32C an encoded batch or segment ends with (of every byte before it)."""
+    return struct.unpack_from("<I", body, len(body) - 4)[0]
+
+
 def decode_batch(data: bytes, key: str) -> tuple[int, int, list[bytes]]:
     """(writer_epoch, first_lsn, frames); CorruptionError naming ``key`` if damaged."""
     def bad(why: str) -> CorruptionError:

@@ -324,3 +324,34 @@ def test_archive_of_a_live_store_continues_one_log_and_restores(s3_env, s3, buck
     with pytest.raises(durkv.errors.ArchiveConflictError, match="another log"):
         ds3.archive(other, arch)
     assert archived() == before
+
+
+def test_a_prefix_reused_by_a_new_store_is_not_read_from_the_old_ones_cache(
+        s3_env, s3, bucket, tmp_path):
+    """A segment object's CRC was taken over bytes ending with their own CRC: the same
+    constant for every object, which the cache used as its tag. A store wiped and written
+    again at the same prefix was read, through a cache that saw the old one, as the old
+    store's frames."""
+    url = f"s3://{bucket}/reused?merge_batches=4"
+    cache = str(tmp_path / "cache")
+
+    def write(tag):
+        backend = S3Backend(url, cache_dir=str(tmp_path / f"w-{tag}"))
+        for i in range(12):
+            backend.append(f"{tag} {i}".encode())
+        backend.merger.merge(force=True)
+        backend.close()
+        crcs = {s.crc32c for s in current_manifest(s3, bucket, "reused").segments}
+        assert len(crcs) == len(current_manifest(s3, bucket, "reused").segments)
+
+    write("old")
+    old = S3Backend(url, read_only=True, cache_dir=cache)
+    assert [p for _, p in old.scan()][:2] == [b"old 0", b"old 1"]
+    old.close()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="reused/"):
+        for o in page.get("Contents", ()):
+            s3.delete_object(Bucket=bucket, Key=o["Key"])
+    write("new")
+    again = S3Backend(url, read_only=True, cache_dir=cache)
+    assert [p for _, p in again.scan()] == [f"new {i}".encode() for i in range(12)]
+    again.close()
