@@ -263,3 +263,46 @@ def test_a_cancelled_exit_still_releases_the_run(tmp_path):
         asyncio.run(main(store))
         with store.run("c"):                    # released: no RunBusyError
             pass
+
+
+def test_a_run_cancelled_while_it_opens_lets_its_claim_go(tmp_path):
+    # a request handler whose client went away: cancelled while `async with` waits for
+    # the fsync of the run's first record; __aexit__ never runs
+    async def handler(store):
+        async with store.arun("job") as run:
+            await run.astep("s", lambda: 1)
+
+    async def main(store):
+        t = asyncio.create_task(handler(store))
+        await asyncio.sleep(0)          # the task now awaits its open's fsync
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        assert store.claim_held("run", "job") is None
+        async with store.arun("job") as run:        # not RunBusyError
+            return await run.astep("s", lambda: 1)
+
+    with durkv.open(str(tmp_path / "s"), durability="sync") as s:
+        assert asyncio.run(main(s)) == 1
+
+
+@pytest.mark.skipif(not hasattr(asyncio, "TaskGroup"), reason="asyncio.TaskGroup: 3.11+")
+def test_approvals_in_a_task_group_pause_the_run(url):
+    # a TaskGroup wraps the pause in a BaseExceptionGroup: the run was recorded failed and
+    # the group escaped to the caller
+    async def review(run, doc):
+        return (await run.aapprove("publish", {"doc": doc})).approved
+
+    async def main(store):
+        async with store.arun("pub") as run:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(review(run, doc)) for doc in "ab"]
+            return [t.result() for t in tasks]
+
+    with durkv.open(url) as s:
+        assert asyncio.run(main(s)) is None             # paused, nothing escaped
+        assert [(r.status, r.step) for r in s.runs()] == [("waiting", "0/0")]
+        s.decide("pub", "0/0", True)
+        s.decide("pub", "1/0", False)
+        assert asyncio.run(main(s)) == [True, False]
+        assert s.runs()[0].status == "finished"

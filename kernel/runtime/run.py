@@ -27,6 +27,7 @@ to the ``durkv`` logger.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import inspect
 import logging
 import random as _random
@@ -183,7 +184,14 @@ class Run:
         return self.close(exc)
 
     async def __aenter__(self) -> "Run":
-        await off_loop(self.store, self.open)
+        try:
+            await off_loop(self.store, self.open)
+        except BaseException:
+            # cancelled while open's records waited for their fsync (a request whose
+            # client went away): __aexit__ will not run, so let the claim go here -- else
+            # the run stays busy in every process until this one exits
+            self.close(record=False)
+            raise
         if self._task_ids:
             self._scope_token = scope_tasks(self)
             self._plain = False
@@ -336,6 +344,7 @@ class Run:
             self._release()
 
     def _record_end(self, exc: BaseException | None) -> bool:
+        exc = _pause_in(exc)
         if isinstance(exc, Interrupted):
             self.interrupt = exc
             self._status("waiting", exc.step_id, f"waiting for approval of {exc.action!r}")
@@ -1064,6 +1073,30 @@ class Run:
     def journal(self) -> list[JournalEntry]:
         """The run's journal entries in call order, read from the store."""
         return describe(self.store, self.run_id)
+
+
+_GROUPS = getattr(builtins, "BaseExceptionGroup", ())     # Python 3.11+
+
+
+def _pause_in(exc: BaseException | None) -> BaseException | None:
+    """``exc``, or the pause an exception group from an ``asyncio.TaskGroup`` stands for:
+    its first ``Interrupted`` when every exception in it is one (parallel approvals), an
+    ``InDoubtError`` when each is one of those two (its status is journaled) -- not a
+    failure of the run, as a group of them would otherwise be recorded."""
+    if not isinstance(exc, _GROUPS):
+        return exc
+    leaves, todo = [], [exc]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, _GROUPS):
+            todo.extend(reversed(e.exceptions))
+        else:
+            leaves.append(e)
+    if all(isinstance(e, Interrupted) for e in leaves):
+        return leaves[0]
+    if all(isinstance(e, (Interrupted, InDoubtError)) for e in leaves):
+        return next(e for e in leaves if isinstance(e, InDoubtError))
+    return exc
 
 
 def _kwargs_of(p: Plan, kwargs: dict) -> dict:
