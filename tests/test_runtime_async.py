@@ -306,3 +306,36 @@ def test_approvals_in_a_task_group_pause_the_run(url):
         s.decide("pub", "1/0", False)
         assert asyncio.run(main(s)) == [True, False]
         assert s.runs()[0].status == "finished"
+
+
+def test_an_at_most_once_atool_cancelled_before_its_call_is_not_in_doubt(tmp_path):
+    # a timeout, a TaskGroup sibling's failure, a dropped client: cancelled while its
+    # intent's fsync was waited for, the tool never began; the next execution found it
+    # in doubt although this process knew it never ran
+    calls = []
+
+    @durkv.tool(at_most_once=True, name="charge")
+    async def charge(amount, *, idempotency_key):
+        calls.append(idempotency_key)
+        return f"charged {amount}"
+
+    async def first(store):
+        async with store.arun("order") as run:
+            task = asyncio.create_task(run.atool(charge, 10))
+            await asyncio.sleep(0)          # it now awaits its intent's fsync
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    async def second(store):
+        async with store.arun("order") as run:
+            return await run.atool(charge, 10)
+
+    path = str(tmp_path / "s")
+    with durkv.open(path, durability="sync") as s:
+        asyncio.run(first(s))
+        assert calls == []
+        assert asyncio.run(second(s)) == "charged 10"      # not InDoubtError
+        assert calls == ["order:0"]
+        assert asyncio.run(second(s)) == "charged 10"      # replayed
+        assert calls == ["order:0"]

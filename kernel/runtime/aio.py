@@ -159,7 +159,16 @@ async def adrive(run: Any, attempts: Any, fn: Callable, args: tuple, kwargs: dic
         elif effect[0] is SLEEP:
             await asleep_with(effect[1], *effect[2])
         else:
-            await off_loop(run.store, effect[1], *effect[2])
+            done = deferred(effect[1], *effect[2])
+            try:
+                await settled(run.store, done)
+            except asyncio.CancelledError as e:
+                if done[2] is None:
+                    # the record is made and the task was cancelled while its fsync was
+                    # waited for: the attempts may have to record what that means (an
+                    # intent whose call never began); they raise it again
+                    attempts.throw(e)
+                raise
 
 
 def scope_tasks(run: Any) -> Any:

@@ -55,7 +55,7 @@ from .inputs import SMALL_INPUTS, Encoded, InputRefs
 from .journal import (LAZY_INPUTS, LAZY_RESULT, MISS, STATUSES, CallState, JournalEntry,
                       StepEntry, apply, apply_step, bulk_load, fold, fold_lazy, record_step, replays_as_asked)
 from .records import (
-    ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
+    ApprovalRecord, DecisionRecord, IntentRecord, ReceiptRecord, ResolveRecord, RunRecord, StatusRecord, StepRecord, TryRecord,
     WarnRecord, default_key,
 )
 from .plan import (
@@ -661,7 +661,11 @@ class Run:
         tries = list(p.tries)
         for i in count(len(tries)):      # the budget goes on across executions
             if p.spec is not None:
-                yield RECORD, self._intent, (p,)
+                try:
+                    yield RECORD, self._intent, (p,)
+                except asyncio.CancelledError:      # thrown by aio.adrive: not yet called
+                    self._not_called(p)
+                    raise
             ok, value = yield CALL
             if ok:
                 yield RECORD, record, (p, value, None, tries)
@@ -763,6 +767,20 @@ class Run:
             log.error("durkv: in-doubt step: %s", held)
             self._status("in_doubt", p.sid, held)
             raise InDoubtError(held, run_id=self.run_id, step_id=p.sid, key=p.key)
+
+    def _not_called(self, p: Plan) -> None:
+        """The intent is written and the call never began (a task cancelled while the
+        intent's fsync was waited for): say so in the journal, as an operator's "not
+        done" would, so that the next execution calls it (same key) instead of finding
+        an at-most-once tool in doubt. Should this record be lost, the call is in doubt,
+        as any intent without a receipt."""
+        try:
+            self._append(ResolveRecord(self._clock(), p.sid, False, "durkv",
+                                       "cancelled before the call began", None,
+                                       p.gen).pack())
+        except DurkvError as e:
+            log.warning("durkv: run %r step %s: could not record that %r was never called "
+                        "(%s); it will be found in doubt", self.run_id, p.sid, p.name, e)
 
     def _receipt(self, p: Plan, result: Any = None, exc: BaseException | None = None,
                  tries: list | None = None) -> None:
