@@ -339,3 +339,45 @@ def test_an_at_most_once_atool_cancelled_before_its_call_is_not_in_doubt(tmp_pat
         assert calls == ["order:0"]
         assert asyncio.run(second(s)) == "charged 10"      # replayed
         assert calls == ["order:0"]
+
+
+def test_undos_of_gathered_calls_follow_issue_order_so_a_re_execution_replays(tmp_path):
+    # the hotel is booked first and completes last: its undo order must not follow
+    # completion, which a replay (completing in issue order) cannot reproduce
+    undone = []
+
+    @durkv.tool(name="cancel_hotel")
+    def cancel_hotel(res, *, idempotency_key):
+        undone.append(res)
+        return f"cancelled {res}"
+
+    @durkv.tool(name="cancel_flight")
+    def cancel_flight(res, *, idempotency_key):
+        undone.append(res)
+        return f"cancelled {res}"
+
+    @durkv.tool(name="book_hotel", compensate=cancel_hotel)
+    async def book_hotel(city, *, idempotency_key):
+        await asyncio.sleep(0.05)
+        return f"hotel in {city}"
+
+    @durkv.tool(name="book_flight", compensate=cancel_flight)
+    async def book_flight(city, *, idempotency_key):
+        return f"flight to {city}"
+
+    def charge(amount):
+        raise RuntimeError("card declined")
+
+    async def trip(store):
+        async with store.arun("trip") as run:
+            await asyncio.gather(run.atool(book_hotel, "Rome"), run.atool(book_flight, "Rome"))
+            try:
+                await run.astep("charge", charge, 500)
+            except RuntimeError:
+                return await run.acompensate()
+
+    with durkv.open(str(tmp_path / "s")) as s:
+        first = asyncio.run(trip(s))
+        assert first == ["cancelled flight to Rome", "cancelled hotel in Rome"]
+        assert asyncio.run(trip(s)) == first        # replayed, not NonDeterminismError
+        assert undone == ["flight to Rome", "hotel in Rome"]

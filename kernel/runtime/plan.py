@@ -117,7 +117,8 @@ class Plan:
     """What one durable call will do: replay a recorded entry, or call and record."""
 
     __slots__ = ("sid", "gen", "kind", "name", "fp", "inputs", "version", "entry", "replay",
-                 "rc", "key", "t0", "comp_of", "spec", "tries", "refs", "encoded", "synced")
+                 "rc", "key", "t0", "comp_of", "spec", "tries", "refs", "encoded", "synced",
+                 "issued")
 
     def __init__(self, sid: str, kind: str, name: str, fp: int, inputs: Any,
                  version: Any) -> None:
@@ -135,6 +136,7 @@ class Plan:
         self.refs: list | None = None    # `ir`: the inputs by reference (runtime/inputs.py)
         self.encoded: Any = None         # its inputs as encoded (inputs.Encoded), to refer to
         self.synced = False     # a tool synced as under `sync` whatever the policy (16.9)
+        self.issued = 0         # a tool's place among its execution's calls, in issue order
 
     @classmethod
     def replay_of(cls, e: CallState | Recorded) -> "Plan":

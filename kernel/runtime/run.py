@@ -148,7 +148,9 @@ class Run:
                                getattr(store, "write_item", None))
         self._lock = threading.RLock()
         self._n = count()
-        self._compensable: list[tuple[str, ToolSpec, bytes]] = []
+        # (issued, step id, spec, recorded result) of each completed tool with an undo
+        self._compensable: list[tuple[int, str, ToolSpec, bytes]] = []
+        self._issued = count()
         self._undo_left: list = []      # a compensate() under way: its undos not done yet
         self._st: Any = None
         self._seen = 0          # journal records folded into _st
@@ -233,6 +235,7 @@ class Run:
             raise
         self._n = count()          # an execution numbers its calls from 0
         self._compensable = []
+        self._issued = count()
         self.interrupt = None
         try:
             self._open_journal()
@@ -701,6 +704,7 @@ class Run:
         inputs, refs, fp, _items = enc = self._inputs("tool", spec.name, args, kwargs, secret)
         p = Plan(sid, "tool", spec.name, fp, inputs, spec.version)
         p.spec, p.comp_of, p.refs, p.encoded = spec, comp_of, refs, enc
+        p.issued = next(self._issued)
         # an at-most-once tool's records get an fdatasync of their own under every policy
         p.synced = spec.at_most_once or SYNCED_TOOLS.get()
         base = default_key(self.run_id, sid)
@@ -836,7 +840,7 @@ class Run:
                 and self._keep_undos):
             # the result as recorded, not the caller's object (which it may mutate): the undo
             # gets what a replay would pass, so a re-execution meets the same undo inputs
-            self._compensable.append((p.sid, p.spec, self._dumps(result)))
+            self._compensable.append((p.issued, p.sid, p.spec, self._dumps(result)))
         return result
 
     def tool(self, fn: Callable, *args: Any, retry: Retry | None = None, key: str | None = None,
@@ -888,7 +892,7 @@ class Run:
         newest first; each is a durable tool call with its own key. Returns their results.
         An async undo is refused before any is called: use ``await run.acompensate()``."""
         self._check_open()
-        for _sid, spec, _r in self._compensable:
+        for _n, _sid, spec, _r in self._compensable:
             if inspect.iscoroutinefunction(spec.compensate):
                 raise ConfigError(f"run.compensate(): the undo {spec.compensate!r} is async; "
                                   "use `await run.acompensate()`")
@@ -906,9 +910,12 @@ class Run:
         traceback keeps the generator alive past the caller's next ``compensate()``)."""
         self._check_open()
         todo, self._compensable = self._compensable, []
-        self._undo_left = pending = todo[::-1]      # newest first
+        # newest first by issue, not by completion: gathered calls complete in any order,
+        # and a replay completes them in issue order -- a re-execution asks for the same
+        # undos in the same order (else NonDeterminismError)
+        self._undo_left = pending = sorted(todo, key=lambda c: c[0], reverse=True)
         while pending:
-            sid, spec, recorded = pending[0]
+            _n, sid, spec, recorded = pending[0]
             result = self._loads(recorded)
             undo = spec.compensate
             uspec = tool_spec(undo) or ToolSpec(
