@@ -381,3 +381,21 @@ def test_undos_of_gathered_calls_follow_issue_order_so_a_re_execution_replays(tm
         assert first == ["cancelled flight to Rome", "cancelled hotel in Rome"]
         assert asyncio.run(trip(s)) == first        # replayed, not NonDeterminismError
         assert undone == ["flight to Rome", "hotel in Rome"]
+
+
+def test_a_sleep_that_outlives_its_run_writes_nothing_after_the_runs_end(tmp_path):
+    # gather(asleep, a step that fails): the block ends at the failure, recorded failed;
+    # the sleep woke later on the still-running loop and journaled "running"
+    def refuse():
+        raise ValueError("model refused")
+
+    async def main(store):
+        with pytest.raises(ValueError):
+            async with store.arun("job") as run:
+                await asyncio.gather(run.asleep(0.2), run.astep("m", refuse))
+        assert [r.status for r in store.runs()] == ["failed"]
+        await asyncio.sleep(0.5)        # the server's loop goes on; the sleep wakes
+        return [r.status for r in store.runs()]
+
+    with durkv.open(str(tmp_path / "s")) as s:
+        assert asyncio.run(main(s)) == ["failed"]

@@ -988,10 +988,15 @@ class Run:
         return self._asleep(raise_now(deferred(self._plan_sleep, seconds, key)))
 
     async def _asleep(self, planned: tuple) -> None:
+        execution = self._n         # this execution's call counter: new at every open
         left, slept = await settled(self.store, planned)
         if slept:
             await asleep_with(self._sleep, left)
-            await off_loop(self.store, self._status, "running")
+            # a sleep gathered beside a call that failed outlives the run's `async with`
+            # (which does not wait hours for it): the run has ended, recorded failed, and
+            # a "running" now would contradict it -- or another execution's status
+            if self._opened and self._n is execution:
+                await off_loop(self.store, self._status, "running")
 
     # -- approvals ---------------------------------------------------------------------------
 
