@@ -6,6 +6,7 @@ run between two records where a kill -9 would (the chaos suite kills for real).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 
@@ -684,3 +685,32 @@ def test_an_exception_whose_str_fails_is_recorded_and_replays_as_its_class(url, 
         for _ in range(2):
             assert drive(s, "r", scenario) == [("ApiError", ("quota",))] * 2
         assert calls == ["step", "send"]
+
+
+def test_a_generator_function_tool_is_refused_before_its_intent(tmp_path):
+    # its body runs only when iterated: the intent recorded a call that never began, and
+    # an at-most-once one was then found in doubt
+    ran = []
+
+    @durkv.tool(at_most_once=True, name="stream_sms")
+    def stream_sms(to, *, idempotency_key):
+        ran.append(to)
+        yield "sent"
+
+    @durkv.tool(name="astream_sms")
+    async def astream_sms(to, *, idempotency_key):
+        ran.append(to)
+        yield "sent"
+
+    async def agent(store):
+        async with store.arun("a") as run:
+            await run.atool(astream_sms, "x")
+
+    with durkv.open(str(tmp_path / "s")) as s:
+        with pytest.raises(durkv.ConfigError, match="generator function"):
+            with s.run("r") as run:
+                run.tool(stream_sms, "x")
+        with pytest.raises(durkv.ConfigError, match="generator function"):
+            asyncio.run(agent(s))
+        assert ran == [] and s.journal("r")[-1]["e"] != E_INTENT
+        assert all(r["e"] != E_INTENT for r in s.journal("a"))

@@ -692,6 +692,12 @@ class Run:
             raise ConfigError(f"run.tool({getattr(fn, '__qualname__', fn)!r}): not a "
                               "@durkv.tool; decorate it (it gets an idempotency_key), or use "
                               "run.step for calls without side effects")
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # its body runs only when iterated: the intent would record a call that never
+            # began, found in doubt (at most once) or called again for nothing
+            raise ConfigError(f"run.tool({spec.name!r}): a generator function; its body "
+                              "runs only when the result is iterated, after the receipt. "
+                              "Return a list (or collect the items inside the tool)")
         if "idempotency_key" in kwargs:      # else: a TypeError journaled as the tool's failure
             raise ConfigError(f"run.tool({spec.name!r}, idempotency_key=...): durkv gives the "
                               "key (run id and step id); drop the argument, and pass key= to "
