@@ -301,7 +301,8 @@ def test_approvals_in_a_task_group_pause_the_run(url):
 
     with durkv.open(url) as s:
         assert asyncio.run(main(s)) is None             # paused, nothing escaped
-        assert [(r.status, r.step) for r in s.runs()] == [("waiting", "0/0")]
+        (r,) = s.runs()     # the pause that reached the group first names its step
+        assert r.status == "waiting" and r.step in ("0/0", "1/0")
         s.decide("pub", "0/0", True)
         s.decide("pub", "1/0", False)
         assert asyncio.run(main(s)) == [True, False]
