@@ -148,8 +148,7 @@ class Run:
                                getattr(store, "write_item", None))
         self._lock = threading.RLock()
         self._n = count()
-        # (issued, step id, spec, recorded result) of each completed tool with an undo
-        self._compensable: list[tuple[int, str, ToolSpec, bytes]] = []
+        self._compensable: list[tuple] = []     # (issued, sid, spec, result): undoable
         self._issued = count()
         self._undo_left: list = []      # a compensate() under way: its undos not done yet
         self._st: Any = None
