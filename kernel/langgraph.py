@@ -760,29 +760,35 @@ class DurkvSaver(BaseCheckpointSaver[int]):
                 if strategy == "delete":
                     self.delete_thread(tid)
                     continue
-                keep = max((self._needed_depth(tid, ns) for ns in self.store.namespaces(tid)),
-                           default=1)
-                self.store.prune([tid], keep_last=keep)
+                keep = {}
+                for ns in self.store.namespaces(tid):
+                    ids = self._needed_ids(tid, ns)
+                    if ids:
+                        keep[(tid, ns)] = ids
+                self.store.prune([tid], keep=keep)
 
-    def _needed_depth(self, thread_id: str, ns: str) -> int:
-        """How many checkpoints of (thread, ns), latest first, rebuild its delta channels."""
+    def _needed_ids(self, thread_id: str, ns: str) -> set[str]:
+        """The checkpoint ids of (thread, ns) that rebuild its latest checkpoint: the
+        latest and, for its delta channels, its ancestors back to each one's nearest
+        stored value (by parent id: after a fork or a copy the newest ids are not the
+        latest's ancestors, and keeping the newest lost the seed)."""
         latest = self.store.get(thread_id, ns)
         if latest is None:
-            return 1
+            return set()
+        ids = {latest.checkpoint_id}
         # the delta channels LangGraph rebuilds by replay: no value stored here,
         # and counted in the metadata since their last snapshot (other channels
         # without a value, e.g. consumed triggers, are simply empty)
         counters = latest.metadata.get("counters_since_delta_snapshot") or {}
         pending = {k for k in counters if latest.values.get(k, EMPTY) is EMPTY}
         if not pending:
-            return 1
-        depth = 1
+            return ids
         for ck in self._ancestors(thread_id, ns, latest.checkpoint_id):
-            depth += 1
+            ids.add(ck.checkpoint_id)
             pending = {c for c in pending if ck.values.get(c, EMPTY) is EMPTY}
             if not pending:
-                return depth
-        return 1 << 62  # no stored value anywhere: keep the whole chain
+                break
+        return ids      # no stored value anywhere: the whole chain
 
     # ---- versions --------------------------------------------------------------------
 

@@ -174,8 +174,10 @@ class DeltaState(TypedDict):
     items: Annotated[list, DeltaChannel(_extend, snapshot_frequency=4)]
 
 
-def delta_graph(limit: int):
+def delta_graph(limit: int, pause_at: int | None = None):
     def step(s: DeltaState) -> dict:
+        if s["n"] == pause_at:
+            interrupt("pause")
         return {"n": s["n"] + 1, "items": [f"item-{s['n']}"]}
 
     g = StateGraph(DeltaState)
@@ -316,6 +318,29 @@ def test_delta_channel_survives_prune(reopen):
     graph = delta_graph(10).compile(checkpointer=reopen())
     assert graph.get_state(cfg()).values == before
     assert len(list(graph.get_state_history(cfg()))) < 12
+
+
+def test_delta_channel_survives_prune_after_a_fork_and_a_copy(reopen):
+    # after a fork (update_state of an older checkpoint) or a __copy__, the newest ids
+    # are not the latest checkpoint's ancestors: keeping the newest N lost the seed
+    saver = reopen()
+    graph = delta_graph(10, pause_at=4).compile(checkpointer=saver)
+    graph.invoke({"n": 0, "items": []}, cfg())             # pauses at n == 4
+    main = graph.get_state(cfg()).config
+    hist = list(graph.get_state_history(cfg()))
+    graph.update_state(hist[2].config, {"n": 40})          # a side branch, newer ids
+    graph.invoke(Command(resume="go"), main)               # the main branch goes on
+    before = graph.get_state(cfg()).values
+    assert before["items"] == [f"item-{i}" for i in range(10)]
+    saver.prune(["t1"])
+    graph = delta_graph(10, pause_at=4).compile(checkpointer=reopen())
+    assert graph.get_state(cfg()).values == before
+    # a copy of the latest checkpoint: its parent is the source's parent
+    graph.update_state(graph.get_state(cfg()).config, None, as_node="__copy__")
+    saver = reopen()
+    saver.prune(["t1"])
+    graph = delta_graph(10, pause_at=4).compile(checkpointer=reopen())
+    assert graph.get_state(cfg()).values == before
 
 
 def test_async_graph(reopen):

@@ -766,3 +766,15 @@ def test_a_closed_handle_is_an_operational_error_on_every_layer(tmp_path):
             call()
         assert not isinstance(err.value, durkv.ConfigError)
         assert err.value.code == "store_closed" and exit_code_for(err.value) == EXIT_ERROR
+
+
+def test_store_prune_keeps_the_ids_given_and_any_newer(url):
+    with durkv.open(url) as s:
+        for i in range(6):
+            s.put("t", "", f"{i:02d}", checkpoint={}, metadata={}, values={"n": i},
+                  versions={"n": i + 1})
+        s.prune(["t"], keep={("t", ""): ["01", "03"]})
+        assert [c.checkpoint_id for c in s.history("t")] == ["05", "04", "03", "01"]
+        for bad in ({"t": ["01"]}, [("t", "")], {("t", ""): [1]}):
+            with pytest.raises(durkv.ConfigError):
+                s.prune(["t"], keep=bad)

@@ -86,13 +86,22 @@ class Edits:
         run = meta.get("run_id") if isinstance(meta, dict) else None
         return run if isinstance(run, str) else None
 
-    def prune(self, thread_ids: list[str], keep_last: int) -> None:
+    def prune(self, thread_ids: list[str], keep_last: int,
+              keep: dict | None = None) -> None:
         doomed = []
         for t in thread_ids:
             for _t, n, lane in list(self._index.ix.lanes(t)):
-                cut = len(lane.ids) - keep_last
-                if cut > 0:
-                    doomed.append([t, n, lane.ids[:cut]])
+                ids = None if keep is None else keep.get((t, n))
+                if ids:
+                    # the ids to keep, and every id newer than the newest of them (put
+                    # since the caller chose them: never removed unseen)
+                    newest = max(ids)
+                    gone = [c for c in lane.ids if c < newest and c not in ids]
+                else:
+                    cut = len(lane.ids) - keep_last
+                    gone = lane.ids[:cut] if cut > 0 else []
+                if gone:
+                    doomed.append([t, n, gone])
         self.remove(doomed)
 
     def remove(self, doomed: list) -> None:

@@ -33,7 +33,7 @@ import os
 import threading
 import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 from .. import repairnotes
 from ..backends.base import VerifyReport
@@ -641,16 +641,21 @@ class Store:
             self._check_write()
             self._edits.delete_runs(runs)
 
-    def prune(self, thread_ids: Sequence[str], *, keep_last: int = 1) -> None:
+    def prune(self, thread_ids: Sequence[str], *, keep_last: int = 1,
+              keep: Mapping[tuple[str, str], Collection[str]] | None = None) -> None:
         """Per (thread, ns) of the given threads keep only the newest ``keep_last``
-        checkpoints (0: remove all). Kept checkpoints still read correctly: their
+        checkpoints (0: remove all) -- or, for a (thread, ns) in ``keep``, exactly the
+        checkpoint ids given there and any newer than the newest of them (a fork's
+        chain is not the newest ids). Kept checkpoints still read correctly: their
         delta chains stay in the log until :meth:`compact` copies what they need."""
         thread_ids = check_ids("thread_ids", thread_ids)    # a bare string is one id
         if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 0:
             raise ConfigError(f"keep_last must be an int >= 0, got {keep_last!r}")
+        if keep is not None:
+            keep = _keep_map(keep)
         with self._writing():
             self._check_write()
-            self._edits.prune(thread_ids, keep_last)
+            self._edits.prune(thread_ids, keep_last, keep)
 
     # -- run journals (the records of durkv.runtime; docs/FORMAT.md section 5a) -------------
 
@@ -1011,3 +1016,19 @@ def _check_options(segment_bytes: Any, flush_interval_ms: Any, recovery: Any, du
             raise ConfigError(f"serde.dumps must return bytes, got {type(probe).__name__} "
                               f"from {type(serde).__name__}.dumps; encode it, e.g. "
                               "json.dumps(obj).encode()")
+
+
+def _keep_map(keep: Any) -> dict:
+    """``prune``'s ``keep``, checked: ``{(thread_id, checkpoint_ns): frozenset(ids)}``."""
+    if not isinstance(keep, Mapping):
+        raise ConfigError(f"keep must map (thread_id, checkpoint_ns) to checkpoint ids, got "
+                          f"{type(keep).__name__}")
+    out = {}
+    for key, ids in keep.items():
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise ConfigError(f"keep must map (thread_id, checkpoint_ns) to checkpoint ids, "
+                              f"got the key {key!r}")
+        check_id("thread_id", key[0])
+        check_id("checkpoint_ns", key[1], allow_empty=True)
+        out[key] = frozenset(check_ids("checkpoint_ids", ids))
+    return out
