@@ -398,6 +398,19 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         saver._owns_store = True
         return saver
 
+    @classmethod
+    def from_conn_string(cls, conn_string: str, **options: Any) -> DurkvSaver:
+        """:meth:`open`, under the name SqliteSaver, PostgresSaver and AsyncSqliteSaver
+        give it: ``with DurkvSaver.from_conn_string(path) as saver`` (or ``async with``)
+        in code written for them works unchanged."""
+        return cls.open(conn_string, **options)
+
+    def setup(self) -> None:
+        """Nothing to create (PostgresSaver's idiom): a store is made by its first open."""
+
+    async def asetup(self) -> None:
+        """Async :meth:`setup` (AsyncSqliteSaver's idiom): nothing to create."""
+
     def close(self) -> None:
         """Close the store if this saver opened it (flushing everything)."""
         if self._owns_store:
@@ -611,7 +624,7 @@ class DurkvSaver(BaseCheckpointSaver[int]):
         that invocation: RunBusyError naming the holder's pid if another invocation, here
         or in another process, drives it (:mod:`durkv.langgraph_claim`)."""
         conf = _conf(config)
-        cid = conf.get("checkpoint_id")
+        cid = conf.get("checkpoint_id") or None     # "": the latest, as LangGraph's savers
         claim_for_loop(self, _thread_id(conf), conf.get("checkpoint_ns") or "")
         # a loop entering: the lateness of its own saves, and no other's (an earlier
         # invocation's late saves, drained as it returned, are nothing for it to wait for)
@@ -632,8 +645,8 @@ class DurkvSaver(BaseCheckpointSaver[int]):
             if conf.get("thread_id") is not None:
                 thread_id = _thread_id(conf)
             ns = conf.get("checkpoint_ns")
-            cid = conf.get("checkpoint_id")
-        before_id = _conf(before).get("checkpoint_id") if before is not None else None
+            cid = conf.get("checkpoint_id") or None     # "": none, as LangGraph's savers
+        before_id = (_conf(before).get("checkpoint_id") or None) if before is not None else None
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
             raise ConfigError(f"limit must be an int or None, got {limit!r}")
         if filter is not None and not isinstance(filter, dict):

@@ -715,3 +715,33 @@ def test_langgraphs_private_config_keys_are_spelled_as_langgraph_spells_them():
                          ("_TASK_ID", "CONFIG_KEY_TASK_ID"), ("_RUNTIME", "CONFIG_KEY_RUNTIME"),
                          ("_SEND", "CONFIG_KEY_SEND"), ("_CHECKPOINT_MAP", "CONFIG_KEY_CHECKPOINT_MAP")):
         assert getattr(lgs, ours) == getattr(c, theirs), ours
+
+
+def test_an_empty_checkpoint_id_means_the_latest_as_in_langgraphs_savers(reopen):
+    saver = reopen()
+    graph = loop_graph(3).compile(checkpointer=saver)
+    graph.invoke({"n": 0, "messages": []}, cfg())
+    empty = cfg(checkpoint_id="")
+    latest = saver.get_tuple(cfg())
+    assert saver.get_tuple(empty).checkpoint == latest.checkpoint
+    assert graph.get_state(empty).values == graph.get_state(cfg()).values
+    assert len(list(saver.list(empty))) == len(list(saver.list(cfg())))
+    assert len(list(saver.list(cfg(), before=empty))) == len(list(saver.list(cfg())))
+    out = loop_graph(5).compile(checkpointer=saver).invoke({"n": 3}, empty)
+    assert out["n"] == 5
+
+
+def test_sqlite_and_postgres_savers_constructor_idioms_work(tmp_path):
+    async def async_idiom():
+        async with DurkvSaver.from_conn_string(str(tmp_path / "b")) as saver:
+            await saver.asetup()
+            graph = loop_graph(2).compile(checkpointer=saver)
+            return (await graph.ainvoke({"n": 0, "messages": []}, cfg()))["n"]
+
+    with DurkvSaver.from_conn_string(str(tmp_path / "a")) as saver:
+        saver.setup()
+        graph = loop_graph(2).compile(checkpointer=saver)
+        assert graph.invoke({"n": 0, "messages": []}, cfg())["n"] == 2
+    assert asyncio.run(async_idiom()) == 2
+    with DurkvSaver.from_conn_string(":memory:") as saver:
+        assert saver.get_tuple(cfg()) is None
