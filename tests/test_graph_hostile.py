@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter, OrderedDict, defaultdict
 
 import pytest
@@ -544,3 +545,324 @@ def test_a_failed_router_after_an_in_place_reducer_returns_the_committed_state(s
     committed = {"cfg": {"k0": 1}, "log": ["item0"], "n": 1}
     assert (res.status, res.step, res.state) == ("failed", 1, committed)
     assert app.state("r").state == committed
+
+
+# -- review of issue 20: values a fold, an alias or a deploy changed ------------------------
+
+def _extend(a, b):
+    a.extend(b)         # an in-place reducer, as users write them
+    return a
+
+
+def _three_siblings(c):
+    g = durkv.Graph({"items": _extend})
+    g.add_node("a", lambda s, ctx: {"items": ["a"]})
+    g.add_node("b", lambda s, ctx: {"items": ["b"]})
+    g.add_node("c", c)
+    for n in "abc":
+        g.add_edge(durkv.START, n)
+        g.add_edge(n, durkv.END)
+    return g
+
+
+@pytest.mark.parametrize("stop", ["approval", "failure"])
+def test_an_in_place_reducer_never_edits_a_kept_sibling_update(store, stop):
+    """The first update of a channel without a value was taken as is: the next sibling's
+    fold extended node a's own list, which was then kept as a's pending write, and the
+    resume folded b's items twice (['a', 'b', 'b', 'c'])."""
+    fail = {"on": True}
+
+    def c(state, ctx):
+        if stop == "approval":
+            ctx.approve("publish")
+        elif fail["on"]:
+            raise RuntimeError("c fails once")
+        return {"items": ["c"]}
+
+    app = _three_siblings(c).compile(store)
+    first = app.run({}, run_id="r")
+    assert first.status == ("waiting" if stop == "approval" else "failed")
+    kept = {w.task_id: w.value for w in store.get("r").writes if w.channel == "items"}
+    assert kept == {"0:a:0": ["a"], "0:b:0": ["b"]}
+    if stop == "approval":
+        store.decide("r", first.interrupt.step_id, True)
+    fail["on"] = False
+    assert app.run(None, run_id="r").state["items"] == ["a", "b", "c"]
+
+
+def test_an_in_place_reducer_leaves_the_streamed_updates_as_the_nodes_returned_them(store):
+    app = _three_siblings(lambda s, ctx: {"items": ["c"]}).compile(store)
+    [step] = app.stream({}, run_id="r")
+    assert step.updates == [("a", {"items": ["a"]}), ("b", {"items": ["b"]}),
+                            ("c", {"items": ["c"]})]
+    assert app.state("r").state["items"] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("wrap", [lambda msgs: msgs, lambda msgs: {"history": msgs},
+                                  lambda msgs: [("kept", msgs)]],
+                         ids=["the-list", "nested-in-a-dict", "nested-in-a-list"])
+def test_a_channel_set_to_the_states_append_list_keeps_what_the_node_saw(store, wrap):
+    """`{"snap": state["msgs"]}` aliased the state's Append list: apply extended it in
+    place, so the stored snapshot held the superstep's own new item and the value in
+    memory grew with every later one (a resumed run, which reads the store, saw another
+    value: its recorded step then conflicted)."""
+    seen = []
+
+    def agent(state, ctx):
+        n = state["n"]
+        seen.append(state["snap"])
+        upd = {"msgs": [f"m{n}"], "n": n + 1}
+        if n == 1:
+            upd["snap"] = wrap(state["msgs"])
+        return upd
+
+    g = durkv.Graph({"msgs": durkv.Append(), "snap": durkv.Last(None), "n": durkv.Last(0)})
+    g.add_node("agent", agent)
+    g.add_edge(durkv.START, "agent")
+    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < 4 else durkv.END)
+    app = g.compile(store)
+    res = app.run({"msgs": ["hi"]}, run_id="r")
+    snap = wrap(["hi", "m0"])
+    assert res.state["snap"] == snap and seen[2:] == [snap, snap]
+    assert res.state["msgs"] == ["hi", "m0", "m1", "m2", "m3"]
+    assert [s.state["snap"] for s in app.history("r")] == [snap] * 3 + [None] * 2
+    assert app.state("r").state == res.state
+
+
+def test_a_function_channel_set_to_another_channels_value_is_not_edited_by_its_reducer(
+        store):
+    """The same alias through an in-place function reducer (``operator.iadd``)."""
+    import operator
+
+    def agent(state, ctx):
+        n = state["n"]
+        upd = {"log": [f"l{n}"], "n": n + 1}
+        if n == 1:
+            upd["snap"] = state["log"]
+        return upd
+
+    g = durkv.Graph({"log": operator.iadd, "snap": durkv.Last(None), "n": durkv.Last(0)})
+    g.add_node("agent", agent)
+    g.add_edge(durkv.START, "agent")
+    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < 3 else durkv.END)
+    app = g.compile(store)
+    res = app.run({"log": []}, run_id="r")
+    assert res.state == {"log": ["l0", "l1", "l2"], "snap": ["l0"], "n": 3}
+    assert app.state("r").state == res.state
+
+
+def test_a_snapshot_of_an_append_list_replays_the_same_after_a_crash(store):
+    """The reproducer of the review: a step fed with the snapshot, cut after it was
+    recorded, resumed -- the same input, not an IdempotencyConflictError."""
+    crash = {"on": True}
+
+    def agent(state, ctx):
+        n = state["n"]
+        upd = {"msgs": [f"m{n}"], "n": n + 1}
+        if n == 1:
+            upd["snap"] = state["msgs"]
+        if n == 3:
+            ctx.step("summarize", len, state["snap"])
+            if crash["on"]:
+                raise RuntimeError("crash after the step was recorded")
+        return upd
+
+    g = durkv.Graph({"msgs": durkv.Append(), "snap": durkv.Last(None), "n": durkv.Last(0)})
+    g.add_node("agent", agent)
+    g.add_edge(durkv.START, "agent")
+    g.add_conditional_edges("agent", lambda s: "agent" if s["n"] < 5 else durkv.END)
+    app = g.compile(store)
+    assert app.run({"msgs": ["hi"]}, run_id="r").status == "failed"
+    crash["on"] = False
+    res = app.run(None, run_id="r")
+    assert (res.status, res.state["snap"]) == ("finished", ["hi", "m0"])
+
+
+def test_a_reducer_returning_the_nodes_update_does_not_hand_it_to_the_next_fold(store):
+    """``merge`` returns ``b`` itself while the channel is empty, and edits ``a`` in place
+    after: the next sibling's fold edited node a's own dict, its kept pending write."""
+    def merge(a, b):
+        if not a:
+            return b
+        a.update(b)
+        return a
+
+    g = durkv.Graph({"cfg": merge})
+    g.add_node("a", lambda s, ctx: {"cfg": {"a": 1}})
+    g.add_node("b", lambda s, ctx: {"cfg": {"b": 2}})
+    g.add_node("c", lambda s, ctx: ctx.approve("go") and {"cfg": {"c": 3}})
+    for n in "abc":
+        g.add_edge(durkv.START, n)
+    app = g.compile(store)
+    first = app.run({"cfg": {}}, run_id="r")
+    kept = {w.task_id: w.value for w in store.get("r").writes if w.channel == "cfg"}
+    assert kept == {"0:a:0": {"a": 1}, "0:b:0": {"b": 2}}
+    store.decide("r", first.interrupt.step_id, True)
+    assert app.run(None, run_id="r").state == {"cfg": {"a": 1, "b": 2, "c": 3}}
+
+
+def _x_graph(x_reducer):
+    append = isinstance(x_reducer, durkv.Append)
+    g = durkv.Graph({"x": x_reducer, "n": durkv.Last(0)})
+    g.add_node("a", lambda s, ctx: {"x": [s["n"]] if append else s["n"], "n": s["n"] + 1})
+    g.add_edge(durkv.START, "a")
+    g.add_conditional_edges("a", lambda s: "a" if s["n"] < 3 else durkv.END)
+    return g
+
+
+def test_a_channel_whose_reducer_changed_under_a_run_fails_it_and_recover_goes_on(store):
+    """A deploy turned channel x from Last into Append under the same name: resuming the
+    run raised a raw AttributeError from the fold ('int' has no 'extend'), and
+    app.recover() stopped there, leaving the other runs unresumed."""
+    it = _x_graph(durkv.Last(0)).compile(store, name="agent").stream({}, run_id="old")
+    next(it)
+    it.close()      # a run cut mid-flight under the old graph: x holds an int
+    app = _x_graph(durkv.Append()).compile(store, name="agent")
+    it = app.stream({}, run_id="new")
+    next(it)
+    it.close()
+    got = {r.run_id: r for r in app.recover()}
+    assert got["new"].status == "finished" and got["new"].state["x"] == [0, 1, 2]
+    assert got["old"].status == "failed" and isinstance(got["old"].error, GraphError)
+    assert "channel 'x'" in got["old"].message and "name=" in got["old"].message
+    assert app.state("old").status == "failed"
+    with pytest.raises(GraphError, match="channel 'x' is a durkv.Append.*reducer changed"):
+        app.run(None, run_id="old")
+    assert _x_graph(durkv.Last(0)).compile(store, name="agent").run(
+        None, run_id="old").state == {"x": 2, "n": 3}       # the old code finishes it
+
+
+def test_a_pending_write_that_no_longer_fits_its_channel_is_a_graph_error(store):
+    g = durkv.Graph({"x": durkv.Last(0)})
+    g.add_node("a", lambda s, ctx: {"x": 5})
+    g.add_node("b", lambda s, ctx: ctx.approve("go") and None)
+    for n in "ab":
+        g.add_edge(durkv.START, n)
+    first = g.compile(store, name="agent").run({}, run_id="r")
+    store.decide("r", first.interrupt.step_id, True)
+    g2 = durkv.Graph({"x": durkv.Append()})
+    g2.add_node("a", lambda s, ctx: {"x": [5]})
+    g2.add_node("b", lambda s, ctx: None)
+    for n in "ab":
+        g2.add_edge(durkv.START, n)
+    with pytest.raises(GraphError, match="channel 'x'.*pending write of task 0:a:0"):
+        g2.compile(store, name="agent").run(None, run_id="r")
+
+
+class _Killed(BaseException):
+    """A kill -9 inside a tool call: neither a receipt nor an error is journaled."""
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_an_at_most_once_tool_in_doubt_pauses_the_run_until_it_is_resolved(store, done):
+    """It listed as `failed` (durkv runs --status in_doubt missed it), and after
+    `durkv resolve` app.recover() passed it by as failed instead of resuming it."""
+    kill, paid = {"on": True}, []
+
+    @durkv.tool(version="1", at_most_once=True, name="pay")
+    def pay(amount, *, idempotency_key):
+        if kill["on"]:
+            raise _Killed()
+        paid.append(idempotency_key)
+        return f"paid {amount}"
+
+    g = durkv.Graph({"out": durkv.Last(None), "other": durkv.Last(0)})
+    g.add_node("n", lambda s, ctx: {"out": ctx.tool(pay, 10)})
+    g.add_node("m", lambda s, ctx: {"other": 1})
+    for n in "mn":
+        g.add_edge(durkv.START, n)
+    app = g.compile(store)
+    with pytest.raises(_Killed):
+        app.run({}, run_id="r")
+    kill["on"] = False
+    res = app.run(None, run_id="r")
+    assert (res.status, res.in_doubt) == ("in_doubt", ["0:n:0:0"])
+    assert "store.resolve('r', '0:n:0:0'" in res.message
+    assert [(i.status, i.step) for i in store.runs()] == [("in_doubt", "0:n:0:0")]
+    length = store.journal_length("r")
+    assert app.run(None, run_id="r").status == "in_doubt"      # nothing runs before
+    assert [r.status for r in app.recover()] == ["in_doubt"]
+    assert app.state("r").status == "in_doubt" and store.journal_length("r") == length
+    store.resolve("r", "0:n:0:0", done=done, result="paid 10" if done else None)
+    assert app.state("r").status == "running"
+    [res] = app.recover()
+    assert res.status == "finished" and res.state == {"out": "paid 10", "other": 1}
+    assert paid == ([] if done else ["r:0:n:0:0"])
+
+
+def test_a_durable_sleeps_wake_time_is_not_pushed_back_by_its_siblings(store):
+    """The pause said `now + left` at the barrier, `now` after the siblings' work: a node
+    that slept 0.3 s next to a 1 s sibling was reported sleeping until t0 + 1.3 s, and
+    app.run at t0 + 1 s ran nothing."""
+    def napper(state, ctx):
+        ctx.sleep(0.3)
+        return {"x": 1}
+
+    def worker(state, ctx):
+        time.sleep(1.0)         # e.g. a slow model call
+
+    g = durkv.Graph({"x": durkv.Last(0)})
+    g.add_node("napper", napper)
+    g.add_node("worker", worker)
+    for n in ("napper", "worker"):
+        g.add_edge(durkv.START, n)
+    app = g.compile(store)
+    t0 = time.time()
+    res = app.run({}, run_id="r")
+    assert res.status == "sleeping" and t0 + 0.3 <= res.until < t0 + 0.8
+    assert store.runs()[0].until == res.until
+    assert time.time() > res.until      # the sibling's second is past its wake time
+    assert app.run(None, run_id="r").state == {"x": 1}
+
+
+def test_a_node_running_a_sub_run_of_its_app_wider_than_the_pool_does_not_deadlock(store):
+    """Each outer Send worker held a pool thread while it waited for its sub-run's
+    parallel tasks, queued on that same pool: with the fan-out wider than the pool,
+    every worker waited and no task ran."""
+    holder = {}
+    g = durkv.Graph({"topic": durkv.Last(""), "depth": durkv.Last(0), "notes": durkv.Append()})
+    g.add_node("plan", lambda s, ctx: None)
+
+    def research(arg, ctx):
+        topic, depth = arg
+        if depth >= 1:
+            return {"notes": [topic]}
+        sub = holder["app"].run({"topic": topic, "depth": depth + 1},
+                                run_id=f"{ctx.run_id}/{topic}")
+        return {"notes": sub.state["notes"]}
+
+    g.add_node("research", research)
+    g.add_edge(durkv.START, "plan")
+    g.add_conditional_edges("plan", lambda s: [
+        durkv.Send("research", (f"{s['topic']}.{i}", s["depth"])) for i in range(3)])
+    app = holder["app"] = g.compile(store, max_workers=2)
+    got = {}
+    t = threading.Thread(target=lambda: got.update(
+        res=app.run({"topic": "t", "depth": 0}, run_id="root")), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "deadlocked: every pool thread waits for a queued task"
+    assert got["res"].state["notes"] == [f"t.{i}.{j}" for i in range(3) for j in range(3)]
+    app.close()
+
+
+def test_a_run_of_another_graph_name_names_the_compile_that_resumes_it(store):
+    """A deploy added a node to a graph compiled under its default name: the refusal said
+    only "use another run id", not the fix -- compile under the run's old name."""
+    def build(extra):
+        g = durkv.Graph({"x": durkv.Last(0)})
+        g.add_node("a", lambda s, ctx: ctx.approve("go") and {"x": 1})
+        g.add_edge(durkv.START, "a")
+        if extra:
+            g.add_node("audit", lambda s, ctx: None)
+            g.add_edge("a", "audit")
+        return g
+
+    first = build(False).compile(store).run({}, run_id="t-7")
+    store.decide("t-7", first.interrupt.step_id, True)
+    with pytest.raises(RunConflictError,
+                       match=r"g\.compile\(store, name='graph:a\|x'\)") as e:
+        build(True).compile(store).run(None, run_id="t-7")
+    assert e.value.context["graph"] == "graph:a|x"
+    res = build(True).compile(store, name="graph:a|x").run(None, run_id="t-7")
+    assert res.status == "finished" and res.state == {"x": 1}

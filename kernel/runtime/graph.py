@@ -22,7 +22,10 @@ the chosen durability. A node's ``ctx`` is the run journal scoped to its task
 :mod:`durkv.runtime.graph_exec`.
 
 State given to a node is the run's own: return changes, never mutate it in place (an
-in-place edit is not an update: a resumed run would not see it).
+in-place edit is not an update: a resumed run would not see it). Returning a state value
+in an update (``{"snap": state["messages"]}``, nested or not) is safe: a list the state
+would grow in place, or a function channel's value its reducer may edit, is copied first
+when anything else holds it, so the snapshot stays what the node saw.
 """
 
 from __future__ import annotations
@@ -253,12 +256,15 @@ class App:
         be None): it resumes the run from its newest checkpoint, re-running only the
         tasks of the unfinished superstep that have no update. A finished run returns its
         recorded result without running anything; a run waiting for an undecided
-        approval, or sleeping before its wake time, returns as it is (``wait=True``:
-        a durable sleep blocks in-process until its wake time instead).
+        approval, in doubt before an operator's resolve, or sleeping before its wake time,
+        returns as it is (``wait=True``: a durable sleep blocks in-process until its wake
+        time instead).
 
         A node's exception ends the run ``failed`` (``result.error``); a node that asks
-        for an approval pauses it ``waiting``; a durable ``ctx.sleep`` pauses it
-        ``sleeping``. In all three the other tasks' updates are kept.
+        for an approval pauses it ``waiting``; an at-most-once tool interrupted between
+        intent and receipt pauses it ``in_doubt`` (``result.in_doubt``: resolve each with
+        ``store.resolve``); a durable ``ctx.sleep`` pauses it ``sleeping``. In all four
+        the other tasks' updates are kept.
 
         Raises:
             RunConflictError: another input for an existing run, or a thread that is not
@@ -310,7 +316,10 @@ class App:
             self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="durkv-graph")
         futures = [self._pool.submit(ex.call, t) for t in todo]
         try:
-            return [f.result() for f in futures]
+            # a task no worker has started yet runs in this thread, which would only wait:
+            # it may itself be a worker of this pool (a node running a sub-run of this
+            # app), and with every worker waiting for queued tasks, none would ever run
+            return [ex.call(t) if f.cancel() else f.result() for f, t in zip(futures, todo)]
         except BaseException:   # e.g. a KeyboardInterrupt: the run is released only once
             wait(futures)       # no worker still runs a task of it
             raise
@@ -341,11 +350,13 @@ class App:
     def recover(self, *, durability: str | None = None,
                 max_supersteps: int | None = None) -> list[GraphResult]:
         """Resume every unfinished run of this graph in the store -- crashed mid-superstep,
-        waiting with a decision now recorded, sleeping past its wake time -- and return
-        their results (runs still waiting or sleeping are returned as they are, failed
-        ones are not re-run: resume those with ``app.run(None, run_id=...)``; a run
-        whose graph breaks its contract -- a GraphError -- is returned ``failed`` and the
-        others go on). A run driven elsewhere in this process is skipped."""
+        waiting with a decision now recorded, in doubt with a resolve now recorded,
+        sleeping past its wake time -- and return their results (runs still waiting, in
+        doubt or sleeping are returned as they are, failed ones are not re-run: resume
+        those with ``app.run(None, run_id=...)``; a run whose graph breaks its contract
+        -- a GraphError, e.g. a stored value that no longer fits its channel's reducer
+        -- is returned ``failed`` and the others go on). A run driven elsewhere in this
+        process is skipped, and so are runs of other graph names."""
         out = []
         for tid in self.store.threads():
             head = next(iter(self.store.history(tid, "", limit=1, values=False)), None)

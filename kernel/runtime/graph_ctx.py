@@ -12,6 +12,7 @@ own awaits interleave by timing, so they must name their calls with ``key=``.
 
 from __future__ import annotations
 
+import time
 from itertools import count
 from typing import Any, Callable
 
@@ -30,6 +31,11 @@ class SleepPause(BaseException):
     def __init__(self, seconds_left: float) -> None:
         super().__init__(f"durable sleep: {seconds_left:.3f} s left")
         self.left = seconds_left
+        # the wake time the journal holds, read now: the superstep pauses once its
+        # siblings are done, and ``now + left`` then would push it back by their run time
+        # (raised as the run computes ``left``: later only by its status record's write,
+        # or an async sleep's fsync wait; never earlier)
+        self.until = time.time() + seconds_left
 
 
 class NodeContext:

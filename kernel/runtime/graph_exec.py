@@ -8,8 +8,8 @@ superstep, so a resume folds only the records after it) and ``status: "finished"
 once nothing is left to run. A superstep that cannot finish leaves, as pending writes
 of checkpoint k: each completed task's update (task id ``f"{k}:{node}:{index}"``, a
 ``__task__`` marker then its channels) and one ``__pause__`` record saying why it
-stopped (``waiting``, ``sleeping`` with its wake time, ``failed``). A resume runs only
-the tasks without an update.
+stopped (``waiting``, ``sleeping`` with its wake time, ``in_doubt`` with the in-doubt
+tool calls' step ids, ``failed``). A resume runs only the tasks without an update.
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from sys import getrefcount
 from typing import Any
 
 from ..durability import SYNC
 from ..errors import (
-    ConfigError, DurkvError, FrameTooLargeError, GraphError, Interrupted, NotFoundError,
-    RunConflictError, SerializationError,
+    ConfigError, DurkvError, FrameTooLargeError, GraphError, InDoubtError, Interrupted,
+    NotFoundError, RunConflictError, SerializationError,
 )
 from .graph_ctx import NodeContext, SleepPause
 from .graph_spec import APPEND, FN, START, Spec, Task, decode_tasks
-from .journal import E_DECISION, E_RUN, E_STATUS
+from .journal import E_DECISION, E_RESOLVE, E_RUN, E_STATUS
 from .plan import err_type
 from .run import NO_INPUT, Run, fingerprint
 from .values import Values
@@ -38,6 +39,9 @@ DONE_CH = "__task__"        # a completed task's marker write (its update may be
 PAUSE_TASK = "__pause__"    # the task id of the superstep's pause record
 PAUSE_CH = "__interrupt__"  # a special channel: a later pause record overwrites the last
 _MISSING = object()
+# the pauses an answer in the journal ends: a decision (store.decide), a resolve
+_ANSWERED_BY = {"waiting": E_DECISION, "in_doubt": E_RESOLVE}
+_SCALARS = frozenset((str, int, float, bool, bytes, type(None)))    # immutable: no copy
 
 
 def cid_of(step: int) -> str:
@@ -59,9 +63,11 @@ class Pending:
 class GraphResult:
     """What ``app.run`` returns (and ``app.state`` reads): ``status`` is ``finished``,
     ``waiting`` (``waiting`` lists the approvals), ``sleeping`` (until ``until``),
-    ``failed`` (``error`` the exception when raised in this process, ``message`` its
-    text) or, from ``app.state`` only, ``running`` (unfinished: resume with
-    ``app.run(None, run_id=...)``)."""
+    ``in_doubt`` (``in_doubt`` lists the step ids of at-most-once tool calls interrupted
+    between intent and receipt: record what happened with ``store.resolve(run_id,
+    step_id, done=...)``; ``message`` says how), ``failed`` (``error`` the exception when
+    raised in this process, ``message`` its text) or, from ``app.state`` only,
+    ``running`` (unfinished: resume with ``app.run(None, run_id=...)``)."""
 
     run_id: str
     status: str
@@ -72,6 +78,7 @@ class GraphResult:
     until: float | None = None
     error: BaseException | None = None
     message: str | None = None
+    in_doubt: list = field(default_factory=list)
 
     @property
     def interrupt(self) -> Pending | None:
@@ -231,9 +238,14 @@ class Execution:
         if not isinstance(rec, dict) or rec.get("graph") != self.name:
             other = rec.get("graph") if isinstance(rec, dict) else None
             raise RunConflictError(
-                f"thread {self.run_id!r} holds " + (f"a run of graph {other!r}, not {self.name!r}"
-                                                    if other else "checkpoints of no durkv.Graph")
-                + "; use another run id", run_id=self.run_id)
+                f"thread {self.run_id!r} holds " + (
+                    f"a run of graph {other!r}, not {self.name!r}: to run it with this "
+                    f"code, compile the graph under the run's name, g.compile(store, "
+                    f"name={other!r}) (a default name changes with the nodes and "
+                    "channels: name graphs whose runs outlive a deploy); for a new job, "
+                    "use another run id" if other else
+                    "checkpoints of no durkv.Graph; use another run id"),
+                run_id=self.run_id, graph=other)
         if fp is not None and rec.get("in") not in fp:
             raise RunConflictError(
                 f"run {self.run_id!r} exists with another input; two jobs must not share a run "
@@ -255,6 +267,7 @@ class Execution:
         self.values = self.spec.defaults()
         self.values.update(ck.values)
         self.versions = dict(ck.versions)
+        self._check_kinds(ck)
         self.tasks = decode_tasks(meta.get("next", []))
         lost = sorted({t.node for t in self.tasks} - self.spec.nodes.keys())
         if lost:
@@ -273,6 +286,28 @@ class Execution:
         if meta.get("status") == "finished":
             self.result = self._result("finished")
 
+    def _check_kinds(self, ck: Any) -> None:
+        """Refuse a run whose stored values or pending writes do not fit their channels'
+        reducers: the graph changed under it (a deploy turned a ``Last`` channel into an
+        ``Append``), and the first superstep would fail on them deep in a fold."""
+        chans = self.spec.channels
+        for ch, v in ck.values.items():
+            if _misfit(chans.get(ch), v, list):
+                raise self._changed(ch, f"holds {type(v).__name__} {v!r:.60}")
+        for w in ck.writes:
+            if _misfit(chans.get(w.channel), w.value, (list, tuple)):
+                raise self._changed(w.channel, f"has a pending write of task {w.task_id} "
+                                               f"that is {type(w.value).__name__} "
+                                               f"{w.value!r:.60}")
+
+    def _changed(self, ch: str, what: str) -> GraphError:
+        return GraphError(
+            f"run {self.run_id!r}: channel {ch!r} is a durkv.Append() in this graph, but "
+            f"the run {what}, not a list: the channel's reducer changed since the run "
+            f"started. Finish the run with the graph's code that started it, and compile "
+            f"the changed graph under a new name (g.compile(store, name=...)) so that its "
+            f"runs stay apart from {self.name!r}'s", run_id=self.run_id, channel=ch)
+
     def _ready(self, resume_failed: bool) -> bool:
         """Whether the loaded run has work to do now; else ``result`` says why not."""
         p = self.pause
@@ -285,7 +320,8 @@ class Execution:
                 self.result = self._paused(p)
                 return False
             time.sleep(left)
-        elif st == "waiting" and not self._decided(p):
+        elif st in _ANSWERED_BY and not self._answered(p):
+            # waiting for a decision, or in doubt until an operator's resolve: run nothing
             self.result = self._paused(p)
             return False
         elif st == "failed" and not resume_failed:
@@ -296,25 +332,35 @@ class Execution:
     def inspect(self, ck: Any) -> GraphResult:
         """The status of the run whose newest checkpoint is ``ck`` (nothing is run)."""
         self.check(ck, None)
-        self._load(ck)
+        try:
+            self._load(ck)
+        except GraphError as e:     # this graph cannot run it (a deploy changed it)
+            return self._result("failed", error=e, message=f"{err_type(e)}: {e}")
         if self.result is not None:
             return self.result
         p = self.pause
         if p is not None and p.get("status") == "waiting":
             # the approvals still to decide: a decided one is not pending any more, and
             # with none left the run is ready to resume
-            done = self._decided(p)
+            done = self._answered(p)
             p = {**p, "waiting": [w for w in p.get("waiting", ()) if w[0] not in done]}
             if not p["waiting"]:
                 p = None
+        elif p is not None and p.get("status") == "in_doubt" and self._answered(p):
+            p = None        # resolved: the next app.run/recover resumes it
         return self._result("running") if p is None else self._paused(p)
 
-    def _decided(self, p: dict) -> set[str]:
-        """The step ids of the paused approvals of ``p`` whose decision is journaled (the
-        records since the checkpoint: the requests and decisions of this superstep)."""
-        want = {w[0] for w in p.get("waiting", ())}
+    def _answered(self, p: dict) -> set[str]:
+        """The step ids of ``p``'s pause that are answered in the journal: the approvals
+        of a ``waiting`` run with a decision, the tool calls of an ``in_doubt`` one with
+        an operator's resolve (the records since the checkpoint: those of this
+        superstep)."""
+        st = p.get("status")
+        want = ({w[0] for w in p.get("waiting", ())} if st == "waiting"
+                else set(p.get("in_doubt", ())))
+        kind = _ANSWERED_BY[st]
         return {r["s"] for r in self.store.journal(self.run_id, start=self.since)
-                if r.get("e") == E_DECISION and r.get("s") in want}
+                if r.get("e") == kind and r.get("s") in want}
 
     def _result(self, status: str, **kw: Any) -> GraphResult:
         if self.dirty:
@@ -323,7 +369,8 @@ class Execution:
 
     def _paused(self, p: dict) -> GraphResult:
         return self._result(p["status"], waiting=[Pending(*w) for w in p.get("waiting", ())],
-                            until=p.get("until"), message=p.get("message"))
+                            until=p.get("until"), message=p.get("message"),
+                            in_doubt=list(p.get("in_doubt", ())))
 
     # -- a superstep: the tasks, the barrier, the commit -------------------------------------
 
@@ -477,29 +524,59 @@ class Execution:
                 staged[ch] = v
 
     def _fold(self, staged: dict, node: str, ch: str, fn: Any, v: Any) -> None:
-        old = staged[ch] if ch in staged else (
-            self.values[ch] if ch in self.versions else _MISSING)
-        if old is _MISSING:
-            staged[ch] = v
+        if ch in staged:
+            old = staged[ch]
+        elif ch in self.versions:
+            old = self.values[ch]
+            if type(old) not in _SCALARS and getrefcount(old) > _STATE_ONLY:
+                # the reducer may edit it in place (``a.extend(b)``), and something else
+                # holds it (a node set another channel to it): that value must stay what
+                # the node saw. It was stored: it encodes
+                old = self.store.serde.loads(self.store.serde.dumps(old))
+        else:
+            staged[ch] = self._own(node, ch, v)
             return
         try:
-            staged[ch] = fn(old, v)
+            new = fn(old, v)
         except Exception as e:
             name = getattr(fn, "__qualname__", repr(fn))
             raise GraphError(f"{_who(node)}: the reducer {name!r} of channel {ch!r} refused "
                              f"the update {v!r:.80} ({err_type(e)}: {e})",
                              node=node, key=ch) from e
+        staged[ch] = self._own(node, ch, v) if new is v else new
+
+    def _own(self, node: str, ch: str, v: Any) -> Any:
+        """The state's own copy of a node's value that a fold would otherwise take as is
+        (a channel's first value, or a reducer returning its ``new``): a later fold --
+        an in-place reducer, ``a.extend(b); return a`` -- edits the state's value, and
+        the node's object is also its update, kept as a pending write when the superstep
+        stops and yielded by ``app.stream``. Decoded from its serde bytes: the value a
+        resumed run reads. Only then: a reducer's own result is not copied."""
+        if type(v) in _SCALARS:
+            return v
+        serde = self.store.serde
+        try:
+            return serde.loads(serde.dumps(v))
+        except Exception as e:      # a user serde may raise anything: name the node
+            raise GraphError(f"{_who(node)}: the update of channel {ch!r} cannot be stored: "
+                             f"{e}", node=node, key=ch) from e
 
     def apply(self, staged: dict) -> dict:
         """Apply folded updates to the state; returns the changed channels' values."""
         values, chans = self.values, self.spec.channels
         for ch, v in staged.items():
-            if chans[ch][0] == APPEND:
-                cur = values[ch]
-                cur.extend(v)       # in place: the list is ours, the store copies what it keeps
-                staged[ch] = cur
-            else:
+            if chans[ch][0] != APPEND:
                 values[ch] = v
+                continue
+            cur = values[ch]
+            if getrefcount(cur) > _STATE_ONLY:
+                # a node kept the list (a Last/function channel set to it, ``{"snap":
+                # state["msgs"]}``, maybe nested; a closure): it keeps what it saw, the
+                # state goes on with a copy (once: nothing else holds the new list)
+                cur = values[ch] = cur + v
+            else:
+                cur.extend(v)       # in place: the list is ours, the store copies what it keeps
+            staged[ch] = cur
         return staged
 
     def _route(self, sources: list[str]) -> list[Task]:
@@ -563,18 +640,23 @@ class Execution:
         for o in excs:
             if not isinstance(o.exc, (Exception, Interrupted, SleepPause)):
                 raise o.exc         # KeyboardInterrupt, SystemExit: after the siblings' writes
-        failed = [o for o in excs if isinstance(o.exc, Exception)]
+        # an at-most-once tool in doubt pauses the run until an operator resolves it
+        doubts = [o.exc for o in excs if isinstance(o.exc, InDoubtError)]
+        failed = [o for o in excs if isinstance(o.exc, Exception)
+                  and not isinstance(o.exc, InDoubtError)]
         waits = [o.exc for o in excs if isinstance(o.exc, Interrupted)]
         if failed:
             o = failed[0]
             p = {"status": "failed", "message": f"node {o.task.node!r} (task "
                  f"{self.task_id(o.task)}) raised {err_type(o.exc)}: {o.exc}"}
+        elif doubts:
+            p = {"status": "in_doubt", "in_doubt": [e.step_id for e in doubts],
+                 "message": str(doubts[0])}
         elif waits:
             p = {"status": "waiting", "waiting": [[w.step_id, w.action, w.payload]
                                                   for w in waits]}
-        else:
-            now = time.time()
-            p = {"status": "sleeping", "until": min(now + o.exc.left for o in excs)}
+        else:       # the earliest wake time a task asked for (its siblings' run time aside)
+            p = {"status": "sleeping", "until": min(o.exc.until for o in excs)}
         self._pause(p)
         self.result = self._paused(p)
         if failed:
@@ -621,7 +703,8 @@ class Execution:
             return
         r = self.result
         if r is not None:
-            step = r.waiting[0].step_id if r.waiting else None
+            step = (r.waiting[0].step_id if r.waiting
+                    else r.in_doubt[0] if r.in_doubt else None)
             run.mark(r.status, step, r.message, r.until)
         run.close(record=False)     # a stream abandoned early: the run stays "running"
 
@@ -643,6 +726,27 @@ async def in_thread(fn: Any, *args: Any) -> Any:
         if not fut.cancelled():
             fut.exception()     # retrieved: the cancellation is what the caller gets
         raise
+
+
+def _state_only() -> int:
+    """``getrefcount(value)`` of a value that only the state (a dict) holds, bound to a
+    local as in ``apply`` and ``_fold``: measured by the same code, so that the
+    interpreter's own references (the local, the argument) cancel out. A higher count
+    there means something else holds the state's value -- an update, another channel's
+    value at any depth, a node's closure -- and it must not be edited in place (CPython's
+    reference count: exact, and a call per Append channel or function channel fold)."""
+    values = {"ch": []}
+    cur = values["ch"]
+    return getrefcount(cur)
+
+
+_STATE_ONLY = _state_only()
+
+
+def _misfit(chan: tuple | None, v: Any, fits: type | tuple) -> bool:
+    """Whether a stored value cannot be a value (or an update) of channel ``chan``: only an
+    Append channel's has a type (a list; its updates: lists or tuples)."""
+    return chan is not None and chan[0] == APPEND and not isinstance(v, fits)
 
 
 def _who(node: str) -> str:
