@@ -114,6 +114,12 @@ def _decodes(store: Any, tries: int = 8) -> bool:
     return True
 
 
+def _undecodable(serde: str, cause: str) -> SerializationError:
+    other = "msgpack" if serde == "langgraph" else "langgraph"
+    return SerializationError(f"cannot decode a stored value with the {serde} serde "
+                              f"({cause}); try --serde {other}")
+
+
 @contextmanager
 def open_reader(path: Path, serde: str) -> Iterator[Any]:
     """The store at ``path``, read-only, with the serializer that can decode it."""
@@ -130,13 +136,14 @@ def open_reader(path: Path, serde: str) -> Iterator[Any]:
             store = open_store(where, read_only=True, serde=lg)
     try:
         yield store
-    except DurkvError:
-        raise
+    except DurkvError as exc:
+        if not isinstance(exc, SerializationError) or "cause" not in exc.context:
+            raise
+        # durkv's serde on bytes it cannot read (its message gives the library's fix)
+        raise _undecodable(serde, exc.context["cause"]) from exc
     # a value the chosen serde cannot decode (NotImplementedError: LangGraph's unknown type)
     except (ValueError, TypeError, NotImplementedError) as exc:
-        other = "msgpack" if serde == "langgraph" else "langgraph"
-        raise SerializationError(f"cannot decode a stored value with the {serde} serde "
-                                 f"({type(exc).__name__}: {exc}); try --serde {other}") from exc
+        raise _undecodable(serde, f"{type(exc).__name__}: {exc}") from exc
     finally:
         store.close()
     if keyless is not None:

@@ -319,8 +319,18 @@ class MsgpackSerde:
         return msgpack.packb(obj, default=self._default, use_bin_type=True, strict_types=True)
 
     def loads(self, data: bytes) -> Any:
-        return msgpack.unpackb(data, ext_hook=self._decode_ext, raw=False,
-                               strict_map_key=False, use_list=True)
+        try:
+            return msgpack.unpackb(data, ext_hook=self._decode_ext, raw=False,
+                                   strict_map_key=False, use_list=True)
+        except (ValueError, msgpack.UnpackException) as e:     # ExtraData, FormatError...
+            if isinstance(e, SerializationError):
+                raise
+            raise SerializationError(
+                f"stored bytes durkv's serde cannot read ({type(e).__name__}: {e}); values "
+                "a DurkvSaver wrote are in LangGraph's serializer: read them with "
+                "DurkvSaver.open(url), or durkv.open(url, serde=durkv.langgraph_serde."
+                "LangGraphSerde(JsonPlusSerializer()))",
+                cause=f"{type(e).__name__}: {e}") from None
 
     def _encode_or_fallback(self, obj: Any) -> Any:
         try:

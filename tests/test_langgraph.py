@@ -745,3 +745,26 @@ def test_sqlite_and_postgres_savers_constructor_idioms_work(tmp_path):
     assert asyncio.run(async_idiom()) == 2
     with DurkvSaver.from_conn_string(":memory:") as saver:
         assert saver.get_tuple(cfg()) is None
+
+
+def test_a_store_a_saver_and_durkv_open_share_reads_and_deletes_runs_with_typed_errors(
+        tmp_path):
+    # a DurkvSaver thread and a plain run in one store: durkv.open's get of the thread was
+    # a raw msgpack ExtraData, and delete_runs of any run failed through either handle
+    import durkv
+
+    path = str(tmp_path / "mixed")
+    with DurkvSaver.open(path) as saver:
+        loop_graph(2).compile(checkpointer=saver).invoke({"n": 0, "messages": []}, cfg("lg"))
+    with durkv.open(path) as store:
+        store.put("plain", "", "0001", checkpoint={}, metadata={"run_id": "r1"},
+                  values={"v": 1}, versions={"v": 1})
+        with pytest.raises(durkv.SerializationError, match="DurkvSaver.open"):
+            store.get("lg")
+        store.delete_runs(["r1"])
+        assert store.get("plain") is None
+    with DurkvSaver.open(path) as saver:
+        saver.store.put("plain", "", "0002", checkpoint={}, metadata={"run_id": "r2"},
+                        values={"v": 2}, versions={"v": 1})
+        saver.delete_for_runs(["r2"])
+        assert saver.get_tuple(cfg("lg")) is not None

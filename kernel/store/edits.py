@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import RunConflictError
+from ..errors import RunConflictError, SerializationError
 from ..payload import encode_record
 from .appender import Appender
 from .reads import Reads
@@ -82,7 +82,12 @@ class Edits:
     def _run_of(self, lsn: int) -> str | None:
         """The checkpoint's ``metadata["run_id"]`` if it is a str (run ids are: a list
         there, which a put accepts, is no run's and must not fail the set lookup)."""
-        meta = self._reads.metadata_at(lsn)
+        try:
+            meta = self._reads.metadata_at(lsn)
+        except SerializationError:
+            # another serde's checkpoint (a DurkvSaver thread in a store durkv.Graph
+            # also uses): its runs are deleted through a handle with that serde
+            return None
         run = meta.get("run_id") if isinstance(meta, dict) else None
         return run if isinstance(run, str) else None
 
