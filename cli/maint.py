@@ -85,6 +85,7 @@ def compact(ctx: click.Context, store: str, as_json: bool, quiet: bool) -> None:
         try:
             res = output.with_progress("compacting", show, lambda bar: s.compact(bar))
         except StoreLockedError:
+            s.close(snapshot=False)     # refused: nothing of this handle's is appended
             refusal = StoreLockedError(f"another process has {where} open for writing and "
                                        "compact needs the store to itself; nothing was changed",
                                        path=where)

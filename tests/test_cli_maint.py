@@ -169,6 +169,9 @@ def test_compact_json_and_quiet(tmp_path):
 _HOLDER = """
 import sys, time, durkv
 s = durkv.open(sys.argv[1])
+# an agent's commit since the store's last index snapshot: a refused compact's close
+# appended a snapshot of the whole index for it, per try
+s.put("agent", "", "c1", checkpoint={}, metadata={}, values={"i": 1}, versions={"i": 1})
 print("OPEN", flush=True)
 sys.stdin.readline()
 s.close()
@@ -180,11 +183,11 @@ def test_compact_refuses_while_another_process_writes(tmp_path):
     fill(d, threads=2, steps=10)
     with durkv.open(str(d)) as s:
         s.delete_thread("t1")
-    files = {p: p.read_bytes() for p in d.glob("*.seg")}
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(d)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "OPEN"
+        files = {p: p.read_bytes() for p in d.glob("*.seg")}
         for args in (["compact", d], ["compact", "--json", d]):
             result = run(*args)
             assert result.exit_code == 1, result.output

@@ -78,11 +78,11 @@ class RuntimeStore(Store):
             raise
         return store
 
-    def close(self) -> None:
+    def close(self, *, snapshot: bool = True) -> None:
         """:meth:`durkv.store.Store.close`, after stopping an ``s3://`` writer's intake of
         decision objects."""
         remote.stop(self)
-        super().close()
+        super().close(snapshot=snapshot)
 
     def runs(self) -> list[RunInfo]:
         """Every run with a journal and its status (see :func:`durkv.runtime.control.runs`);

@@ -319,13 +319,17 @@ class Store:
             self._check_open()
             self._appender.flush()
 
-    def close(self) -> None:
-        """Flush and release the backend. Idempotent."""
+    def close(self, *, snapshot: bool = True) -> None:
+        """Flush and release the backend. Idempotent. A writer appends an index snapshot
+        first when frames were committed since the last one (the next open replays
+        less); ``snapshot=False`` skips it: a handle whose work was refused (a ``durkv
+        compact`` beside a running agent would add a snapshot of the whole index per
+        try, for the agent's commits)."""
         with self._lock:
             if self._closed:
                 return
             try:
-                if not self.read_only:
+                if not self.read_only and snapshot:
                     with self._writing():
                         if self._index.stale():
                             self._index.write_snapshot()
