@@ -735,3 +735,38 @@ def test_a_run_recorded_before_fold_codes_replays_its_fold_1_inputs(tmp_path, mo
     with durkv.open(path) as s, s.run("r") as run:    # today's durkv replays it
         assert run.step("plan", model, {"at": at}) == "answer"
     assert len(calls) == 1
+
+
+class _Response:                    # a client library's response object: no serde stores it
+    def __init__(self, status):
+        self.status = status
+
+
+class _RateLimited(Exception):
+    def __init__(self, response):
+        super().__init__("rate limited")
+        self.response = response
+        self.status = response.status
+
+
+def test_an_exception_attribute_that_does_not_serialize_is_absent_on_replay(url, caplog):
+    # live, e.response is the client's object; on replay the class was re-called with its
+    # args ("rate limited"), not its __init__'s, and e.response held the message string
+    def call():
+        raise _RateLimited(_Response(429))
+
+    def agent(run):
+        try:
+            run.step("model", call)
+        except _RateLimited as e:
+            return e
+
+    with durkv.open(url) as s:
+        with caplog.at_level("WARNING", logger="durkv"), s.run("r") as run:
+            live = agent(run)
+        assert live.response.status == 429 and "without its attribute(s) response" in caplog.text
+        with s.run("r") as run:
+            replayed = agent(run)
+        assert type(replayed) is _RateLimited and str(replayed) == "rate limited"
+        assert replayed.status == 429                   # what serializes is kept
+        assert not hasattr(replayed, "response")        # never the message string

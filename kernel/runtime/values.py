@@ -25,6 +25,7 @@ import collections
 import datetime as _dt
 import decimal
 import enum
+import logging
 import uuid
 from operator import itemgetter
 from typing import Any, Callable
@@ -37,6 +38,8 @@ from ..serde import (EXT_ENUM, EXT_FROZENSET, EXT_SET, MsgpackSerde, class_path,
                      without_fold)
 
 __all__ = ["Values", "err_message", "fingerprint"]
+
+log = logging.getLogger("durkv")
 
 _EXT_FOREIGN = 127     # fingerprints only: a value the default serde cannot encode, as the
                        # store serde's bytes
@@ -326,9 +329,20 @@ class Values:
         init = self._init_args(exc)
         if init is not None and init != exc.args and self._try(list(init)) is not None:
             more["i"] = list(init)
-        state = {k: v for k, v in vars(exc).items() if self._try(v) is not None}
+        state, lost = {}, []
+        for k, v in vars(exc).items():
+            if self._try(v) is None:
+                lost.append(k)      # a client's response object: see rebuild
+            else:
+                state[k] = v
         if state:
             more["d"] = state
+        if lost:
+            more["x"] = lost
+            log.warning("durkv: recording %s.%s without its attribute(s) %s (they do not "
+                        "serialize): a replay raises it without them; keep what a handler "
+                        "needs as plain data on the exception", t.__module__, t.__qualname__,
+                        ", ".join(lost))
         if _GROUP is not None and isinstance(exc, _GROUP):  # its args hold exceptions: apart
             more["gm"] = exc.message
             more["g"] = [self.error(sub) for sub in exc.exceptions]
@@ -371,10 +385,16 @@ class Values:
         loaded = None if args_b is None else self._load(args_b)
         args = tuple(loaded) if type(loaded) is list else None
         init = tuple(more["i"]) if type(more.get("i")) is list else args
+        # attributes that did not serialize are absent on the replay, never another value
+        # (``__init__`` called with the args may set one to something else: the message)
+        lost = [k for k in more.get("x", ()) if type(k) is str] if type(
+            more.get("x")) is list else []
         if init is not None:
             try:
                 exc = cls(*init)
                 exc.__dict__.update(state)
+                for k in lost:
+                    exc.__dict__.pop(k, None)
                 if str(exc) == msg:
                     return exc
             except Exception:
