@@ -65,6 +65,7 @@ What it adds over them:
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections import ChainMap, deque
@@ -99,7 +100,7 @@ from langgraph.checkpoint.serde.base import maybe_add_typed_methods
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from .durability import DURABILITIES
-from .errors import ConfigError
+from .errors import ConfigError, RunBusyError
 from .langgraph_claim import claim_for_loop
 from .langgraph_serde import (EMPTY, LangGraphSerde, checkpoint_metadata_c, put_args_c,
                               put_writes_args_c)
@@ -121,6 +122,10 @@ _DEFAULT_MODE = "async"  # what LangGraph uses when invoke/stream get no durabil
 _LAG_S = 0.02
 _WAIT_SAVES_S = 0.1
 _RUN_ENDING = frozenset((INTERRUPT, ERROR))
+# how long aget_tuple waits for a claim this process holds: an `astream` broken out of
+# is closed by the event loop's async-generator finalizer (tens of ms to cancel its
+# tasks); a live invocation of the thread is refused after it, as from another process
+_OWN_CLAIM_WAIT = 0.25
 _MISSING_THREAD = (
     "checkpointer needs configurable.thread_id; "
     "pass config={'configurable': {'thread_id': ...}}"
@@ -853,7 +858,23 @@ class DurkvSaver(BaseCheckpointSaver[int]):
     # store's group commit.
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return self.get_tuple(config)
+        try:
+            return self.get_tuple(config)
+        except RunBusyError as e:
+            if str(e.context.get("holder_pid")) != str(os.getpid()):
+                raise
+        # held in this process: by an `astream` the caller broke out of, whose async
+        # generator the event loop closes a moment later (its finalizer runs on this
+        # loop), or by a live invocation. Let the loop run, then claim again: the first
+        # lets go within its own cancellation; a live one is still refused
+        deadline = time.monotonic() + _OWN_CLAIM_WAIT
+        while True:
+            await asyncio.sleep(0.005)
+            try:
+                return self.get_tuple(config)
+            except RunBusyError:
+                if time.monotonic() >= deadline:
+                    raise
 
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None,

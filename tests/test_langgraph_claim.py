@@ -194,6 +194,22 @@ def test_an_abandoned_stream_releases(saver):
     assert graph.invoke({"n": 1}, _cfg())["n"] == 3
 
 
+def test_an_astream_broken_out_of_releases_before_the_next_ainvoke(saver):
+    # the event loop closes an async generator left by `break` a moment later: the next
+    # ainvoke of the thread was refused, naming this very process
+    async def b(s):
+        await asyncio.sleep(0.05)
+        return {"n": s["n"] + 1}
+
+    async def main():
+        graph = _inc_graph(saver, b)
+        async for _ in graph.astream({"n": 1}, _cfg(), stream_mode="debug"):
+            break
+        return await graph.ainvoke({"n": 10}, _cfg())
+
+    assert asyncio.run(main())["n"] == 11
+
+
 def test_a_stream_whose_graph_finished_holds_nothing_while_suspended(saver):
     graph = _inc_graph(saver)
     stream = graph.stream({"n": 1}, _cfg(), stream_mode="values")
@@ -234,7 +250,7 @@ def test_an_interrupt_releases_and_the_resume_claims_again(saver):
 
 def test_two_ainvokes_of_one_thread_in_one_process_one_is_refused(saver):
     async def slow(s):
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.0)    # well past the 0.25 s a claim held here is waited for
         return {"n": s["n"] + 1}
 
     async def main():
