@@ -494,3 +494,44 @@ def test_a_key_naming_a_tool_calls_automatic_id_is_refused_and_a_natural_key_wor
     assert "automatic id of a keyless call of tool call 'call_7'" in got["call_7"]
     # m1, again (call_1), m7: the refused call never ran
     assert sorted(k.split(":", 2)[-1] for k in sent) == ["order:1", "order:7", "x1"], sent
+
+
+def test_tool_calls_sharing_one_id_are_named_as_the_cause(tmp_path):
+    # some providers repeat a tool-call id ("call_0" for each call) or leave it out: the
+    # ToolNode's parallel calls then share one scope, refused as "two threads" without
+    # naming the repeated id, the one thing to fix
+    import threading
+
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool as lc_tool
+    from langgraph.graph import MessagesState
+    from langgraph.prebuilt import ToolNode
+
+    together = threading.Barrier(2, timeout=10)
+
+    @durkv.tool(name="send")
+    def send(to, *, idempotency_key):
+        return to
+
+    @lc_tool
+    def mail(i: int) -> str:
+        """Mail recipient i."""
+        together.wait()             # both calls in flight at once, on two threads
+        return lg_tool(send, f"m{i}")
+
+    def agent(state):
+        return {"messages": [AIMessage("", tool_calls=[
+            {"name": "mail", "args": {"i": i}, "id": "call_0"} for i in (1, 2)])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode([mail], handle_tool_errors=lambda e: f"error: {e}"))
+    g.add_edge(START, "agent")
+    g.add_edge("agent", "tools")
+    g.add_edge("tools", END)
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        out = g.compile(checkpointer=saver).invoke({"messages": []},
+                                                   {"configurable": {"thread_id": "dup"}})
+    errors = [m.content for m in out["messages"] if m.type == "tool" and "error" in m.content]
+    assert len(errors) == 1 and "tool call 'call_0'" in errors[0]
+    assert "same id" in errors[0]

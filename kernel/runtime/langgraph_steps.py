@@ -185,12 +185,16 @@ class _Task:
             self.scopes[scope] = [1, me]
             return 0
         if slot[1] != me:
+            where = "" if scope is None else (
+                f" (the scope is ToolNode tool call {scope!r}: if the model gave several "
+                "tool calls that same id -- some providers repeat or leave out ids -- "
+                "durkv cannot tell them apart; give each call a unique id, or pass key=)")
             raise ConfigError(
                 "durkv.langgraph.step/tool without key= called from two threads of one "
                 "LangGraph task: the automatic ids follow the order of the calls, which "
                 "threads do not keep, so a re-run could give one call another's id. Pass "
-                "key= (a name unique in the node, e.g. the item the thread works on); "
-                "nothing was called")
+                "key= (a name unique in the node, e.g. the item the thread works on)"
+                f"{where}; nothing was called")
         slot[0] += 1
         return slot[0] - 1
 
