@@ -866,3 +866,41 @@ def test_a_run_of_another_graph_name_names_the_compile_that_resumes_it(store):
     assert e.value.context["graph"] == "graph:a|x"
     res = build(True).compile(store, name="graph:a|x").run(None, run_id="t-7")
     assert res.status == "finished" and res.state == {"x": 1}
+
+
+def test_keyless_ctx_calls_from_a_second_thread_of_a_task_are_refused(tmp_path):
+    # a node making its tool calls from a thread pool: the automatic ids went to whichever
+    # thread asked first, and a resume in which the threads asked in the other order
+    # failed the run with IdempotencyConflictError, depending on timing
+    from concurrent.futures import ThreadPoolExecutor
+
+    called = []
+
+    @durkv.tool(name="search")
+    def search(q, *, idempotency_key):
+        called.append(q)
+        return f"results for {q}"
+
+    def build(keyed):
+        g = durkv.Graph({"out": durkv.Append()})
+
+        def research(state, ctx):
+            first = ctx.tool(search, "own")         # the task's own thread binds it
+            with ThreadPoolExecutor(2) as pool:
+                more = list(pool.map(lambda q: ctx.tool(search, q, key=q if keyed else None),
+                                     ["a", "b"]))
+            return {"out": [first, *more]}
+
+        g.add_node("research", research)
+        g.add_edge(durkv.START, "research")
+        g.add_edge("research", durkv.END)
+        return g
+
+    with durkv.open(str(tmp_path / "s.durkv")) as st:
+        r = build(False).compile(st, name="g").run({}, run_id="r")
+        assert r.status == "failed" and isinstance(r.error, ConfigError)
+        assert "second thread of the task" in str(r.error) and "key=" in str(r.error)
+        assert called == ["own"]                    # nothing else was called
+        r = build(True).compile(st, name="g").run({}, run_id="keyed")
+        assert r.status == "finished" and r.state["out"] == [
+            "results for own", "results for a", "results for b"]

@@ -12,6 +12,7 @@ own awaits interleave by timing, so they must name their calls with ``key=``.
 
 from __future__ import annotations
 
+import threading
 import time
 from itertools import count
 from typing import Any, Callable
@@ -38,11 +39,14 @@ class SleepPause(BaseException):
         self.until = time.time() + seconds_left
 
 
+_BINDING = threading.Lock()     # a task's first keyless call binds it to its thread
+
+
 class NodeContext:
     """``ctx`` of a node: every verb of a :class:`durkv.Run`, with step ids derived from
     (superstep, node, task index, call index). See the module docstring."""
 
-    __slots__ = ("run", "superstep", "node", "index", "_prefix", "_n", "_undo")
+    __slots__ = ("run", "superstep", "node", "index", "_prefix", "_n", "_undo", "_thread")
 
     def __init__(self, run: Any, superstep: int, node: str, index: int) -> None:
         self.run = run
@@ -52,6 +56,7 @@ class NodeContext:
         self._prefix: str | None = None     # built at the first durable call
         self._n = count()
         self._undo: list = []
+        self._thread: int | None = None     # the thread of the task's keyless calls
 
     def __repr__(self) -> str:
         return f"<durkv node ctx {self.task_id!r} of run {self.run.run_id!r}>"
@@ -69,6 +74,18 @@ class NodeContext:
 
     def _key(self, key: str | None) -> str:
         if key is None:
+            me = threading.get_ident()
+            if self._thread != me:
+                with _BINDING:      # two threads' first calls at once: one binds
+                    if self._thread is None:
+                        self._thread = me
+                if self._thread != me:
+                    raise ConfigError(
+                        f"{self!r}: a durable call without key= from a second thread of "
+                        "the task: the automatic ids follow the order of the calls, which "
+                        "threads do not keep, so a resume could give one call another's "
+                        "id. Pass key= (a name unique in the node, e.g. the item the "
+                        "thread works on); nothing was called")
             return f"{self.task_id}:{next(self._n)}"     # count() is atomic under the GIL
         if type(key) is not str or not key or key.isdigit():
             raise ConfigError(f"key= must be a non-empty string that is not a number (numbers "
