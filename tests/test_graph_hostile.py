@@ -904,3 +904,25 @@ def test_keyless_ctx_calls_from_a_second_thread_of_a_task_are_refused(tmp_path):
         r = build(True).compile(st, name="g").run({}, run_id="keyed")
         assert r.status == "finished" and r.state["out"] == [
             "results for own", "results for a", "results for b"]
+
+
+def test_bad_node_signatures_and_path_maps_are_refused_at_compile_or_named(tmp_path):
+    def graph(node=lambda s, ctx: {}):
+        g = durkv.Graph({"x": durkv.Last(0)})
+        g.add_node("a", node)
+        g.add_edge(durkv.START, "a")
+        return g
+
+    with durkv.open(str(tmp_path / "s.durkv")) as st:
+        # a keyword-only ctx, a third argument: a TypeError in the first superstep before
+        for node, what in ((lambda s, *, ctx: {}, r"keyword-only parameter\(s\) ctx"),
+                           (lambda s, c, extra: {}, "needs 3 arguments")):
+            with pytest.raises(GraphError, match=what):
+                graph(node).compile(st)
+        with pytest.raises(GraphError, match="path_map of the router"):     # a raw TypeError
+            graph().add_conditional_edges("a", lambda s: "b", [["b"]])
+        g = graph()
+        g.add_conditional_edges("a", lambda s: ["a"], {"x": durkv.END})
+        # it said 'a' is not a node of the graph, whose one node is 'a'
+        with pytest.raises(GraphError, match="'a' is not a key of its path_map"):
+            g.compile(st, name="pm").run({}, run_id="pm")

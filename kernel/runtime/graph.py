@@ -131,7 +131,9 @@ class Graph:
         _check_end(src)
         if src == END:
             raise GraphError("END has no way out")
-        if path_map is not None and not isinstance(path_map, (list, tuple, dict)):
+        names = (path_map.values() if isinstance(path_map, dict)
+                 else path_map if isinstance(path_map, (list, tuple)) else None)
+        if path_map is not None and (names is None or any(type(n) is not str for n in names)):
             raise GraphError(f"path_map of the router of {src!r} is a list of node names or a "
                              f"dict of router values -> node names, got {path_map!r}")
         self.routers.setdefault(src, []).append((router, path_map))

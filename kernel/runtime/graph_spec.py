@@ -103,10 +103,22 @@ def _arity(name: str, fn: Callable) -> int:
     """How many positional arguments a node takes: 1 (``fn(state)``) or 2 (``fn(state,
     ctx)``)."""
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        every = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return 2
+    params = [p for p in every
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    # refused here, not as a TypeError in the run's first superstep
+    keyword = [p.name for p in every if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if keyword:
+        raise GraphError(f"node {name!r}: {fn!r} has keyword-only parameter(s) "
+                         f"{', '.join(keyword)} without a default; a node is called "
+                         f"fn(state, ctx) with positional arguments: make them positional")
+    needed = [p for p in params if p.kind is not p.VAR_POSITIONAL and p.default is p.empty]
+    if len(needed) > 2:
+        raise GraphError(f"node {name!r}: {fn!r} needs {len(needed)} arguments; a node is "
+                         "fn(state, ctx) (or fn(arg, ctx) as a Send target): give the others "
+                         "defaults, or bind them (functools.partial)")
     if any(p.kind is p.VAR_POSITIONAL for p in params) or len(params) >= 2:
         return 2
     if len(params) == 1:
@@ -194,9 +206,14 @@ class Spec:
                 sends.setdefault(x.node, []).append(x.arg)
                 continue
             if isinstance(path_map, dict):
-                if x not in path_map:
-                    raise self._bad_route(src, router, got, x)
-                x = path_map[x]
+                try:
+                    x = path_map[x]
+                except (KeyError, TypeError):   # TypeError: unhashable (a nested list)
+                    name = getattr(router, "__qualname__", repr(router))
+                    raise GraphError(
+                        f"router {name!r} of node {src!r} returned {got!r}: {x!r} is not a "
+                        f"key of its path_map (keys: {', '.join(map(repr, path_map))})",
+                        node=src, router=name) from None
             if x != END and (type(x) is not str or x not in self.nodes):
                 raise self._bad_route(src, router, got, x)
             plain.add(x)
