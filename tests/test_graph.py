@@ -415,7 +415,8 @@ def test_max_supersteps_ends_a_runaway_loop_naming_the_active_nodes(store):
     g = durkv.Graph({"n": durkv.Last(0)})
     g.add_node("spin", lambda s, ctx: {"n": s["n"] + 1})
     g.add_edge(durkv.START, "spin")
-    g.add_edge("spin", "spin")
+    # a router that never says END (a plain edge back is refused at compile)
+    g.add_conditional_edges("spin", lambda s: "spin")
     app = g.compile(store, max_supersteps=50)
     with pytest.raises(durkv.GraphError, match="max_supersteps=50 with nodes spin"):
         app.run({}, run_id="r")

@@ -926,3 +926,24 @@ def test_bad_node_signatures_and_path_maps_are_refused_at_compile_or_named(tmp_p
         # it said 'a' is not a node of the graph, whose one node is 'a'
         with pytest.raises(GraphError, match="'a' is not a key of its path_map"):
             g.compile(st, name="pm").run({}, run_id="pm")
+
+
+def test_a_loop_of_plain_edges_is_refused_at_compile(tmp_path):
+    # a -> b -> a with no router: compile took it, and a run wrote max_supersteps
+    # (10,000) checkpoints before its GraphError
+    def graph(routed):
+        g = durkv.Graph({"n": durkv.Last(0)})
+        g.add_node("a", lambda s, ctx: {"n": s["n"] + 1})
+        g.add_node("b", lambda s, ctx: {"n": s["n"] + 1})
+        g.add_edge(durkv.START, "a")
+        g.add_edge("a", "b")
+        if routed:
+            g.add_conditional_edges("b", lambda s: durkv.END if s["n"] > 3 else "a")
+        else:
+            g.add_edge("b", "a")
+        return g
+
+    with durkv.open(str(tmp_path / "s.durkv")) as st:
+        with pytest.raises(GraphError, match="a -> b -> a form a loop no router can leave"):
+            graph(routed=False).compile(st)
+        assert graph(routed=True).compile(st).run({}, run_id="r").state["n"] == 4

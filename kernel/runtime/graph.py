@@ -152,7 +152,9 @@ class Graph:
 
         Raises:
             GraphError: an edge to or from an unknown node, no edge from START, a node
-                that cannot be reached, a router's path_map naming an unknown node.
+                that cannot be reached, a router's path_map naming an unknown node, a
+                loop of plain edges (no router can leave it), a node that cannot be
+                called ``fn(state, ctx)``.
         """
         self._check()
         _check_binding(store, max_supersteps, max_workers)
@@ -201,6 +203,39 @@ class Graph:
         if lost and not wild:
             raise GraphError(f"node(s) {', '.join(lost)} cannot be reached from START: add an "
                              "edge to them (or remove them)", nodes=lost)
+        cycle = self._plain_cycle()
+        if cycle:
+            raise GraphError(
+                f"the edges {' -> '.join(cycle)} form a loop no router can leave: a plain "
+                "edge always runs its target, so a run would go round until max_supersteps. "
+                "Make one of them a conditional edge (g.add_conditional_edges) that can "
+                "lead to durkv.END", nodes=cycle)
+
+    def _plain_cycle(self) -> list[str]:
+        """A loop of plain edges (``a -> b -> a``), as the path round it; [] if none."""
+        state: dict[str, int] = {}      # 1: on the current path, 2: done
+        path: list[str] = []
+
+        def visit(n: str) -> list[str]:
+            state[n] = 1
+            path.append(n)
+            for dst in self.edges.get(n, ()):
+                if state.get(dst) == 1:
+                    return path[path.index(dst):] + [dst]
+                if dst != END and dst not in state:
+                    found = visit(dst)
+                    if found:
+                        return found
+            path.pop()
+            state[n] = 2
+            return []
+
+        for n in self.nodes:
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        return []
 
 
 def _check_binding(store: Any, max_supersteps: Any, max_workers: Any) -> None:
