@@ -6,6 +6,7 @@ Store frames are COMMIT frames; frames of other types (DATA) are skipped by
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any, Iterator
 
@@ -218,15 +219,22 @@ class LocalBackend:
         self._log.seal(new_start_lsn=new_start_lsn)
 
     def size_bytes(self) -> int:
-        import os
-
+        """The bytes of the store's segment files. An I/O failure is BackendError naming
+        the file and the errno (a segment removed meanwhile, by a compaction, counts 0)."""
         total = 0
-        for name in os.listdir(self.path):
-            if name.endswith(".seg"):
-                try:
-                    total += os.path.getsize(os.path.join(self.path, name))
-                except OSError:
-                    pass
+        at = self.path
+        try:
+            for name in os.listdir(self.path):
+                if name.endswith(".seg"):
+                    at = os.path.join(self.path, name)
+                    try:
+                        total += os.path.getsize(at)
+                    except FileNotFoundError:
+                        pass
+        except OSError as e:
+            raise BackendError(
+                f"cannot {'list' if at == self.path else 'stat'} {at}: {e.strerror or e}",
+                path=at, errno=errno.errorcode.get(e.errno or 0, str(e.errno))) from e
         return total
 
     def verify(self, deep: bool = False) -> VerifyReport:

@@ -109,17 +109,20 @@ def verify(ctx: click.Context, path: Path, deep: bool, as_json: bool, quiet: boo
     log = log_module()
     report = output.with_progress("verifying", not (quiet or as_json), lambda bar: log.verify(
         where, deep=deep, progress=bar))
-    clean = reports.is_clean(report)
+    notes = repairnotes.problems(where)     # a damaged one stops every writer's open
+    clean = reports.is_clean(report) and not any(n["blocks_writers"] for n in notes)
     if as_json:
-        output.emit_json(report.to_dict())
+        output.emit_json({**report.to_dict(), "ok": clean, "repair_notes": notes})
     elif not quiet:
         click.echo(reports.segment_table(report))
         for d in report.damage:
             click.echo(f"damage: {reports.damage_line(d)}")
+        for n in notes:
+            click.echo(f"{'damage' if n['blocks_writers'] else 'warning'}: {n['message']}")
         verdict = "ok" if clean else "DAMAGED"
         click.echo(f"{verdict}: {reports.summary(report)}")
     if not clean:
-        if not quiet:
+        if not quiet and not reports.is_clean(report):
             click.echo(reports.repair_hint(where, report), err=True)
         ctx.exit(EXIT_CORRUPT)
 
@@ -218,11 +221,15 @@ def _recovered(ctx: click.Context, where: str, report: Any, before: dict, dry_ru
     after = None if dry_run or refused else log.verify(where)
     clean = not refused and (after is None or reports.is_clean(after))
     repair = _record_repair(where, report.repair) if clean and report.repair else None
+    # a damaged repair note stops every writer's open, and a cut cannot mend it: said,
+    # exit 3 (its message says what the operator does)
+    notes = [n for n in repairnotes.problems(where) if n["blocks_writers"]]
 
     if as_json:
         output.emit_json({
             "path": where, "dry_run": dry_run, "skip_corrupt": skip_corrupt,
-            "ok": clean, "refused": refused, "report": report.to_dict(),
+            "ok": clean and not notes, "refused": refused, "report": report.to_dict(),
+            "repair_notes": notes,
             "quarantined": [{"file": p, "bytes": n} for p, n in kept.items()],
             "after": None if after is None else after.to_dict(), "repair": repair,
         })
@@ -254,6 +261,10 @@ def _recovered(ctx: click.Context, where: str, report: Any, before: dict, dry_ru
     if not clean:
         for d in after.damage:
             click.echo(f"error: still damaged after recover: {reports.damage_line(d)}", err=True)
+        ctx.exit(EXIT_CORRUPT)
+    if notes:
+        for n in notes:
+            click.echo(f"error: {n['message']}", err=True)
         ctx.exit(EXIT_CORRUPT)
     ctx.exit(EXIT_OK)
 

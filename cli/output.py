@@ -86,7 +86,8 @@ def exit_code_for(exc: BaseException) -> int:
 
 def hint_for(exc: BaseException) -> str | None:
     """A ``Try:`` line for errors where the next step is not obvious."""
-    if isinstance(exc, CorruptionError):
+    if isinstance(exc, CorruptionError) and exc.context.get("kind") != "bad_repair_note":
+        # (a damaged repair note's message says what to do; recover cuts nothing there)
         return ("Try: durkv verify PATH to see every finding, then "
                 "durkv recover --skip-corrupt PATH (copies removed bytes to PATH/quarantine/)")
     return None

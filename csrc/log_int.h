@@ -101,7 +101,7 @@ struct dkv_log {
     uint64_t epoch;             /* HEAD's repair epoch at open (0 without HEAD), FORMAT.md §2a */
     int repair;                 /* opened by recover: HEAD unchecked, a missing prefix allowed */
     dkv_damage damage;
-    char err[512];
+    char err[1024];             /* dkv_last_error: what failed, then what helps */
     int err_errno;              /* errno behind err (0: none), dkv_last_errno */
     int fail_errno;             /* errno of the failure that failed the handle */
     /* Sealed segments' fds (segfd.c): the open ones, oldest first from fd_pos; fds evicted

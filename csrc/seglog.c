@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -106,22 +108,107 @@ int dkv_last_damage(dkv_log *log, dkv_damage *out)
 
 static seg_t *active(dkv_log *log) { return &log->segs[log->nsegs - 1]; }
 
-/* A write/sync failure fails the handle for good: fsync is never retried (fsyncgate). */
-static int fail(dkv_log *log, const char *what, int neg_errno)
+/* The pids holding the store's LOCK -- every writer attached to it (FORMAT.md §1: each
+ * handle holds a shared flock for as long as it is open) -- from /proc/locks, as "writers
+ * attached now: pids 12 (this process), 34"; else a sentence saying they could not be
+ * read. Returns how many handles hold it (one line each), -1 when unknown. */
+static int lock_holders(const dkv_log *log, char *buf, size_t cap)
+{
+    struct stat st;
+    FILE *f = log->lock_fd < 0 || fstat(log->lock_fd, &st) ? NULL : fopen("/proc/locks", "re");
+    if (!f) {
+        snprintf(buf, cap, "which processes are attached could not be read: the holders of "
+                 "%s/LOCK in /proc/locks", log->dir);
+        return -1;
+    }
+    int pids[32], n = 0, more = 0, holders = 0;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        /* "1: FLOCK  ADVISORY  READ 4242 fe:00:77 0 EOF" (a waiter's line has "->" before
+         * FLOCK: not a holder) */
+        char type[16];
+        int pid;
+        unsigned maj, min;
+        unsigned long long ino;
+        if (sscanf(line, "%*s %15s %*s %*s %d %x:%x:%llu", type, &pid, &maj, &min, &ino) != 5
+            || strcmp(type, "FLOCK") || maj != major(st.st_dev) || min != minor(st.st_dev)
+            || ino != (unsigned long long)st.st_ino)
+            continue;
+        holders++;
+        int seen = 0;
+        for (int i = 0; i < n; i++)
+            seen |= pids[i] == pid;
+        if (!seen && n < 32)
+            pids[n++] = pid;
+        else if (!seen)
+            more = 1;
+    }
+    fclose(f);
+    size_t at = (size_t)snprintf(buf, cap, "writers attached now: pid%s", n == 1 ? "" : "s");
+    for (int i = 0; i < n && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s %d%s", i ? "," : "", pids[i],
+                               pids[i] == (int)getpid() ? " (this process)" : "");
+    if (more && at < cap)
+        snprintf(buf + at, cap - at, ", ...");
+    return holders;
+}
+
+/* The error of a failed handle: what failed (failmsg), then what helps. A reopen alone
+ * does not help while the disk is full or the process is out of descriptors, nor after a
+ * failed fdatasync in a store another handle writes too (WSHM's poison clears only when
+ * a writer opens it with no other writer attached: FORMAT.md §12). mu held. */
+static int failed_error(dkv_log *log)
+{
+    const char *fix = NULL;
+    switch (log->fail_errno) {
+    case ENOSPC: fix = "free space on its file system"; break;
+    case EDQUOT: fix = "free space or raise the disk quota"; break;
+    case EMFILE: fix = "raise the open-file limit (ulimit -n) or close files"; break;
+    case ENFILE: fix = "close files (the system's open-file table is full)"; break;
+    case EROFS: fix = "remount its file system read-write"; break;
+    case EFBIG: fix = "raise the file-size limit (ulimit -f)"; break;
+    }
+    char hint[640], pids[200];
+    /* this handle alone holds LOCK: its close and a reopen clear the poison */
+    if (dkv__shm_poisoned(log) && lock_holders(log, pids, sizeof pids) != 1) {
+        snprintf(hint, sizeof hint, "%s%sno writer of this store commits again until EVERY "
+                 "handle writing it has been closed (reopening while another stays attached "
+                 "does not help): close this one and every other writer (%s), then open the "
+                 "store again", fix ? fix : "", fix ? ", and " : "", pids);
+    } else {
+        snprintf(hint, sizeof hint, "%s%sreopen the store to recover", fix ? fix : "",
+                 fix ? ", then " : "");
+    }
+    dkv__set_error(log, "log failed: %s; %s", log->failmsg, hint);
+    log->err_errno = log->fail_errno;
+    return DKV_EFAILED;
+}
+
+/* A write/sync failure fails the handle for good: fsync is never retried (fsyncgate).
+ * `file`: the file it concerns, in the log's directory (NULL: the active segment; "": the
+ * directory itself). */
+static int fail_at(dkv_log *log, const char *what, const char *file, int neg_errno)
 {
     char name[64];
-    dkv__seg_name(name, active(log)->base_lsn);
+    if (!file) {
+        dkv__seg_name(name, active(log)->base_lsn);
+        file = name;
+    }
     if (!log->failed) {
-        snprintf(log->failmsg, sizeof log->failmsg, "%s failed on %s/%s: %s", what, log->dir,
-                 name, strerror(-neg_errno));
+        snprintf(log->failmsg, sizeof log->failmsg, "%s failed on %s%s%s: %s", what, log->dir,
+                 *file ? "/" : "", file, strerror(-neg_errno));
         log->failed = 1;
         log->fail_errno = -neg_errno;
     }
-    dkv__set_error(log, "log failed: %s; reopen the store to recover", log->failmsg);
-    log->err_errno = log->fail_errno;
+    failed_error(log);
     pthread_cond_broadcast(&log->cv);
     pthread_cond_broadcast(&log->flush_cv);
     return DKV_EIO;
+}
+
+static int fail(dkv_log *log, const char *what, int neg_errno)
+{
+    return fail_at(log, what, NULL, neg_errno);
 }
 
 /* Common entry checks, under mu. */
@@ -132,11 +219,8 @@ int dkv__usable(dkv_log *log, int write)
         dkv__set_error(log, "log handle is closed");
         return DKV_ECLOSED;
     }
-    if (log->failed) {
-        dkv__set_error(log, "log failed: %s; reopen the store to recover", log->failmsg);
-        log->err_errno = log->fail_errno;
-        return DKV_EFAILED;
-    }
+    if (log->failed)
+        return failed_error(log);
     if (write && log->opt.read_only) {
         dkv__set_error(log, "log %s is open read-only", log->dir);
         return DKV_EREADONLY;
@@ -518,7 +602,7 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     if (fd < 0) {
         int e = errno;
         if (log->nsegs)
-            return fail(log, "create segment", -e);
+            return fail_at(log, "create segment", name, -e);
         return dkv__io_error(log, e, "cannot create segment %s", path);
     }
     uint8_t hb[HDR_LEN];
@@ -538,10 +622,11 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
         close(fd);
         unlink(tmp);
         if (log->nsegs)
-            return fail(log, what, rc);
+            return fail_at(log, what, name, rc);
         return dkv__io_error(log, -rc, "cannot create segment %s (%s)", path, what);
     }
     what = "directory fsync";
+    const char *file = "";      /* the directory */
     rc = dkv__dirfsync(log->dir);
     seg_t *s = &log->segs[log->nsegs++];
     memset(s, 0, sizeof *s);
@@ -567,13 +652,14 @@ static int create_segment(dkv_log *log, uint64_t start_lsn, uint32_t prev_digest
     /* HEAD names the new segment before any of its frames is acknowledged (FORMAT.md §2a) */
     if (!rc) {
         what = "HEAD update";
+        file = "HEAD";
         rc = dkv__head_update(log);
     }
     if (!rc)
         dkv__shm_rolled(log, h.base_lsn);
     dkv__seg_retire(log);
     if (rc)
-        return fail(log, what, rc);
+        return fail_at(log, what, file, rc);
     return 0;
 }
 
@@ -1283,14 +1369,16 @@ int dkv_seal(dkv_log *log, uint64_t new_start_lsn)
                 continue;
             char path[DKV_PATH_MAX];
             if ((dkv__seg_path(path, log->dir, s->base_lsn) || unlink(path)) && errno != ENOENT) {
-                rc = fail(log, "unlink", -errno);
+                char name[64];
+                dkv__seg_name(name, s->base_lsn);
+                rc = fail_at(log, "unlink", name, -errno);
                 break;
             }
             s->removed = 1;
             removed = 1;
         }
         if (!rc && removed && (rc = dkv__dirfsync(log->dir)))
-            rc = fail(log, "directory fsync", rc);
+            rc = fail_at(log, "directory fsync", "", rc);
     }
     if (implicit) {
         int rc2 = write_exit(log);
@@ -1357,14 +1445,16 @@ int dkv_close(dkv_log *log)
         return 0;
     }
     log->shut = 1;          /* no append begins from here (dkv__usable) */
-    int rc = log->failed ? DKV_EFAILED : 0;
+    /* a handle that failed before (a background fdatasync no call saw) says so again:
+     * its message and errno, not whatever a later call left in err */
+    int rc = log->failed ? failed_error(log) : 0;
     /* flush until every frame is durable, the rest of appends already under way included
      * (a batch that rolls lets mu go between its frames) */
     while (!rc && !log->closed && !log->broken && !log->opt.read_only) {
         while (log->appending || log->leader || log->syncing || log->rolling)
             pthread_cond_wait(&log->cv, &log->mu);
         if (log->failed)
-            rc = DKV_EFAILED;
+            rc = failed_error(log);
         else if (log->durable_lsn >= log->next_lsn)
             break;
         else

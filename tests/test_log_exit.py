@@ -64,7 +64,8 @@ def test_failed_exit_flush_of_a_log_with_the_fault_hook(tmp_path):
     assert proc.returncode == 0
     assert proc.stderr.splitlines() == [
         f"durkv: 7 commits to {path} not made durable at exit: log failed: fdatasync failed on "
-        f"{path}/0000000000000000.seg: No space left on device; reopen the store to recover"]
+        f"{path}/0000000000000000.seg: No space left on device; free space on its file "
+        "system, then reopen the store to recover"]
 
 
 def test_clean_exit_says_nothing(tmp_path):

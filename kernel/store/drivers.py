@@ -154,30 +154,49 @@ def claim(store_dir: str, kind: str, key: str) -> DriverClaim:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except FileNotFoundError:
-            os.makedirs(d, exist_ok=True)
+            try:
+                os.makedirs(d, exist_ok=True)
+            except OSError as e:
+                raise _claim_error(kind, key, d, e) from e
             continue
         except OSError as e:
-            raise BackendError(f"cannot claim {kind} {key!r}: {path}: {e}", path=path) from e
+            raise _claim_error(kind, key, path, e) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             pid = _holder(fd)
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise BackendError(f"cannot claim {kind} {key!r}: {path}: {e}",
-                                   path=path) from e
+                raise _claim_error(kind, key, path, e) from e
             what = "run" if kind == "run" else "LangGraph thread"
             raise RunBusyError(
                 f"{what} {key!r} is being driven by pid {pid} (one driver per {kind}, "
                 "across processes); let it finish, or drive another one",
                 run_id=key, holder_pid=pid) from None
+        same = False
         try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                pass
+            if same:
+                os.ftruncate(fd, os.getpid())       # the pid as the size: no data written
+        except OSError as e:
+            if same:        # ours (locked, the same inode): release it, as release() does
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            os.close(fd)
+            raise _claim_error(kind, key, path, e) from e
         if not same:            # the file we locked was released and unlinked meanwhile
             os.close(fd)
             continue
-        os.ftruncate(fd, os.getpid())       # the pid as the size: no data written
         return DriverClaim(path, fd)
     raise BackendError(f"cannot claim {kind} {key!r}: {path} keeps being replaced", path=path)
+
+
+def _claim_error(kind: str, key: str, path: str, e: OSError) -> BackendError:
+    """A claim's I/O failure, naming the file and the errno (docs/GUARANTEES.md 12)."""
+    return BackendError(f"cannot claim {kind} {key!r}: {path}: {e.strerror or e}", path=path,
+                        errno=errno.errorcode.get(e.errno or 0, str(e.errno)))
