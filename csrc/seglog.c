@@ -557,6 +557,10 @@ static int roll(dkv_log *log, uint64_t new_start)
     }
     log->rolling = 0;
     pthread_cond_broadcast(&log->cv);
+    /* the segment other processes of the store wrote too: a failed fdatasync may have
+     * dropped their pages, so none acknowledges through a later one (WSHM's poison) */
+    if (!strcmp(what, "fdatasync"))
+        dkv__shm_synced(log, 0, 0, 0);
     return fail(log, what, rc);
 }
 

@@ -578,14 +578,21 @@ from durkv.log import SegmentLog, fault_inject
 log = SegmentLog.open(sys.argv[1], durability="sync")
 fault_inject("fdatasync", 1)
 try:
-    log.append(b"failer")
+    if sys.argv[2] == "seal":       # a roll's fdatasync of the segment the others wrote
+        log.seal()
+    else:
+        log.append(b"failer")
     print("acked", flush=True)
 except DurkvError as e:
     print("failed", type(e).__name__, flush=True)
 """
 
 
-def test_a_failed_fsync_in_one_process_lets_no_process_ack(tmp_path):
+@pytest.mark.parametrize("op", ["append", "seal"])
+def test_a_failed_fsync_in_one_process_lets_no_process_ack(tmp_path, op):
+    # seal: through 161e998 a failed fdatasync while rolling the segment failed only its
+    # own handle; the others went on acknowledging through later fdatasyncs of a file
+    # whose dirty pages the failed one may have dropped
     path = str(tmp_path / "log")
     log = SegmentLog.open(path, durability="sync")
     try:
@@ -593,7 +600,7 @@ def test_a_failed_fsync_in_one_process_lets_no_process_ack(tmp_path):
         lsn = log.append(b"mine", durability="exit")     # written (section end), not synced
         assert fdatasync_count() == before and log.durable_lsn <= lsn
         # another process runs the fdatasync that would have covered it -- and it fails
-        out = subprocess.run([sys.executable, "-c", _FAILER, path], capture_output=True,
+        out = subprocess.run([sys.executable, "-c", _FAILER, path, op], capture_output=True,
                              text=True, timeout=60).stdout
         assert out.startswith("failed LogFailedError"), out
         with pytest.raises(LogFailedError, match="another process"):
