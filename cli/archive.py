@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ..errors import ConfigError
+from ..errors import ConfigError, CorruptionError
 from . import output
 from .output import JSON_KEY
 
@@ -93,6 +93,11 @@ def archive(ctx: click.Context, store: str, url: str, seal: bool, compress: bool
                f"{res.next_lsn - 1})")
 
 
+RESTORE_DAMAGE_HINT = ("Try: restore an earlier point, before the damaged object (durkv "
+                       "restore --dry-run --to-lsn N URL DEST lists the segments it takes), "
+                       "or archive the source store again to a new prefix")
+
+
 def _when(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
 
@@ -113,17 +118,19 @@ def _when(ns: int) -> str:
 def restore(ctx: click.Context, url: str, dest: Path, to_lsn: int | None, to_time: str | None,
             dry_run: bool, endpoint_url: str | None, region: str | None, as_json: bool,
             quiet: bool) -> None:
-    """Rebuild a store in a new directory from an S3 archive, all or nothing.
+    """Rebuild a store in a new or empty directory from an S3 archive, all or nothing.
 
     Downloads the segments the archive's newest manifest lists (or, with
     --to-lsn/--to-time, the manifest and segments for that point) into a
-    temporary directory next to DEST, checks every object's size and CRC-32C,
+    temporary directory (next to a new DEST; inside an existing empty DEST,
+    which keeps its owner and mode), checks every object's size and CRC-32C,
     each segment's header and the whole log's checksums and chain, and only then
-    renames it to DEST. On any failure the object key is named and DEST is not
-    created. The restored store opens for writing and continues the LSNs.
+    puts it in place as DEST. On any failure the object key is named and DEST is
+    not created (or left empty). The restored store opens for writing and
+    continues the LSNs.
 
     Exit status: 0 restored, 1 S3 error or nothing to restore, 2 usage
-    (DEST exists), 3 a damaged, missing or truncated object.
+    (DEST exists and is not empty), 3 a damaged, missing or truncated object.
 
     \b
     Example:
@@ -132,9 +139,15 @@ def restore(ctx: click.Context, url: str, dest: Path, to_lsn: int | None, to_tim
     """
     ctx.meta[JSON_KEY] = as_json
     s3 = _s3()
-    plan, report = output.with_progress("restoring", not (quiet or as_json or dry_run), lambda bar: s3.restore(
-        url, dest, to_lsn=to_lsn, to_time=to_time, dry_run=dry_run, endpoint_url=endpoint_url,
-        region=region, progress=bar))
+    try:
+        plan, report = output.with_progress("restoring", not (quiet or as_json or dry_run), lambda bar: s3.restore(
+            url, dest, to_lsn=to_lsn, to_time=to_time, dry_run=dry_run, endpoint_url=endpoint_url,
+            region=region, progress=bar))
+    except CorruptionError as exc:
+        if ctx.find_root().params.get("debug"):
+            raise
+        # the default hint (verify/recover a local PATH) does not apply: the damage is in S3
+        ctx.exit(output.report_error(ctx, exc, hint=RESTORE_DAMAGE_HINT))
     if as_json:
         output.emit_json({**plan.to_dict(), "dest": str(dest), "dry_run": dry_run,
                           "verify": None if report is None else report.to_dict()})

@@ -39,6 +39,12 @@ def graph_workloads() -> tuple[list[Workload], list[str]]:
     return benchgraph.workloads()
 
 
+# The longest agent loop one run measures: far past any useful figure (SqliteSaver's bytes
+# grow as N squared, ~0.5 GB at N=1000), and a count the C raw loop takes (a larger one
+# was an OverflowError after the other workloads had run).
+MAX_STEPS = 1_000_000
+
+
 def parse_steps(ctx: click.Context, param: click.Parameter, value: str | None):
     if value is None:
         return None
@@ -46,9 +52,9 @@ def parse_steps(ctx: click.Context, param: click.Parameter, value: str | None):
         sizes = sorted({int(v) for v in value.split(",") if v.strip()})
     except ValueError:
         sizes = []
-    if not sizes or sizes[0] < 1:
-        raise click.BadParameter(f"give step counts >= 1 separated by commas "
-                                 f"(e.g. 100,1000), not {value!r}")
+    if not sizes or sizes[0] < 1 or sizes[-1] > MAX_STEPS:
+        raise ConfigError(f"--steps takes step counts from 1 to {MAX_STEPS:,} separated by "
+                          f"commas (e.g. 100,1000), not {value!r:.80}")
     return tuple(sizes)
 
 
@@ -56,9 +62,19 @@ def check_plot(path: Path) -> None:
     """Fail before measuring anything when --plot cannot be drawn or saved."""
     try:
         import matplotlib  # noqa: F401
+        from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
         raise ConfigError(f"--plot needs matplotlib, which is not installed: {PLOT_HINT}") \
             from None
+    # matplotlib picks the format from the suffix: an unknown one failed only after the
+    # whole benchmark had run, and none at all saved to another name (FILE.png)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix[1:].lower()
+    if suffix not in formats:
+        what = (f".{suffix} is not an image type matplotlib saves" if suffix else
+                "the name has no suffix to choose the image type")
+        others = ", ".join("." + f for f in sorted(formats) if f != "png")
+        raise ConfigError(f"--plot {path}: {what}; end it in .png (or {others})")
     if not path.parent.is_dir():
         raise ConfigError(f"--plot {path}: there is no directory {path.parent}; "
                           f"give a path in an existing directory")

@@ -287,11 +287,7 @@ def resolve(ctx: click.Context, store: str, run_id: str, step_id: str, done: boo
         if not done:
             raise ConfigError("--result goes with --done: a call that did not happen "
                               "returned nothing")
-        try:
-            value = json.loads(result, parse_constant=_not_json)    # NaN, Infinity: not JSON
-        except ValueError as exc:
-            raise ConfigError(f"--result is not JSON ({exc}); quote it for the shell, e.g. "
-                              "--result '{\"id\": 1}'") from exc
+        value = _result_json(result)
     with _deciding(store) as s:
         s.resolve(run_id, step_id, done=done, result=value, by=by, note=note)
     if as_json:
@@ -303,5 +299,51 @@ def resolve(ctx: click.Context, store: str, run_id: str, step_id: str, done: boo
     click.echo(f"run {run_id} step {step_id}: resolved as {what}")
 
 
+# The deepest --result taken: far past any tool's answer, and well inside what the store's
+# msgpack (512 levels) and Python's json (the recursion limit) handle; 3000 levels were a
+# RecursionError traceback.
+MAX_RESULT_DEPTH = 200
+
+
+def _result_json(text: str) -> Any:
+    """``--result``: strict JSON (no NaN, no Infinity, not even by overflow: 1e400),
+    nested at most MAX_RESULT_DEPTH levels; ConfigError naming the fix otherwise."""
+    try:
+        value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+    except RecursionError:
+        value = None
+        deep = True
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"--result is not JSON ({exc}); quote it for the shell, e.g. "
+                          "--result '{\"id\": 1}'") from None
+    else:
+        deep = _depth(value) > MAX_RESULT_DEPTH
+    if deep:
+        raise ConfigError(f"--result is nested more than {MAX_RESULT_DEPTH} levels deep; "
+                          "give the call's result as it was, flatter")
+    return value
+
+
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    f = float(text)
+    if f in (float("inf"), float("-inf")):
+        raise ConfigError(f"--result holds the number {text:.40}, beyond a float's range "
+                          "(it would be Infinity, which JSON has not); give it as a string")
+    return f
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and objects nest in ``value`` (a loop: no recursion to run out of)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, d)
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest

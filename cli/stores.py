@@ -10,7 +10,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import DurkvError, NotFoundError
+import click
+
+from ..errors import ConfigError, DurkvError, NotFoundError
 
 
 def log_module() -> Any:
@@ -35,8 +37,10 @@ def quarantined(path: str) -> dict[str, int]:
 
 
 def log_dir(path: Path) -> str:
-    """The log directory at ``path``, or NotFoundError (exit 1) saying what is there instead."""
+    """The log directory at ``path``, or NotFoundError (exit 1) saying what is there instead
+    (ConfigError, exit 2, for an ``s3://`` URL: these commands read a local directory)."""
     if not path.exists():
+        _refuse_s3_url(path)
         raise NotFoundError(f"no durkv log at {path}: no such directory")
     if not path.is_dir():
         raise NotFoundError(f"no durkv log at {path}: it is a file, not a log directory")
@@ -47,3 +51,16 @@ def log_dir(path: Path) -> str:
     if not any(n.endswith(".seg") for n in names):
         raise NotFoundError(f"no durkv log at {path}: the directory holds no segment files (*.seg)")
     return str(path)
+
+
+def _refuse_s3_url(path: Path) -> None:
+    """ConfigError for an ``s3://`` URL given where a local store directory goes. click's
+    Path made it ``s3:/BUCKET/PREFIX`` (one slash), which read as a missing directory."""
+    text = str(path)
+    if not text.startswith("s3:/"):
+        return
+    url = "s3://" + text[len("s3:/"):].lstrip("/")
+    ctx = click.get_current_context(silent=True)
+    cmd = f"durkv {ctx.info_name}" if ctx is not None and ctx.info_name else "this command"
+    raise ConfigError(f"{url} is on S3, and {cmd} reads a local store directory: restore it "
+                      f"into one first (durkv restore {url} ./DIR), then {cmd} ./DIR")

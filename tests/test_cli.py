@@ -266,6 +266,24 @@ def test_no_log_at_path_is_one_error_line(run, tmp_path, what):
         assert not p.exists(), "a read command created the directory"
 
 
+@pytest.mark.parametrize("cmd", [["ls"], ["show"], ["history"], ["verify"], ["recover"],
+                                 ["show", "--json"]])
+def test_an_s3_url_where_a_local_store_goes_says_to_restore_it_first(run, tmp_path,
+                                                                    monkeypatch, cmd):
+    # click's Path made it "s3:/b/p", reported as a missing directory
+    monkeypatch.chdir(tmp_path)
+    args = [*cmd, "s3://b/agents/p"] + (["t"] if cmd[0] in ("show", "history") else [])
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        f"error: s3://b/agents/p is on S3, and durkv {cmd[0]} reads a local store directory: "
+        f"restore it into one first (durkv restore s3://b/agents/p ./DIR), then "
+        f"durkv {cmd[0]} ./DIR"]
+    if "--json" in cmd:
+        assert _json(result)["error"] == "config"
+    assert os.listdir(tmp_path) == []
+
+
 def test_error_under_json_is_json_on_stdout(run, tmp_path):
     result = run("verify", "--json", tmp_path / "nothing")
     assert result.exit_code == 1

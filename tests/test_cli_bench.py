@@ -157,3 +157,27 @@ def test_bad_arguments_are_usage_errors(args):
     result = CliRunner().invoke(cli, ["bench", *args])
     assert result.exit_code == 2
     assert args[0] in result.output
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed (durkv[plot])")
+@pytest.mark.parametrize("name", ["bench.txt", "bench"])
+def test_plot_to_a_name_matplotlib_cannot_save_is_refused_before_measuring(tmp_path, name):
+    # it failed with matplotlib's ValueError after the whole benchmark had run
+    result = CliRunner().invoke(cli, ["bench", "--steps", "3", "--plot", str(tmp_path / name),
+                                      "--dir", str(tmp_path)])
+    assert result.exit_code == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --plot {tmp_path / name}: ")
+    assert "end it in .png (or " in lines[0] and ".svg" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("steps", ["99999999999999999999", "10,1000001"])
+def test_steps_past_the_bound_is_one_line_and_exit_2(tmp_path, steps):
+    # 99999999999999999999 was an OverflowError traceback, after the other workloads ran
+    result = CliRunner().invoke(cli, ["bench", "--steps", steps, "--dir", str(tmp_path)])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"error: --steps takes step counts from 1 to 1,000,000 separated by commas "
+        f"(e.g. 100,1000), not {steps!r}"]
+    assert list(tmp_path.iterdir()) == []

@@ -268,6 +268,21 @@ def test_resolve_refusals(store):
     assert r.exit_code == 2 and _json(r)["error"] == "config"
 
 
+def test_resolve_refuses_a_result_too_deep_or_infinite_in_one_line(store):
+    # 3000 levels were a RecursionError traceback; 1e400 was stored as Infinity
+    for deep in ("[" * 3000 + "]" * 3000, "[" * 201 + "]" * 201):
+        _refused(invoke("resolve", store, "pay", "1", "--done", "--result", deep), 2,
+                 "--result is nested more than 200 levels deep")
+    for inf in ('{"n": 1e400}', "[-1e400]"):
+        _refused(invoke("resolve", store, "pay", "1", "--done", "--result", inf), 2,
+                 "beyond a float's range (it would be Infinity")
+    _refused(invoke("resolve", store, "pay", "1", "--done", "--result", '{"n": NaN}'), 2,
+             "NaN is not JSON")
+    flat_enough = "[" * 200 + "1e300" + "]" * 200
+    r = invoke("resolve", "--json", store, "pay", "1", "--done", "--result", flat_enough)
+    assert r.exit_code == 0, r.output
+
+
 @pytest.mark.parametrize("name", ["runs", "journal", "approve", "reject", "resolve"])
 def test_help_has_an_example(name):
     r = invoke(name, "--help")

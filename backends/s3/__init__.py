@@ -113,6 +113,11 @@ def restore(url: str, dest: str | os.PathLike, *, to_lsn: int | None = None,
     return plan, restore_dir(loc, dest, plan, progress=progress)
 
 
+# The latest time a datetime holds (9999-12-31T23:59:59Z), in seconds since the epoch:
+# past it (or inf, 1e400, nan) a time is not one a segment can be sealed at.
+_MAX_SECONDS = 253402300799
+
+
 def parse_time(value: datetime | float | int | str) -> int:
     """A point in time as ns since the epoch: a datetime (naive = UTC), seconds since the
     epoch, or an ISO 8601 string (``2026-11-30T18:00:00Z``; no zone = UTC).
@@ -120,21 +125,25 @@ def parse_time(value: datetime | float | int | str) -> int:
     >>> parse_time("1970-01-01T00:00:01Z")
     1000000000
     """
+    shown = value
     if isinstance(value, str):
-        text = value.strip()
+        text = shown = value.strip()
         try:
-            return int(float(text) * 1e9)
+            value = float(text)
         except ValueError:
-            pass
-        try:
-            value = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-        except ValueError as exc:
-            raise ConfigError(f"cannot read time {text!r}: use ISO 8601 "
-                              "(2026-11-30T18:00:00Z) or seconds since the epoch") from exc
+            try:
+                value = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+            except ValueError as exc:
+                raise ConfigError(f"cannot read time {text!r}: use ISO 8601 "
+                                  "(2026-11-30T18:00:00Z) or seconds since the epoch") from exc
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=timezone.utc)
         return int(value.timestamp()) * 10**9 + value.microsecond * 1000
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(value * 1e9)
+        if not -_MAX_SECONDS <= value <= _MAX_SECONDS:     # False for nan too
+            raise ConfigError(f"time {shown!r:.40} is out of range: give seconds since the "
+                              "epoch up to 253402300799 (year 9999), or ISO 8601 "
+                              "(2026-11-30T18:00:00Z)")
+        return value * 10**9 if isinstance(value, int) else int(value * 1e9)
     raise ConfigError(f"cannot read time {value!r}")

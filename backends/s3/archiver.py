@@ -27,7 +27,7 @@ from .client import (
     KeyExistsError, NoSuchKeyError, S3Location, crc32c_b64, in_order, translate,
 )
 from .manifest import MANIFESTS, Manifest, SegmentEntry, manifest_key, manifest_no_of, segment_key
-from .segfile import SegmentHeader, read_header, read_trailer
+from .segfile import HEADER_LEN, SegmentHeader, read_header, read_trailer
 
 __all__ = ["archive_dir", "latest_manifest", "current_manifest", "ArchiveResult", "ENCODINGS"]
 
@@ -122,9 +122,9 @@ class _Local:
     entry: SegmentEntry
 
 
-def _local_sealed(path: str) -> list[_Local]:
-    """The store's sealed segments, checked by the C verify first: a damaged segment is
-    never archived."""
+def _local_sealed(path: str) -> tuple[list[_Local], str]:
+    """The store's sealed segments, checked by the C verify first (a damaged segment is
+    never archived), and the store's log UUID."""
     report = seglog.verify(path)
     bad = [d for d in report.damage if d.kind != "torn_tail"]
     if bad:
@@ -149,7 +149,20 @@ def _local_sealed(path: str) -> list[_Local]:
             frames=t.frame_count, bytes=len(data),
             crc32c=crc, encoding="identity", object_bytes=len(data), object_crc32c=crc,
             sealed_at_ns=os.stat(fpath).st_mtime_ns)))
-    return out
+    return out, out[-1].header.log_uuid if out else _active_log_uuid(path, report)
+
+
+def _active_log_uuid(path: str, report: seglog.Report) -> str:
+    """The log UUID in the header of the newest segment whose header reads (with nothing
+    sealed yet, the active segment's): what decides whether an archive prefix holds this
+    store's log."""
+    for s in reversed(report.segments):
+        with open(os.path.join(path, s.segment), "rb") as f:
+            h = read_header(f.read(HEADER_LEN))
+        if h is not None:
+            return h.log_uuid
+    raise CorruptionError(f"store {path}: no segment has a readable header; nothing "
+                          f"archived. Run durkv verify {path}", kind="bad_header")
 
 
 def archive_dir(path: str | os.PathLike, loc: S3Location, *, encoding: str = "identity",
@@ -165,17 +178,18 @@ def archive_dir(path: str | os.PathLike, loc: S3Location, *, encoding: str = "id
     path = os.fspath(path)
     if encoding not in ENCODINGS:
         raise ConfigError(f"encoding must be one of {', '.join(ENCODINGS)}; got {encoding!r}")
-    local = _local_sealed(path)
+    local, log_uuid = _local_sealed(path)
     res = ArchiveResult(url=loc.url, manifest_no=None, manifest_written=False)
     prev = current_manifest(loc, page_size=page_size)
+    # Checked before anything is reported, even with nothing sealed to upload: another
+    # log's manifest must never be reported as this store's archive.
+    _check_same_log(loc, prev, log_uuid)
     if prev is not None:
         res.manifest_no = prev.manifest_no
         res.listed = len(prev.segments)
         res.next_lsn = prev.next_lsn
     if not local:
         return res
-    log_uuid = local[-1].header.log_uuid
-    _check_same_log(loc, prev, log_uuid)
     archived = {e.segment_no: e for e in (prev.segments if prev else ())}
     todo = []
     for seg in local:

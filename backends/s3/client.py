@@ -16,21 +16,22 @@ so any S3-compatible store works.
 from __future__ import annotations
 
 import base64
+import itertools
 import os
 import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from durkv.errors import (
     AccessDeniedError, BackendError, ConfigError, NoSuchBucketError,
 )
 
 __all__ = ["S3Location", "crc32c_b64", "translate", "KeyExistsError", "NoSuchKeyError",
-           "MAX_ATTEMPTS", "safe_endpoint", "in_order", "PARALLEL"]
+           "MAX_ATTEMPTS", "CONNECT_TIMEOUT", "READ_TIMEOUT", "safe_endpoint", "in_order",
+           "PARALLEL"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -38,6 +39,15 @@ R = TypeVar("R")
 # botocore's "standard" retry mode: exponential backoff with jitter on 5xx, throttling
 # (503 SlowDown, 429...) and connection errors; 4xx other than throttling are not retried.
 MAX_ATTEMPTS = 5
+
+# Seconds to open a connection, and to wait for each read (or send) on it. botocore's 60 s
+# default made a stalled endpoint (a hung proxy, a partitioned network) hold an archive or
+# a live store's commit for 5 x 60 s before one error; S3 answers within a second or two
+# (AWS's own guidance is to time out and retry a slow request), so a stall now fails after
+# MAX_ATTEMPTS x READ_TIMEOUT = 50 s plus backoff (an archive to a SIGSTOPped endpoint: 61 s,
+# was 385 s), with one line saying so.
+CONNECT_TIMEOUT = 5
+READ_TIMEOUT = 10
 
 
 def crc32c_b64(crc: int) -> str:
@@ -170,24 +180,46 @@ def in_order(fn: Callable[[T], R], items: Iterable[T], workers: int = PARALLEL
     """``map(fn, items)`` with up to ``workers`` calls running at once, results in order.
 
     At most ``workers`` results wait unconsumed; an exception from ``fn`` is raised where
-    its result would have been (the calls already started finish first)."""
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="durkv-s3") as pool:
-        it = iter(items)
-        pending: deque[Future[R]] = deque()
+    its result would have been. Nothing ever waits for a call whose result is not taken:
+    when the consumer stops (an exception, Ctrl-C, ``close()``), the calls in flight are
+    left to end on their own (the client's timeouts) or with the process. Each runs in a
+    daemon thread of its own because a ThreadPoolExecutor joins its workers at shutdown
+    and again at interpreter exit: a Ctrl-C of an archive whose S3 endpoint stalled
+    waited minutes for botocore's retries. Abandoning a call is safe for every caller:
+    an archive's PUTs are create-only (the next run finds what landed), a restore's
+    GETs only return bytes (the consumer alone writes files)."""
+    it = iter(items)
+    pending: deque[_Call[R]] = deque(_Call(fn, item) for item in itertools.islice(it, workers))
+    while pending:
+        result = pending.popleft().result()
+        pending.extend(_Call(fn, item) for item in itertools.islice(it, 1))
+        yield result
+
+
+class _Call(Generic[R]):
+    """``fn(item)`` running in a daemon thread; ``result()`` waits for it (a Ctrl-C
+    interrupts the wait: it is a plain lock wait in the main thread)."""
+
+    def __init__(self, fn: Callable[[T], R], item: T) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn, item), name="durkv-s3",
+                         daemon=True).start()
+
+    def _run(self, fn: Callable[[T], R], item: T) -> None:
         try:
-            for item in it:
-                pending.append(pool.submit(fn, item))
-                if len(pending) >= workers:
-                    break
-            while pending:
-                result = pending.popleft().result()
-                for item in it:
-                    pending.append(pool.submit(fn, item))
-                    break
-                yield result
+            self._value = fn(item)
+        except BaseException as exc:    # handed to the consumer, raised where it waits
+            self._error = exc
         finally:
-            for fut in pending:
-                fut.cancel()
+            self._done.set()
+
+    def result(self) -> R:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def make_client(endpoint_url: str | None, region: str | None) -> Any:
@@ -207,7 +239,10 @@ def _new_client(endpoint_url: str | None, region: str | None) -> Any:
     except ImportError as exc:
         raise ConfigError("s3:// needs boto3: pip install 'durkv[s3]'") from exc
     config = Config(
-        retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
+        # total_max_attempts counts the first try; botocore's max_attempts does not (it
+        # made 6 attempts, not the 5 GUARANTEES.md 14 says)
+        retries={"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
+        connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT,
         # durkv sends its own precomputed CRC-32C on every PUT and checks every byte it
         # reads; the SDK's default extra checksums (aws-chunked trailers) break several
         # S3-compatible stores and CRC-32C would need the CRT package.
@@ -267,9 +302,23 @@ class translate:
             raise BackendError(f"cannot reach {self._endpoint()} for {where} after "
                                f"{MAX_ATTEMPTS} attempts: {type(exc).__name__}",
                                url=self.loc.url) from exc
+        if isinstance(exc, bx.ReadTimeoutError):
+            wait, tries = self._patience()
+            raise BackendError(f"{self._endpoint()} stopped answering {where}: no answer "
+                               f"within {wait} s, {tries} attempts; "
+                               "check the endpoint and the network, then run the command "
+                               "again", url=self.loc.url) from exc
         if isinstance(exc, bx.BotoCoreError):
             raise BackendError(f"{where}: {type(exc).__name__}: {exc}", url=self.loc.url) from exc
         return False
+
+    def _patience(self) -> tuple[Any, Any]:
+        """The client's read timeout and attempts (a caller may bring its own client)."""
+        config = getattr(getattr(self.loc.client, "meta", None), "config", None)
+        retries = getattr(config, "retries", None) or {}
+        tries = retries.get("total_max_attempts") or (
+            retries["max_attempts"] + 1 if "max_attempts" in retries else MAX_ATTEMPTS)
+        return getattr(config, "read_timeout", None) or READ_TIMEOUT, tries
 
     def _endpoint(self) -> str:
         client = self.loc.client

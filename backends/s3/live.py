@@ -40,6 +40,7 @@ from .livefmt import (
     encode_batch, newest_numbered, num_key, num_of,
 )
 from .livemerge import Merger
+from .manifest import MANIFESTS as ARCHIVE_MANIFESTS
 
 __all__ = ["S3Backend", "encode_batch", "decode_batch"]
 
@@ -107,8 +108,7 @@ class S3Backend(ReadsByPayload):
         self._load()
         if read_only and self._seq == 0 and self.manifest.manifest_no < 0 and not any(
                 True for _ in self.loc.list_keys(EPOCHS)):
-            raise NotFoundError(f"no durkv store at {self.url}; open it for writing first",
-                                url=self.url)
+            raise NotFoundError(self._no_store(), url=self.url)
         self.merger: Merger | None = None
         if not read_only:
             self._acquire(takeover=bool(takeover) or
@@ -121,6 +121,14 @@ class S3Backend(ReadsByPayload):
                 self._start(self._lease_loop, "durkv-s3-lease")
             self._pid = os.getpid()
             _open_writers.add(self)
+
+    def _no_store(self) -> str:
+        """Why a reader finds no live store here: an archive's prefix (``durkv archive``
+        wrote manifests/) is told apart from an empty one, with the way to read it."""
+        if any(True for _ in self.loc.list_keys(ARCHIVE_MANIFESTS, page_size=1)):
+            return (f"{self.url} holds a durkv archive, not a live store: restore it into a "
+                    f"local directory (durkv restore {self.url} ./DIR) and use ./DIR")
+        return f"no durkv store at {self.url}; open it for writing first"
 
     def _start(self, target: Any, name: str) -> None:
         threading.Thread(target=target, daemon=True, name=name).start()

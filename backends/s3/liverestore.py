@@ -3,13 +3,13 @@ into a new local store directory (all or nothing, like an archive's restore).
 
 Every frame is read through the live store's checks (each object's crc, LSN and epoch
 continuity), appended to a new local log in a temporary directory beside the target,
-sealed, fsynced and verified by the C code, and only then renamed into place.
+sealed, fsynced and verified by the C code, and only then put in place
+(:class:`~durkv.backends.s3.restorer.RestoreTarget`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any, Callable
 
 from durkv import log as seglog
@@ -18,7 +18,7 @@ from durkv.errors import ConfigError, CorruptionError, NotFoundError
 from .client import S3Location
 from .live import S3Backend
 from .livefmt import EPOCHS
-from .restorer import RestorePlan, move_into_place, restore_target
+from .restorer import RestorePlan, restore_target
 
 __all__ = ["is_live_store", "plan_live_restore", "restore_live"]
 
@@ -52,7 +52,8 @@ def plan_live_restore(loc: S3Location, to_lsn: int | None) -> tuple[RestorePlan,
 
 def restore_live(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan, src: S3Backend,
                  progress: Callable[[int, int], None] | None = None) -> seglog.Report:
-    dest, tmp = restore_target(dest)
+    target = restore_target(dest)
+    tmp = target.tmp
     try:
         with seglog.SegmentLog.open(tmp, durability="exit") as log:
             for lsn, payload in src.scan(0):
@@ -72,12 +73,12 @@ def restore_live(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan, sr
                                   f"(ends at lsn {report.next_lsn - 1}, expected "
                                   f"{plan.next_lsn - 1}); nothing was restored",
                                   kind="truncated", url=loc.url)
-        move_into_place(tmp, dest)
+        target.finish()
         if progress:
             progress(plan.next_lsn, plan.next_lsn)
         return report
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        target.discard()
         raise
 
 

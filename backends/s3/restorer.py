@@ -1,22 +1,27 @@
 """``durkv restore``: rebuild a store directory from an archive (FORMAT.md section 10).
 
-All or nothing: the segments are downloaded into a new temporary directory beside
-the target, every byte is checked (object size and CRC-32C, the decoded segment's
-size and CRC-32C, its header against the manifest, then the C ``verify`` of the
-whole directory), and only then is the directory renamed to the target. Any failure
-names the object key and removes the temporary directory.
+All or nothing: the segments are downloaded into a new staging directory (beside a
+new target; inside an existing empty one, which keeps its inode, mode and owner:
+:class:`RestoreTarget`), every byte is checked (object size and CRC-32C, the decoded
+segment's size and CRC-32C, its header against the manifest, then the C ``verify`` of
+the whole directory), and only then is it put in place. Any failure names the object
+key and removes the staging directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import secrets
 import shutil
+import signal
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import zstandard
 
@@ -29,7 +34,7 @@ from .client import NoSuchKeyError, S3Location, in_order, translate
 from .manifest import MANIFESTS, Manifest, SegmentEntry, manifest_no_of
 from .segfile import cut_after, read_header
 
-__all__ = ["restore_dir", "RestorePlan", "plan_restore"]
+__all__ = ["restore_dir", "RestorePlan", "plan_restore", "RestoreTarget", "restore_target"]
 
 
 @dataclass
@@ -168,29 +173,160 @@ def _write(path: str, data: bytes, mtime_ns: int | None) -> None:
         os.utime(path, ns=(mtime_ns, mtime_ns))
 
 
-def restore_target(dest: str | os.PathLike) -> tuple[str, str]:
-    """``dest`` as an absolute path that is new (or an empty directory), and a new
-    temporary directory beside it to build the restore in and rename into place, so that
-    a failed restore never leaves a partial ``dest``."""
+# The staging directory of a restore into an existing empty DEST, inside DEST: while it is
+# there, DEST holds a restore that has not finished (a crash or kill cut it short).
+STAGING = ".durkv-restore-"
+
+
+@dataclass
+class RestoreTarget:
+    """Where a restore is built (``tmp``) and how it becomes ``dest``, all or nothing.
+
+    A new ``dest``: ``tmp`` is a directory beside it, renamed to ``dest`` at the end (one
+    atomic rename). An existing empty ``dest`` keeps its inode, mode and owner (a shell's
+    cwd, a mount point, a directory an administrator made for another user): ``tmp`` is
+    inside it, and at the end its files are renamed into ``dest``, the oldest segment last,
+    after a directory fsync. Every state a crash can leave is then detectable: the staging
+    directory (``STAGING``) is still there, and until the oldest segment lands the log's
+    first segment is missing, so an open refuses it (GUARANTEES.md 5: ``missing_segment``)
+    instead of reading a shorter log; once it lands, every other file is durable in
+    ``dest`` already. (A temporary directory beside ``dest`` would fail where ``dest`` is
+    a mount point or its parent is not writable; inside ``dest`` every rename stays on one
+    file system.) New files and directories get the modes ``durkv.open`` gives (0755 and
+    0644 less the umask), not ``mkdtemp``'s 0700.
+    """
+
+    dest: str
+    tmp: str
+    in_place: bool
+    made: list[str] = field(default_factory=list)   # parents this restore created
+
+    def finish(self) -> None:
+        """Put the finished, verified restore in place and make that durable."""
+        if self.in_place:
+            with _sigint_held():
+                _move_files_in(self.tmp, self.dest)
+        else:
+            os.rename(self.tmp, self.dest)
+            fsync_dir(os.path.dirname(self.dest))
+
+    def discard(self) -> None:
+        """Undo a restore that failed: no staging directory, no ``dest`` (or ``dest`` as
+        empty as it was), no parent directory this restore made."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        _rmdirs(self.made)
+
+
+def restore_target(dest: str | os.PathLike) -> RestoreTarget:
+    """``dest`` (absolute), new or an existing empty directory, and its staging directory;
+    ConfigError (nothing changed) if ``dest`` exists and is not an empty directory."""
     dest = os.path.abspath(os.fspath(dest))
-    if os.path.lexists(dest) and not (os.path.isdir(dest) and not os.listdir(dest)):
-        raise ConfigError(f"{dest} exists and is not an empty directory; restore into a new "
-                          "directory (nothing was changed)")
-    parent = os.path.dirname(dest)
-    os.makedirs(parent, exist_ok=True)
-    return dest, tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.restore-", dir=parent)
+    if os.path.lexists(dest):
+        if not os.path.isdir(dest) or os.listdir(dest):
+            raise ConfigError(_not_empty(dest))
+        return RestoreTarget(dest, tempfile.mkdtemp(prefix=STAGING, dir=dest), in_place=True)
+    made: list[str] = []
+    try:
+        _makedirs(os.path.dirname(dest), made)
+        return RestoreTarget(dest, _mkdir_beside(dest), in_place=False, made=made)
+    except BaseException:
+        _rmdirs(made)
+        raise
 
 
-def move_into_place(tmp: str, dest: str) -> None:
-    """Rename the finished restore over ``dest`` and make the rename durable."""
-    os.rename(tmp, dest)
-    fsync_dir(os.path.dirname(dest))
+def _not_empty(dest: str) -> str:
+    # a staging directory with files in it: killed before its last rename into dest (an
+    # empty one: killed between that rename and its rmdir; dest holds the whole store)
+    left = [n for n in sorted(os.listdir(dest)) if n.startswith(STAGING)
+            and os.path.isdir(os.path.join(dest, n)) and os.listdir(os.path.join(dest, n))
+            ] if os.path.isdir(dest) else []
+    if left:
+        return (f"{dest} holds a restore that was cut short (its staging directory "
+                f"{os.path.join(dest, left[0])} is still there; {dest} does not hold a whole "
+                f"store): empty {dest} and run restore again (nothing was changed)")
+    return (f"{dest} exists and is not an empty directory; restore into a new or empty "
+            "directory (nothing was changed)")
+
+
+def _makedirs(path: str, made: list[str]) -> None:
+    """``os.makedirs(path)``, appending each directory it creates to ``made`` (outermost
+    first), so that a failed restore removes exactly those."""
+    missing = []
+    while not os.path.isdir(path) and path != os.path.dirname(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            continue            # made meanwhile by someone else: theirs, not to remove
+        made.append(d)
+
+
+def _rmdirs(made: list[str]) -> None:
+    for d in reversed(made):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+
+
+def _mkdir_beside(dest: str) -> str:
+    """A new directory next to ``dest``, mode 0755 less the umask (as the C log's mkdir of
+    a new store: mkdtemp's 0700 would become the restored store's mode)."""
+    parent, base = os.path.split(dest)
+    for _ in range(100):
+        tmp = os.path.join(parent, f".{base}.restore-{secrets.token_hex(4)}")
+        try:
+            os.mkdir(tmp, 0o755)
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"cannot make a staging directory beside {dest}")
+
+
+def _move_files_in(tmp: str, dest: str) -> None:
+    """Rename every file of ``tmp`` into ``dest``, the oldest segment last (see
+    :class:`RestoreTarget`); on an error, those already moved go back to ``tmp``."""
+    names = sorted(os.listdir(tmp))
+    first = [n for n in names if n.endswith(".seg")][:1]    # hex names: sorted = numbered
+    moved: list[str] = []
+    try:
+        for group in ([n for n in names if n not in first], first):
+            for n in group:
+                os.rename(os.path.join(tmp, n), os.path.join(dest, n))
+                moved.append(n)
+            fsync_dir(dest)     # all the others are durable in dest before the oldest is
+        os.rmdir(tmp)
+        fsync_dir(dest)
+    except BaseException:
+        for n in reversed(moved):
+            with contextlib.suppress(OSError):
+                os.rename(os.path.join(dest, n), os.path.join(tmp, n))
+        raise
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """A Ctrl-C during the block is delivered after it: the renames into an existing
+    ``dest`` take milliseconds and must not stop halfway (the restore then is whole, and
+    the interrupt still stops the caller). Only the main thread gets KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if got and callable(old):
+        old(signal.SIGINT, None)
 
 
 def restore_dir(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan,
                 progress: Callable[[int, int], None] | None = None) -> seglog.Report:
     """Restore ``plan`` into the new directory ``dest``; returns the verify report."""
-    dest, tmp = restore_target(dest)
+    target = restore_target(dest)
+    tmp = target.tmp
     try:
         # Downloads run ahead (in_order) while this thread writes each file and hands its
         # fsync to two background threads, so the disk flushes while the network works.
@@ -221,8 +357,8 @@ def restore_dir(loc: S3Location, dest: str | os.PathLike, plan: RestorePlan,
             raise CorruptionError(f"archive object {where}: the restored log does not verify: "
                                   f"{why}; nothing was restored", segment=where,
                                   kind=d.kind if d else "truncated", url=loc.url)
-        move_into_place(tmp, dest)
+        target.finish()
         return report
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        target.discard()
         raise

@@ -153,3 +153,60 @@ def test_archive_seal_of_a_store_held_by_a_writer_seals_alongside_it(tmp_path, s
         assert s.get("t").values == {"a": 1}         # the writer goes on after the seal
         r = runner.invoke(cli, ["archive", path, f"s3://{bucket}/p"])   # no lock needed
         assert r.exit_code == 0, r.output
+
+
+def test_archive_without_seal_into_another_logs_prefix_is_refused(tmp_path, s3_env, s3, bucket):
+    # B has nothing sealed: the prefix's log is compared with its active segment's, and
+    # A's manifest is never reported as B's archive
+    url = f"s3://{bucket}/shared"
+    a = make_store(tmp_path / "a.durkv", 12)
+    b = make_store(tmp_path / "b.durkv", 1, segment_bytes=1 << 20, seal=False)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["archive", a, url]).exit_code == 0
+    before = s3.list_objects_v2(Bucket=bucket)["KeyCount"]
+    for seal in ([], ["--seal"]):
+        r = runner.invoke(cli, ["archive", *seal, b, url])
+        assert r.exit_code == 1 and r.stdout == "", r.output
+        assert r.stderr.splitlines() == [r.stderr.strip()]
+        assert "holds the archive of log" in r.stderr
+        assert r.stderr.rstrip().endswith("archive it to another prefix")
+    assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == before
+    # A with nothing new sealed still finds its own archive current
+    r = runner.invoke(cli, ["archive", a, url])
+    assert r.exit_code == 0 and "manifest 0 is current" in r.stdout, r.output
+
+
+@pytest.mark.parametrize("when", ["inf", "1e400", "-inf", "nan", "1e12"])
+def test_restore_to_a_time_out_of_range_is_one_line_and_exit_2(tmp_path, s3_env, when):
+    # inf and 1e400 were an OverflowError traceback
+    for dry in ([], ["--dry-run"]):
+        r = CliRunner().invoke(cli, ["restore", *dry, "--to-time", when, "s3://b/p",
+                                     str(tmp_path / "r")])
+        assert r.exit_code == 2 and r.stdout == "", r.output
+        assert r.stderr.splitlines() == [
+            f"error: time {when!r} is out of range: give seconds since the epoch up to "
+            "253402300799 (year 9999), or ISO 8601 (2026-11-30T18:00:00Z)"]
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_archive_prefix_read_as_a_live_store_and_a_damaged_object_give_the_right_advice(
+        tmp_path, s3_env, s3, bucket):
+    url = f"s3://{bucket}/arch"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["archive", make_store(tmp_path / "a.durkv", 6), url]
+                         ).exit_code == 0
+    # stats said "open it for writing first", which would make a live store beside it
+    r = runner.invoke(cli, ["stats", url])
+    assert r.exit_code == 1 and r.stderr.splitlines() == [
+        f"error: {url} holds a durkv archive, not a live store: restore it into a local "
+        f"directory (durkv restore {url} ./DIR) and use ./DIR"]
+    r = runner.invoke(cli, ["stats", f"s3://{bucket}/empty"])
+    assert r.exit_code == 1 and "open it for writing first" in r.stderr
+    # a damaged object: the hint was to verify/recover a local PATH
+    key = "arch/segments/00000000000000000000.seg"
+    s3.put_object(Bucket=bucket, Key=key, Body=b"DKVSEG")
+    r = runner.invoke(cli, ["restore", url, str(tmp_path / "new" / "r")])
+    lines = r.stderr.splitlines()
+    assert r.exit_code == 3 and len(lines) == 2 and key in lines[0], r.output
+    assert lines[1].startswith("Try: restore an earlier point, before the damaged object")
+    assert not (tmp_path / "new").exists()      # nor the parent the restore made

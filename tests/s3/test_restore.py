@@ -10,9 +10,11 @@ import textwrap
 import time
 
 import pytest
+from click.testing import CliRunner
 
 import durkv
 from durkv.backends import s3 as ds3
+from durkv.cli.main import cli
 from durkv.errors import ConfigError, CorruptionError, NotFoundError
 from durkv.log import verify
 
@@ -212,3 +214,93 @@ def test_a_langgraph_run_resumes_on_a_restored_store_in_a_new_process(tmp_path, 
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout)
     assert got["from"] == 17 and got["final"] == want
+
+
+def _mode(path) -> int:
+    return os.stat(path).st_mode & 0o7777
+
+
+def test_restore_into_an_existing_empty_directory_keeps_its_inode_mode_and_owner(
+        tmp_path, archived, monkeypatch):
+    path, url, _ = archived
+    dest = tmp_path / "made-by-admin"
+    dest.mkdir()
+    os.chmod(dest, 0o2751)
+    if os.geteuid() == 0:
+        os.chown(dest, 65534, 65534)    # another user's directory, as root restores into
+    before = os.stat(dest)
+    plan, report = ds3.restore(url, dest)
+    after = os.stat(dest)
+    assert (after.st_ino, after.st_mode, after.st_uid, after.st_gid) == (
+        before.st_ino, before.st_mode, before.st_uid, before.st_gid)
+    assert report.ok and segment_files(dest) == sealed_files(path)
+    assert os.listdir(tmp_path) == ["a.durkv", "made-by-admin"]     # nothing staged beside
+    # `durkv restore URL .`: the shell's cwd is the restored store, not a deleted directory
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    r = CliRunner().invoke(cli, ["restore", "-q", url, "."])
+    assert r.exit_code == 0, r.output
+    assert os.stat(".").st_ino == os.stat(here).st_ino
+    assert CliRunner().invoke(cli, ["verify", "."]).exit_code == 0
+
+
+def test_a_restored_store_gets_the_modes_durkv_open_gives(tmp_path, archived):
+    _, url, _ = archived
+    old = os.umask(0o027)
+    try:
+        with durkv.open(str(tmp_path / "opened")) as s:
+            put(s, 0)
+        ds3.restore(url, tmp_path / "restored")
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "restored") == _mode(tmp_path / "opened") == 0o750
+    for name in os.listdir(tmp_path / "restored"):
+        assert _mode(tmp_path / "restored" / name) == _mode(
+            tmp_path / "opened" / "0000000000000000.seg") == 0o640, name
+
+
+def test_a_failed_restore_into_an_empty_directory_leaves_it_empty(tmp_path, s3, bucket,
+                                                                  archived):
+    _, url, manifest = archived
+    key = "p/" + manifest["segments"][-1]["key"]
+    s3.put_object(Bucket=bucket, Key=key, Body=b"DKVSEG")
+    dest = tmp_path / "empty"
+    dest.mkdir()
+    ino = os.stat(dest).st_ino
+    with pytest.raises(CorruptionError, match=key):
+        ds3.restore(url, dest)
+    assert os.listdir(dest) == [] and os.stat(dest).st_ino == ino
+    # parents the restore made for a new DEST go too
+    with pytest.raises(CorruptionError, match=key):
+        ds3.restore(url, tmp_path / "new" / "sub" / "dest")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_restore_into_an_empty_directory_killed_mid_move_is_detected(tmp_path, archived):
+    """A child restores into an existing empty DEST and SIGKILLs itself after its first
+    rename into DEST (the newest segments go first, the oldest last): the half-moved DEST
+    does not open as a shorter log, and a new restore names the leftover."""
+    _, url, _ = archived
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    child = textwrap.dedent(f"""
+        import os, signal
+        from durkv.backends import s3 as ds3
+        from durkv.backends.s3 import restorer
+        real = os.rename
+        def rename(src, dst):
+            real(src, dst)
+            if os.path.dirname(dst) == {str(dest)!r}:
+                os.kill(os.getpid(), signal.SIGKILL)
+        restorer.os.rename = rename
+        ds3.restore({url!r}, {str(dest)!r})
+        print("restore finished without being killed")
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          env=os.environ.copy(), timeout=60)
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    with pytest.raises(CorruptionError, match="missing_segment"):
+        durkv.open(str(dest))
+    r = CliRunner().invoke(cli, ["restore", url, str(dest)])
+    assert r.exit_code == 2 and "holds a restore that was cut short" in r.stderr, r.output
