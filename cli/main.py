@@ -51,6 +51,13 @@ class DurkvGroup(click.Group):
                 output.emit_json({"error": "usage", "message": exc.format_message(),
                                   "exit_code": output.EXIT_USAGE})
             raise                           # click prints the usage and exits 2
+        except KeyboardInterrupt:
+            # Ctrl-C: click's "Aborted!" and exit 1 read as an operational error. Every
+            # command leaves the store as a crash at that point would (archive resumes,
+            # restore leaves nothing, compact keeps the old records): say so, exit 130
+            click.echo("interrupted: what was done is as a crash at this point leaves it; "
+                       "run the command again", err=True)
+            ctx.exit(130)
         except BrokenPipeError:
             # stdout was closed early (`durkv history ... | head`): stop quietly, and keep
             # Python's exit-time flush of stdout from failing again.
