@@ -529,13 +529,17 @@ static int cut_file(const char *dir, const char *name, uint64_t off)
  * frames never take the cut LSNs at the offsets they had: a reader still holding the file
  * finds the footer there, not another frame), and points HEAD at the active segment with
  * the new repair epoch. Takes over lfd. */
-static int finish_repair(const char *dir, int lfd, uint64_t epoch, int raise_start, int reseal)
+static int finish_repair(const char *dir, int lfd, uint64_t epoch, int reseal)
 {
     dkv_log *log = NULL;
     int rc = dkv__open_repair(dir, lfd, &log);
     if (!rc) {
         log->epoch = epoch;
-        if (raise_start && log->segs[0].base_lsn > log->start_lsn)
+        /* a prefix missing before the cut -- or by it: the newest segment, whose header
+         * alone held a compaction's raised start_lsn, quarantined, an older header (start
+         * 0) rules, but the segments below were unlinked by that compaction. Either way
+         * the start goes past them */
+        if (log->segs[0].base_lsn > log->start_lsn)
             rc = dkv_seal(log, log->segs[0].base_lsn);
         else if (reseal)
             rc = dkv_seal(log, 0);
@@ -772,7 +776,7 @@ int dkv_recover(const char *dir, int skip_corrupt, int dry_run, dkv_progress_fn 
              : dkv__io_error(NULL, -rc, "cannot rewrite %s/HEAD", dir);
         goto done;
     }
-    rc = finish_repair(dir, lfd, epoch, vi.prefix_missing, p.sr && !p.whole);
+    rc = finish_repair(dir, lfd, epoch, p.sr && !p.whole);
     lfd = -1;
 done:
     free(vs);

@@ -317,3 +317,49 @@ def test_async_tools_of_a_damaged_run_are_held_too(repaired):
         with pytest.raises(durkv.InDoubtError, match=rid):
             asyncio.run(main(s))
     assert CALLS == []
+
+
+def test_a_cut_inside_the_copies_of_the_compaction_the_log_begins_with(tmp_path):
+    # damage inside a compaction's copies, the log starting with that compaction: the cut
+    # quarantined the newest segment, whose header alone held the raised start_lsn, so
+    # recover left a store that did not open (missing_segment); a second recover opened
+    # it empty -- every run and thread the compaction had copied was gone, unnamed, and
+    # an at-most-once tool of an intact run paid again
+    import glob
+
+    d = str(tmp_path / "s.durkv")
+    paid = []
+
+    @durkv.tool(name="pay_once", at_most_once=True)
+    def pay_once(amount, *, idempotency_key):
+        paid.append(idempotency_key)
+        return "ok"
+
+    def job(store, rid):
+        with store.run(rid) as run:
+            run.step("plan", lambda: f"plan for {rid} " + "z" * 200)
+            run.tool(pay_once, 100)
+
+    with durkv.open(d) as s:
+        for i in range(30):
+            s.put("dead", "", f"{i:06d}", checkpoint={}, metadata={}, values={"v": "x" * 300},
+                  versions={"v": i})
+        s.delete_thread("dead")
+        for rid in ("r1", "r2", "r3"):
+            job(s, rid)
+        s.compact()
+        for i in range(40):
+            s.put("later", "", f"{i:06d}", checkpoint={}, metadata={}, values={"i": i},
+                  versions={"i": i})
+    victim = sorted(glob.glob(d + "/*.seg"))[-2]     # the copies
+    raw = bytearray(open(victim, "rb").read())
+    raw[raw.rfind(b"plan for r3")] ^= 0xFF
+    open(victim, "wb").write(raw)
+    r = CliRunner().invoke(cli, ["recover", "--skip-corrupt", d])
+    assert r.exit_code == 0, r.output                  # the first recover leaves it whole
+    assert durkv.log.verify(d).ok
+    with durkv.open(d) as s:
+        runs = {x.run_id: x.status for x in s.runs()}
+        assert runs == {"r1": "finished", "r2": "finished", "r3": "damaged"}
+        job(s, "r1")                                    # replayed: not paid again
+    assert paid == ["r1:1", "r2:1", "r3:1"]

@@ -179,12 +179,24 @@ class LogIndex:
                 self.compacted_at = self.shadow_begin
             self.shadow = None
             return None
-        self.shadow = None
+        self.end_shadow()
         if kind == K_COMPACT_BEGIN:
             self.shadow = Index()
             self.shadow_begin = lsn
             return None
         return self.ix
+
+    def end_shadow(self) -> None:
+        """A compaction being replayed meets another record, or a writer opens the store
+        with its END missing: cut short by a crash, its copies are dead -- unless the log
+        begins with it. Its old records are gone then, which happens only once its END was
+        durable: a repair cut the END (and the copies after the damage), and the copies
+        left are the store (dropping them lost every run and thread they held; the
+        repair names the ones it cut)."""
+        if self.shadow is not None and self.shadow_begin <= self._b.start_lsn:
+            self.ix = self.shadow
+            self.compacted_at = self.shadow_begin
+        self.shadow = None
 
     def replay_compaction(self, begin: int) -> None:
         """Switch to the copies of the compaction that began at ``begin`` (the same replay

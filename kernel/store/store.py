@@ -186,7 +186,7 @@ class Store:
         self._path = local_path(backend)
         self._repaired = self._path is not None and repairnotes.any_notes(self._path)
         if not read_only:
-            self._index.shadow = None   # a compaction cut short by a crash: its copies are dead
+            self._index.end_shadow()    # a compaction cut short: its copies are dead (or all)
             if self._index.compacted_at > backend.start_lsn:
                 # a compaction finished (END is durable) but its old frames were not removed
                 backend.remove_prefix(self._index.compacted_at)
