@@ -384,3 +384,34 @@ def test_durkv_saver_refuses_in_a_forked_worker(tmp_path):
         assert out["msgs"] == ["a", "m1", "b", "m3"]
         assert saver.store.threads() == ["parent"]
     _verify_clean(path)
+
+
+@pytest.mark.parametrize("module, name", [
+    ("durkv.runtime.langgraph_steps", "_lock"), ("durkv.runtime.run", "_open_lock"),
+    ("durkv.runtime.remote", "_guard"), ("durkv.store.drivers", "_releasing")])
+def test_a_module_lock_another_thread_held_at_the_fork_is_free_in_the_child(module, name):
+    # a server forking while a thread folded a Run under langgraph_steps' lock: the child
+    # (which opens the store itself) hung for ever in its first durable step
+    import importlib
+    import threading
+
+    mod = importlib.import_module(module)
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with getattr(mod, name):
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:        # the child: only this thread; the holder does not exist here
+            os._exit(0 if getattr(mod, name).acquire(timeout=5) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        done.set()
+        t.join()

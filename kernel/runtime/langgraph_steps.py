@@ -38,6 +38,7 @@ once.
 from __future__ import annotations
 
 import threading
+import os
 import weakref
 from collections import OrderedDict
 from contextvars import ContextVar
@@ -67,6 +68,16 @@ _WAIT_S = 60.0
 _KEEP_RUNS = 64          # idle threads whose Run stays cached (a Run is rebuilt from the store)
 
 _lock = threading.Lock()
+
+
+def _locks_after_fork() -> None:
+    # a forked child has only the forking thread: a lock another thread held at the fork
+    # would never be released, and its first step would hang for ever
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_locks_after_fork)
 
 
 def thread_key(thread_id: Any) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import weakref
@@ -36,6 +37,17 @@ _boxes: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 _intakes: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 _locks: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
 _guard = threading.Lock()
+
+
+def _locks_after_fork() -> None:
+    # a forked child has only the forking thread: a lock another thread held at the fork
+    # would never be released
+    global _guard, _locks
+    _guard = threading.Lock()
+    _locks = weakref.WeakKeyDictionary()
+
+
+os.register_at_fork(after_in_child=_locks_after_fork)
 
 
 def on_s3(store: Any) -> bool:

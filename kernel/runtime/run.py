@@ -30,6 +30,7 @@ import asyncio
 import builtins
 import inspect
 import logging
+import os
 import random as _random
 import struct
 import threading
@@ -90,6 +91,16 @@ SYNCED_TOOLS: ContextVar[bool] = ContextVar("durkv_synced_tools", default=False)
 # runs open in this process, per store (a second driver gets RunBusyError)
 _open_runs: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 _open_lock = threading.Lock()
+
+
+def _locks_after_fork() -> None:
+    # a forked child has only the forking thread: a lock another thread held at the fork
+    # would never be released (the child opens the store itself: GUARANTEES 8)
+    global _open_lock
+    _open_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_locks_after_fork)
 
 
 def check_not_driven(store: Any, run_ids: Any) -> None:

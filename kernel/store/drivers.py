@@ -58,7 +58,10 @@ class DriverClaim:
 
 def _after_fork() -> None:
     """In a forked child: close its copies of the parent's claim fds (the lock is the
-    parent's; a copy would keep it held after the parent releases it or dies)."""
+    parent's; a copy would keep it held after the parent releases it or dies), and take
+    a new ``_releasing`` (another thread may have held it at the fork)."""
+    global _releasing
+    _releasing = threading.Lock()
     for c in list(_held):
         fd, c.fd = c.fd, -1
         if fd >= 0:
