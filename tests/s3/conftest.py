@@ -71,18 +71,15 @@ def bucket(s3):
     return name
 
 
-class _DroppingProxy(BaseHTTPRequestHandler):
-    """Forwards every request to ``upstream``; for the first PUT whose path holds each of
-    ``drop``, forwards it, lets the upstream answer, then closes the connection instead of
-    relaying the answer."""
+class RelayProxy(BaseHTTPRequestHandler):
+    """A loopback proxy relaying every request to ``upstream`` (the moto server); the
+    tests' proxies change what happens around the relay (``_relay``)."""
 
     upstream = ""
-    drop: dict[str, int] = {}
-    lock = threading.Lock()
     protocol_version = "HTTP/1.1"
 
-    def _relay(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+    def _forward(self, body: bytes) -> tuple[int, list, bytes]:
+        """The request, sent on to ``upstream``: its answer's status, headers and body."""
         up = urlsplit(self.upstream)
         conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
@@ -90,6 +87,42 @@ class _DroppingProxy(BaseHTTPRequestHandler):
         resp = conn.getresponse()
         data = resp.read()
         conn.close()
+        return resp.status, resp.getheaders(), data
+
+    def _answer(self, status: int, headers: list, data: bytes) -> None:
+        self.send_response(status)
+        for k, v in headers:
+            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _relay(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer(*self._forward(body))
+
+    def do_GET(self) -> None:
+        self._relay()
+
+    do_PUT = do_HEAD = do_POST = do_DELETE = do_GET
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class _DroppingProxy(RelayProxy):
+    """Forwards every request to ``upstream``; for the first PUT whose path holds each of
+    ``drop``, forwards it, lets the upstream answer, then closes the connection instead of
+    relaying the answer."""
+
+    drop: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def _relay(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        answer = self._forward(body)
         with self.lock:
             hit = next((p for p, n in self.drop.items()
                         if n > 0 and self.command == "PUT" and p in self.path), None)
@@ -98,19 +131,7 @@ class _DroppingProxy(BaseHTTPRequestHandler):
         if hit:
             self.close_connection = True        # the write landed; its answer never comes
             return
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _relay
-
-    def log_message(self, *args) -> None:
-        pass
+        self._answer(*answer)
 
 
 @pytest.fixture

@@ -9,15 +9,13 @@ partitioned network would, until the test ends.
 
 from __future__ import annotations
 
-import http.client
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from http.server import ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
@@ -25,6 +23,7 @@ from click.testing import CliRunner
 from durkv.backends.s3 import client as s3client
 from durkv.cli.main import cli
 
+from .conftest import RelayProxy
 from .storetools import make_store, sealed_files, segment_files
 
 # Ctrl-C must stop the command within about a second; the bound leaves room for a loaded
@@ -32,14 +31,12 @@ from .storetools import make_store, sealed_files, segment_files
 CTRL_C_EXIT_S = 5.0
 
 
-class _StallingProxy(BaseHTTPRequestHandler):
+class _StallingProxy(RelayProxy):
     """Relays to ``upstream``; holds a request matching ``stall`` until ``release``."""
 
-    upstream = ""
     stall: tuple[str, str] = ("", "")
     stalled: threading.Event
     release: threading.Event
-    protocol_version = "HTTP/1.1"
 
     def _relay(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -49,26 +46,7 @@ class _StallingProxy(BaseHTTPRequestHandler):
             self.release.wait(120)
             self.close_connection = True        # no answer, ever
             return
-        up = urlsplit(self.upstream)
-        conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
-        conn.request(self.command, self.path, body=body,
-                     headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
-        resp = conn.getresponse()
-        data = resp.read()
-        conn.close()
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _relay
-
-    def log_message(self, *args) -> None:
-        pass
+        self._answer(*self._forward(body))
 
 
 @pytest.fixture
