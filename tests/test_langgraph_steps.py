@@ -457,11 +457,30 @@ def test_a_key_that_is_an_automatic_id_is_refused_before_the_call(tmp_path, key)
     assert sent == []
 
 
-def test_a_key_naming_a_tool_calls_automatic_id_is_refused_and_a_natural_key_works(tmp_path):
+def _tool_node_run(tmp_path, mail, calls, thread):
+    """A model turn asking for tool ``mail`` once per ``(i, tool_call_id)`` of ``calls``,
+    then LangGraph's ToolNode (tool errors as messages) on DurkvSaver: the final state."""
     from langchain_core.messages import AIMessage
-    from langchain_core.tools import tool as lc_tool
     from langgraph.graph import MessagesState
     from langgraph.prebuilt import ToolNode
+
+    def agent(state):
+        return {"messages": [AIMessage("", tool_calls=[
+            {"name": "mail", "args": {"i": i}, "id": cid} for i, cid in calls])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode([mail], handle_tool_errors=lambda e: f"error: {e}"))
+    g.add_edge(START, "agent")
+    g.add_edge("agent", "tools")
+    g.add_edge("tools", END)
+    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
+        return g.compile(checkpointer=saver).invoke({"messages": []},
+                                                    {"configurable": {"thread_id": thread}})
+
+
+def test_a_key_naming_a_tool_calls_automatic_id_is_refused_and_a_natural_key_works(tmp_path):
+    from langchain_core.tools import tool as lc_tool
 
     sent = []
 
@@ -476,19 +495,7 @@ def test_a_key_naming_a_tool_calls_automatic_id_is_refused_and_a_natural_key_wor
         first = lg_tool(send, f"m{i}", key=f"order:{i}")        # a natural key: fine
         return first + lg_tool(send, "again", key="call_7:0" if i == 7 else f"x{i}")
 
-    def agent(state):
-        return {"messages": [AIMessage("", tool_calls=[
-            {"name": "mail", "args": {"i": i}, "id": f"call_{i}"} for i in (1, 7)])]}
-
-    g = StateGraph(MessagesState)
-    g.add_node("agent", agent)
-    g.add_node("tools", ToolNode([mail], handle_tool_errors=lambda e: f"error: {e}"))
-    g.add_edge(START, "agent")
-    g.add_edge("agent", "tools")
-    g.add_edge("tools", END)
-    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
-        out = g.compile(checkpointer=saver).invoke({"messages": []},
-                                                   {"configurable": {"thread_id": "tn"}})
+    out = _tool_node_run(tmp_path, mail, [(1, "call_1"), (7, "call_7")], "tn")
     got = {m.tool_call_id: m.content for m in out["messages"] if m.type == "tool"}
     assert got["call_1"] == "m1again"
     assert "automatic id of a keyless call of tool call 'call_7'" in got["call_7"]
@@ -502,10 +509,7 @@ def test_tool_calls_sharing_one_id_are_named_as_the_cause(tmp_path):
     # naming the repeated id, the one thing to fix
     import threading
 
-    from langchain_core.messages import AIMessage
     from langchain_core.tools import tool as lc_tool
-    from langgraph.graph import MessagesState
-    from langgraph.prebuilt import ToolNode
 
     together = threading.Barrier(2, timeout=10)
 
@@ -519,19 +523,7 @@ def test_tool_calls_sharing_one_id_are_named_as_the_cause(tmp_path):
         together.wait()             # both calls in flight at once, on two threads
         return lg_tool(send, f"m{i}")
 
-    def agent(state):
-        return {"messages": [AIMessage("", tool_calls=[
-            {"name": "mail", "args": {"i": i}, "id": "call_0"} for i in (1, 2)])]}
-
-    g = StateGraph(MessagesState)
-    g.add_node("agent", agent)
-    g.add_node("tools", ToolNode([mail], handle_tool_errors=lambda e: f"error: {e}"))
-    g.add_edge(START, "agent")
-    g.add_edge("agent", "tools")
-    g.add_edge("tools", END)
-    with DurkvSaver.open(str(tmp_path / "lg.durkv")) as saver:
-        out = g.compile(checkpointer=saver).invoke({"messages": []},
-                                                   {"configurable": {"thread_id": "dup"}})
+    out = _tool_node_run(tmp_path, mail, [(1, "call_0"), (2, "call_0")], "dup")
     errors = [m.content for m in out["messages"] if m.type == "tool" and "error" in m.content]
     assert len(errors) == 1 and "tool call 'call_0'" in errors[0]
     assert "same id" in errors[0]
